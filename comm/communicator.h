@@ -1,0 +1,77 @@
+// Communicator: the one interface every backend (in-process, MPI, gloo, later NCCL)
+// implements. Public calls pass one argument-check funnel and then reach the backend.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <memory>
+#include <string>
+
+#include "comm/dtype.h"
+#include "comm/work.h"
+
+namespace zerort {
+
+struct CommOptions {
+  // Every Work::wait() without an explicit timeout uses this.
+  std::chrono::milliseconds timeout{std::chrono::seconds(600)};
+  // Before each collective, one 5-value all-reduce checks that every rank called the same
+  // collective with the same dtype, op, count and root, so a mismatch raises instead of
+  // hanging or corrupting memory. Costs one small-message latency per call.
+  bool check_consistency = true;
+};
+
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+  Communicator(const Communicator&) = delete;
+  Communicator& operator=(const Communicator&) = delete;
+
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+  const CommOptions& options() const { return options_; }
+  virtual const char* backend_name() const = 0;
+
+  // In place: buf (count elements) becomes op over all ranks' buf.
+  WorkPtr all_reduce(void* buf, size_t count, DType dtype, ReduceOp op = ReduceOp::kSum);
+  // in has size()*recv_count elements; out gets this rank's recv_count-element chunk.
+  WorkPtr reduce_scatter(const void* in, void* out, size_t recv_count, DType dtype,
+                         ReduceOp op = ReduceOp::kSum);
+  // in: size()*recv_count bf16 or f16 elements. out: this rank's FP32 shard. An all-to-all
+  // of the low-precision chunks, then a local sum in rank order 0..W-1 (see local_reduce.h).
+  // accumulate=true adds into out (gradient accumulation across micro-steps).
+  WorkPtr reduce_scatter_accumulate(const void* in, DType in_dtype, float* out, size_t recv_count,
+                                    bool accumulate = false);
+  // out (size()*send_count elements) gets rank r's in at offset r*send_count.
+  WorkPtr all_gather(const void* in, void* out, size_t send_count, DType dtype);
+  // in and out have size()*count elements; chunk r of in goes to rank r, chunk r of out
+  // comes from rank r.
+  WorkPtr all_to_all(const void* in, void* out, size_t count, DType dtype);
+  WorkPtr broadcast(void* buf, size_t count, DType dtype, int root);
+  WorkPtr barrier();
+
+ protected:
+  Communicator(int rank, int size, CommOptions options);
+
+  // Backends implement these. Arguments are already checked; count may be 0.
+  virtual WorkPtr do_all_reduce(void* buf, const CollectiveDesc& d) = 0;
+  virtual WorkPtr do_reduce_scatter(const void* in, void* out, const CollectiveDesc& d) = 0;
+  virtual WorkPtr do_all_gather(const void* in, void* out, const CollectiveDesc& d) = 0;
+  virtual WorkPtr do_all_to_all(const void* in, void* out, const CollectiveDesc& d) = 0;
+  virtual WorkPtr do_broadcast(void* buf, const CollectiveDesc& d) = 0;
+  virtual WorkPtr do_barrier(const CollectiveDesc& d) = 0;
+
+  CollectiveDesc describe(Collective kind, size_t count, DType dtype, ReduceOp op = ReduceOp::kSum,
+                          int root = 0) const;
+
+ private:
+  // The funnel: local checks (dtype, op, root, null buffers), then the cross-rank check.
+  void check(const CollectiveDesc& d, std::initializer_list<const void*> buffers);
+  void check_consistent_across_ranks(const CollectiveDesc& d);
+
+  int rank_;
+  int size_;
+  CommOptions options_;
+};
+
+}  // namespace zerort

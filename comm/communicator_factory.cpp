@@ -1,0 +1,47 @@
+#include "comm/communicator_factory.h"
+
+#include "comm/error.h"
+#include "comm/inprocess_communicator.h"
+#include "zerort/config.h"
+#if ZERORT_WITH_MPI
+#include "comm/mpi_communicator.h"
+#endif
+
+namespace zerort {
+
+std::string resolve_backend(const std::string& backend, const LaunchEnv& env) {
+  if (backend != "auto") return backend;
+  switch (env.launcher) {
+    case Launcher::kTorchrun: return "gloo";
+    case Launcher::kOpenMpi:
+    case Launcher::kPmi: return "mpi";
+    case Launcher::kNone: return "inprocess";
+  }
+  return "inprocess";
+}
+
+std::unique_ptr<Communicator> make_communicator(const std::string& backend, const LaunchEnv& env,
+                                                CommOptions options) {
+  const std::string name = resolve_backend(backend, env);
+  if (name == "inprocess") {
+    ZRT_CHECK(env.world_size == 1, "comm.backend 'inprocess' from a launcher gives one rank per "
+              "process, but ", launcher_name(env.launcher), " started ", env.world_size,
+              " ranks; use 'mpi' or 'gloo', or InProcessGroup for threads");
+    return InProcessGroup::create(1, options)->communicator(0);
+  }
+  if (name == "mpi") {
+#if ZERORT_WITH_MPI
+    return make_mpi_communicator(options);
+#else
+    ZRT_THROW("comm.backend 'mpi' is not in this build (MPI was not found at configure time); "
+              "install libopenmpi-dev and rebuild, or use 'gloo' under torchrun");
+#endif
+  }
+  if (name == "gloo") {
+    ZRT_THROW("comm.backend 'gloo' wraps a torch.distributed process group; create it from "
+              "Python with zerort.comm.init(backend='gloo') under torchrun");
+  }
+  ZRT_THROW("unknown comm.backend '", backend, "'; use one of auto, mpi, gloo, inprocess");
+}
+
+}  // namespace zerort

@@ -1,0 +1,30 @@
+// Who am I? Rank and world from the launcher's environment variables.
+#pragma once
+
+#include <functional>
+#include <optional>
+#include <string>
+
+namespace zerort {
+
+enum class Launcher { kNone, kTorchrun, kOpenMpi, kPmi };
+const char* launcher_name(Launcher launcher);
+
+struct LaunchEnv {
+  Launcher launcher = Launcher::kNone;
+  int rank = 0;
+  int world_size = 1;
+  int local_rank = 0;
+  std::string master_addr;  // torchrun only
+  int master_port = 0;      // torchrun only
+};
+
+// Resolution order: torchrun (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT), then
+// Open MPI (OMPI_COMM_WORLD_RANK/SIZE/LOCAL_RANK), then PMI (PMI_RANK, PMI_SIZE); none of
+// them means a single rank. A malformed or inconsistent value raises an error naming the
+// variable. `getenv` is injectable for tests.
+using EnvLookup = std::function<std::optional<std::string>(const std::string&)>;
+LaunchEnv detect_launch_env();
+LaunchEnv detect_launch_env(const EnvLookup& getenv);
+
+}  // namespace zerort

@@ -1,0 +1,203 @@
+#include "comm/mpi_communicator.h"
+
+#include <mpi.h>
+
+#include <atomic>
+#include <climits>
+#include <cstdlib>
+#include <mutex>
+#include <thread>
+
+#include "comm/error.h"
+#include "comm/local_reduce.h"
+
+namespace zerort {
+
+namespace {
+
+std::string mpi_error_string(int code) {
+  char text[MPI_MAX_ERROR_STRING];
+  int len = 0;
+  MPI_Error_string(code, text, &len);
+  return std::string(text, static_cast<size_t>(len));
+}
+
+#define ZRT_CHECK_MPI(call, what)                                                         \
+  do {                                                                                    \
+    int zrt_rc_ = (call);                                                                 \
+    ZRT_CHECK(zrt_rc_ == MPI_SUCCESS, what, ": ", #call, " failed: ", mpi_error_string(zrt_rc_)); \
+  } while (0)
+
+// Process-wide MPI state: init once, custom bf16/f16 types and ops, finalize at exit.
+struct MpiRuntime {
+  MPI_Datatype bf16 = MPI_DATATYPE_NULL;
+  MPI_Datatype f16 = MPI_DATATYPE_NULL;
+  MPI_Op half_ops[3] = {MPI_OP_NULL, MPI_OP_NULL, MPI_OP_NULL};  // sum, max, min
+  std::atomic<bool> stuck_request{false};                          // set by a timed-out wait
+
+  static MpiRuntime& get() {
+    static MpiRuntime* runtime = new MpiRuntime();  // leaked on purpose: finalize is atexit
+    return *runtime;
+  }
+
+ private:
+  MpiRuntime() {
+    int initialized = 0;
+    MPI_Initialized(&initialized);
+    if (!initialized) {
+      int provided = 0;
+      ZRT_CHECK_MPI(MPI_Init_thread(nullptr, nullptr, MPI_THREAD_MULTIPLE, &provided), "MPI init");
+      std::atexit(&MpiRuntime::finalize_at_exit);
+    }
+    ZRT_CHECK_MPI(MPI_Type_contiguous(2, MPI_BYTE, &bf16), "MPI init");
+    ZRT_CHECK_MPI(MPI_Type_commit(&bf16), "MPI init");
+    ZRT_CHECK_MPI(MPI_Type_contiguous(2, MPI_BYTE, &f16), "MPI init");
+    ZRT_CHECK_MPI(MPI_Type_commit(&f16), "MPI init");
+    ZRT_CHECK_MPI(MPI_Op_create(&half_op<ReduceOp::kSum>, 1, &half_ops[0]), "MPI init");
+    ZRT_CHECK_MPI(MPI_Op_create(&half_op<ReduceOp::kMax>, 1, &half_ops[1]), "MPI init");
+    ZRT_CHECK_MPI(MPI_Op_create(&half_op<ReduceOp::kMin>, 1, &half_ops[2]), "MPI init");
+  }
+
+  template <ReduceOp Op>
+  static void half_op(void* in, void* inout, int* len, MPI_Datatype* type) {
+    DType dtype = (*type == get().bf16) ? DType::kBFloat16 : DType::kFloat16;
+    reduce_into(inout, in, static_cast<size_t>(*len), dtype, Op);
+  }
+
+  static void finalize_at_exit() {
+    int finalized = 0;
+    MPI_Finalized(&finalized);
+    if (finalized) return;
+    // A collective abandoned after a timeout can never complete; MPI_Finalize would
+    // wait for it forever. Exit without it: mpirun then reports the failed rank.
+    if (get().stuck_request.load()) return;
+    MPI_Finalize();
+  }
+};
+
+MPI_Datatype mpi_type(DType dtype) {
+  auto& rt = MpiRuntime::get();
+  switch (dtype) {
+    case DType::kFloat32: return MPI_FLOAT;
+    case DType::kFloat64: return MPI_DOUBLE;
+    case DType::kInt32: return MPI_INT32_T;
+    case DType::kInt64: return MPI_INT64_T;
+    case DType::kBFloat16: return rt.bf16;
+    case DType::kFloat16: return rt.f16;
+  }
+  ZRT_THROW("MPI: unknown dtype value ", static_cast<int32_t>(dtype));
+}
+
+MPI_Op mpi_op(DType dtype, ReduceOp op) {
+  int index = static_cast<int>(op);
+  if (is_low_precision(dtype)) return MpiRuntime::get().half_ops[index];
+  const MPI_Op builtin[3] = {MPI_SUM, MPI_MAX, MPI_MIN};
+  return builtin[index];
+}
+
+int mpi_count(size_t count, const CollectiveDesc& d) {
+  ZRT_CHECK(count <= static_cast<size_t>(INT_MAX), d.to_string(), ": ", count,
+            " elements exceed MPI's int count limit (", INT_MAX, "); use smaller buckets");
+  return static_cast<int>(count);
+}
+
+class MpiWork final : public Work {
+ public:
+  MpiWork(const CollectiveDesc& d, std::chrono::milliseconds timeout, MPI_Request request)
+      : Work(d, timeout), request_(request) {}
+
+ protected:
+  bool wait_until(std::chrono::steady_clock::time_point deadline) override {
+    // Poll with MPI_Test (which also drives progress), backing off to ~200 us sleeps.
+    for (int spins = 0;; ++spins) {
+      int flag = 0;
+      ZRT_CHECK_MPI(MPI_Test(&request_, &flag, MPI_STATUS_IGNORE), desc().to_string());
+      if (flag) return true;
+      if (std::chrono::steady_clock::now() >= deadline) return false;
+      if (spins > 1000) std::this_thread::sleep_for(std::chrono::microseconds(200));
+      else if (spins > 100) std::this_thread::yield();
+    }
+  }
+  void on_timeout() override { MpiRuntime::get().stuck_request = true; }
+
+ private:
+  MPI_Request request_;
+};
+
+class MpiCommunicator final : public Communicator {
+ public:
+  static std::unique_ptr<Communicator> create(CommOptions options) {
+    MpiRuntime::get();
+    MPI_Comm comm = MPI_COMM_NULL;
+    ZRT_CHECK_MPI(MPI_Comm_dup(MPI_COMM_WORLD, &comm), "MPI communicator");
+    ZRT_CHECK_MPI(MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN), "MPI communicator");
+    int rank = 0, size = 1;
+    MPI_Comm_rank(comm, &rank);
+    MPI_Comm_size(comm, &size);
+    return std::unique_ptr<Communicator>(new MpiCommunicator(comm, rank, size, options));
+  }
+  ~MpiCommunicator() override {
+    int finalized = 0;
+    MPI_Finalized(&finalized);
+    if (!finalized && !MpiRuntime::get().stuck_request.load()) MPI_Comm_free(&comm_);
+  }
+  const char* backend_name() const override { return "mpi"; }
+
+ protected:
+  WorkPtr do_all_reduce(void* buf, const CollectiveDesc& d) override {
+    MPI_Request req;
+    ZRT_CHECK_MPI(MPI_Iallreduce(MPI_IN_PLACE, buf, mpi_count(d.count, d), mpi_type(d.dtype),
+                                 mpi_op(d.dtype, d.op), comm_, &req),
+                  d.to_string());
+    return make(d, req);
+  }
+  WorkPtr do_reduce_scatter(const void* in, void* out, const CollectiveDesc& d) override {
+    MPI_Request req;
+    ZRT_CHECK_MPI(MPI_Ireduce_scatter_block(in, out, mpi_count(d.count, d), mpi_type(d.dtype),
+                                            mpi_op(d.dtype, d.op), comm_, &req),
+                  d.to_string());
+    return make(d, req);
+  }
+  WorkPtr do_all_gather(const void* in, void* out, const CollectiveDesc& d) override {
+    MPI_Request req;
+    int n = mpi_count(d.count, d);
+    ZRT_CHECK_MPI(MPI_Iallgather(in, n, mpi_type(d.dtype), out, n, mpi_type(d.dtype), comm_, &req),
+                  d.to_string());
+    return make(d, req);
+  }
+  WorkPtr do_all_to_all(const void* in, void* out, const CollectiveDesc& d) override {
+    MPI_Request req;
+    int n = mpi_count(d.count, d);
+    ZRT_CHECK_MPI(MPI_Ialltoall(in, n, mpi_type(d.dtype), out, n, mpi_type(d.dtype), comm_, &req),
+                  d.to_string());
+    return make(d, req);
+  }
+  WorkPtr do_broadcast(void* buf, const CollectiveDesc& d) override {
+    MPI_Request req;
+    ZRT_CHECK_MPI(MPI_Ibcast(buf, mpi_count(d.count, d), mpi_type(d.dtype), d.root, comm_, &req),
+                  d.to_string());
+    return make(d, req);
+  }
+  WorkPtr do_barrier(const CollectiveDesc& d) override {
+    MPI_Request req;
+    ZRT_CHECK_MPI(MPI_Ibarrier(comm_, &req), d.to_string());
+    return make(d, req);
+  }
+
+ private:
+  MpiCommunicator(MPI_Comm comm, int rank, int size, CommOptions options)
+      : Communicator(rank, size, options), comm_(comm) {}
+  WorkPtr make(const CollectiveDesc& d, MPI_Request req) {
+    return std::make_shared<MpiWork>(d, options().timeout, req);
+  }
+
+  MPI_Comm comm_;
+};
+
+}  // namespace
+
+std::unique_ptr<Communicator> make_mpi_communicator(CommOptions options) {
+  return MpiCommunicator::create(options);
+}
+
+}  // namespace zerort

@@ -1,0 +1,84 @@
+// Work: the handle every collective returns. wait() blocks with a deadline and never hangs.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+
+#include "comm/dtype.h"
+
+namespace zerort {
+
+enum class Collective : int32_t {
+  kAllReduce = 1,
+  kReduceScatter,
+  kReduceScatterAccumulate,
+  kAllGather,
+  kAllToAll,
+  kBroadcast,
+  kBarrier,
+};
+const char* collective_name(Collective kind);
+
+// What a collective was asked to do; errors and timeouts are phrased from it.
+struct CollectiveDesc {
+  Collective kind = Collective::kBarrier;
+  int rank = 0;
+  int world = 1;
+  size_t count = 0;  // elements: per-rank chunk for scatter/gather/all-to-all, else the buffer
+  DType dtype = DType::kFloat32;
+  ReduceOp op = ReduceOp::kSum;
+  int root = 0;
+  std::string backend;
+
+  // "all_reduce(count=7, dtype=bf16, op=sum) on rank 1 of 4 [mpi]"
+  std::string to_string() const;
+};
+
+class Work {
+ public:
+  Work(CollectiveDesc desc, std::chrono::milliseconds default_timeout);
+  virtual ~Work() = default;
+  Work(const Work&) = delete;
+  Work& operator=(const Work&) = delete;
+
+  // Blocks until the collective is done and its output is valid. Throws TimeoutError
+  // naming the collective, rank and sizes when it is not done within the timeout, and
+  // zerort::Error when the backend failed. Waiting again after success is a no-op.
+  void wait();
+  void wait(std::chrono::milliseconds timeout);
+
+  // Runs fn on the waiting thread once the transfer is done, before wait() returns.
+  void then(std::function<void()> fn);
+
+  const CollectiveDesc& desc() const { return desc_; }
+
+ protected:
+  // True once the transfer finished by `deadline`; false on timeout. Throws on failure.
+  virtual bool wait_until(std::chrono::steady_clock::time_point deadline) = 0;
+  // Called once when a wait expires, before the TimeoutError is thrown.
+  virtual void on_timeout() {}
+
+ private:
+  CollectiveDesc desc_;
+  std::chrono::milliseconds default_timeout_;
+  std::mutex mu_;
+  bool done_ = false;
+  std::function<void()> then_;
+};
+
+using WorkPtr = std::shared_ptr<Work>;
+
+// A Work that is done when created: count-0 and single-rank collectives.
+class CompletedWork final : public Work {
+ public:
+  using Work::Work;
+
+ protected:
+  bool wait_until(std::chrono::steady_clock::time_point) override { return true; }
+};
+
+}  // namespace zerort

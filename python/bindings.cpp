@@ -1,0 +1,152 @@
+// zerort._C: thin pybind11 layer. Buffers arrive as (data_ptr, numel, dtype name) from
+// zerort/comm.py and zerort/cast.py, which own the tensor checks. Blocking calls release
+// the GIL.
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <chrono>
+#include <cstdint>
+
+#include "comm/communicator.h"
+#include "comm/communicator_factory.h"
+#include "comm/error.h"
+#include "comm/gloo/gloo_communicator.h"
+#include "comm/launch_env.h"
+#include "optim/cast.h"
+#include "partition/shard_layout.h"
+#include "zerort/config.h"
+
+namespace py = pybind11;
+using namespace zerort;
+
+namespace {
+
+void* ptr(uintptr_t address) { return reinterpret_cast<void*>(address); }
+
+CommOptions comm_options(double timeout_s, bool check_consistency) {
+  ZRT_CHECK(timeout_s > 0, "comm.timeout_s must be > 0 seconds, got ", timeout_s);
+  CommOptions o;
+  o.timeout = std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000.0));
+  o.check_consistency = check_consistency;
+  return o;
+}
+
+ReduceOp parse_op(const std::string& op) {
+  if (op == "sum") return ReduceOp::kSum;
+  if (op == "max") return ReduceOp::kMax;
+  if (op == "min") return ReduceOp::kMin;
+  ZRT_THROW("unknown reduce op '", op, "'; use 'sum', 'max' or 'min'");
+}
+
+// Runs a collective to completion without the GIL.
+template <typename Launch>
+void run(Launch&& launch) {
+  py::gil_scoped_release release;
+  launch()->wait();
+}
+
+}  // namespace
+
+PYBIND11_MODULE(_C, m) {
+  m.doc() = "zerort C++ core";
+  static py::exception<Error> error(m, "Error", PyExc_RuntimeError);
+  static py::exception<TimeoutError> timeout_error(m, "CommTimeoutError", error.ptr());
+  py::register_exception_translator([](std::exception_ptr p) {
+    try {
+      if (p) std::rethrow_exception(p);
+    } catch (const TimeoutError& e) {
+      py::set_error(timeout_error, e.what());
+    } catch (const Error& e) {
+      py::set_error(error, e.what());
+    }
+  });
+
+  m.attr("__version__") = ZERORT_VERSION;
+  m.attr("with_mpi") = static_cast<bool>(ZERORT_WITH_MPI);
+  m.attr("with_cuda") = static_cast<bool>(ZERORT_WITH_CUDA);
+  m.attr("with_nccl") = static_cast<bool>(ZERORT_WITH_NCCL);
+
+  m.def("detect_launch_env", [] {
+    LaunchEnv e = detect_launch_env();
+    py::dict d;
+    d["launcher"] = launcher_name(e.launcher);
+    d["rank"] = e.rank;
+    d["world_size"] = e.world_size;
+    d["local_rank"] = e.local_rank;
+    d["master_addr"] = e.master_addr;
+    d["master_port"] = e.master_port;
+    return d;
+  });
+  m.def("resolve_backend", [](const std::string& backend) {
+    return resolve_backend(backend, detect_launch_env());
+  });
+
+  py::class_<Communicator>(m, "Communicator")
+      .def_property_readonly("rank", &Communicator::rank)
+      .def_property_readonly("size", &Communicator::size)
+      .def_property_readonly("backend", &Communicator::backend_name)
+      .def("all_reduce", [](Communicator& c, uintptr_t buf, size_t n, const std::string& dt,
+                            const std::string& op) {
+        run([&] { return c.all_reduce(ptr(buf), n, parse_dtype(dt), parse_op(op)); });
+      })
+      .def("reduce_scatter", [](Communicator& c, uintptr_t in, uintptr_t out, size_t n,
+                                const std::string& dt, const std::string& op) {
+        run([&] { return c.reduce_scatter(ptr(in), ptr(out), n, parse_dtype(dt), parse_op(op)); });
+      })
+      .def("reduce_scatter_accumulate", [](Communicator& c, uintptr_t in, const std::string& dt,
+                                           uintptr_t out, size_t n, bool accumulate) {
+        run([&] {
+          return c.reduce_scatter_accumulate(ptr(in), parse_dtype(dt), static_cast<float*>(ptr(out)),
+                                             n, accumulate);
+        });
+      })
+      .def("all_gather", [](Communicator& c, uintptr_t in, uintptr_t out, size_t n,
+                            const std::string& dt) {
+        run([&] { return c.all_gather(ptr(in), ptr(out), n, parse_dtype(dt)); });
+      })
+      .def("all_to_all", [](Communicator& c, uintptr_t in, uintptr_t out, size_t n,
+                            const std::string& dt) {
+        run([&] { return c.all_to_all(ptr(in), ptr(out), n, parse_dtype(dt)); });
+      })
+      .def("broadcast", [](Communicator& c, uintptr_t buf, size_t n, const std::string& dt, int root) {
+        run([&] { return c.broadcast(ptr(buf), n, parse_dtype(dt), root); });
+      })
+      .def("barrier", [](Communicator& c) { run([&] { return c.barrier(); }); });
+
+  m.def("make_communicator", [](const std::string& backend, double timeout_s, bool check) {
+    py::gil_scoped_release release;  // MPI_Init may take a while
+    return make_communicator(backend, detect_launch_env(), comm_options(timeout_s, check));
+  }, py::arg("backend"), py::arg("timeout_s"), py::arg("check_consistency"));
+  m.def("make_gloo_communicator", [](const std::string& group_name, double timeout_s, bool check) {
+    return make_gloo_communicator(group_name, comm_options(timeout_s, check));
+  }, py::arg("group_name"), py::arg("timeout_s"), py::arg("check_consistency"));
+
+  m.def("cast_from_f32", [](uintptr_t in, uintptr_t out, const std::string& dt, size_t n) {
+    py::gil_scoped_release release;
+    cast_from_f32(static_cast<const float*>(ptr(in)), ptr(out), parse_dtype(dt), n);
+  });
+  m.def("cast_to_f32", [](uintptr_t in, const std::string& dt, uintptr_t out, size_t n) {
+    py::gil_scoped_release release;
+    cast_to_f32(ptr(in), parse_dtype(dt), static_cast<float*>(ptr(out)), n);
+  });
+
+  py::class_<ParamSlice>(m, "ParamSlice")
+      .def_readonly("param", &ParamSlice::param)
+      .def_readonly("rank", &ParamSlice::rank)
+      .def_readonly("param_offset", &ParamSlice::param_offset)
+      .def_readonly("flat_offset", &ParamSlice::flat_offset)
+      .def_readonly("shard_offset", &ParamSlice::shard_offset)
+      .def_readonly("numel", &ParamSlice::numel);
+  py::class_<ShardLayout>(m, "ShardLayout")
+      .def(py::init<std::vector<size_t>, int, size_t>(), py::arg("numels"), py::arg("world_size"),
+           py::arg("alignment") = 1)
+      .def_property_readonly("numel", &ShardLayout::numel)
+      .def_property_readonly("padded_numel", &ShardLayout::padded_numel)
+      .def_property_readonly("shard_numel", &ShardLayout::shard_numel)
+      .def("shard_range", [](const ShardLayout& l, int rank) {
+        Range r = l.shard_range(rank);
+        return py::make_tuple(r.begin, r.end);
+      })
+      .def("slices_in_shard", &ShardLayout::slices_in_shard)
+      .def("slices_of_param", &ShardLayout::slices_of_param);
+}
