@@ -97,6 +97,7 @@ std::shared_ptr<InProcessGroup::Op> InProcessGroup::post(uint64_t seq, int rank,
   std::shared_ptr<Op> op;
   {
     std::lock_guard<std::mutex> lock(mu_);
+    ZRT_CHECK(abort_reason_.empty(), desc.to_string(), ": in-process group aborted: ", abort_reason_);
     auto& slot = pending_[seq];
     if (!slot) {
       slot = std::make_shared<Op>();
@@ -126,7 +127,7 @@ bool InProcessGroup::wait_done(const std::shared_ptr<Op>& op,
   std::unique_lock<std::mutex> lock(mu_);
   bool finished = cv_.wait_until(lock, deadline, [&] { return op->done || !abort_reason_.empty(); });
   if (!finished) return false;
-  if (!op->done) ZRT_THROW("in-process group aborted: ", abort_reason_);
+  ZRT_CHECK(abort_reason_.empty(), "in-process group aborted: ", abort_reason_);
   ZRT_CHECK(op->error.empty(), op->error);
   return true;
 }

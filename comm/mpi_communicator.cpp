@@ -2,11 +2,12 @@
 
 #include <mpi.h>
 
-#include <atomic>
+#include <chrono>
 #include <climits>
 #include <cstdlib>
 #include <mutex>
 #include <thread>
+#include <vector>
 
 #include "comm/error.h"
 #include "comm/local_reduce.h"
@@ -33,7 +34,17 @@ struct MpiRuntime {
   MPI_Datatype bf16 = MPI_DATATYPE_NULL;
   MPI_Datatype f16 = MPI_DATATYPE_NULL;
   MPI_Op half_ops[3] = {MPI_OP_NULL, MPI_OP_NULL, MPI_OP_NULL};  // sum, max, min
-  std::atomic<bool> stuck_request{false};                          // set by a timed-out wait
+
+  // Requests nobody will wait for again (a timed-out wait, a dropped Work). MPI forbids
+  // freeing an active collective request, so they are polled once more at exit.
+  void abandon(MPI_Request request) {
+    std::lock_guard<std::mutex> lock(mu);
+    abandoned.push_back(request);
+  }
+  bool has_abandoned() {
+    std::lock_guard<std::mutex> lock(mu);
+    return !abandoned.empty();
+  }
 
   static MpiRuntime& get() {
     static MpiRuntime* runtime = new MpiRuntime();  // leaked on purpose: finalize is atexit
@@ -41,6 +52,9 @@ struct MpiRuntime {
   }
 
  private:
+  std::mutex mu;
+  std::vector<MPI_Request> abandoned;
+
   MpiRuntime() {
     int initialized = 0;
     MPI_Initialized(&initialized);
@@ -68,10 +82,18 @@ struct MpiRuntime {
     int finalized = 0;
     MPI_Finalized(&finalized);
     if (finalized) return;
-    // A collective abandoned after a timeout can never complete; MPI_Finalize would
-    // wait for it forever. Exit without it: mpirun then reports the failed rank.
-    if (get().stuck_request.load()) return;
-    MPI_Finalize();
+    // A collective abandoned after a timeout may still complete once late peers join.
+    // If it has not within 2 s, MPI_Finalize could wait for it forever: exit without it,
+    // and mpirun reports this rank as failed instead of the job hanging.
+    auto& rt = get();
+    auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(2);
+    int all_done = 0;
+    while (!all_done && std::chrono::steady_clock::now() < deadline) {
+      MPI_Testall(static_cast<int>(rt.abandoned.size()), rt.abandoned.data(), &all_done,
+                  MPI_STATUSES_IGNORE);
+      if (!all_done) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    if (all_done) MPI_Finalize();
   }
 };
 
@@ -105,6 +127,9 @@ class MpiWork final : public Work {
  public:
   MpiWork(const CollectiveDesc& d, std::chrono::milliseconds timeout, MPI_Request request)
       : Work(d, timeout), request_(request) {}
+  ~MpiWork() override {
+    if (request_ != MPI_REQUEST_NULL) MpiRuntime::get().abandon(request_);
+  }
 
  protected:
   bool wait_until(std::chrono::steady_clock::time_point deadline) override {
@@ -118,7 +143,10 @@ class MpiWork final : public Work {
       else if (spins > 100) std::this_thread::yield();
     }
   }
-  void on_timeout() override { MpiRuntime::get().stuck_request = true; }
+  void on_timeout() override {
+    MpiRuntime::get().abandon(request_);
+    request_ = MPI_REQUEST_NULL;
+  }
 
  private:
   MPI_Request request_;
@@ -139,7 +167,7 @@ class MpiCommunicator final : public Communicator {
   ~MpiCommunicator() override {
     int finalized = 0;
     MPI_Finalized(&finalized);
-    if (!finalized && !MpiRuntime::get().stuck_request.load()) MPI_Comm_free(&comm_);
+    if (!finalized && !MpiRuntime::get().has_abandoned()) MPI_Comm_free(&comm_);
   }
   const char* backend_name() const override { return "mpi"; }
 

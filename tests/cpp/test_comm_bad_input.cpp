@@ -1,0 +1,129 @@
+// Bad input never hangs: count mismatches, null buffers, unknown dtypes and timeouts all
+// raise errors that name the collective, the rank and the sizes.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <thread>
+
+#include "comm/error.h"
+#include "run_ranks.h"
+
+namespace zerort::testing {
+namespace {
+
+using namespace std::chrono_literals;
+
+CommOptions fast_timeout(bool check_consistency = true) {
+  CommOptions o;
+  o.timeout = 300ms;
+  o.check_consistency = check_consistency;
+  return o;
+}
+
+TEST(CommBadInput, CountMismatchAcrossRanksRaisesOnEveryRank) {
+  std::vector<float> buf(16, 1.0f);
+  auto errors = run_ranks(3, [&](Communicator& comm) {
+    std::vector<float> mine(buf);
+    comm.all_reduce(mine.data(), comm.rank() == 1 ? 8 : 7, DType::kFloat32)->wait();
+  });
+  for (int r = 0; r < 3; ++r) {
+    EXPECT_NE(errors[r].find("count differs across ranks"), std::string::npos) << errors[r];
+    EXPECT_NE(errors[r].find("all_reduce"), std::string::npos) << errors[r];
+    EXPECT_NE(errors[r].find("from 7 to 8"), std::string::npos) << errors[r];
+  }
+}
+
+TEST(CommBadInput, MismatchCaughtByBackendWithoutConsistencyCheck) {
+  auto errors = run_ranks(2, [&](Communicator& comm) {
+    std::vector<float> in(32), out(16);
+    comm.reduce_scatter(in.data(), out.data(), comm.rank() == 0 ? 4 : 5, DType::kFloat32)->wait();
+  }, fast_timeout(false));
+  for (const auto& e : errors) EXPECT_NE(e.find("collective mismatch"), std::string::npos) << e;
+}
+
+TEST(CommBadInput, DifferentCollectivesRaise) {
+  auto errors = run_ranks(2, [&](Communicator& comm) {
+    float x = 1;
+    if (comm.rank() == 0) comm.all_reduce(&x, 1, DType::kFloat32)->wait();
+    else comm.broadcast(&x, 1, DType::kFloat32, 0)->wait();
+  });
+  for (const auto& e : errors) EXPECT_NE(e.find("different collectives"), std::string::npos) << e;
+}
+
+TEST(CommBadInput, NullBufferNamesTheCall) {
+  auto errors = run_ranks(2, [&](Communicator& comm) {
+    comm.all_reduce(nullptr, 5, DType::kFloat32)->wait();
+  });
+  for (const auto& e : errors) {
+    EXPECT_NE(e.find("buffer argument 0 is null"), std::string::npos) << e;
+    EXPECT_NE(e.find("all_reduce(count=5"), std::string::npos) << e;
+  }
+  // Zero elements need no buffer.
+  errors = run_ranks(2, [&](Communicator& comm) { comm.all_gather(nullptr, nullptr, 0, DType::kInt32)->wait(); });
+  for (const auto& e : errors) EXPECT_EQ(e, "");
+}
+
+TEST(CommBadInput, UnknownDtypeAndOp) {
+  auto errors = run_ranks(1, [&](Communicator& comm) {
+    float x = 0;
+    comm.all_reduce(&x, 1, static_cast<DType>(42))->wait();
+  });
+  EXPECT_NE(errors[0].find("unknown dtype value 42"), std::string::npos) << errors[0];
+  errors = run_ranks(1, [&](Communicator& comm) {
+    float x = 0;
+    comm.all_reduce(&x, 1, DType::kFloat32, static_cast<ReduceOp>(9))->wait();
+  });
+  EXPECT_NE(errors[0].find("unknown reduce op value 9"), std::string::npos) << errors[0];
+  errors = run_ranks(1, [&](Communicator& comm) {
+    float x = 0, y = 0;
+    comm.reduce_scatter_accumulate(&x, DType::kFloat32, &y, 1)->wait();
+  });
+  EXPECT_NE(errors[0].find("must be bf16 or f16"), std::string::npos) << errors[0];
+  errors = run_ranks(2, [&](Communicator& comm) {
+    float x = 0;
+    comm.broadcast(&x, 1, DType::kFloat32, 2)->wait();
+  });
+  for (const auto& e : errors) EXPECT_NE(e.find("root 2 is outside"), std::string::npos) << e;
+}
+
+// Rank 1 never calls: rank 0 times out naming the collective; then rank 1's late call
+// fails fast because the group was aborted, instead of hanging.
+void expect_timeout(bool check_consistency) {
+  auto start = std::chrono::steady_clock::now();
+  auto errors = run_ranks(2, [&](Communicator& comm) {
+    float x = 1;
+    if (comm.rank() == 0) {
+      try {
+        comm.all_reduce(&x, 1, DType::kFloat32)->wait();
+      } catch (const TimeoutError& e) {
+        throw std::runtime_error(std::string("TIMEOUT: ") + e.what());
+      }
+    } else {
+      std::this_thread::sleep_for(600ms);
+      comm.barrier()->wait();
+    }
+  }, fast_timeout(check_consistency));
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 5s);
+  EXPECT_EQ(errors[0].rfind("TIMEOUT: ", 0), 0u) << errors[0];
+  EXPECT_NE(errors[0].find("all_reduce(count=1, dtype=f32, op=sum) on rank 0 of 2"), std::string::npos)
+      << errors[0];
+  EXPECT_NE(errors[0].find("300 ms"), std::string::npos) << errors[0];
+  EXPECT_NE(errors[1].find("aborted"), std::string::npos) << errors[1];
+}
+
+TEST(CommBadInput, TimeoutFiresInConsistencyCheck) { expect_timeout(true); }
+TEST(CommBadInput, TimeoutFiresInCollective) { expect_timeout(false); }
+
+TEST(CommBadInput, WaitTwiceAndCountZeroWork) {
+  auto errors = run_ranks(2, [&](Communicator& comm) {
+    double x = comm.rank();
+    auto w = comm.all_reduce(&x, 1, DType::kFloat64, ReduceOp::kMax);
+    w->wait();
+    w->wait();  // no-op
+    if (x != 1.0) throw std::runtime_error("max wrong");
+  });
+  for (const auto& e : errors) EXPECT_EQ(e, "");
+}
+
+}  // namespace
+}  // namespace zerort::testing
