@@ -157,7 +157,15 @@ class MpiCommunicator final : public Communicator {
   static std::unique_ptr<Communicator> create(CommOptions options) {
     MpiRuntime::get();
     MPI_Comm comm = MPI_COMM_NULL;
-    ZRT_CHECK_MPI(MPI_Comm_dup(MPI_COMM_WORLD, &comm), "MPI communicator");
+    MPI_Request req = MPI_REQUEST_NULL;
+    // Creation is collective too: a non-blocking dup, so a missing rank is a timeout.
+    ZRT_CHECK_MPI(MPI_Comm_idup(MPI_COMM_WORLD, &comm, &req), "MPI communicator");
+    CollectiveDesc d;
+    d.kind = Collective::kBarrier;
+    d.backend = "mpi (communicator creation)";
+    MPI_Comm_rank(MPI_COMM_WORLD, &d.rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &d.world);
+    MpiWork(d, options.timeout, req).wait();
     ZRT_CHECK_MPI(MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN), "MPI communicator");
     int rank = 0, size = 1;
     MPI_Comm_rank(comm, &rank);
