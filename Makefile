@@ -1,0 +1,44 @@
+# zerort: `make demo` runs the main job, `make test` runs every test. Both install what is
+# missing first (Debian packages, the .venv with torch==2.13.0) and only redo what changed.
+SHELL := /bin/bash
+VENV  ?= .venv
+PY    := $(VENV)/bin/python
+BUILD ?= build
+JOBS  ?= $(shell nproc)
+STAMPS := .stamps
+
+.PHONY: all deps venv configure build test demo bench clean
+
+all: build
+
+$(STAMPS)/deps: scripts/install_deps.sh
+	bash scripts/install_deps.sh
+	@mkdir -p $(STAMPS) && touch $@
+
+$(VENV)/.installed: requirements.txt
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PY) -m pip install -q -r requirements.txt
+	touch $@
+
+deps: $(STAMPS)/deps
+venv: $(VENV)/.installed
+
+$(BUILD)/CMakeCache.txt: $(STAMPS)/deps $(VENV)/.installed
+	cmake -S . -B $(BUILD) -DPython3_EXECUTABLE=$(abspath $(PY))
+
+configure: $(BUILD)/CMakeCache.txt
+
+build: $(BUILD)/CMakeCache.txt
+	cmake --build $(BUILD) -j $(JOBS)
+
+test: build
+	BUILD=$(BUILD) PY=$(PY) bash scripts/run_tests.sh
+
+demo: build
+	bash scripts/mpirun.sh -np 2 $(BUILD)/examples/reduce_scatter_demo
+
+bench: build
+	bash bench/run_reduce_scatter_bench.sh
+
+clean:
+	rm -rf $(BUILD) $(STAMPS)

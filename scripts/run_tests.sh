@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# Runs every test: CTest (GoogleTest, MPI multi-process) then pytest (casts vs torch, gloo
+# under torchrun, MPI under mpirun). Both always run; the script ends with both summary
+# lines and fails if either failed.
+set -uo pipefail
+BUILD=${BUILD:-build}
+PY=${PY:-.venv/bin/python}
+log=$(mktemp -d)
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+
+ctest --test-dir "$BUILD" --output-on-failure -j 2 2>&1 | tee "$log/ctest.txt"
+ctest_rc=${PIPESTATUS[0]}
+"$PY" -m pytest -q tests/python 2>&1 | tee "$log/pytest.txt"
+pytest_rc=${PIPESTATUS[0]}
+
+echo
+echo "================ summary ================"
+echo "CTest:  $(grep -E 'tests passed|tests failed' "$log/ctest.txt" | tail -1)"
+echo "pytest: $(tail -1 "$log/pytest.txt")"
+rm -rf "$log"
+[[ $ctest_rc -eq 0 && $pytest_rc -eq 0 ]]
