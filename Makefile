@@ -18,6 +18,7 @@ $(STAMPS)/deps: scripts/install_deps.sh
 $(VENV)/.installed: requirements.txt
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q -r requirements.txt
+	$(PY) -c "import site; open(site.getsitepackages()[0] + '/zerort.pth', 'w').write('$(abspath python)\n')"
 	touch $@
 
 deps: $(STAMPS)/deps

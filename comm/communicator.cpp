@@ -106,11 +106,12 @@ WorkPtr Communicator::reduce_scatter_accumulate(const void* in, DType in_dtype, 
                                                 size_t recv_count, bool accumulate) {
   auto d = describe(Collective::kReduceScatterAccumulate, recv_count, in_dtype);
   check(d, {in, out});
-  auto chunks = std::make_shared<std::vector<uint16_t>>(recv_count * static_cast<size_t>(size_));
-  WorkPtr work = do_all_to_all(in, chunks->data(), d);  // d names this call in errors
+  // Scratch for the W received chunks; uninitialised (the all-to-all fills all of it).
+  std::shared_ptr<uint16_t[]> chunks(new uint16_t[recv_count * static_cast<size_t>(size_)]);
+  WorkPtr work = do_all_to_all(in, chunks.get(), d);  // d names this call in errors
   size_t world = static_cast<size_t>(size_);
   work->then([chunks, in_dtype, world, recv_count, out, accumulate] {
-    sum_chunks_to_f32(chunks->data(), in_dtype, world, recv_count, out, accumulate);
+    sum_chunks_to_f32(chunks.get(), in_dtype, world, recv_count, out, accumulate);
   });
   return work;
 }

@@ -24,17 +24,25 @@ struct FromF16 {
 
 constexpr int kThreads = 256;
 
+// A grid-stride loop over n elements in groups of 8 (16-byte accesses on both sides);
+// vec_n is 0 when either pointer is not 16-byte aligned, leaving all to the scalar tail.
+struct GridLoop {
+  __device__ GridLoop(const void* in, const void* out, size_t n)
+      : first(static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x),
+        stride(static_cast<size_t>(gridDim.x) * blockDim.x),
+        vec_n((reinterpret_cast<uintptr_t>(in) % 16 == 0 && reinterpret_cast<uintptr_t>(out) % 16 == 0)
+                  ? n / 8
+                  : 0) {}
+  size_t first, stride, vec_n;
+};
+
 // Each thread handles 8 elements per step: 2 x 16-byte float4 loads and one 16-byte
 // store of 8 halves. Unaligned pointers and the tail take the scalar path. 64-bit index.
 template <typename Narrow>
 __global__ void narrow_kernel(const float* __restrict__ in, uint16_t* __restrict__ out, size_t n) {
   Narrow narrow;
-  const size_t stride = static_cast<size_t>(gridDim.x) * blockDim.x;
-  size_t t = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  const bool aligned = (reinterpret_cast<uintptr_t>(in) % 16 == 0) &&
-                       (reinterpret_cast<uintptr_t>(out) % 16 == 0);
-  size_t vec_n = aligned ? n / 8 : 0;
-  for (size_t v = t; v < vec_n; v += stride) {
+  const GridLoop g(in, out, n);
+  for (size_t v = g.first; v < g.vec_n; v += g.stride) {
     float4 a = reinterpret_cast<const float4*>(in)[2 * v];
     float4 b = reinterpret_cast<const float4*>(in)[2 * v + 1];
     uint4 packed;
@@ -44,18 +52,14 @@ __global__ void narrow_kernel(const float* __restrict__ in, uint16_t* __restrict
     packed.w = narrow(b.z) | (static_cast<uint32_t>(narrow(b.w)) << 16);
     reinterpret_cast<uint4*>(out)[v] = packed;
   }
-  for (size_t i = vec_n * 8 + t; i < n; i += stride) out[i] = narrow(in[i]);
+  for (size_t i = g.vec_n * 8 + g.first; i < n; i += g.stride) out[i] = narrow(in[i]);
 }
 
 template <typename Widen>
 __global__ void widen_kernel(const uint16_t* __restrict__ in, float* __restrict__ out, size_t n) {
   Widen widen;
-  const size_t stride = static_cast<size_t>(gridDim.x) * blockDim.x;
-  size_t t = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  const bool aligned = (reinterpret_cast<uintptr_t>(in) % 16 == 0) &&
-                       (reinterpret_cast<uintptr_t>(out) % 16 == 0);
-  size_t vec_n = aligned ? n / 8 : 0;
-  for (size_t v = t; v < vec_n; v += stride) {
+  const GridLoop g(in, out, n);
+  for (size_t v = g.first; v < g.vec_n; v += g.stride) {
     uint4 packed = reinterpret_cast<const uint4*>(in)[v];
     const uint32_t words[4] = {packed.x, packed.y, packed.z, packed.w};
     float r[8];
@@ -66,7 +70,7 @@ __global__ void widen_kernel(const uint16_t* __restrict__ in, float* __restrict_
     reinterpret_cast<float4*>(out)[2 * v] = make_float4(r[0], r[1], r[2], r[3]);
     reinterpret_cast<float4*>(out)[2 * v + 1] = make_float4(r[4], r[5], r[6], r[7]);
   }
-  for (size_t i = vec_n * 8 + t; i < n; i += stride) out[i] = widen(in[i]);
+  for (size_t i = g.vec_n * 8 + g.first; i < n; i += g.stride) out[i] = widen(in[i]);
 }
 
 unsigned blocks_for(size_t n) {
