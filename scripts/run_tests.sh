@@ -15,6 +15,7 @@ pytest_rc=${PIPESTATUS[0]}
 
 echo
 echo "================ summary ================"
+grep -ah "^\[accuracy" "$BUILD/Testing/Temporary/LastTest.log" 2>/dev/null | sort -u
 echo "CTest:  $(grep -E 'tests passed|tests failed' "$log/ctest.txt" | tail -1)"
 echo "pytest: $(tail -1 "$log/pytest.txt")"
 rm -rf "$log"
