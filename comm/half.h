@@ -9,7 +9,7 @@
 #if defined(__CUDACC__)
 #define ZRT_HD __host__ __device__ __forceinline__
 #else
-#define ZRT_HD inline
+#define ZRT_HD inline __attribute__((always_inline))
 #endif
 
 namespace zerort {
@@ -36,11 +36,12 @@ ZRT_HD float f32_from_bits(uint32_t u) {
 
 ZRT_HD float bf16_to_f32(uint16_t h) { return f32_from_bits(static_cast<uint32_t>(h) << 16); }
 
+// Branch-free so that loops over it vectorise.
 ZRT_HD uint16_t f32_to_bf16(float f) {
   uint32_t u = f32_bits(f);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x0040u);
-  u += 0x7fffu + ((u >> 16) & 1u);
-  return static_cast<uint16_t>(u >> 16);
+  uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+  uint32_t quiet_nan = (u >> 16) | 0x0040u;
+  return static_cast<uint16_t>((u & 0x7fffffffu) > 0x7f800000u ? quiet_nan : rounded);
 }
 
 ZRT_HD float f16_to_f32(uint16_t h) {

@@ -12,7 +12,9 @@
 #include "comm/error.h"
 #include "comm/gloo/gloo_communicator.h"
 #include "comm/launch_env.h"
+#include "optim/adamw.h"
 #include "optim/cast.h"
+#include "optim/grad_stats.h"
 #include "partition/shard_layout.h"
 #include "zerort/config.h"
 
@@ -128,6 +130,35 @@ PYBIND11_MODULE(_C, m) {
   m.def("cast_to_f32", [](uintptr_t in, const std::string& dt, uintptr_t out, size_t n) {
     py::gil_scoped_release release;
     cast_to_f32(ptr(in), parse_dtype(dt), static_cast<float*>(ptr(out)), n);
+  });
+
+  m.def("adamw_step", [](uintptr_t grad, const std::string& grad_dt, uintptr_t master, uintptr_t m_,
+                         uintptr_t v, uintptr_t param, const std::string& param_dt, size_t n, float lr,
+                         float beta1, float beta2, float eps, float weight_decay, int64_t step,
+                         float grad_multiplier) {
+    AdamWBuffers b;
+    b.grad = ptr(grad);
+    b.grad_dtype = parse_dtype(grad_dt);
+    b.master = static_cast<float*>(ptr(master));
+    b.exp_avg = static_cast<float*>(ptr(m_));
+    b.exp_avg_sq = static_cast<float*>(ptr(v));
+    b.param = ptr(param);
+    b.param_dtype = parse_dtype(param_dt);
+    b.n = n;
+    AdamWStep s;
+    s.hyper = AdamWHyper{lr, beta1, beta2, eps, weight_decay};
+    s.step = step;
+    s.grad_multiplier = grad_multiplier;
+    py::gil_scoped_release release;
+    adamw_step(b, s);
+  });
+  m.def("unscale_and_check", [](uintptr_t grad, size_t n, float inv_scale) {
+    GradStats s;
+    {
+      py::gil_scoped_release release;
+      s = unscale_and_check(static_cast<float*>(ptr(grad)), n, inv_scale);
+    }
+    return py::make_tuple(s.nonfinite, s.sum_squares);
   });
 
   py::class_<ParamSlice>(m, "ParamSlice")

@@ -28,3 +28,4 @@ __version__ = _C.__version__
 from . import comm  # noqa: E402,F401
 from .comm import Communicator, detect_launch_env  # noqa: E402,F401
 from .cast import cast  # noqa: E402,F401
+from . import kernels  # noqa: E402,F401

@@ -1,0 +1,43 @@
+// Fused AdamW over one shard, one pass: reads the FP32 (or bf16) gradient, FP32 master, m
+// and v; writes master, m, v and the bf16/f16 parameter shard. 30 bytes per element with
+// an FP32 gradient and a 2-byte parameter. The math is torch.optim.AdamW's (decoupled
+// weight decay, bias corrections, eps added after dividing sqrt(v) by sqrt(bc2)), in float.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "comm/dtype.h"
+
+namespace zerort {
+
+struct AdamWHyper {
+  float lr = 1e-3f;
+  float beta1 = 0.9f;
+  float beta2 = 0.999f;
+  float eps = 1e-8f;
+  float weight_decay = 1e-2f;
+};
+
+// Per-step scalars, computed once on the host in double exactly as torch does.
+struct AdamWStep {
+  AdamWHyper hyper;
+  int64_t step = 1;              // Adam's step count, 1 for the first update
+  float grad_multiplier = 1.0f;  // folded into the gradient read: unscale and/or clip
+};
+
+struct AdamWBuffers {
+  const void* grad = nullptr;  // n elements of grad_dtype (f32 or bf16)
+  DType grad_dtype = DType::kFloat32;
+  float* master = nullptr;
+  float* exp_avg = nullptr;
+  float* exp_avg_sq = nullptr;
+  void* param = nullptr;  // n elements of param_dtype (bf16, f16; nullptr to skip)
+  DType param_dtype = DType::kBFloat16;
+  size_t n = 0;
+};
+
+// Checks the arguments (errors name the bad one), then runs the pass on all CPU threads.
+void adamw_step(const AdamWBuffers& buffers, const AdamWStep& step);
+
+}  // namespace zerort

@@ -1,0 +1,57 @@
+// The AdamW element update shared by the CPU and CUDA kernels. Operation order follows
+// torch.optim.AdamW (single-tensor path) in float:
+//   p *= 1 - lr*wd;  m = lerp(m, g, 1-b1);  v = v*b2 + ((1-b2)*g)*g;
+//   denom = sqrt(v)/sqrt(bc2) + eps;  p += (-lr/bc1 * m) / denom
+// lerp uses one fused multiply-add, as torch's vectorized CPU kernel does.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+
+#include "comm/half.h"
+#include "optim/adamw.h"
+
+namespace zerort {
+
+// Float scalars of one step, derived once in double on the host as torch derives them.
+struct AdamWCoeffs {
+  float decay;          // 1 - lr*wd
+  float lerp_coeff;     // w = 1 - beta1 when |w| < 0.5, else w - 1 (torch's two lerp forms)
+  bool lerp_from_grad;  // |w| >= 0.5: m = g + (w - 1)(g - m), else m = m + w(g - m)
+  float beta2;
+  float one_minus_b2;   // 1 - beta2
+  float bc2_sqrt;       // sqrt(1 - beta2^step)
+  float eps;
+  float neg_step_size;  // -lr / (1 - beta1^step)
+  float grad_multiplier;
+
+  static AdamWCoeffs from(const AdamWStep& s) {
+    const AdamWHyper& h = s.hyper;
+    const double step = static_cast<double>(s.step);
+    const double lr = h.lr, b1 = h.beta1, b2 = h.beta2;
+    AdamWCoeffs c;
+    c.decay = static_cast<float>(1.0 - lr * static_cast<double>(h.weight_decay));
+    const float w = static_cast<float>(1.0 - b1);
+    c.lerp_from_grad = !(std::fabs(w) < 0.5f);
+    c.lerp_coeff = c.lerp_from_grad ? w - 1.0f : w;
+    c.beta2 = h.beta2;
+    c.one_minus_b2 = static_cast<float>(1.0 - b2);
+    c.bc2_sqrt = static_cast<float>(std::sqrt(1.0 - std::pow(b2, step)));
+    c.eps = h.eps;
+    c.neg_step_size = static_cast<float>(-(lr / (1.0 - std::pow(b1, step))));
+    c.grad_multiplier = s.grad_multiplier;
+    return c;
+  }
+};
+
+// One element: updates p, m, v in place from gradient g (already a float).
+ZRT_HD void adamw_element(const AdamWCoeffs c, float g, float& p, float& m, float& v) {
+  g = g * c.grad_multiplier;
+  p = p * c.decay;
+  m = fmaf(c.lerp_coeff, g - m, c.lerp_from_grad ? g : m);  // one select: vectorises
+  v = v * c.beta2 + c.one_minus_b2 * g * g;
+  float denom = sqrtf(v) / c.bc2_sqrt + c.eps;
+  p = p + c.neg_step_size * m / denom;
+}
+
+}  // namespace zerort
