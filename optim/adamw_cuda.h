@@ -1,0 +1,19 @@
+// CUDA versions of optim/adamw.h and optim/grad_stats.h, on a stream. Same element math
+// (optim/adamw_math.h), so results match the CPU kernels up to float rounding of sqrt/div.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include "optim/adamw.h"
+#include "optim/grad_stats.h"
+
+namespace zerort {
+
+// Device buffers. Checks arguments as the CPU version does; launches are checked.
+void adamw_step_cuda(const AdamWBuffers& buffers, const AdamWStep& step, cudaStream_t stream);
+
+// Device gradient; returns the stats after synchronising the stream. Per-block partial
+// sums are combined in block order, so the result is reproducible run to run.
+GradStats unscale_and_check_cuda(float* grad, size_t n, float inv_scale, cudaStream_t stream);
+
+}  // namespace zerort

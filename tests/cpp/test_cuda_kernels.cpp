@@ -1,0 +1,113 @@
+// CUDA kernels against the CPU kernels on fresh random data (never zeros): casts bitwise
+// (specials included), AdamW and the unscale pass to float rounding. Skips, saying so, when
+// no GPU is visible.
+#include <gtest/gtest.h>
+
+#include <cuda_runtime_api.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <random>
+
+#include "comm/half.h"
+#include "optim/adamw.h"
+#include "optim/adamw_cuda.h"
+#include "optim/cast.h"
+#include "optim/grad_stats.h"
+#include "optim/cast_cuda.h"
+#include "optim/cuda_check.h"
+
+namespace zerort {
+namespace {
+
+std::vector<float> random_floats(size_t n) {
+  std::mt19937 gen(static_cast<uint32_t>(std::chrono::steady_clock::now().time_since_epoch().count()));
+  std::vector<float> v(n);
+  for (auto& x : v) x = f32_from_bits(gen());  // every bit pattern: NaN, Inf, subnormals
+  return v;
+}
+
+TEST(CastCuda, MatchesCpuBitwise) {
+  if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device visible; CUDA cast test skipped";
+  for (size_t n : {size_t{1}, size_t{7}, size_t{1000}, size_t{(1u << 22) + 5}}) {
+    auto host = random_floats(n);
+    float* d_in = nullptr;
+    uint16_t* d_half = nullptr;
+    float* d_back = nullptr;
+    ZRT_CHECK_CUDA(cudaMalloc(reinterpret_cast<void**>(&d_in), n * 4));
+    ZRT_CHECK_CUDA(cudaMalloc(reinterpret_cast<void**>(&d_half), n * 2));
+    ZRT_CHECK_CUDA(cudaMalloc(reinterpret_cast<void**>(&d_back), n * 4));
+    ZRT_CHECK_CUDA(cudaMemcpy(d_in, host.data(), n * 4, cudaMemcpyHostToDevice));
+    for (DType dt : {DType::kBFloat16, DType::kFloat16}) {
+      std::vector<uint16_t> cpu_half(n), gpu_half(n);
+      std::vector<float> cpu_back(n), gpu_back(n);
+      cast_from_f32(host.data(), cpu_half.data(), dt, n);
+      cast_to_f32(cpu_half.data(), dt, cpu_back.data(), n);
+      cast_from_f32_cuda(d_in, d_half, dt, n, nullptr);
+      cast_to_f32_cuda(d_half, dt, d_back, n, nullptr);
+      ZRT_CHECK_CUDA(cudaMemcpy(gpu_half.data(), d_half, n * 2, cudaMemcpyDeviceToHost));
+      ZRT_CHECK_CUDA(cudaMemcpy(gpu_back.data(), d_back, n * 4, cudaMemcpyDeviceToHost));
+      EXPECT_EQ(0, std::memcmp(cpu_half.data(), gpu_half.data(), n * 2)) << dtype_name(dt) << " n=" << n;
+      EXPECT_EQ(0, std::memcmp(cpu_back.data(), gpu_back.data(), n * 4)) << dtype_name(dt) << " n=" << n;
+    }
+    cudaFree(d_in);
+    cudaFree(d_half);
+    cudaFree(d_back);
+  }
+}
+
+template <typename T>
+T* to_device(const std::vector<T>& host) {
+  T* d = nullptr;
+  ZRT_CHECK_CUDA(cudaMalloc(reinterpret_cast<void**>(&d), host.size() * sizeof(T) + 16));
+  ZRT_CHECK_CUDA(cudaMemcpy(d, host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice));
+  return d;
+}
+
+template <typename T>
+std::vector<T> to_host(const T* d, size_t n) {
+  std::vector<T> h(n);
+  ZRT_CHECK_CUDA(cudaMemcpy(h.data(), d, n * sizeof(T), cudaMemcpyDeviceToHost));
+  return h;
+}
+
+TEST(AdamWCuda, MatchesCpuOver10Steps) {
+  if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device visible; CUDA AdamW test skipped";
+  std::mt19937 gen(static_cast<uint32_t>(std::chrono::steady_clock::now().time_since_epoch().count()));
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  for (size_t n : {size_t{1}, size_t{1001}, size_t{(1u << 22) + 3}}) {
+    std::vector<float> p(n), m(n, 0.0f), v(n, 0.0f), g(n);
+    for (auto& x : p) x = normal(gen);
+    float *dp = to_device(p), *dm = to_device(m), *dv = to_device(v), *dg = to_device(g);
+    uint16_t* dlp = to_device(std::vector<uint16_t>(n));
+    std::vector<uint16_t> lp(n);
+    for (int64_t step = 1; step <= 10; ++step) {
+      for (auto& x : g) x = normal(gen);
+      ZRT_CHECK_CUDA(cudaMemcpy(dg, g.data(), n * 4, cudaMemcpyHostToDevice));
+      AdamWStep s;
+      s.step = step;
+      s.hyper.lr = 1e-2f;
+      adamw_step({g.data(), DType::kFloat32, p.data(), m.data(), v.data(), lp.data(), DType::kBFloat16, n}, s);
+      adamw_step_cuda({dg, DType::kFloat32, dp, dm, dv, dlp, DType::kBFloat16, n}, s, nullptr);
+    }
+    auto gp = to_host(dp, n);
+    for (size_t i = 0; i < n; ++i) ASSERT_NEAR(gp[i], p[i], 1e-6f * (1.0f + std::fabs(p[i]))) << "n=" << n << " i=" << i;
+    auto glp = to_host(dlp, n);
+    std::vector<uint16_t> expect(n);
+    cast_from_f32(gp.data(), expect.data(), DType::kBFloat16, n);
+    EXPECT_EQ(0, std::memcmp(glp.data(), expect.data(), n * 2)) << "bf16 write != RNE(master)";
+
+    auto cpu_stats = unscale_and_check(g.data(), n, 0.25f);
+    auto gpu_stats = unscale_and_check_cuda(dg, n, 0.25f, nullptr);
+    EXPECT_EQ(gpu_stats.nonfinite, cpu_stats.nonfinite);
+    EXPECT_NEAR(gpu_stats.sum_squares, cpu_stats.sum_squares, 1e-9 * cpu_stats.sum_squares);
+    for (void* d : {static_cast<void*>(dp), static_cast<void*>(dm), static_cast<void*>(dv),
+                    static_cast<void*>(dg), static_cast<void*>(dlp)}) {
+      cudaFree(d);
+    }
+  }
+}
+
+}  // namespace
+}  // namespace zerort
