@@ -42,7 +42,8 @@ class Communicator {
   // accumulate=true adds into out (gradient accumulation across micro-steps).
   WorkPtr reduce_scatter_accumulate(const void* in, DType in_dtype, float* out, size_t recv_count,
                                     bool accumulate = false);
-  // out (size()*send_count elements) gets rank r's in at offset r*send_count.
+  // out (size()*send_count elements) gets rank r's in at offset r*send_count. `in` may be
+  // this rank's own chunk of `out` (in-place all-gather).
   WorkPtr all_gather(const void* in, void* out, size_t send_count, DType dtype);
   // in and out have size()*count elements; chunk r of in goes to rank r, chunk r of out
   // comes from rank r.

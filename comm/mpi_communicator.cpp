@@ -197,7 +197,10 @@ class MpiCommunicator final : public Communicator {
   WorkPtr do_all_gather(const void* in, void* out, const CollectiveDesc& d) override {
     MPI_Request req;
     int n = mpi_count(d.count, d);
-    ZRT_CHECK_MPI(MPI_Iallgather(in, n, mpi_type(d.dtype), out, n, mpi_type(d.dtype), comm_, &req),
+    // In place when `in` is this rank's chunk of `out` (MPI forbids aliased buffers).
+    const char* own = static_cast<const char*>(out) + static_cast<size_t>(rank()) * d.count * dtype_size(d.dtype);
+    const void* send = in == own ? MPI_IN_PLACE : in;
+    ZRT_CHECK_MPI(MPI_Iallgather(send, n, mpi_type(d.dtype), out, n, mpi_type(d.dtype), comm_, &req),
                   d.to_string());
     return make(d, req);
   }

@@ -92,6 +92,8 @@ class GlooCommunicator final : public Communicator {
   WorkPtr do_all_gather(const void* in, void* out, const CollectiveDesc& d) override {
     at::Tensor input = view(in, d.count, d.dtype);
     at::Tensor output = view(out, d.count * static_cast<size_t>(size()), d.dtype);
+    const char* own = static_cast<const char*>(out) + static_cast<size_t>(rank()) * d.count * dtype_size(d.dtype);
+    if (in == own) input = input.clone();  // in-place call: gloo gets a separate input
     return run(d, [&] { return backend_->_allgather_base(output, input); });
   }
   WorkPtr do_all_to_all(const void* in, void* out, const CollectiveDesc& d) override {

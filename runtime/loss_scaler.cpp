@@ -1,0 +1,62 @@
+#include "runtime/loss_scaler.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "comm/error.h"
+
+namespace zerort {
+
+LossScaler::LossScaler(LossScalerOptions o) : options_(o) {
+  ZRT_CHECK(std::isfinite(o.initial_scale) && o.initial_scale > 0,
+            "loss_scale.initial_scale must be a positive finite number, got ", o.initial_scale);
+  if (o.dynamic) {
+    ZRT_CHECK(o.window >= 1, "loss_scale.window must be >= 1, got ", o.window);
+    ZRT_CHECK(o.hysteresis >= 1, "loss_scale.hysteresis must be >= 1, got ", o.hysteresis);
+    ZRT_CHECK(o.min_scale > 0 && o.min_scale <= o.initial_scale, "loss_scale.min_scale must be in (0, ",
+              "initial_scale=", o.initial_scale, "], got ", o.min_scale);
+    ZRT_CHECK(o.factor > 1, "loss_scale.factor must be > 1, got ", o.factor);
+  }
+  state_.scale = o.initial_scale;
+  state_.hysteresis_left = o.hysteresis;
+}
+
+void LossScaler::update(bool overflow) {
+  State& s = state_;
+  if (overflow) ++s.overflows;
+  if (!options_.dynamic) {
+    ++s.iteration;
+    return;
+  }
+  if (overflow) {
+    if (s.hysteresis_left <= 1) {
+      ZRT_CHECK(s.scale > options_.min_scale, "gradients overflowed at step ", s.iteration,
+                " with the loss scale already at its minimum ", options_.min_scale,
+                " (loss_scale.min_scale); the model produces non-finite gradients at any scale. "
+                "Lower the learning rate, check the data, or use bf16");
+      s.scale = std::max(s.scale / options_.factor, options_.min_scale);
+    } else {
+      --s.hysteresis_left;
+    }
+    s.last_overflow_iteration = s.iteration;
+  } else {
+    if (options_.consecutive_hysteresis) s.hysteresis_left = options_.hysteresis;
+    if ((s.iteration - s.last_overflow_iteration) % options_.window == 0) {
+      s.hysteresis_left = options_.hysteresis;
+      s.scale *= options_.factor;
+    }
+  }
+  ++s.iteration;
+}
+
+void LossScaler::load_state(const State& st) {
+  ZRT_CHECK(std::isfinite(st.scale) && st.scale > 0, "loss scaler state: scale must be positive, got ",
+            st.scale);
+  ZRT_CHECK(st.iteration >= 0 && st.last_overflow_iteration >= -1 &&
+                st.last_overflow_iteration < st.iteration + 1 && st.hysteresis_left >= 0,
+            "loss scaler state is inconsistent (iteration ", st.iteration, ", last overflow ",
+            st.last_overflow_iteration, ", hysteresis left ", st.hysteresis_left, ")");
+  state_ = st;
+}
+
+}  // namespace zerort

@@ -1,0 +1,156 @@
+#include "engine_cases.h"
+
+#include <ATen/TensorOperators.h>
+#include <ATen/ops/addmm.h>
+#include <ATen/ops/from_blob.h>
+#include <ATen/ops/mse_loss.h>
+#include <ATen/ops/randn.h>
+#include <ATen/ops/tanh.h>
+#include <ATen/ops/zeros.h>
+#include <ATen/core/Generator.h>
+#include <ATen/CPUGeneratorImpl.h>
+
+#include <cmath>
+
+namespace zerort::testing {
+
+namespace {
+
+// MLP 13 -> 31 -> 7 with an empty parameter in the middle: 658 elements, odd, not
+// divisible by 2 or 4, so shards carry padding.
+const std::vector<std::vector<int64_t>> kShapes = {{31, 13}, {31}, {0}, {7, 31}, {7}};
+constexpr int64_t kBatch = 8;
+
+at::Generator gen(uint64_t seed) { return at::detail::createCPUGenerator(seed); }
+
+std::vector<at::Tensor> init_params() {
+  auto g = gen(1234);
+  std::vector<at::Tensor> ps;
+  for (const auto& s : kShapes) ps.push_back((at::randn(s, g) * 0.3).requires_grad_(true));
+  return ps;
+}
+
+// The micro-batch of (step, rank, micro): the same on every process.
+std::pair<at::Tensor, at::Tensor> batch(int step, int rank, int64_t micro) {
+  auto g = gen(static_cast<uint64_t>(step) * 1000003 + static_cast<uint64_t>(rank) * 101 + static_cast<uint64_t>(micro));
+  return {at::randn({kBatch, 13}, g), at::randn({kBatch, 7}, g)};
+}
+
+// Forward in the parameters' dtype, loss in FP32 (as AMP does), backward of loss * scale.
+void forward_backward(const std::vector<at::Tensor>& p, const at::Tensor& x, const at::Tensor& y,
+                      double scale) {
+  auto h = at::tanh(at::addmm(p[1], x.to(p[0].scalar_type()), p[0].t()));
+  auto out = at::addmm(p[4], h, p[3].t());
+  auto loss = at::mse_loss(out.to(at::kFloat), y);
+  (loss * scale).backward();
+}
+
+at::ScalarType lp_type(DType d) { return d == DType::kBFloat16 ? at::kBFloat16 : at::kHalf; }
+
+}  // namespace
+
+EngineOptions default_options(int stage, DType precision) {
+  EngineOptions o;
+  o.stage = stage;
+  o.precision = precision;
+  o.adamw = AdamWHyper{3e-3f, 0.9f, 0.999f, 1e-8f, 0.01f};
+  o.loss_scale.initial_scale = 1024;  // f16: dynamic, from 2^10
+  o.loss_scale.window = 5;
+  o.reduce_bucket_numel = 200;        // several buckets over 658 elements
+  o.alignment = 4;
+  return o;
+}
+
+EngineRun run_engine(Communicator& comm, const RunConfig& config) {
+  auto params = init_params();
+  Engine engine(params, comm, config.options);
+  EngineRun run;
+  const int64_t gas = config.options.gradient_accumulation_steps;
+  for (int step = 0; step < config.steps; ++step) {
+    for (int64_t micro = 0; micro < gas; ++micro) {
+      auto [x, y] = batch(step, comm.rank(), micro);
+      forward_backward(params, x, y, engine.loss_scale());
+      if (config.after_backward) config.after_backward(engine, step, comm.rank());
+      run.stats.push_back(engine.step());
+    }
+    run.scales.push_back(engine.loss_scale());
+  }
+  const size_t shard = engine.layout().shard_numel(), world = static_cast<size_t>(comm.size());
+  std::vector<float> all(shard * world);
+  comm.all_gather(engine.master().data_ptr<float>(), all.data(), shard, DType::kFloat32)->wait();
+  all.resize(engine.layout().numel());
+  run.master = all;
+  const auto* bits = static_cast<const uint16_t*>(engine.flat_params().data_ptr());
+  run.params.assign(bits, bits + engine.layout().numel());
+  run.adam_steps = engine.adam_steps();
+  return run;
+}
+
+Reference run_reference(int world, const RunConfig& config, const std::vector<double>& scales) {
+  const EngineOptions& o = config.options;
+  auto init = init_params();
+  std::vector<float> master;
+  for (auto& p : init) {
+    auto c = p.detach().contiguous();
+    master.insert(master.end(), c.data_ptr<float>(), c.data_ptr<float>() + c.numel());
+  }
+  const size_t n = master.size();
+  std::vector<double> m(n, 0.0), v(n, 0.0);
+  Reference ref;
+  int64_t adam_step = 0;
+  const int64_t gas = o.gradient_accumulation_steps;
+  for (int step = 0; step < config.steps; ++step) {
+    const double scale = step == 0 ? (o.precision == DType::kFloat16 ? o.loss_scale.initial_scale : 1.0)
+                                   : scales[static_cast<size_t>(step - 1)];
+    // Low-precision working copy of the FP32 master, rounded as the engine rounds it.
+    auto flat = at::from_blob(master.data(), {static_cast<int64_t>(n)}, at::kFloat).to(lp_type(o.precision));
+    std::vector<double> grad(n, 0.0);
+    for (int r = 0; r < world; ++r) {
+      std::vector<at::Tensor> p;
+      int64_t off = 0;
+      for (const auto& s : kShapes) {
+        int64_t numel = 1;
+        for (auto d : s) numel *= d;
+        p.push_back(flat.narrow(0, off, numel).view(s).detach().clone().requires_grad_(true));
+        off += numel;
+      }
+      for (int64_t micro = 0; micro < gas; ++micro) {  // autograd sums micro-steps in lp (stage 1)
+        auto [x, y] = batch(step, r, micro);
+        if (o.stage == 2) for (auto& t : p) t.mutable_grad() = at::Tensor();  // fresh per micro-step
+        forward_backward(p, x, y, scale);
+        if (o.stage == 2 || micro == gas - 1) {
+          size_t k = 0;
+          for (auto& t : p) {
+            if (!t.grad().defined()) { k += static_cast<size_t>(t.numel()); continue; }
+            auto g = t.grad().to(at::kDouble).contiguous();
+            for (int64_t i = 0; i < g.numel(); ++i) grad[k++] += g.data_ptr<double>()[i];
+          }
+        }
+      }
+    }
+    double sumsq = 0;
+    for (auto& g : grad) {
+      g /= scale * world * static_cast<double>(gas);
+      sumsq += g * g;
+    }
+    const double norm = std::sqrt(sumsq);
+    ref.grad_norms.push_back(norm);
+    if (!std::isfinite(norm)) continue;  // skipped step
+    double coef = o.gradient_clipping > 0 ? std::min(1.0, o.gradient_clipping / (norm + 1e-6)) : 1.0;
+    ++adam_step;
+    const double lr = o.adamw.lr, b1 = o.adamw.beta1, b2 = o.adamw.beta2;
+    const double bc1 = 1 - std::pow(b1, adam_step), bc2 = 1 - std::pow(b2, adam_step);
+    for (size_t i = 0; i < n; ++i) {  // torch.optim.AdamW's update, in FP64, on the FP32 master
+      double g = grad[i] * coef, p = master[i];
+      p *= 1 - lr * o.adamw.weight_decay;
+      m[i] = b1 * m[i] + (1 - b1) * g;
+      v[i] = b2 * v[i] + (1 - b2) * g * g;
+      p -= lr / bc1 * m[i] / (std::sqrt(v[i]) / std::sqrt(bc2) + o.adamw.eps);
+      master[i] = static_cast<float>(p);
+    }
+  }
+  ref.master = master;
+  return ref;
+}
+
+}  // namespace zerort::testing

@@ -1,0 +1,44 @@
+// Engine test cases that run on any Communicator (in-process threads or MPI processes):
+// a small MLP trained by the Engine, and a single-process reference that computes the same
+// thing another way (FP64 mean gradient over all ranks' micro-batches, FP64 AdamW on an
+// FP32 master).
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <functional>
+#include <vector>
+
+#include "comm/communicator.h"
+#include "runtime/engine.h"
+
+namespace zerort::testing {
+
+struct EngineRun {
+  std::vector<float> master;        // full FP32 master, gathered from all ranks
+  std::vector<uint16_t> params;     // full low-precision parameters (bits)
+  std::vector<StepStats> stats;     // one per step() call
+  std::vector<double> scales;       // loss scale after each boundary
+  int64_t adam_steps = 0;           // optimizer updates applied (skips excluded)
+};
+
+struct RunConfig {
+  EngineOptions options;
+  int steps = 20;  // optimizer boundaries
+  // Called after backward, before step(): may corrupt this rank's gradients.
+  std::function<void(Engine&, int step, int rank)> after_backward;
+};
+
+EngineOptions default_options(int stage, DType precision);
+EngineRun run_engine(Communicator& comm, const RunConfig& config);
+
+struct Reference {
+  std::vector<float> master;
+  std::vector<double> grad_norms;  // per step, before clipping
+};
+// What W ranks should compute together, computed by one process. scales[i] is the loss
+// scale step i ran with (1 for bf16); the reference rounds gradients as the engine does.
+Reference run_reference(int world, const RunConfig& config, const std::vector<double>& scales);
+
+}  // namespace zerort::testing

@@ -1,0 +1,165 @@
+// The C++ Engine (ZeRO-1/2) on W in {2, 4} in-process ranks against a single-process
+// reference; determinism; overflow skipping with identical scales; clipping norm.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <iostream>
+#include <limits>
+#include <mutex>
+
+#include "engine_cases.h"
+#include "optim/cast.h"
+#include "run_ranks.h"
+
+namespace zerort::testing {
+namespace {
+
+std::vector<EngineRun> run_all(int world, const RunConfig& config) {
+  std::vector<EngineRun> runs(static_cast<size_t>(world));
+  auto errors = run_ranks(world, [&](Communicator& comm) {
+    runs[static_cast<size_t>(comm.rank())] = run_engine(comm, config);
+  });
+  for (const auto& e : errors) EXPECT_EQ(e, "");
+  return runs;
+}
+
+double max_rel_diff(const std::vector<float>& a, const std::vector<float>& b) {
+  double diff = 0, scale = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    diff = std::max(diff, std::fabs(static_cast<double>(a[i]) - b[i]));
+    scale = std::max(scale, std::fabs(static_cast<double>(b[i])));
+  }
+  return diff / scale;
+}
+
+class EngineParity : public ::testing::TestWithParam<std::tuple<int, int, DType, int64_t>> {};
+
+// Tolerance: both sides compute bf16/f16 gradients from the same low-precision weights and
+// sum them exactly (the engine in FP64 then FP32, the reference in FP64), so they differ only
+// by FP32-vs-FP64 rounding in AdamW (~1e-7 relative per step). Such a difference can flip
+// the rounding of a weight to bf16/f16 (1 ulp = 2^-8 or 2^-11 relative), which nudges later
+// gradients; Adam's normalised update bounds each such effect to a fraction of lr (3e-3)
+// per step. Measured: 7e-7 (bf16), 6e-6 (f16), 5.5e-5 (bf16 with 3 micro-steps, where the
+// reference sums micro-steps in FP64 and the engine in FP32). The bound, 5e-4, is about 10x
+// the worst measured and still 20x below what one wrong gradient step would cost (lr/0.3).
+TEST_P(EngineParity, MatchesSingleProcessReference) {
+  auto [world, stage, precision, gas] = GetParam();
+  RunConfig config;
+  config.options = default_options(stage, precision);
+  config.options.gradient_accumulation_steps = gas;
+  config.steps = 20;
+  auto runs = run_all(world, config);
+  auto ref = run_reference(world, config, runs[0].scales);
+  const double diff = max_rel_diff(runs[0].master, ref.master);
+  std::cout << "[parity W=" << world << " stage " << stage << " " << dtype_name(precision) << " gas " << gas
+            << "] max |master - reference| / max |reference| = " << diff << std::endl;
+  EXPECT_LT(diff, 5e-4);
+  for (int r = 1; r < world; ++r) {  // every rank holds the same full parameters
+    EXPECT_EQ(0, std::memcmp(runs[r].params.data(), runs[0].params.data(), runs[0].params.size() * 2));
+  }
+  // The low-precision parameters are the FP32 master rounded to nearest even.
+  std::vector<uint16_t> rounded(runs[0].master.size());
+  cast_from_f32(runs[0].master.data(), rounded.data(), precision, rounded.size());
+  EXPECT_EQ(rounded, runs[0].params);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    StagesPrecisions, EngineParity,
+    ::testing::Values(std::make_tuple(2, 1, DType::kBFloat16, 1), std::make_tuple(2, 2, DType::kBFloat16, 1),
+                      std::make_tuple(4, 1, DType::kBFloat16, 1), std::make_tuple(4, 2, DType::kBFloat16, 1),
+                      std::make_tuple(2, 1, DType::kFloat16, 1), std::make_tuple(2, 2, DType::kFloat16, 1),
+                      std::make_tuple(4, 1, DType::kFloat16, 1), std::make_tuple(4, 2, DType::kFloat16, 1),
+                      std::make_tuple(4, 2, DType::kBFloat16, 3), std::make_tuple(2, 1, DType::kBFloat16, 2)),
+    [](const auto& info) {
+      return "W" + std::to_string(std::get<0>(info.param)) + "_stage" + std::to_string(std::get<1>(info.param)) +
+             "_" + dtype_name(std::get<2>(info.param)) + "_gas" + std::to_string(std::get<3>(info.param));
+    });
+
+TEST(EngineDeterminism, Stage1EqualsStage2AndRunsRepeatBitwise) {
+  for (DType precision : {DType::kBFloat16, DType::kFloat16}) {
+    RunConfig one, two;
+    one.options = default_options(1, precision);
+    two.options = default_options(2, precision);
+    auto a = run_all(4, one), b = run_all(4, two), c = run_all(4, two);
+    EXPECT_EQ(0, std::memcmp(a[0].master.data(), b[0].master.data(), a[0].master.size() * 4)) << dtype_name(precision);
+    EXPECT_EQ(0, std::memcmp(b[0].master.data(), c[0].master.data(), b[0].master.size() * 4)) << dtype_name(precision);
+    EXPECT_EQ(a[0].params, b[0].params);
+  }
+}
+
+// One rank's gradient gets an Inf (or NaN) at step 3: every rank skips it, the Adam step
+// count does not move, and every rank's scale follows the same trajectory.
+void expect_global_skip(DType precision, float poison) {
+  RunConfig config;
+  config.options = default_options(2, precision);
+  config.steps = 8;
+  config.after_backward = [poison](Engine& e, int step, int rank) {
+    if (step == 3 && rank == 1) {
+      auto* g = static_cast<uint16_t*>(e.flat_grads().data_ptr());
+      uint16_t bits[2];
+      cast_from_f32(&poison, bits, e.options().precision, 1);
+      g[5] = bits[0];
+    }
+  };
+  const int world = 4;
+  std::vector<EngineRun> runs(world);
+  auto errors = run_ranks(world, [&](Communicator& comm) {
+    runs[static_cast<size_t>(comm.rank())] = run_engine(comm, config);
+  });
+  for (const auto& e : errors) ASSERT_EQ(e, "");
+  for (int r = 0; r < world; ++r) {
+    for (int s = 0; s < 8; ++s) EXPECT_EQ(runs[r].stats[s].skipped, s == 3) << "rank " << r << " step " << s;
+    EXPECT_EQ(runs[r].scales, runs[0].scales) << "rank " << r;
+    EXPECT_GE(runs[r].stats[3].nonfinite, 1);
+  }
+  if (precision == DType::kFloat16) {
+    EXPECT_EQ(runs[0].scales[3], runs[0].scales[2]);  // hysteresis 2 absorbs the first overflow
+  } else {
+    for (double s : runs[0].scales) EXPECT_EQ(s, 1.0);
+  }
+  for (int r = 0; r < world; ++r) EXPECT_EQ(runs[r].adam_steps, 7);  // the skip did not count
+}
+
+TEST(EngineOverflow, InfOnOneRankSkipsEverywhereFp16) { expect_global_skip(DType::kFloat16, INFINITY); }
+TEST(EngineOverflow, NanOnOneRankSkipsEverywhereFp16) { expect_global_skip(DType::kFloat16, NAN); }
+TEST(EngineOverflow, NonFiniteStepSkippedUnderBf16) { expect_global_skip(DType::kBFloat16, INFINITY); }
+
+TEST(EngineOverflow, Fp16ScaleBacksOffAndGatheredScalesAgree) {
+  RunConfig config;
+  config.options = default_options(2, DType::kFloat16);
+  config.options.loss_scale.initial_scale = 1 << 30;  // far too large: forces overflows
+  config.options.loss_scale.hysteresis = 1;
+  config.steps = 12;
+  std::vector<std::vector<double>> gathered(4);
+  auto errors = run_ranks(4, [&](Communicator& comm) {
+    auto run = run_engine(comm, config);
+    std::vector<double> all(run.scales.size() * 4);
+    comm.all_gather(run.scales.data(), all.data(), run.scales.size(), DType::kFloat64)->wait();
+    gathered[static_cast<size_t>(comm.rank())] = all;
+  });
+  for (const auto& e : errors) ASSERT_EQ(e, "");
+  const size_t n = 12;
+  for (size_t r = 1; r < 4; ++r) {
+    for (size_t i = 0; i < n; ++i) EXPECT_EQ(gathered[0][r * n + i], gathered[0][i]) << "rank " << r << " step " << i;
+  }
+  EXPECT_LT(gathered[0][n - 1], static_cast<double>(1 << 30));  // it backed off
+}
+
+TEST(EngineClipping, GlobalNormEqualsReferenceNorm) {
+  RunConfig config;
+  config.options = default_options(2, DType::kBFloat16);
+  config.options.gradient_clipping = 0.05;  // small enough to clip every step
+  config.steps = 6;
+  auto runs = run_all(4, config);
+  auto ref = run_reference(4, config, runs[0].scales);
+  for (int s = 0; s < 6; ++s) {
+    double ours = runs[0].stats[static_cast<size_t>(s)].grad_norm;
+    EXPECT_NEAR(ours, ref.grad_norms[static_cast<size_t>(s)], 1e-5 * ref.grad_norms[static_cast<size_t>(s)]) << "step " << s;
+    EXPECT_LT(runs[0].stats[static_cast<size_t>(s)].clip_coef, 1.0);
+  }
+  EXPECT_LT(max_rel_diff(runs[0].master, ref.master), 5e-4);
+}
+
+}  // namespace
+}  // namespace zerort::testing
