@@ -37,9 +37,10 @@ test: build
 
 demo: build
 	bash scripts/mpirun.sh -np 2 $(BUILD)/examples/reduce_scatter_demo
+	OMP_NUM_THREADS=1 bash scripts/mpirun.sh -np 2 $(BUILD)/examples/train_mlp 30
 
 bench: build
-	bash bench/run_reduce_scatter_bench.sh
+	bash bench/run_benchmarks.sh
 
 clean:
 	rm -rf $(BUILD) $(STAMPS)

@@ -33,7 +33,7 @@ __attribute__((always_inline)) inline void adamw_body(const AdamWCoeffs& c, cons
 // Run-time dispatch: GCC builds each function for AVX-512, AVX2+FMA and baseline x86-64
 // and picks one at load time from CPUID.
 #define ZRT_ADAMW_VARIANT(name, G, O)                                                          \
-  __attribute__((target_clones("arch=skylake-avx512", "arch=haswell", "default"))) void name( \
+  __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default"))) void name( \
       const AdamWCoeffs& c, const G* g, float* p, float* m, float* v, uint16_t* lp, size_t n) { \
     adamw_body<G, O>(c, g, p, m, v, lp, n);                                                    \
   }

@@ -13,7 +13,7 @@ namespace {
 constexpr size_t kBlock = size_t{1} << 16;
 constexpr size_t kLanes = 8;
 
-__attribute__((target_clones("arch=skylake-avx512", "arch=haswell", "default")))
+__attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
 void unscale_block(float* g, size_t n, float inv_scale, double* lanes, int64_t* nonfinite) {
   double acc[kLanes] = {0, 0, 0, 0, 0, 0, 0, 0};
   int64_t bad[kLanes] = {0, 0, 0, 0, 0, 0, 0, 0};
