@@ -13,7 +13,7 @@ Communicator::Communicator(int rank, int size, CommOptions options)
     : rank_(rank), size_(size), options_(options) {
   ZRT_CHECK(size >= 1, "world size must be at least 1, got ", size);
   ZRT_CHECK(rank >= 0 && rank < size, "rank ", rank, " is outside the world of size ", size);
-  ZRT_CHECK(options.timeout.count() > 0, "comm.timeout_s must be positive, got ",
+  ZRT_CHECK(options.timeout.count() > 0, "comm.timeout_s must be at least 1 ms, got ",
             options.timeout.count(), " ms");
 }
 
@@ -61,20 +61,23 @@ void Communicator::check_consistent_across_ranks(const CollectiveDesc& d) {
   std::array<int64_t, kFields> mine = {static_cast<int64_t>(d.kind), static_cast<int64_t>(d.dtype),
                                        static_cast<int64_t>(d.op), static_cast<int64_t>(d.count),
                                        static_cast<int64_t>(d.root)};
-  std::vector<int64_t> buf(2 * kFields);
+  auto owned = std::make_shared<std::vector<int64_t>>(2 * kFields);  // outlives a timeout
+  std::vector<int64_t>& buf = *owned;
   for (size_t i = 0; i < kFields; ++i) {
     buf[i] = mine[i];
     buf[kFields + i] = -mine[i];
   }
   CollectiveDesc probe = describe(Collective::kAllReduce, buf.size(), DType::kInt64, ReduceOp::kMax);
   auto work = do_all_reduce(buf.data(), probe);
+  work->keep_alive(owned);
   try {
     work->wait(options_.timeout);
   } catch (const TimeoutError&) {
     throw TimeoutError(__FILE__, __LINE__,
                        detail::concat(d.to_string(), ": the argument check did not finish within ",
                                       options_.timeout.count(),
-                                      " ms; a peer rank is missing or stuck"));
+                                      " ms; a peer rank is missing, stuck, or failed its own "
+                                      "argument check"));
   }
   for (size_t i = 0; i < kFields; ++i) {
     int64_t hi = buf[i], lo = -buf[kFields + i];
@@ -109,6 +112,7 @@ WorkPtr Communicator::reduce_scatter_accumulate(const void* in, DType in_dtype, 
   // Scratch for the W received chunks; uninitialised (the all-to-all fills all of it).
   std::shared_ptr<uint16_t[]> chunks(new uint16_t[recv_count * static_cast<size_t>(size_)]);
   WorkPtr work = do_all_to_all(in, chunks.get(), d);  // d names this call in errors
+  work->keep_alive(chunks);
   size_t world = static_cast<size_t>(size_);
   work->then([chunks, in_dtype, world, recv_count, out, accumulate] {
     sum_chunks_to_f32(chunks.get(), in_dtype, world, recv_count, out, accumulate);

@@ -14,10 +14,17 @@ class InProcessWork final : public Work {
   InProcessWork(const CollectiveDesc& d, std::chrono::milliseconds timeout,
                 std::shared_ptr<InProcessGroup> group, std::shared_ptr<InProcessGroup::Op> op)
       : Work(d, timeout), group_(std::move(group)), op_(std::move(op)) {}
+  ~InProcessWork() override {
+    if (!group_->is_done(op_)) retire_buffers();  // a late peer may still execute into them
+  }
 
  protected:
   bool wait_until(std::chrono::steady_clock::time_point deadline) override {
-    return group_->wait_done(op_, deadline);
+    try {
+      return group_->wait_done(op_, deadline);
+    } catch (const Error& e) {
+      ZRT_THROW(desc().to_string(), ": ", e.message());
+    }
   }
   void on_timeout() override {
     group_->abort(desc().to_string() + " timed out waiting for its peers");
@@ -122,12 +129,22 @@ std::shared_ptr<InProcessGroup::Op> InProcessGroup::post(uint64_t seq, int rank,
   return op;
 }
 
+bool InProcessGroup::is_done(const std::shared_ptr<Op>& op) {
+  std::lock_guard<std::mutex> lock(mu_);
+  return op->done;
+}
+
 bool InProcessGroup::wait_done(const std::shared_ptr<Op>& op,
                                std::chrono::steady_clock::time_point deadline) {
   std::unique_lock<std::mutex> lock(mu_);
-  bool finished = cv_.wait_until(lock, deadline, [&] { return op->done || !abort_reason_.empty(); });
+  bool finished = cv_.wait_until(lock, deadline, [&] {
+    return op->done || op->arrived == world_ || !abort_reason_.empty();
+  });
   if (!finished) return false;
-  ZRT_CHECK(abort_reason_.empty(), "in-process group aborted: ", abort_reason_);
+  // Every rank arrived: the last one is copying into our buffers right now. That is a
+  // bounded local copy, so wait for it past the deadline rather than free buffers under it.
+  if (op->arrived == world_) cv_.wait(lock, [&] { return op->done; });
+  ZRT_CHECK(op->done || abort_reason_.empty(), "in-process group aborted: ", abort_reason_);
   ZRT_CHECK(op->error.empty(), op->error);
   return true;
 }

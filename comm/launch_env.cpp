@@ -25,7 +25,7 @@ int parse_int(const EnvLookup& env, const std::string& name, int min_value) {
   char* end = nullptr;
   long value = std::strtol(text->c_str(), &end, 10);
   ZRT_CHECK(end && *end == '\0' && value >= min_value && value <= 1 << 24, "environment variable ",
-            name, "='", *text, "' is not an integer >= ", min_value);
+            name, "='", *text, "' is not an integer in [", min_value, ", ", 1 << 24, "]");
   return static_cast<int>(value);
 }
 

@@ -119,7 +119,8 @@ MPI_Op mpi_op(DType dtype, ReduceOp op) {
 
 int mpi_count(size_t count, const CollectiveDesc& d) {
   ZRT_CHECK(count <= static_cast<size_t>(INT_MAX), d.to_string(), ": ", count,
-            " elements exceed MPI's int count limit (", INT_MAX, "); use smaller buckets");
+            " elements in one call exceed MPI's int count limit (", INT_MAX,
+            "); split the call into pieces, or use more ranks so each shard is smaller");
   return static_cast<int>(count);
 }
 
@@ -128,7 +129,10 @@ class MpiWork final : public Work {
   MpiWork(const CollectiveDesc& d, std::chrono::milliseconds timeout, MPI_Request request)
       : Work(d, timeout), request_(request) {}
   ~MpiWork() override {
-    if (request_ != MPI_REQUEST_NULL) MpiRuntime::get().abandon(request_);
+    if (request_ != MPI_REQUEST_NULL) {  // dropped before completion: MPI may still write
+      MpiRuntime::get().abandon(request_);
+      retire_buffers();
+    }
   }
 
  protected:
@@ -156,16 +160,20 @@ class MpiCommunicator final : public Communicator {
  public:
   static std::unique_ptr<Communicator> create(CommOptions options) {
     MpiRuntime::get();
-    MPI_Comm comm = MPI_COMM_NULL;
+    // Creation is collective too: a non-blocking dup, so a missing rank is a timeout. The
+    // handle lives on the heap, kept alive by the Work, since MPI writes it on completion.
+    auto comm_handle = std::make_shared<MPI_Comm>(MPI_COMM_NULL);
     MPI_Request req = MPI_REQUEST_NULL;
-    // Creation is collective too: a non-blocking dup, so a missing rank is a timeout.
-    ZRT_CHECK_MPI(MPI_Comm_idup(MPI_COMM_WORLD, &comm, &req), "MPI communicator");
+    ZRT_CHECK_MPI(MPI_Comm_idup(MPI_COMM_WORLD, comm_handle.get(), &req), "MPI communicator");
     CollectiveDesc d;
     d.kind = Collective::kBarrier;
     d.backend = "mpi (communicator creation)";
     MPI_Comm_rank(MPI_COMM_WORLD, &d.rank);
     MPI_Comm_size(MPI_COMM_WORLD, &d.world);
-    MpiWork(d, options.timeout, req).wait();
+    MpiWork creation(d, options.timeout, req);
+    creation.keep_alive(comm_handle);
+    creation.wait();
+    MPI_Comm comm = *comm_handle;
     ZRT_CHECK_MPI(MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN), "MPI communicator");
     int rank = 0, size = 1;
     MPI_Comm_rank(comm, &rank);

@@ -39,16 +39,36 @@ void Work::wait() { wait(default_timeout_); }
 void Work::wait(std::chrono::milliseconds timeout) {
   std::lock_guard<std::mutex> lock(mu_);
   if (done_) return;
-  auto deadline = std::chrono::steady_clock::now() + timeout;
+  if (!timeout_message_.empty()) throw TimeoutError(__FILE__, __LINE__, timeout_message_);
+  // Saturate: a huge timeout means "no deadline", never an overflowed one in the past.
+  const auto now = std::chrono::steady_clock::now();
+  const auto room = std::chrono::duration_cast<std::chrono::milliseconds>(
+      std::chrono::steady_clock::time_point::max() - now);
+  const auto deadline = timeout >= room ? std::chrono::steady_clock::time_point::max() : now + timeout;
   if (!wait_until(deadline)) {
+    timeout_message_ = detail::concat(
+        desc_.to_string(), " did not finish within ", timeout.count(),
+        " ms. A peer rank is missing, stuck, failed its own argument check, or called a "
+        "different collective; raise comm.timeout_s if the peers are just slow");
     on_timeout();
-    throw TimeoutError(__FILE__, __LINE__,
-                       detail::concat(desc_.to_string(), " did not finish within ", timeout.count(),
-                                      " ms. A peer rank is missing, stuck, or called a different "
-                                      "collective; raise comm.timeout_s if the peers are just slow"));
+    retire_buffers();
+    throw TimeoutError(__FILE__, __LINE__, timeout_message_);
   }
   if (then_) then_();
   done_ = true;
+}
+
+void Work::keep_alive(std::shared_ptr<void> buffer) {
+  std::lock_guard<std::mutex> lock(mu_);
+  keep_alive_.push_back(std::move(buffer));
+}
+
+void Work::retire_buffers() {
+  static std::mutex graveyard_mu;
+  static auto* graveyard = new std::vector<std::shared_ptr<void>>();  // never freed on purpose
+  std::lock_guard<std::mutex> lock(graveyard_mu);
+  for (auto& b : keep_alive_) graveyard->push_back(std::move(b));
+  keep_alive_.clear();
 }
 
 void Work::then(std::function<void()> fn) {

@@ -7,6 +7,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <vector>
 
 #include "comm/dtype.h"
 
@@ -47,12 +48,18 @@ class Work {
 
   // Blocks until the collective is done and its output is valid. Throws TimeoutError
   // naming the collective, rank and sizes when it is not done within the timeout, and
-  // zerort::Error when the backend failed. Waiting again after success is a no-op.
+  // zerort::Error when the backend failed. Waiting again after success is a no-op; after a
+  // timeout every later wait throws again (the collective is abandoned, and the
+  // communicator should be considered broken: exit the job).
   void wait();
   void wait(std::chrono::milliseconds timeout);
 
   // Runs fn on the waiting thread once the transfer is done, before wait() returns.
   void then(std::function<void()> fn);
+
+  // Keeps an internal buffer alive while the backend may still write to it, including
+  // after a timeout (it is then parked for the life of the process, never freed early).
+  void keep_alive(std::shared_ptr<void> buffer);
 
   const CollectiveDesc& desc() const { return desc_; }
 
@@ -61,13 +68,18 @@ class Work {
   virtual bool wait_until(std::chrono::steady_clock::time_point deadline) = 0;
   // Called once when a wait expires, before the TimeoutError is thrown.
   virtual void on_timeout() {}
+  // Parks the kept-alive buffers for the rest of the process: for backends whose
+  // transfer may still land after the Work is gone (a timeout, a Work dropped unwaited).
+  void retire_buffers();
 
  private:
   CollectiveDesc desc_;
   std::chrono::milliseconds default_timeout_;
   std::mutex mu_;
   bool done_ = false;
+  std::string timeout_message_;  // set once a wait timed out
   std::function<void()> then_;
+  std::vector<std::shared_ptr<void>> keep_alive_;
 };
 
 using WorkPtr = std::shared_ptr<Work>;

@@ -49,7 +49,7 @@ int main(int argc, char** argv) {
     EngineOptions o;
     o.stage = 2;
     o.precision = DType::kBFloat16;
-    o.adamw = AdamWHyper{5e-3f, 0.9f, 0.999f, 1e-8f, 0.0f};
+    o.adamw = AdamWHyper{5e-3, 0.9, 0.999, 1e-8, 0.0};
     o.gradient_clipping = 1.0;
     o.reduce_bucket_numel = 2048;
     Engine engine(student.params, *comm, o);

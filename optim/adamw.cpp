@@ -11,23 +11,31 @@ namespace {
 // Narrowing of the written parameter, as a compile-time choice.
 enum class Out { kNone, kBf16, kF16 };
 
-template <typename G, Out O>
-__attribute__((always_inline)) inline void adamw_body(const AdamWCoeffs& c, const G* __restrict g,
+template <typename G, Out O, bool FromGrad>
+__attribute__((always_inline)) inline void adamw_loop(const AdamWCoeffs& coeffs, const G* __restrict g,
                                                       float* __restrict p, float* __restrict m,
                                                       float* __restrict v, uint16_t* __restrict lp,
                                                       size_t n) {
+  const AdamWCoeffs c = coeffs;  // a local copy: no aliasing with the float streams
   for (size_t i = 0; i < n; ++i) {
     float gi;
     if constexpr (sizeof(G) == 2) gi = bf16_to_f32(g[i]);
     else gi = g[i];
     float pi = p[i], mi = m[i], vi = v[i];
-    adamw_element(c, gi, pi, mi, vi);
+    adamw_element<FromGrad>(c, gi, pi, mi, vi);
     p[i] = pi;
     m[i] = mi;
     v[i] = vi;
     if constexpr (O == Out::kBf16) lp[i] = f32_to_bf16(pi);
     if constexpr (O == Out::kF16) lp[i] = f32_to_f16(pi);
   }
+}
+
+template <typename G, Out O>
+__attribute__((always_inline)) inline void adamw_body(const AdamWCoeffs& c, const G* g, float* p,
+                                                      float* m, float* v, uint16_t* lp, size_t n) {
+  if (c.lerp_from_grad) adamw_loop<G, O, true>(c, g, p, m, v, lp, n);
+  else adamw_loop<G, O, false>(c, g, p, m, v, lp, n);
 }
 
 // Run-time dispatch: GCC builds each function for AVX-512, AVX2+FMA and baseline x86-64

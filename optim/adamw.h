@@ -11,12 +11,14 @@
 
 namespace zerort {
 
+// Double, as torch's param_groups hold them: the per-step scalars (1 - beta2, lr / bc1, ...)
+// are derived in double and only then rounded to float, exactly as torch rounds them.
 struct AdamWHyper {
-  float lr = 1e-3f;
-  float beta1 = 0.9f;
-  float beta2 = 0.999f;
-  float eps = 1e-8f;
-  float weight_decay = 1e-2f;
+  double lr = 1e-3;
+  double beta1 = 0.9;
+  double beta2 = 0.999;
+  double eps = 1e-8;
+  double weight_decay = 1e-2;
 };
 
 // Per-step scalars, computed once on the host in double exactly as torch does.

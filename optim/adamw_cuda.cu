@@ -41,7 +41,8 @@ __global__ void adamw_kernel(AdamWCoeffs c, const void* __restrict__ grad, bool 
     float* ve = &vv.x;
 #pragma unroll
     for (int k = 0; k < 4; ++k) {
-      adamw_element(c, load_grad(grad, grad_bf16, 4 * q + k), pe[k], me[k], ve[k]);
+      c.lerp_from_grad ? adamw_element<true>(c, load_grad(grad, grad_bf16, 4 * q + k), pe[k], me[k], ve[k])
+                       : adamw_element<false>(c, load_grad(grad, grad_bf16, 4 * q + k), pe[k], me[k], ve[k]);
       store_param(param, param_mode, 4 * q + k, pe[k]);
     }
     reinterpret_cast<float4*>(p)[q] = pv;
@@ -50,7 +51,8 @@ __global__ void adamw_kernel(AdamWCoeffs c, const void* __restrict__ grad, bool 
   }
   for (size_t i = vec_n * 4 + first; i < n; i += stride) {
     float pi = p[i], mi = m[i], vi = v[i];
-    adamw_element(c, load_grad(grad, grad_bf16, i), pi, mi, vi);
+    if (c.lerp_from_grad) adamw_element<true>(c, load_grad(grad, grad_bf16, i), pi, mi, vi);
+    else adamw_element<false>(c, load_grad(grad, grad_bf16, i), pi, mi, vi);
     p[i] = pi;
     m[i] = mi;
     v[i] = vi;

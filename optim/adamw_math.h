@@ -1,8 +1,9 @@
 // The AdamW element update shared by the CPU and CUDA kernels. Operation order follows
 // torch.optim.AdamW (single-tensor path) in float:
-//   p *= 1 - lr*wd;  m = lerp(m, g, 1-b1);  v = v*b2 + ((1-b2)*g)*g;
+//   p *= 1 - lr*wd;  m = lerp(m, g, 1-b1);  v = fma((1-b2)*g, g, v*b2);
 //   denom = sqrt(v)/sqrt(bc2) + eps;  p += (-lr/bc1 * m) / denom
-// lerp uses one fused multiply-add, as torch's vectorized CPU kernel does.
+// lerp and addcmul use one fused multiply-add each, as torch's vectorized CPU kernels do
+// (checked against torch 2.13 on AVX-512).
 #pragma once
 
 #include <cmath>
@@ -30,26 +31,28 @@ struct AdamWCoeffs {
     const double step = static_cast<double>(s.step);
     const double lr = h.lr, b1 = h.beta1, b2 = h.beta2;
     AdamWCoeffs c;
-    c.decay = static_cast<float>(1.0 - lr * static_cast<double>(h.weight_decay));
+    c.decay = static_cast<float>(1.0 - lr * h.weight_decay);
     const float w = static_cast<float>(1.0 - b1);
     c.lerp_from_grad = !(std::fabs(w) < 0.5f);
     c.lerp_coeff = c.lerp_from_grad ? w - 1.0f : w;
-    c.beta2 = h.beta2;
+    c.beta2 = static_cast<float>(h.beta2);
     c.one_minus_b2 = static_cast<float>(1.0 - b2);
     c.bc2_sqrt = static_cast<float>(std::sqrt(1.0 - std::pow(b2, step)));
-    c.eps = h.eps;
+    c.eps = static_cast<float>(h.eps);
     c.neg_step_size = static_cast<float>(-(lr / (1.0 - std::pow(b1, step))));
     c.grad_multiplier = s.grad_multiplier;
     return c;
   }
 };
 
-// One element: updates p, m, v in place from gradient g (already a float).
+// One element: updates p, m, v in place from gradient g (already a float). FromGrad is
+// c.lerp_from_grad, hoisted out of the loop so that the loop has no select to vectorise.
+template <bool FromGrad>
 ZRT_HD void adamw_element(const AdamWCoeffs c, float g, float& p, float& m, float& v) {
   g = g * c.grad_multiplier;
   p = p * c.decay;
-  m = fmaf(c.lerp_coeff, g - m, c.lerp_from_grad ? g : m);  // one select: vectorises
-  v = v * c.beta2 + c.one_minus_b2 * g * g;
+  m = fmaf(c.lerp_coeff, g - m, FromGrad ? g : m);
+  v = fmaf(c.one_minus_b2 * g, g, v * c.beta2);  // torch: v.mul_(b2).addcmul_(g, g, 1-b2), fused
   float denom = sqrtf(v) / c.bc2_sqrt + c.eps;
   p = p + c.neg_step_size * m / denom;
 }

@@ -4,6 +4,7 @@
 #include <atomic>
 #include <cstdlib>
 #include <exception>
+#include <system_error>
 #include <thread>
 #include <vector>
 
@@ -38,7 +39,13 @@ void parallel_for(size_t n, size_t block, const std::function<void(size_t, size_
     }
   };
   std::vector<std::thread> threads;
-  for (size_t t = 1; t < workers; ++t) threads.emplace_back(work);
+  for (size_t t = 1; t < workers; ++t) {
+    try {
+      threads.emplace_back(work);
+    } catch (const std::system_error&) {
+      break;  // out of threads: the caller's thread and those started do all the blocks
+    }
+  }
   work();
   for (auto& t : threads) t.join();
   if (error) std::rethrow_exception(error);

@@ -26,7 +26,8 @@ namespace {
 void* ptr(uintptr_t address) { return reinterpret_cast<void*>(address); }
 
 CommOptions comm_options(double timeout_s, bool check_consistency) {
-  ZRT_CHECK(timeout_s > 0, "comm.timeout_s must be > 0 seconds, got ", timeout_s);
+  ZRT_CHECK(timeout_s >= 1e-3 && timeout_s <= 1e9, "comm.timeout_s must be between 0.001 and 1e9 "
+            "seconds, got ", timeout_s);
   CommOptions o;
   o.timeout = std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000.0));
   o.check_consistency = check_consistency;
@@ -133,8 +134,8 @@ PYBIND11_MODULE(_C, m) {
   });
 
   m.def("adamw_step", [](uintptr_t grad, const std::string& grad_dt, uintptr_t master, uintptr_t m_,
-                         uintptr_t v, uintptr_t param, const std::string& param_dt, size_t n, float lr,
-                         float beta1, float beta2, float eps, float weight_decay, int64_t step,
+                         uintptr_t v, uintptr_t param, const std::string& param_dt, size_t n, double lr,
+                         double beta1, double beta2, double eps, double weight_decay, int64_t step,
                          float grad_multiplier) {
     AdamWBuffers b;
     b.grad = ptr(grad);

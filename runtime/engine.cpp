@@ -53,7 +53,7 @@ const EngineOptions& validated(const EngineOptions& o) {
             o.gradient_accumulation_steps);
   ZRT_CHECK(o.gradient_clipping >= 0 && std::isfinite(o.gradient_clipping),
             "gradient_clipping must be >= 0 (0 disables), got ", o.gradient_clipping);
-  ZRT_CHECK(o.reduce_bucket_numel >= 1, "reduce_bucket_numel must be >= 1");
+  ZRT_CHECK(o.reduce_bucket_numel >= 1, "reduce_bucket_numel must be >= 1, got ", o.reduce_bucket_numel);
   return o;
 }
 
@@ -80,7 +80,11 @@ Engine::Engine(std::vector<at::Tensor> params, Communicator& comm, EngineOptions
     flat32.narrow(0, static_cast<int64_t>(layout_.param_offset(i)), params_[i].numel())
         .copy_(params_[i].detach().reshape({-1}));
   }
-  comm_.broadcast(flat32.data_ptr(), static_cast<size_t>(padded), DType::kFloat32, 0)->wait();
+  constexpr int64_t kPiece = int64_t{1} << 30;  // MPI counts are int: broadcast in pieces
+  for (int64_t off = 0; off < padded; off += kPiece) {
+    comm_.broadcast(flat32.data_ptr<float>() + off, static_cast<size_t>(std::min(kPiece, padded - off)),
+                    DType::kFloat32, 0)->wait();
+  }
 
   flat_params_ = at::empty({padded}, lp);
   cast_from_f32(flat32.data_ptr<float>(), flat_params_.data_ptr(), options_.precision,
@@ -115,19 +119,28 @@ void Engine::reduce_gradients() {
   // Bucket k covers shard offsets [k*slice, ...) on every rank: pack those W pieces into
   // one buffer and reduce-scatter it; two staging buffers let packing overlap the reduce.
   WorkPtr pending[2];
-  size_t k = 0;
-  for (size_t off = 0; off < shard; off += slice, ++k) {
-    const size_t len = std::min(slice, shard - off);
-    WorkPtr& slot = pending[k % 2];
-    if (slot) slot->wait();
-    char* stage = static_cast<char*>(staging_[k % 2].data_ptr());
-    for (size_t r = 0; r < world; ++r) {
-      std::memcpy(stage + r * len * esize, grads + (r * shard + off) * esize, len * esize);
+  try {
+    size_t k = 0;
+    for (size_t off = 0; off < shard; off += slice, ++k) {
+      const size_t len = std::min(slice, shard - off);
+      WorkPtr& slot = pending[k % 2];
+      if (slot) slot->wait();
+      char* stage = static_cast<char*>(staging_[k % 2].data_ptr());
+      for (size_t r = 0; r < world; ++r) {
+        std::memcpy(stage + r * len * esize, grads + (r * shard + off) * esize, len * esize);
+      }
+      slot = comm_.reduce_scatter_accumulate(stage, options_.precision, out + off, len, true);
     }
-    slot = comm_.reduce_scatter_accumulate(stage, options_.precision, out + off, len, true);
-  }
-  for (auto& w : pending) {
-    if (w) w->wait();
+    for (auto& w : pending) {
+      if (w) w->wait();
+    }
+  } catch (...) {
+    // A failed reduce leaves a half-accumulated shard: drop this window's gradients so a
+    // caller that catches and continues does not train on them. The staging buffers stay
+    // owned by the engine, so a transfer still in flight writes into live memory.
+    flat_grads_.zero_();
+    grad_shard_.zero_();
+    throw;
   }
   flat_grads_.zero_();
 }
@@ -159,9 +172,9 @@ void Engine::update(StepStats& stats) {
   if (overflow) {
     stats.skipped = true;
     ++skipped_steps_;
-    scaler_.update(true);  // may throw at the minimum scale, on every rank alike
     grad_shard_.zero_();
     stats.optimizer_ms = ms_since(t0);
+    scaler_.update(true);  // may throw at the minimum scale, on every rank alike
     return;
   }
   if (options_.gradient_clipping > 0) {

@@ -25,7 +25,7 @@ struct EngineOptions {
   int stage = 2;                       // 1: reduce once per boundary; 2: every micro-step into FP32
   DType precision = DType::kBFloat16;  // bf16 or f16
   AdamWHyper adamw;
-  std::function<float(int64_t)> lr_schedule;  // optional: lr for Adam step n (1-based)
+  std::function<double(int64_t)> lr_schedule;  // optional: lr for Adam step n (1-based)
   LossScalerOptions loss_scale;        // f16 only; bf16 uses a static scale of 1
   double gradient_clipping = 0.0;      // max global L2 norm; 0 disables
   int64_t gradient_accumulation_steps = 1;
@@ -51,7 +51,7 @@ class Engine {
 
   double loss_scale() const { return scaler_.scale(); }
   StepStats step();
-  void set_lr(float lr) { options_.adamw.lr = lr; }
+  void set_lr(double lr) { options_.adamw.lr = lr; }
 
   int64_t global_step() const { return global_step_; }      // boundaries passed
   int64_t skipped_steps() const { return skipped_steps_; }

@@ -30,7 +30,7 @@ void LossScaler::update(bool overflow) {
   }
   if (overflow) {
     if (s.hysteresis_left <= 1) {
-      ZRT_CHECK(s.scale > options_.min_scale, "gradients overflowed at step ", s.iteration,
+      ZRT_CHECK(s.scale > options_.min_scale, "gradients overflowed at step ", s.iteration + 1,
                 " with the loss scale already at its minimum ", options_.min_scale,
                 " (loss_scale.min_scale); the model produces non-finite gradients at any scale. "
                 "Lower the learning rate, check the data, or use bf16");

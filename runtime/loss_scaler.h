@@ -35,7 +35,7 @@ class LossScaler {
   // Applies one step's global outcome. Overflow: with hysteresis left only decrements
   // it, else halves the scale (not below min_scale); an overflow when the scale already is
   // min_scale and no hysteresis is left throws zerort::Error naming the minimum and the
-  // step. Clean: a full window of clean steps since the last overflow doubles the scale and
+  // step (1-based: the number of this update). Clean: a full window of clean steps since the last overflow doubles the scale and
   // refills the hysteresis. The static scaler never changes its scale.
   void update(bool overflow);
 

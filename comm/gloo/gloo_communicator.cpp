@@ -43,6 +43,9 @@ class GlooWork final : public Work {
   GlooWork(const CollectiveDesc& d, std::chrono::milliseconds timeout,
            c10::intrusive_ptr<c10d::Work> work)
       : Work(d, timeout), work_(std::move(work)) {}
+  ~GlooWork() override {
+    if (!work_->isCompleted()) retire_buffers();  // gloo may still write into them
+  }
 
  protected:
   // c10d's Work::wait(timeout) throws "Operation timed out!" at the deadline for

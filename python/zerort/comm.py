@@ -22,8 +22,10 @@ def detect_launch_env():
 
 def init(backend="auto", timeout_s=600.0, check_consistency=True):
     """Creates a Communicator. backend: 'auto', 'mpi', 'gloo' or 'inprocess' (one rank).
-    gloo initialises torch.distributed (env:// rendezvous on MASTER_ADDR/MASTER_PORT) unless
-    it is already initialised."""
+    gloo initialises torch.distributed (env:// rendezvous on MASTER_ADDR/MASTER_PORT, with
+    timeout_s as the process group's timeout) unless it is already initialised. gloo's
+    reduce_scatter honours only the process group's timeout, so when you initialise
+    torch.distributed yourself, pass it the same timeout."""
     name = _C.resolve_backend(backend)
     if name != "gloo":
         return Communicator(_C.make_communicator(name, timeout_s, check_consistency))

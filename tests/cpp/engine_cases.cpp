@@ -53,7 +53,7 @@ EngineOptions default_options(int stage, DType precision) {
   EngineOptions o;
   o.stage = stage;
   o.precision = precision;
-  o.adamw = AdamWHyper{3e-3f, 0.9f, 0.999f, 1e-8f, 0.01f};
+  o.adamw = AdamWHyper{3e-3, 0.9, 0.999, 1e-8, 0.01};
   o.loss_scale.initial_scale = 1024;  // f16: dynamic, from 2^10
   o.loss_scale.window = 5;
   o.reduce_bucket_numel = 200;        // several buckets over 658 elements

@@ -114,6 +114,18 @@ void expect_timeout(bool check_consistency) {
 TEST(CommBadInput, TimeoutFiresInConsistencyCheck) { expect_timeout(true); }
 TEST(CommBadInput, TimeoutFiresInCollective) { expect_timeout(false); }
 
+TEST(CommBadInput, WaitAfterTimeoutThrowsAgainInsteadOfReturningGarbage) {
+  auto errors = run_ranks(2, [&](Communicator& comm) {
+    std::vector<float> x(4, 1.0f);
+    if (comm.rank() == 0) {
+      auto w = comm.all_reduce(x.data(), 4, DType::kFloat32);
+      EXPECT_THROW(w->wait(), TimeoutError);
+      EXPECT_THROW(w->wait(std::chrono::seconds(5)), TimeoutError);  // no silent success
+    }
+  }, fast_timeout(false));
+  EXPECT_EQ(errors[0], "");
+}
+
 TEST(CommBadInput, WaitTwiceAndCountZeroWork) {
   auto errors = run_ranks(2, [&](Communicator& comm) {
     double x = comm.rank();

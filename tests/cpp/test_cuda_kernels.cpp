@@ -87,7 +87,7 @@ TEST(AdamWCuda, MatchesCpuOver10Steps) {
       ZRT_CHECK_CUDA(cudaMemcpy(dg, g.data(), n * 4, cudaMemcpyHostToDevice));
       AdamWStep s;
       s.step = step;
-      s.hyper.lr = 1e-2f;
+      s.hyper.lr = 1e-2;
       adamw_step({g.data(), DType::kFloat32, p.data(), m.data(), v.data(), lp.data(), DType::kBFloat16, n}, s);
       adamw_step_cuda({dg, DType::kFloat32, dp, dm, dv, dlp, DType::kBFloat16, n}, s, nullptr);
     }

@@ -72,7 +72,7 @@ TEST(LossScaler, MinimumScaleClampsThenErrors) {
     FAIL() << "no error at the minimum scale";
   } catch (const Error& e) {
     std::string what = e.what();
-    EXPECT_NE(what.find("at step 2"), std::string::npos) << what;
+    EXPECT_NE(what.find("at step 3"), std::string::npos) << what;  // the third update
     EXPECT_NE(what.find("minimum 1.5"), std::string::npos) << what;
   }
 }

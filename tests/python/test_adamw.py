@@ -55,6 +55,26 @@ def test_matches_torch_adamw_100_steps(n, grad_dtype, lp_dtype):
     assert torch.equal(lp.view(torch.int16), master.to(lp_dtype).view(torch.int16))
 
 
+def test_fixed_betas_200_steps_match_torch():
+    # Constant hyperparameters: errors in how 1 - beta2 or lr / bc1 are rounded would add up
+    # step after step here instead of averaging out.
+    n = 50_001
+    gen = torch.Generator().manual_seed(5)
+    ref = torch.nn.Parameter(torch.randn(n, generator=gen))
+    master, m, v = ref.detach().clone(), torch.zeros(n), torch.zeros(n)
+    hyper = dict(lr=1e-3, betas=(0.9, 0.9999), eps=1e-8, weight_decay=0.1)
+    opt = torch.optim.AdamW([ref], foreach=False, **hyper)
+    for step in range(1, 201):
+        grad = torch.randn(n, generator=gen)
+        ref.grad = grad
+        opt.step()
+        adamw_step(grad, master, m, v, None, step=step, **hyper)
+    st = opt.state[ref]
+    for name, ours, theirs in [("master", master, ref.detach()), ("exp_avg", m, st["exp_avg"]),
+                               ("exp_avg_sq", v, st["exp_avg_sq"])]:
+        assert rel_err(ours, theirs) <= 1e-6, f"{name}: {rel_err(ours, theirs):.3e}"
+
+
 def test_bf16_weight_write_is_rne_of_master():
     master = torch.randn(4099) * 100
     lp = torch.empty(4099, dtype=torch.bfloat16)

@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 import zerort
 
@@ -45,3 +46,12 @@ def test_launch_env_single_process():
     assert env["world_size"] >= 1
     comm = zerort.comm.init("inprocess")
     assert (comm.rank, comm.size, comm.backend) == (0, 1, "inprocess")
+
+
+def test_timeout_bounds():
+    t = torch.ones(3)
+    zerort.comm.init("inprocess", timeout_s=1e9).all_reduce(t)  # huge is fine: no overflow
+    assert torch.equal(t, torch.ones(3))
+    for bad in (0, 1e-4, 1e10, float("inf")):
+        with pytest.raises(zerort.Error, match="comm.timeout_s must be between"):
+            zerort.comm.init("inprocess", timeout_s=bad)
