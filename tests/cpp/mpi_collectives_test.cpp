@@ -10,20 +10,14 @@
 #include "collective_cases.h"
 #include "comm/error.h"
 #include "comm/mpi_communicator.h"
+#include "mpi_test_main.h"
 
 namespace zerort::testing {
 namespace {
 
 using namespace std::chrono_literals;
 
-Communicator& comm() {
-  static std::unique_ptr<Communicator> c = [] {
-    CommOptions o;
-    o.timeout = 60s;
-    return make_mpi_communicator(o);
-  }();
-  return *c;
-}
+Communicator& comm() { return mpi_comm(); }
 
 TEST(Mpi, AllCollectivesAllCounts) {
   for (size_t count : {size_t{0}, size_t{1}, size_t{7}, size_t{1000}, size_t{65539}}) {
@@ -88,14 +82,3 @@ TEST(Mpi, TimeoutNamesTheCollective) {
 
 }  // namespace
 }  // namespace zerort::testing
-
-int main(int argc, char** argv) {
-  ::testing::InitGoogleTest(&argc, argv);
-  if (zerort::testing::comm().rank() != 0) {
-    auto& listeners = ::testing::UnitTest::GetInstance()->listeners();
-    delete listeners.Release(listeners.default_result_printer());
-  }
-  int rc = RUN_ALL_TESTS();
-  zerort::testing::comm().barrier()->wait();
-  return rc;
-}

@@ -7,19 +7,13 @@
 #include <iostream>
 
 #include "comm/mpi_communicator.h"
+#include "mpi_test_main.h"
 #include "engine_cases.h"
 
 namespace zerort::testing {
 namespace {
 
-Communicator& comm() {
-  static std::unique_ptr<Communicator> c = [] {
-    CommOptions o;
-    o.timeout = std::chrono::seconds(60);
-    return make_mpi_communicator(o);
-  }();
-  return *c;
-}
+Communicator& comm() { return mpi_comm(); }
 
 TEST(MpiEngine, ParityAndDeterminism) {
   for (DType precision : {DType::kBFloat16, DType::kFloat16}) {
@@ -47,14 +41,3 @@ TEST(MpiEngine, ParityAndDeterminism) {
 
 }  // namespace
 }  // namespace zerort::testing
-
-int main(int argc, char** argv) {
-  ::testing::InitGoogleTest(&argc, argv);
-  if (zerort::testing::comm().rank() != 0) {
-    auto& listeners = ::testing::UnitTest::GetInstance()->listeners();
-    delete listeners.Release(listeners.default_result_printer());
-  }
-  int rc = RUN_ALL_TESTS();
-  zerort::testing::comm().barrier()->wait();
-  return rc;
-}
