@@ -7,7 +7,7 @@ BUILD ?= build
 JOBS  ?= $(shell nproc)
 STAMPS := .stamps
 
-.PHONY: all deps venv configure build test demo bench clean
+.PHONY: all deps venv configure build test demo demo-cpp bench clean
 
 all: build
 
@@ -35,7 +35,12 @@ build: $(BUILD)/CMakeCache.txt
 test: build
 	BUILD=$(BUILD) PY=$(PY) bash scripts/run_tests.sh
 
+# The main job: the byte-level GPT on 2 ranks (ZeRO stage 2, bf16; stage 3 is not built yet).
 demo: build
+	OMP_NUM_THREADS=1 bash scripts/mpirun.sh -np 2 $(PY) examples/train_gpt.py --stage 2 --precision bf16 --steps 40
+
+# The C++ API: a 2-rank reduce-scatter, then an MLP trained through the C++ Engine.
+demo-cpp: build
 	bash scripts/mpirun.sh -np 2 $(BUILD)/examples/reduce_scatter_demo
 	OMP_NUM_THREADS=1 bash scripts/mpirun.sh -np 2 $(BUILD)/examples/train_mlp 30
 

@@ -21,6 +21,8 @@
 namespace py = pybind11;
 using namespace zerort;
 
+void bind_engine(py::module_& m);  // engine_bindings.cpp
+
 namespace {
 
 void* ptr(uintptr_t address) { return reinterpret_cast<void*>(address); }
@@ -65,6 +67,7 @@ PYBIND11_MODULE(_C, m) {
   });
 
   m.attr("__version__") = ZERORT_VERSION;
+  bind_engine(m);
   m.attr("with_mpi") = static_cast<bool>(ZERORT_WITH_MPI);
   m.attr("with_cuda") = static_cast<bool>(ZERORT_WITH_CUDA);
   m.attr("with_nccl") = static_cast<bool>(ZERORT_WITH_NCCL);

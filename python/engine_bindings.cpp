@@ -1,0 +1,97 @@
+// zerort._C.Engine: the C++ Engine over torch tensors (this file needs torch_python for the
+// at::Tensor <-> torch.Tensor conversion; it is a binding file, so torch/extension.h is fine).
+#include <torch/extension.h>
+
+#include "comm/error.h"
+#include "runtime/engine.h"
+
+namespace py = pybind11;
+using namespace zerort;
+
+namespace {
+
+py::dict stats_dict(const StepStats& s) {
+  py::dict d;
+  d["boundary"] = s.boundary;
+  d["skipped"] = s.skipped;
+  d["loss_scale"] = s.loss_scale;
+  d["grad_norm"] = s.grad_norm;
+  d["clip_coef"] = s.clip_coef;
+  d["nonfinite"] = s.nonfinite;
+  d["reduce_ms"] = s.reduce_ms;
+  d["optimizer_ms"] = s.optimizer_ms;
+  d["gather_ms"] = s.gather_ms;
+  return d;
+}
+
+// Options come from zerort/config.py's validated Config, as keyword arguments.
+EngineOptions engine_options(int stage, const std::string& precision, double lr, double beta1,
+                             double beta2, double eps, double weight_decay, int initial_scale_power,
+                             int64_t window, int64_t hysteresis, double min_scale,
+                             bool consecutive_hysteresis, double clip, int64_t accumulation,
+                             size_t bucket, py::object lr_schedule) {
+  EngineOptions o;
+  o.stage = stage;
+  o.precision = parse_dtype(precision);
+  o.adamw = AdamWHyper{lr, beta1, beta2, eps, weight_decay};
+  o.loss_scale.initial_scale = std::ldexp(1.0, initial_scale_power);
+  o.loss_scale.window = window;
+  o.loss_scale.hysteresis = hysteresis;
+  o.loss_scale.min_scale = min_scale;
+  o.loss_scale.consecutive_hysteresis = consecutive_hysteresis;
+  o.gradient_clipping = clip;
+  o.gradient_accumulation_steps = accumulation;
+  o.reduce_bucket_numel = bucket;
+  if (!lr_schedule.is_none()) {
+    o.lr_schedule = [lr_schedule](int64_t step) {
+      py::gil_scoped_acquire gil;  // step() runs without the GIL
+      return lr_schedule(step).cast<double>();
+    };
+  }
+  return o;
+}
+
+}  // namespace
+
+void bind_engine(py::module_& m) {
+  py::class_<Engine>(m, "Engine")
+      .def(py::init([](std::vector<at::Tensor> params, Communicator& comm, int stage,
+                       const std::string& precision, double lr, double beta1, double beta2, double eps,
+                       double weight_decay, int initial_scale_power, int64_t window, int64_t hysteresis,
+                       double min_scale, bool consecutive_hysteresis, double clip, int64_t accumulation,
+                       size_t bucket, py::object lr_schedule) {
+             EngineOptions o = engine_options(stage, precision, lr, beta1, beta2, eps, weight_decay,
+                                              initial_scale_power, window, hysteresis, min_scale,
+                                              consecutive_hysteresis, clip, accumulation, bucket,
+                                              lr_schedule);
+             py::gil_scoped_release release;  // the initial broadcast is a collective
+             return std::make_unique<Engine>(std::move(params), comm, o);
+           }),
+           py::keep_alive<1, 3>(),  // the engine holds the communicator by reference
+           py::arg("params"), py::arg("comm"), py::arg("stage"), py::arg("precision"), py::arg("lr"),
+           py::arg("beta1"), py::arg("beta2"), py::arg("eps"), py::arg("weight_decay"),
+           py::arg("initial_scale_power"), py::arg("window"), py::arg("hysteresis"),
+           py::arg("min_scale"), py::arg("consecutive_hysteresis"), py::arg("clip"),
+           py::arg("accumulation"), py::arg("bucket"), py::arg("lr_schedule"))
+      .def("step", [](Engine& e) {
+        StepStats s;
+        {
+          py::gil_scoped_release release;
+          s = e.step();
+        }
+        return stats_dict(s);
+      })
+      .def("set_lr", &Engine::set_lr)
+      .def_property_readonly("loss_scale", &Engine::loss_scale)
+      .def_property_readonly("global_step", &Engine::global_step)
+      .def_property_readonly("skipped_steps", &Engine::skipped_steps)
+      .def_property_readonly("adam_steps", &Engine::adam_steps)
+      .def_property_readonly("shard_numel", [](const Engine& e) { return e.layout().shard_numel(); })
+      .def_property_readonly("numel", [](const Engine& e) { return e.layout().numel(); })
+      .def("param_offset", [](const Engine& e, size_t i) { return e.layout().param_offset(i); })
+      .def_property_readonly("master", &Engine::master)
+      .def_property_readonly("exp_avg", &Engine::exp_avg)
+      .def_property_readonly("exp_avg_sq", &Engine::exp_avg_sq)
+      .def_property_readonly("flat_params", &Engine::flat_params)
+      .def_property_readonly("flat_grads", &Engine::flat_grads);
+}

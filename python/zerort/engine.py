@@ -1,0 +1,154 @@
+"""zerort.initialize(model, config) -> Engine: ZeRO training for a torch.nn.Module.
+
+    engine = zerort.initialize(model, {"stage": 2, "precision": "bf16"})
+    for x, y in data:
+        loss = loss_fn(engine(x), y)
+        engine.backward(loss)
+        engine.step()
+
+This build runs stages 1 and 2 in bf16 or fp16 on CPU tensors, through the C++ Engine
+(runtime/engine.h): parameters become views of one flat low-precision buffer, their grads
+views of a flat grad buffer that autograd accumulates into, and each rank owns its shard of
+the FP32 master and Adam states. Stage 0 and 3, fp32 compute and fp32_modules are not
+built yet and are rejected with an error naming the key.
+"""
+import time
+
+import torch
+
+from . import _C
+from . import comm as comm_mod
+from .config import ConfigError, parse
+
+_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def initialize(model, config=None, comm=None):
+    """Wraps model (a torch.nn.Module with float32 parameters, the same on every rank; rank
+    0's values win) for ZeRO training. config: a dict, a JSON path (our keys or DeepSpeed's
+    schema) or a zerort.config.Config. comm: a zerort.comm.Communicator (default: created
+    from config's comm.backend and comm.timeout_s)."""
+    return Engine(model, parse(config), comm)
+
+
+class Engine:
+    def __init__(self, model, config, comm=None):
+        c = config
+        unsupported = []
+        if c.stage not in (1, 2):
+            unsupported.append(f"stage: got {c.stage}; this build supports 1 and 2 (0 and 3 are not built yet)")
+        if c.precision not in _DTYPES:
+            unsupported.append(f"precision: got {c.precision!r}; this build supports 'bf16' and 'fp16'")
+        if unsupported:
+            raise ConfigError(unsupported)
+        self.module = model
+        self.config = c
+        self.dtype = _DTYPES[c.precision]
+        self.comm = comm if comm is not None else comm_mod.init(c.comm_backend, c.comm_timeout_s)
+        params, frozen = [], []
+        seen = set()
+        for _, p in model.named_parameters():  # named_parameters() yields a tied tensor once
+            if id(p) in seen:
+                continue
+            seen.add(id(p))
+            (params if p.requires_grad else frozen).append(p)
+        for p in params:
+            if p.dtype != torch.float32 or p.device.type != "cpu":
+                raise TypeError(f"zerort: parameters must be float32 CPU tensors; got {p.dtype} on {p.device}")
+        # Frozen parameters take part in compute only: rank 0's values, in low precision.
+        # Their FP32 values are kept for full_state_dict(master=True).
+        self._frozen_fp32 = {}
+        with torch.no_grad():
+            for p in frozen:
+                self.comm.broadcast(p.data, 0)
+                self._frozen_fp32[id(p)] = p.data.clone() if p.dtype == torch.float32 else p.data.float()
+                p.data = p.data.to(self.dtype)
+            for b in model.buffers():
+                if b.is_floating_point():
+                    self.comm.broadcast(b, 0)
+        self._params = params
+        self._impl = _C.Engine(
+            params, self.comm._c, stage=c.stage, precision=c.precision, lr=c.lr, beta1=c.betas[0],
+            beta2=c.betas[1], eps=c.eps, weight_decay=c.weight_decay,
+            initial_scale_power=c.initial_scale_power if c.precision == "fp16" else 0,
+            window=c.loss_scale_window, hysteresis=c.hysteresis, min_scale=c.min_loss_scale,
+            consecutive_hysteresis=c.consecutive_hysteresis, clip=c.gradient_clipping,
+            accumulation=c.gradient_accumulation_steps, bucket=c.reduce_bucket_numel,
+            lr_schedule=c.lr_schedule)
+        self.stats = {}
+        self._t_last = None
+
+    # ---- training loop -------------------------------------------------------------
+    def __call__(self, *args, **kwargs):
+        """Forward. Floating-point tensor arguments are cast to the compute dtype."""
+        cast = lambda a: a.to(self.dtype) if isinstance(a, torch.Tensor) and a.is_floating_point() else a
+        args = tuple(cast(a) for a in args)
+        kwargs = {k: cast(v) for k, v in kwargs.items()}
+        t0 = time.perf_counter()
+        out = self.module(*args, **kwargs)
+        self._t_forward = time.perf_counter() - t0
+        return out
+
+    def backward(self, loss):
+        """loss.backward() with the loss scaled by the current loss scale (in FP32). The
+        engine averages over ranks and micro-steps itself: pass the plain mean loss."""
+        t0 = time.perf_counter()
+        (loss.float() * self._impl.loss_scale).backward()
+        self._t_backward = time.perf_counter() - t0
+
+    def step(self):
+        """Reduces this micro-step's gradients; at the accumulation boundary, updates the
+        parameters (or skips on non-finite gradients) and zeroes the gradients."""
+        s = self._impl.step()
+        if s["boundary"]:
+            s["forward_ms"] = 1e3 * getattr(self, "_t_forward", 0.0)
+            s["backward_ms"] = 1e3 * getattr(self, "_t_backward", 0.0)
+            self.stats = s
+        return s
+
+    # ---- properties ----------------------------------------------------------------
+    @property
+    def rank(self):
+        return self.comm.rank
+
+    @property
+    def world_size(self):
+        return self.comm.size
+
+    @property
+    def loss_scale(self):
+        return self._impl.loss_scale
+
+    @property
+    def global_step(self):
+        return self._impl.global_step
+
+    @property
+    def skipped_steps(self):
+        return self._impl.skipped_steps
+
+    def set_lr(self, lr):
+        if not lr >= 0:
+            raise ValueError(f"set_lr: lr must be >= 0, got {lr}")
+        self._impl.set_lr(float(lr))
+
+    # ---- state ---------------------------------------------------------------------
+    def full_state_dict(self, master=False):
+        """The full parameters on every rank: the low-precision working copy, or with
+        master=True the FP32 master weights gathered from every rank's shard."""
+        if not master:
+            return {k: v.detach().clone() for k, v in self.module.state_dict().items()}
+        shard = self._impl.master
+        full = torch.empty(shard.numel() * self.world_size)
+        self.comm.all_gather(shard, full)
+        ids = {id(p): i for i, p in enumerate(self._params)}
+        out = {}
+        for name, t in self.module.state_dict(keep_vars=True).items():
+            if id(t) in ids:
+                off = self._impl.param_offset(ids[id(t)])
+                out[name] = full[off:off + t.numel()].view(t.shape).clone()
+            elif id(t) in self._frozen_fp32:
+                out[name] = self._frozen_fp32[id(t)].clone()
+            else:
+                out[name] = t.detach().float().clone() if t.is_floating_point() else t.detach().clone()
+        return out

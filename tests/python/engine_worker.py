@@ -1,0 +1,55 @@
+"""One rank of the Python engine tests, under mpirun or torchrun. Trains every requested
+(model, stage, precision, accumulation) case and saves per-rank results for the test.
+
+    engine_worker.py OUT_PREFIX CASE [CASE ...]      CASE = model:stage:precision:gas:steps[:inf@STEP]
+"""
+import os
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.join(HERE, "..", "..", "python"))
+
+import torch  # noqa: E402
+
+import zerort  # noqa: E402
+from engine_models import CONFIG, batch, loss_fn, make_model  # noqa: E402
+
+
+def run_case(case, comm):
+    parts = case.split(":")
+    name, stage, precision, gas, steps = parts[0], int(parts[1]), parts[2], int(parts[3]), int(parts[4])
+    inject = int(parts[5].split("@")[1]) if len(parts) > 5 else -1
+    model = make_model(name)
+    cfg = dict(CONFIG, stage=stage, precision=precision, gradient_accumulation_steps=gas)
+    engine = zerort.initialize(model, cfg, comm=comm)
+    losses, scales, skipped = [], [], []
+    for step in range(steps):
+        total = 0.0
+        for micro in range(gas):
+            x, y = batch(name, step, comm.rank, micro)
+            loss = loss_fn(name, engine(x), y)
+            if step == inject and comm.rank == 1:
+                loss = loss * float("inf")  # an fp16 overflow on one rank only
+            engine.backward(loss)
+            engine.step()
+            total += loss.item() / gas
+        mean = torch.tensor([total], dtype=torch.float64)
+        comm.all_reduce(mean)
+        losses.append(mean.item() / comm.size)
+        scales.append(engine.loss_scale)
+        skipped.append(engine.stats["skipped"])
+    return {"losses": losses, "scales": scales, "skipped": skipped,
+            "master": engine.full_state_dict(master=True), "params": engine.full_state_dict()}
+
+
+def main():
+    out_prefix, cases = sys.argv[1], sys.argv[2:]
+    comm = zerort.comm.init("auto", timeout_s=120)
+    results = {case: run_case(case, comm) for case in cases}
+    torch.save(results, f"{out_prefix}.rank{comm.rank}.pt")
+    print(f"ENGINE WORKER OK rank {comm.rank}/{comm.size} {comm.backend}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
