@@ -11,7 +11,6 @@
 
 #include "comm/error.h"
 #include "optim/cast.h"
-#include "optim/grad_stats.h"
 
 namespace zerort {
 
@@ -36,23 +35,9 @@ std::vector<size_t> checked_numels(const std::vector<at::Tensor>& params) {
   return numels;
 }
 
-LossScalerOptions scaler_options(const EngineOptions& o) {
-  if (o.precision == DType::kFloat16) return o.loss_scale;
-  LossScalerOptions s;  // bf16: static scale 1, still skips non-finite steps
-  s.dynamic = false;
-  s.initial_scale = 1.0;
-  return s;
-}
-
 const EngineOptions& validated(const EngineOptions& o) {
   ZRT_CHECK(o.stage == 1 || o.stage == 2, "stage must be 1 or 2 in this engine, got ", o.stage,
             " (stage 0 and 3 are not built yet)");
-  ZRT_CHECK(o.precision == DType::kBFloat16 || o.precision == DType::kFloat16,
-            "precision must be bf16 or f16, got ", dtype_name(o.precision));
-  ZRT_CHECK(o.gradient_accumulation_steps >= 1, "gradient_accumulation_steps must be >= 1, got ",
-            o.gradient_accumulation_steps);
-  ZRT_CHECK(o.gradient_clipping >= 0 && std::isfinite(o.gradient_clipping),
-            "gradient_clipping must be >= 0 (0 disables), got ", o.gradient_clipping);
   ZRT_CHECK(o.reduce_bucket_numel >= 1, "reduce_bucket_numel must be >= 1, got ", o.reduce_bucket_numel);
   return o;
 }
@@ -67,7 +52,6 @@ Engine::Engine(std::vector<at::Tensor> params, Communicator& comm, EngineOptions
     : comm_(comm),
       options_(validated(options)),
       layout_(checked_numels(params), comm.size(), options.alignment),
-      scaler_(scaler_options(options)),
       params_(std::move(params)) {
   const int64_t padded = static_cast<int64_t>(layout_.padded_numel());
   const int64_t shard = static_cast<int64_t>(layout_.shard_numel());
@@ -90,10 +74,15 @@ Engine::Engine(std::vector<at::Tensor> params, Communicator& comm, EngineOptions
   cast_from_f32(flat32.data_ptr<float>(), flat_params_.data_ptr(), options_.precision,
                 static_cast<size_t>(padded));
   flat_grads_ = at::zeros({padded}, lp);
-  master_ = flat32.narrow(0, comm_.rank() * shard, shard).clone();
-  exp_avg_ = at::zeros({shard}, f32);
-  exp_avg_sq_ = at::zeros({shard}, f32);
-  grad_shard_ = at::zeros({shard}, f32);
+  OptimizerOptions oo;
+  oo.precision = options_.precision;
+  oo.adamw = options_.adamw;
+  oo.lr_schedule = options_.lr_schedule;
+  oo.loss_scale = options_.loss_scale;
+  oo.gradient_clipping = options_.gradient_clipping;
+  oo.gradient_accumulation_steps = options_.gradient_accumulation_steps;
+  optimizer_ = std::make_unique<ShardOptimizer>(flat32.narrow(0, comm_.rank() * shard, shard).clone(),
+                                                comm_, oo);
 
   // Parameters and their grads become views of the flat buffers. Autograd then
   // accumulates each micro-step's gradient in place into flat_grads_.
@@ -115,7 +104,8 @@ void Engine::reduce_gradients() {
   const size_t slice = static_cast<size_t>(staging_[0].numel()) / world;
   const size_t esize = dtype_size(options_.precision);
   const char* grads = static_cast<const char*>(flat_grads_.data_ptr());
-  float* out = grad_shard_.data_ptr<float>();
+  at::Tensor& grad_shard = optimizer_->grad_shard();
+  float* out = grad_shard.data_ptr<float>();
   // Bucket k covers shard offsets [k*slice, ...) on every rank: pack those W pieces into
   // one buffer and reduce-scatter it; two staging buffers let packing overlap the reduce.
   WorkPtr pending[2];
@@ -139,7 +129,7 @@ void Engine::reduce_gradients() {
     // caller that catches and continues does not train on them. The staging buffers stay
     // owned by the engine, so a transfer still in flight writes into live memory.
     flat_grads_.zero_();
-    grad_shard_.zero_();
+    grad_shard.zero_();
     throw;
   }
   flat_grads_.zero_();
@@ -147,7 +137,7 @@ void Engine::reduce_gradients() {
 
 StepStats Engine::step() {
   StepStats stats;
-  stats.loss_scale = scaler_.scale();
+  stats.loss_scale = optimizer_->loss_scale();
   ++micro_steps_;
   stats.boundary = micro_steps_ % options_.gradient_accumulation_steps == 0;
   auto t0 = std::chrono::steady_clock::now();
@@ -158,44 +148,14 @@ StepStats Engine::step() {
 }
 
 void Engine::update(StepStats& stats) {
-  auto t0 = std::chrono::steady_clock::now();
-  const size_t shard = layout_.shard_numel();
-  const double denominator = scaler_.scale() * comm_.size() * options_.gradient_accumulation_steps;
-  GradStats local = unscale_and_check(grad_shard_.data_ptr<float>(), shard,
-                                      static_cast<float>(1.0 / denominator));
-  double global[2] = {static_cast<double>(local.nonfinite), local.sum_squares};
-  comm_.all_reduce(global, 2, DType::kFloat64)->wait();  // the one decision, same on every rank
-  stats.nonfinite = static_cast<int64_t>(global[0]);
-  stats.grad_norm = std::sqrt(global[1]);
-  const bool overflow = stats.nonfinite > 0 || !std::isfinite(global[1]);
   ++global_step_;
-  if (overflow) {
-    stats.skipped = true;
+  const size_t shard = layout_.shard_numel();
+  char* my_params = static_cast<char*>(flat_params_.data_ptr()) +
+                    static_cast<size_t>(comm_.rank()) * shard * dtype_size(options_.precision);
+  if (!optimizer_->step(my_params, stats)) {
     ++skipped_steps_;
-    grad_shard_.zero_();
-    stats.optimizer_ms = ms_since(t0);
-    scaler_.update(true);  // may throw at the minimum scale, on every rank alike
     return;
   }
-  if (options_.gradient_clipping > 0) {
-    stats.clip_coef = std::min(1.0, options_.gradient_clipping / (stats.grad_norm + 1e-6));
-  }
-  ++adam_steps_;
-  AdamWStep s;
-  s.hyper = options_.adamw;
-  if (options_.lr_schedule) s.hyper.lr = options_.lr_schedule(adam_steps_);
-  s.step = adam_steps_;
-  s.grad_multiplier = static_cast<float>(stats.clip_coef);
-  const size_t esize = dtype_size(options_.precision);
-  char* my_params = static_cast<char*>(flat_params_.data_ptr()) + comm_.rank() * shard * esize;
-  adamw_step({grad_shard_.data_ptr<float>(), DType::kFloat32, master_.data_ptr<float>(),
-              exp_avg_.data_ptr<float>(), exp_avg_sq_.data_ptr<float>(), my_params,
-              options_.precision, shard},
-             s);
-  scaler_.update(false);
-  grad_shard_.zero_();
-  stats.optimizer_ms = ms_since(t0);
-
   auto t1 = std::chrono::steady_clock::now();
   comm_.all_gather(my_params, flat_params_.data_ptr(), shard, options_.precision)->wait();
   stats.gather_ms = ms_since(t1);

@@ -12,12 +12,14 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <vector>
 
 #include "comm/communicator.h"
 #include "optim/adamw.h"
 #include "partition/shard_layout.h"
 #include "runtime/loss_scaler.h"
+#include "runtime/shard_optimizer.h"
 
 namespace zerort {
 
@@ -33,38 +35,27 @@ struct EngineOptions {
   size_t alignment = 16;               // elements; each shard is a multiple of it
 };
 
-struct StepStats {
-  bool boundary = false;   // false: a micro-step that only accumulated
-  bool skipped = false;    // non-finite gradients: no update, scale backed off
-  double loss_scale = 1;   // the scale this step's gradients carried
-  double grad_norm = 0;    // global L2 norm of the averaged, unscaled gradient (pre-clip)
-  double clip_coef = 1;    // min(1, clip / (norm + 1e-6)) when clipping
-  int64_t nonfinite = 0;   // global count of non-finite gradient values
-  double reduce_ms = 0, optimizer_ms = 0, gather_ms = 0;
-};
-
 class Engine {
  public:
   // params: defined CPU float32 leaf tensors that require grad; the same list, shapes and
   // order on every rank. Rank 0's values are broadcast. Errors name the parameter index.
   Engine(std::vector<at::Tensor> params, Communicator& comm, EngineOptions options);
 
-  double loss_scale() const { return scaler_.scale(); }
+  double loss_scale() const { return optimizer_->loss_scale(); }
   StepStats step();
-  void set_lr(double lr) { options_.adamw.lr = lr; }
+  void set_lr(double lr) { optimizer_->set_lr(lr); }
 
   int64_t global_step() const { return global_step_; }      // boundaries passed
   int64_t skipped_steps() const { return skipped_steps_; }
-  int64_t adam_steps() const { return adam_steps_; }
+  int64_t adam_steps() const { return optimizer_->adam_steps(); }
   const ShardLayout& layout() const { return layout_; }
-  const LossScaler& scaler() const { return scaler_; }
+  const LossScaler& scaler() const { return optimizer_->scaler(); }
   const EngineOptions& options() const { return options_; }
 
   // This rank's FP32 state (shard_numel elements each) and the flat low-precision buffers.
-  const at::Tensor& master() const { return master_; }
-  const at::Tensor& exp_avg() const { return exp_avg_; }
-  const at::Tensor& exp_avg_sq() const { return exp_avg_sq_; }
-  const at::Tensor& grad_shard() const { return grad_shard_; }
+  const at::Tensor& master() const { return optimizer_->master(); }
+  const at::Tensor& exp_avg() const { return optimizer_->exp_avg(); }
+  const at::Tensor& exp_avg_sq() const { return optimizer_->exp_avg_sq(); }
   const at::Tensor& flat_params() const { return flat_params_; }
   const at::Tensor& flat_grads() const { return flat_grads_; }
 
@@ -75,12 +66,11 @@ class Engine {
   Communicator& comm_;
   EngineOptions options_;
   ShardLayout layout_;
-  LossScaler scaler_;
   std::vector<at::Tensor> params_;
-  at::Tensor flat_params_, flat_grads_;              // padded_numel, low precision
-  at::Tensor master_, exp_avg_, exp_avg_sq_, grad_shard_;  // shard_numel, FP32
-  at::Tensor staging_[2];                            // packed buckets for the reduce
-  int64_t micro_steps_ = 0, global_step_ = 0, skipped_steps_ = 0, adam_steps_ = 0;
+  at::Tensor flat_params_, flat_grads_;  // padded_numel, low precision
+  std::unique_ptr<ShardOptimizer> optimizer_;  // this rank's FP32 master, m, v, grad shard
+  at::Tensor staging_[2];                // packed buckets for the reduce
+  int64_t micro_steps_ = 0, global_step_ = 0, skipped_steps_ = 0;
 };
 
 }  // namespace zerort

@@ -1,0 +1,86 @@
+#include "runtime/shard_optimizer.h"
+
+#include <ATen/ops/zeros.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+
+#include "comm/error.h"
+#include "optim/grad_stats.h"
+
+namespace zerort {
+
+namespace {
+
+LossScalerOptions scaler_options(const OptimizerOptions& o) {
+  if (o.precision == DType::kFloat16) return o.loss_scale;
+  LossScalerOptions s;  // bf16: static scale 1, still skips non-finite steps
+  s.dynamic = false;
+  s.initial_scale = 1.0;
+  return s;
+}
+
+const OptimizerOptions& validated(const OptimizerOptions& o) {
+  ZRT_CHECK(o.precision == DType::kBFloat16 || o.precision == DType::kFloat16,
+            "precision must be bf16 or f16, got ", dtype_name(o.precision));
+  ZRT_CHECK(o.gradient_accumulation_steps >= 1, "gradient_accumulation_steps must be >= 1, got ",
+            o.gradient_accumulation_steps);
+  ZRT_CHECK(o.gradient_clipping >= 0 && std::isfinite(o.gradient_clipping),
+            "gradient_clipping must be >= 0 (0 disables), got ", o.gradient_clipping);
+  return o;
+}
+
+}  // namespace
+
+ShardOptimizer::ShardOptimizer(at::Tensor master, Communicator& comm, OptimizerOptions options)
+    : comm_(comm), options_(validated(options)), scaler_(scaler_options(options)) {
+  ZRT_CHECK(master.defined() && master.scalar_type() == at::kFloat && master.dim() == 1 &&
+                master.is_contiguous() && master.device().is_cpu(),
+            "ShardOptimizer: master must be a contiguous 1-D float32 CPU tensor");
+  master_ = std::move(master);
+  const auto f32 = at::TensorOptions().dtype(at::kFloat);
+  exp_avg_ = at::zeros({master_.numel()}, f32);
+  exp_avg_sq_ = at::zeros({master_.numel()}, f32);
+  grad_shard_ = at::zeros({master_.numel()}, f32);
+}
+
+bool ShardOptimizer::step(void* lp_out, StepStats& stats) {
+  auto t0 = std::chrono::steady_clock::now();
+  auto elapsed_ms = [&] {
+    return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  };
+  const size_t n = static_cast<size_t>(master_.numel());
+  stats.loss_scale = scaler_.scale();
+  const double denominator = scaler_.scale() * comm_.size() * options_.gradient_accumulation_steps;
+  GradStats local = unscale_and_check(grad_shard_.data_ptr<float>(), n, static_cast<float>(1.0 / denominator));
+  double global[2] = {static_cast<double>(local.nonfinite), local.sum_squares};
+  comm_.all_reduce(global, 2, DType::kFloat64)->wait();  // the one decision, same on every rank
+  stats.nonfinite = static_cast<int64_t>(global[0]);
+  stats.grad_norm = std::sqrt(global[1]);
+  if (stats.nonfinite > 0 || !std::isfinite(global[1])) {
+    stats.skipped = true;
+    grad_shard_.zero_();
+    stats.optimizer_ms = elapsed_ms();
+    scaler_.update(true);  // may throw at the minimum scale, on every rank alike
+    return false;
+  }
+  if (options_.gradient_clipping > 0) {
+    stats.clip_coef = std::min(1.0, options_.gradient_clipping / (stats.grad_norm + 1e-6));
+  }
+  ++adam_steps_;
+  AdamWStep s;
+  s.hyper = options_.adamw;
+  if (options_.lr_schedule) s.hyper.lr = options_.lr_schedule(adam_steps_);
+  s.step = adam_steps_;
+  s.grad_multiplier = static_cast<float>(stats.clip_coef);
+  adamw_step({grad_shard_.data_ptr<float>(), DType::kFloat32, master_.data_ptr<float>(),
+              exp_avg_.data_ptr<float>(), exp_avg_sq_.data_ptr<float>(), lp_out, options_.precision, n},
+             s);
+  scaler_.update(false);
+  grad_shard_.zero_();
+  stats.optimizer_ms = elapsed_ms();
+  return true;
+}
+
+}  // namespace zerort

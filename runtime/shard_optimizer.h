@@ -1,0 +1,68 @@
+// ShardOptimizer: the optimizer half of every ZeRO stage. Owns this rank's FP32 master,
+// Adam m and v and FP32 gradient shard, and the loss scaler. One step: the fused unscale /
+// non-finite / sum-of-squares pass, one 2-value all-reduce so every rank takes the same
+// skip-or-clip decision, the fused AdamW that also writes the low-precision shard.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <functional>
+
+#include "comm/communicator.h"
+#include "optim/adamw.h"
+#include "runtime/loss_scaler.h"
+
+namespace zerort {
+
+struct OptimizerOptions {
+  DType precision = DType::kBFloat16;  // of the low-precision shard AdamW writes
+  AdamWHyper adamw;
+  std::function<double(int64_t)> lr_schedule;  // optional: lr for Adam step n (1-based)
+  LossScalerOptions loss_scale;                // used for f16; bf16 uses a static scale of 1
+  double gradient_clipping = 0.0;              // max global L2 norm; 0 disables
+  int64_t gradient_accumulation_steps = 1;     // the gradient is averaged over these and W
+};
+
+struct StepStats {
+  bool boundary = false;   // false: a micro-step that only accumulated
+  bool skipped = false;    // non-finite gradients: no update, scale backed off
+  double loss_scale = 1;   // the scale this step's gradients carried
+  double grad_norm = 0;    // global L2 norm of the averaged, unscaled gradient (pre-clip)
+  double clip_coef = 1;    // min(1, clip / (norm + 1e-6)) when clipping
+  int64_t nonfinite = 0;   // global count of non-finite gradient values
+  double reduce_ms = 0, optimizer_ms = 0, gather_ms = 0;
+};
+
+class ShardOptimizer {
+ public:
+  // master: this rank's FP32 shard (the optimizer keeps this tensor). The same numel on
+  // every rank.
+  ShardOptimizer(at::Tensor master, Communicator& comm, OptimizerOptions options);
+
+  // Accumulate gradients here (sum over ranks and micro-steps, still loss-scaled).
+  at::Tensor& grad_shard() { return grad_shard_; }
+
+  // One optimizer step from grad_shard(); writes the new low-precision shard to lp_out
+  // (master.numel() elements of options.precision, or nullptr) and zeroes grad_shard().
+  // Returns false when the step was skipped. Fills stats' skip/scale/norm/clip/optimizer_ms.
+  bool step(void* lp_out, StepStats& stats);
+
+  double loss_scale() const { return scaler_.scale(); }
+  int64_t adam_steps() const { return adam_steps_; }
+  void set_lr(double lr) { options_.adamw.lr = lr; }
+  const LossScaler& scaler() const { return scaler_; }
+  const OptimizerOptions& options() const { return options_; }
+  const at::Tensor& master() const { return master_; }
+  const at::Tensor& exp_avg() const { return exp_avg_; }
+  const at::Tensor& exp_avg_sq() const { return exp_avg_sq_; }
+
+ private:
+  Communicator& comm_;
+  OptimizerOptions options_;
+  LossScaler scaler_;
+  at::Tensor master_, exp_avg_, exp_avg_sq_, grad_shard_;
+  int64_t adam_steps_ = 0;
+};
+
+}  // namespace zerort
