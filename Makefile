@@ -35,9 +35,9 @@ build: $(BUILD)/CMakeCache.txt
 test: build
 	BUILD=$(BUILD) PY=$(PY) bash scripts/run_tests.sh
 
-# The main job: the byte-level GPT on 2 ranks (ZeRO stage 2, bf16; stage 3 is not built yet).
+# The main job: the byte-level GPT on 2 ranks, ZeRO stage 3, bf16.
 demo: build
-	OMP_NUM_THREADS=1 bash scripts/mpirun.sh -np 2 $(PY) examples/train_gpt.py --stage 2 --precision bf16 --steps 40
+	OMP_NUM_THREADS=1 bash scripts/mpirun.sh -np 2 $(PY) examples/train_gpt.py --stage 3 --precision bf16 --steps 40
 
 # The C++ API: a 2-rank reduce-scatter, then an MLP trained through the C++ Engine.
 demo-cpp: build

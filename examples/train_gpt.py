@@ -19,7 +19,7 @@ from gpt import GPT, batch, stdlib_bytes  # noqa: E402
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--stage", type=int, default=2)
+    ap.add_argument("--stage", type=int, default=3)
     ap.add_argument("--precision", default="bf16", choices=["bf16", "fp16"])
     ap.add_argument("--steps", type=int, default=40)
     ap.add_argument("--grad-accum", type=int, default=1)
@@ -73,13 +73,8 @@ def main():
             print(f"step {step + 1:3d}  loss {mean:.4f}  scale {s['loss_scale']:g}  grad_norm {s['grad_norm']:.3f}"
                   f"  {'SKIPPED' if s['skipped'] else 'ok     '}  {tokens / dt:8.0f} tok/s", flush=True)
     if rank == 0:
-        shard = engine._impl.shard_numel
-        lp = 2 * engine._impl.flat_params.numel()
         print(f"loss {first:.4f} -> {last:.4f} over {args.steps} steps")
-        print(f"model states on rank 0 (allocated by the engine): low-precision params {lp / 2**20:.1f} MiB, "
-              f"low-precision grads {lp / 2**20:.1f} MiB, FP32 master + Adam m + v + FP32 grad shard "
-              f"{16 * shard / 2**20:.1f} MiB ({shard} elements per rank). The full per-category memory "
-              f"report is not built yet.")
+        print("(the per-category memory report is not built yet)")
 
 
 if __name__ == "__main__":

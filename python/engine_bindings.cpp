@@ -4,6 +4,7 @@
 
 #include "comm/error.h"
 #include "runtime/engine.h"
+#include "runtime/shard_optimizer.h"
 
 namespace py = pybind11;
 using namespace zerort;
@@ -22,6 +23,17 @@ py::dict stats_dict(const StepStats& s) {
   d["optimizer_ms"] = s.optimizer_ms;
   d["gather_ms"] = s.gather_ms;
   return d;
+}
+
+OptimizerOptions optimizer_options(const EngineOptions& e) {
+  OptimizerOptions o;
+  o.precision = e.precision;
+  o.adamw = e.adamw;
+  o.lr_schedule = e.lr_schedule;
+  o.loss_scale = e.loss_scale;
+  o.gradient_clipping = e.gradient_clipping;
+  o.gradient_accumulation_steps = e.gradient_accumulation_steps;
+  return o;
 }
 
 // Options come from zerort/config.py's validated Config, as keyword arguments.
@@ -54,6 +66,37 @@ EngineOptions engine_options(int stage, const std::string& precision, double lr,
 }  // namespace
 
 void bind_engine(py::module_& m) {
+  py::class_<ShardOptimizer>(m, "ShardOptimizer")
+      .def(py::init([](at::Tensor master, Communicator& comm, const std::string& precision, double lr,
+                       double beta1, double beta2, double eps, double weight_decay, int initial_scale_power,
+                       int64_t window, int64_t hysteresis, double min_scale, bool consecutive_hysteresis,
+                       double clip, int64_t accumulation, py::object lr_schedule) {
+             EngineOptions e = engine_options(2, precision, lr, beta1, beta2, eps, weight_decay,
+                                              initial_scale_power, window, hysteresis, min_scale,
+                                              consecutive_hysteresis, clip, accumulation, 1, lr_schedule);
+             return std::make_unique<ShardOptimizer>(std::move(master), comm, optimizer_options(e));
+           }),
+           py::keep_alive<1, 3>(), py::arg("master"), py::arg("comm"), py::arg("precision"), py::arg("lr"),
+           py::arg("beta1"), py::arg("beta2"), py::arg("eps"), py::arg("weight_decay"),
+           py::arg("initial_scale_power"), py::arg("window"), py::arg("hysteresis"), py::arg("min_scale"),
+           py::arg("consecutive_hysteresis"), py::arg("clip"), py::arg("accumulation"), py::arg("lr_schedule"))
+      .def("step", [](ShardOptimizer& o, at::Tensor lp_out) {
+        ZRT_CHECK(lp_out.is_contiguous() && lp_out.numel() == o.master().numel(),
+                  "ShardOptimizer.step: lp_out must be contiguous with ", o.master().numel(), " elements");
+        StepStats s;
+        s.boundary = true;
+        {
+          py::gil_scoped_release release;
+          o.step(lp_out.data_ptr(), s);
+        }
+        return stats_dict(s);
+      })
+      .def_property_readonly("grad_shard", [](ShardOptimizer& o) { return o.grad_shard(); })
+      .def_property_readonly("master", &ShardOptimizer::master)
+      .def_property_readonly("loss_scale", &ShardOptimizer::loss_scale)
+      .def_property_readonly("adam_steps", &ShardOptimizer::adam_steps)
+      .def("set_lr", &ShardOptimizer::set_lr);
+
   py::class_<Engine>(m, "Engine")
       .def(py::init([](std::vector<at::Tensor> params, Communicator& comm, int stage,
                        const std::string& precision, double lr, double beta1, double beta2, double eps,

@@ -79,6 +79,20 @@ class Communicator:
                            dtype_name(inp, "inp"))
         return out
 
+    def all_gather_async(self, inp, out):
+        """Starts an all_gather; returns a handle whose .wait() finishes it. Keep inp and out
+        alive until then (the handle holds references)."""
+        n = inp.numel()
+        work = self._c.all_gather_async(buffer(inp, "inp"), buffer(out, "out", n * self.size, inp.dtype), n,
+                                        dtype_name(inp, "inp"))
+        return _Pending(work, (inp, out))
+
+    def reduce_scatter_accumulate_async(self, inp, out, accumulate=False):
+        n = out.numel()
+        work = self._c.reduce_scatter_accumulate_async(buffer(inp, "inp", n * self.size), dtype_name(inp, "inp"),
+                                                       buffer(out, "out", dtype=torch.float32), n, accumulate)
+        return _Pending(work, (inp, out))
+
     def all_to_all(self, inp, out):
         if inp.numel() % self.size:
             raise ValueError(f"all_to_all: inp has {inp.numel()} elements, not a multiple of the "
@@ -94,3 +108,16 @@ class Communicator:
 
     def barrier(self):
         self._c.barrier()
+
+
+class _Pending:
+    """An async collective in flight, holding its tensors until wait()."""
+
+    def __init__(self, work, tensors):
+        self._work = work
+        self._tensors = tensors
+
+    def wait(self):
+        if self._work is not None:
+            self._work.wait()
+            self._work, self._tensors = None, None

@@ -41,6 +41,7 @@ class Config:
     reduce_bucket_numel: int = 1 << 24
     prefetch: int = 1
     persistence_threshold: int = 0
+    unit_modules: tuple = ()
     comm_backend: str = "auto"
     comm_timeout_s: float = 600.0
     fp32_modules: tuple = ("LayerNorm", "RMSNorm", "BatchNorm1d", "BatchNorm2d", "BatchNorm3d")
@@ -156,6 +157,12 @@ def _parse_ours(cfg, problems):
     r3 = _Reader(problems, "stage3.")
     c.prefetch = r3.number(s3, "prefetch", c.prefetch, integer=True, low=0)
     c.persistence_threshold = r3.number(s3, "persistence_threshold", c.persistence_threshold, integer=True, low=0)
+    if "unit_modules" in s3:
+        v = s3.pop("unit_modules")
+        if isinstance(v, (list, tuple)) and all(isinstance(x, str) for x in v):
+            c.unit_modules = tuple(v)
+        else:
+            r3.bad("unit_modules", v, "a list of module class names")
     r3.leftover(s3)
     cm = r.section(cfg, "comm")
     rc = _Reader(problems, "comm.")

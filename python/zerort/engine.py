@@ -6,12 +6,14 @@
         engine.backward(loss)
         engine.step()
 
-This build runs stages 1 and 2 in bf16 or fp16 on CPU tensors, through the C++ Engine
-(runtime/engine.h): parameters become views of one flat low-precision buffer, their grads
-views of a flat grad buffer that autograd accumulates into, and each rank owns its shard of
-the FP32 master and Adam states. Stage 0 and 3, fp32 compute and fp32_modules are not
-built yet and are rejected with an error naming the key.
+This build runs stages 1, 2 and 3 in bf16 or fp16 on CPU tensors. Stages 1 and 2 go
+through the C++ Engine (runtime/engine.h): parameters become views of one flat
+low-precision buffer, their grads views of a flat grad buffer that autograd accumulates
+into, and each rank owns its shard of the FP32 master and Adam states. Stage 3 is
+zerort/stage3.py over the same ShardOptimizer. Stage 0, fp32 compute and fp32_modules are
+not built yet and are rejected with an error naming the key.
 """
+import contextlib
 import time
 
 import torch
@@ -19,6 +21,7 @@ import torch
 from . import _C
 from . import comm as comm_mod
 from .config import ConfigError, parse
+from .stage3 import Stage3
 
 _DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -35,8 +38,8 @@ class Engine:
     def __init__(self, model, config, comm=None):
         c = config
         unsupported = []
-        if c.stage not in (1, 2):
-            unsupported.append(f"stage: got {c.stage}; this build supports 1 and 2 (0 and 3 are not built yet)")
+        if c.stage not in (1, 2, 3):
+            unsupported.append(f"stage: got {c.stage}; this build supports 1, 2 and 3 (0 is not built yet)")
         if c.precision not in _DTYPES:
             unsupported.append(f"precision: got {c.precision!r}; this build supports 'bf16' and 'fp16'")
         if unsupported:
@@ -67,14 +70,16 @@ class Engine:
                 if b.is_floating_point():
                     self.comm.broadcast(b, 0)
         self._params = params
-        self._impl = _C.Engine(
-            params, self.comm._c, stage=c.stage, precision=c.precision, lr=c.lr, beta1=c.betas[0],
-            beta2=c.betas[1], eps=c.eps, weight_decay=c.weight_decay,
-            initial_scale_power=c.initial_scale_power if c.precision == "fp16" else 0,
-            window=c.loss_scale_window, hysteresis=c.hysteresis, min_scale=c.min_loss_scale,
-            consecutive_hysteresis=c.consecutive_hysteresis, clip=c.gradient_clipping,
-            accumulation=c.gradient_accumulation_steps, bucket=c.reduce_bucket_numel,
-            lr_schedule=c.lr_schedule)
+        kwargs = dict(lr=c.lr, beta1=c.betas[0], beta2=c.betas[1], eps=c.eps, weight_decay=c.weight_decay,
+                      initial_scale_power=c.initial_scale_power if c.precision == "fp16" else 0,
+                      window=c.loss_scale_window, hysteresis=c.hysteresis, min_scale=c.min_loss_scale,
+                      consecutive_hysteresis=c.consecutive_hysteresis, clip=c.gradient_clipping,
+                      accumulation=c.gradient_accumulation_steps, lr_schedule=c.lr_schedule)
+        if c.stage == 3:
+            self._impl = Stage3(model, c, self.comm, self.dtype, params, kwargs)
+        else:
+            self._impl = _C.Engine(params, self.comm._c, stage=c.stage, precision=c.precision,
+                                   bucket=c.reduce_bucket_numel, **kwargs)
         self.stats = {}
         self._t_last = None
 
@@ -93,7 +98,14 @@ class Engine:
         """loss.backward() with the loss scaled by the current loss scale (in FP32). The
         engine averages over ranks and micro-steps itself: pass the plain mean loss."""
         t0 = time.perf_counter()
-        (loss.float() * self._impl.loss_scale).backward()
+        stage3 = isinstance(self._impl, Stage3)
+        if stage3:
+            self._impl.in_backward = True  # recomputed forwards keep their units
+        try:
+            (loss.float() * self._impl.loss_scale).backward()
+        finally:
+            if stage3:
+                self._impl.in_backward = False
         self._t_backward = time.perf_counter() - t0
 
     def step(self):
@@ -134,21 +146,37 @@ class Engine:
 
     # ---- state ---------------------------------------------------------------------
     def full_state_dict(self, master=False):
-        """The full parameters on every rank: the low-precision working copy, or with
-        master=True the FP32 master weights gathered from every rank's shard."""
-        if not master:
-            return {k: v.detach().clone() for k, v in self.module.state_dict().items()}
-        shard = self._impl.master
-        full = torch.empty(shard.numel() * self.world_size)
-        self.comm.all_gather(shard, full)
-        ids = {id(p): i for i, p in enumerate(self._params)}
+        """The full parameters on every rank, at every stage: the low-precision working
+        copy, or with master=True the FP32 master weights gathered from every shard."""
+        values = {}  # id(param) -> full tensor
+        if isinstance(self._impl, Stage3):
+            for g in self._impl.groups:
+                flat = self._impl.full_flat(g, master)
+                for p, view in g.views(flat):
+                    values[id(p)] = view.clone()
+        elif master:
+            shard = self._impl.master
+            full = torch.empty(shard.numel() * self.world_size)
+            self.comm.all_gather(shard, full)
+            for i, p in enumerate(self._params):
+                off = self._impl.param_offset(i)
+                values[id(p)] = full[off:off + p.numel()].view(p.shape).clone()
         out = {}
         for name, t in self.module.state_dict(keep_vars=True).items():
-            if id(t) in ids:
-                off = self._impl.param_offset(ids[id(t)])
-                out[name] = full[off:off + t.numel()].view(t.shape).clone()
-            elif id(t) in self._frozen_fp32:
+            if id(t) in values:
+                out[name] = values[id(t)]
+            elif master and id(t) in self._frozen_fp32:
                 out[name] = self._frozen_fp32[id(t)].clone()
             else:
-                out[name] = t.detach().float().clone() if t.is_floating_point() else t.detach().clone()
+                out[name] = t.detach().clone()
         return out
+
+    @contextlib.contextmanager
+    def gathered_parameters(self):
+        """Inside, every parameter of engine.module is whole (stage 3 gathers them; stages
+        1 and 2 always hold them whole). For evaluation and export."""
+        if isinstance(self._impl, Stage3):
+            with self._impl.gathered():
+                yield
+        else:
+            yield

@@ -1,7 +1,8 @@
 """One rank of the Python engine tests, under mpirun or torchrun. Trains every requested
 (model, stage, precision, accumulation) case and saves per-rank results for the test.
 
-    engine_worker.py OUT_PREFIX CASE [CASE ...]      CASE = model:stage:precision:gas:steps[:inf@STEP]
+    engine_worker.py OUT_PREFIX CASE [CASE ...]
+    CASE = model:stage:precision:gas:steps[:inf@STEP][:noclip]
 """
 import os
 import sys
@@ -19,9 +20,12 @@ from engine_models import CONFIG, batch, loss_fn, make_model  # noqa: E402
 def run_case(case, comm):
     parts = case.split(":")
     name, stage, precision, gas, steps = parts[0], int(parts[1]), parts[2], int(parts[3]), int(parts[4])
-    inject = int(parts[5].split("@")[1]) if len(parts) > 5 else -1
+    flags = parts[5:]
+    inject = next((int(f.split("@")[1]) for f in flags if f.startswith("inf@")), -1)
     model = make_model(name)
     cfg = dict(CONFIG, stage=stage, precision=precision, gradient_accumulation_steps=gas)
+    if "noclip" in flags:
+        cfg["gradient_clipping"] = 0.0
     engine = zerort.initialize(model, cfg, comm=comm)
     losses, scales, skipped = [], [], []
     for step in range(steps):

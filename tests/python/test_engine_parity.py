@@ -36,8 +36,12 @@ import zerort  # noqa: E402
 WORKER = os.path.join(HERE, "engine_worker.py")
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 STEPS = 20
-PARITY_CASES = ([f"{m}:{s}:{p}:1:{STEPS}" for m in ("mlp", "transformer") for s in (1, 2) for p in ("bf16", "fp16")]
-                + [f"transformer:2:{p}:1:1" for p in ("bf16", "fp16")])
+PARITY_CASES = ([f"{m}:{s}:{p}:1:{STEPS}" for m in ("mlp", "transformer") for s in (1, 2, 3) for p in ("bf16", "fp16")]
+                + [f"transformer:{s}:{p}:1:1" for s in (2, 3) for p in ("bf16", "fp16")])
+# Without clipping the three stages must agree bit for bit. (With clipping, stage 3 sums
+# the squares for the norm in another element order, so the clip factor can differ in its
+# last bit; see test_stage1_equals_stage2_bitwise for stages 1 and 2 with clipping.)
+DETERMINISM_CASES = [f"{m}:{s}:bf16:1:8:noclip" for m in ("mlp", "transformer") for s in (1, 2, 3)]
 BOUND = {("mlp", STEPS): 1e-5, ("transformer", STEPS): 2e-2, ("transformer", 1): 1e-6}
 OVERFLOW_CASE = "mlp:2:fp16:1:8:inf@3"
 
@@ -103,7 +107,7 @@ def global_rel(ours, ref):
 def mpirun2(tmp_path_factory):
     if not zerort._C.with_mpi:
         pytest.skip("this build has no MPI backend")
-    return launch("mpirun", 2, PARITY_CASES + [OVERFLOW_CASE], tmp_path_factory.mktemp("mpi2"))
+    return launch("mpirun", 2, PARITY_CASES + DETERMINISM_CASES + [OVERFLOW_CASE], tmp_path_factory.mktemp("mpi2"))
 
 
 @pytest.mark.parametrize("case", PARITY_CASES)
@@ -132,6 +136,13 @@ def test_stage1_equals_stage2_bitwise(mpirun2, model, precision):
         assert torch.equal(one[k], two[k]), k
 
 
+@pytest.mark.parametrize("model", ["mlp", "transformer"])
+def test_stages_1_2_3_bitwise_without_clipping(mpirun2, model):
+    runs = [mpirun2[0][f"{model}:{s}:bf16:1:8:noclip"]["master"] for s in (1, 2, 3)]
+    for k in runs[0]:
+        assert torch.equal(runs[0][k], runs[1][k]) and torch.equal(runs[0][k], runs[2][k]), k
+
+
 def test_fp16_overflow_on_one_rank_skips_everywhere(mpirun2):
     r0, r1 = mpirun2[0][OVERFLOW_CASE], mpirun2[1][OVERFLOW_CASE]
     assert r0["skipped"] == r1["skipped"] == [s == 3 for s in range(8)]
@@ -139,14 +150,14 @@ def test_fp16_overflow_on_one_rank_skips_everywhere(mpirun2):
 
 
 def test_torchrun_gloo_and_w4(tmp_path):
-    cases = ["transformer:2:bf16:1:1", f"mlp:1:fp16:1:{STEPS}"]
+    cases = ["transformer:2:bf16:1:1", "transformer:3:bf16:1:1", f"mlp:1:fp16:1:{STEPS}", f"mlp:3:bf16:1:{STEPS}"]
     gloo = launch("torchrun", 2, cases, tmp_path)
     for case in cases:
         _, ref_state = reference(case, 2)
         name, steps = case.split(":")[0], int(case.split(":")[4])
         assert global_rel(gloo[0][case]["master"], ref_state) < BOUND[(name, steps)], case
     if zerort._C.with_mpi:
-        case4 = f"mlp:1:bf16:1:{STEPS}"
+        case4 = f"mlp:3:bf16:1:{STEPS}"
         w4 = launch("mpirun", 4, [case4], tmp_path)
         _, ref_state = reference(case4, 4)
         assert global_rel(w4[0][case4]["master"], ref_state) < BOUND[("mlp", STEPS)]
@@ -187,7 +198,13 @@ def test_gradient_accumulation_equals_concatenated_batch():
 
 
 def test_bad_engine_config_names_the_key():
-    with pytest.raises(zerort.config.ConfigError, match="stage: got 3; this build supports 1 and 2"):
-        zerort.initialize(make_model("mlp"), {"stage": 3, "comm": {"backend": "inprocess"}})
+    with pytest.raises(zerort.config.ConfigError, match="stage: got 5; allowed: >= 0 and <= 3"):
+        zerort.initialize(make_model("mlp"), {"stage": 5, "comm": {"backend": "inprocess"}})
+    with pytest.raises(zerort.config.ConfigError, match="stage: got 0; this build supports 1, 2 and 3"):
+        zerort.initialize(make_model("mlp"), {"stage": 0, "comm": {"backend": "inprocess"}})
+    with pytest.raises(zerort.config.ConfigError, match="bf16.enabled and fp16.enabled: both true"):
+        zerort.initialize(make_model("mlp"), {"bf16": {"enabled": True}, "fp16": {"enabled": True}})
+    with pytest.raises(zerort.config.ConfigError, match="zero_optimization.offload_param: unknown"):
+        zerort.initialize(make_model("mlp"), {"zero_optimization": {"stage": 3, "offload_param": {}}})
     with pytest.raises(zerort.config.ConfigError, match="optimizer.lr: got -0.1"):
         zerort.initialize(make_model("mlp"), {"optimizer": {"lr": -0.1}})

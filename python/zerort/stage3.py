@@ -1,0 +1,254 @@
+"""ZeRO stage 3: each rank keeps only its shard of every parameter.
+
+Parameters are grouped into units (by default each direct child of the model, with
+ModuleList/Sequential children expanded into their members; or the modules whose class is
+listed in config stage3.unit_modules). Each unit is a flat, padded buffer split into W
+shards. Forward and backward hooks gather a unit just before it runs (prefetching the next
+one) and free it after; when a unit's gradients have all accumulated, they are packed and
+reduce-scattered at once into this rank's FP32 gradient shard. Parameters under
+stage3.persistence_threshold elements, parameters shared by several units (tied weights)
+and parameters on the root module itself stay whole in one persistent group, refreshed by
+an all-gather after every step. Frozen parameters stay whole in low precision.
+
+All groups' shards are concatenated into one rank-local FP32 master, so one ShardOptimizer
+(runtime/shard_optimizer.h) makes one global skip/clip decision and one fused AdamW pass.
+"""
+import contextlib
+import time
+import warnings
+
+import torch
+
+from . import _C
+
+ALIGN = 16  # elements: every group's shard is a multiple of it
+# A unit whose inputs need no grad (an embedding) still gets its backward pre-hook, which is
+# all stage 3 uses; torch warns about exactly that case.
+warnings.filterwarnings("ignore", message="Full backward hook is firing when gradients are computed with respect to module outputs")
+
+
+class _Group:
+    def __init__(self, name, params, world, dtype, persistent):
+        self.name, self.params, self.dtype, self.persistent = name, params, dtype, persistent
+        self.shapes = [p.shape for p in params]  # params are emptied while not gathered
+        self.numels = [p.numel() for p in params]
+        self.layout = _C.ShardLayout(self.numels, world, ALIGN)
+        self.shard = self.layout.shard_numel
+        self.full = None          # the gathered flat low-precision buffer, or None when freed
+        self.pending = None       # an all-gather in flight (prefetch)
+        self.ready = 0            # params whose grad has accumulated in this backward
+        self.expected = len(params)
+
+    def views(self, flat):
+        """(param, its view of flat) in layout order."""
+        out, off = [], 0
+        for p, shape, n in zip(self.params, self.shapes, self.numels):
+            out.append((p, flat[off:off + n].view(shape)))
+            off += n
+        return out
+
+
+class Stage3:
+    """The stage-3 implementation behind zerort.Engine (same interface as _C.Engine)."""
+
+    def __init__(self, model, config, comm, dtype, params, optimizer_kwargs):
+        self.comm, self.dtype, self.config = comm, dtype, config
+        self._reduce_s = self._gather_s = 0.0
+        W, rank = comm.size, comm.rank
+        units = _units(model, config.unit_modules)
+        owner = {}
+        for u, module in enumerate(units):
+            for p in module.parameters():
+                owner.setdefault(id(p), set()).add(u)
+        trainable = {id(p) for p in params}
+        groups_params = [[] for _ in units]
+        persistent = []
+        for p in params:
+            us = owner.get(id(p), set())
+            if len(us) == 1 and p.numel() >= config.persistence_threshold:
+                groups_params[next(iter(us))].append(p)
+            else:
+                persistent.append(p)  # root-level, shared by several units, or small
+        self.groups = [_Group(type(m).__name__, ps, W, dtype, False) for m, ps in zip(units, groups_params) if ps]
+        self.unit_of = {}
+        for module, ps in zip(units, groups_params):
+            if ps:
+                self.unit_of[module] = self.groups[len(self.unit_of)]
+        if persistent:
+            self.groups.append(_Group("persistent", persistent, W, dtype, True))
+        # Rank-local shard buffers, one slice per group, in group order.
+        total = sum(g.shard for g in self.groups)
+        self.lp_shard = torch.empty(total, dtype=dtype)
+        master = torch.empty(total)
+        off = 0
+        for g in self.groups:
+            flat = torch.zeros(g.layout.padded_numel)
+            for p, view in g.views(flat):
+                view.copy_(p.detach())
+            comm.broadcast(flat, 0)  # every rank starts from rank 0's values
+            master[off:off + g.shard] = flat[rank * g.shard:(rank + 1) * g.shard]
+            g.lp_slice = self.lp_shard[off:off + g.shard]
+            g.grad_off = off
+            off += g.shard
+        self.lp_shard.copy_(master)  # RNE cast, the same rounding the optimizer applies
+        self.opt = _C.ShardOptimizer(master, comm._c, precision=config.precision, **optimizer_kwargs)
+        self.grad_shard = self.opt.grad_shard
+        for g in self.groups:
+            for p in g.params:
+                p.data = torch.empty(0, dtype=dtype)
+                p.register_post_accumulate_grad_hook(self._make_grad_hook(g))
+            if g.persistent:
+                self._gather(g)
+        self._order = [g for g in self.groups if not g.persistent]
+        for module, g in self.unit_of.items():
+            module.register_forward_pre_hook(self._make_pre_forward(g))
+            module.register_forward_hook(self._make_post_forward(g))
+            module.register_full_backward_pre_hook(self._make_pre_backward(g))
+        self.in_backward = False
+        self.micro_steps = self.global_step = self.skipped_steps = 0
+
+    # ---- gather / free --------------------------------------------------------------
+    def _start_gather(self, g):
+        if g.full is None and g.pending is None:
+            g.full_buf = torch.empty(g.layout.padded_numel, dtype=self.dtype)
+            g.pending = self.comm.all_gather_async(g.lp_slice, g.full_buf)
+
+    def _gather(self, g):
+        t0 = time.perf_counter()
+        self._start_gather(g)
+        if g.pending is not None:
+            g.pending.wait()
+            g.pending = None
+            g.full = g.full_buf
+            for p, view in g.views(g.full):
+                p.data = view
+        self._gather_s += time.perf_counter() - t0
+
+    def _free(self, g):
+        if g.persistent or g.full is None:
+            return
+        for p in g.params:
+            p.data = torch.empty(0, dtype=self.dtype)
+        g.full = None
+
+    def _neighbour(self, g, delta):
+        i = self._order.index(g) + delta
+        return self._order[i] if 0 <= i < len(self._order) else None
+
+    def _make_pre_forward(self, g):
+        def hook(module, args):
+            self._gather(g)
+            nxt = self._neighbour(g, +1)
+            if nxt is not None and self.config.prefetch:
+                self._start_gather(nxt)
+        return hook
+
+    def _make_post_forward(self, g):
+        def hook(module, args, out):
+            if not self.in_backward:  # a recomputation inside backward keeps the unit
+                self._free(g)
+        return hook
+
+    def _make_pre_backward(self, g):
+        def hook(module, grad_out):
+            self._gather(g)
+            prev = self._neighbour(g, -1)
+            if prev is not None and self.config.prefetch:
+                self._start_gather(prev)
+        return hook
+
+    # ---- gradients ------------------------------------------------------------------
+    def _make_grad_hook(self, g):
+        def hook(p):
+            g.ready += 1
+            if g.ready == g.expected:
+                self._reduce(g)
+        return hook
+
+    def _reduce(self, g):
+        """Packs the group's low-precision grads (layout order, zero padding) and
+        reduce-scatters them into this rank's FP32 gradient slice; frees the grads."""
+        t0 = time.perf_counter()
+        packed = torch.zeros(g.layout.padded_numel, dtype=self.dtype)
+        for p, view in g.views(packed):
+            if p.grad is not None:
+                view.copy_(p.grad)
+                p.grad = None
+        self.comm.reduce_scatter_accumulate(packed, self.grad_shard[g.grad_off:g.grad_off + g.shard],
+                                            accumulate=True)
+        g.ready = 0
+        self._free(g)
+        self._reduce_s += time.perf_counter() - t0
+
+    # ---- the _C.Engine interface -----------------------------------------------------
+    @property
+    def loss_scale(self):
+        return self.opt.loss_scale
+
+    def set_lr(self, lr):
+        self.opt.set_lr(lr)
+
+    def step(self):
+        for g in self.groups:  # params that got no gradient this micro-step
+            if g.ready:
+                self._reduce(g)
+        self.micro_steps += 1
+        boundary = self.micro_steps % self.config.gradient_accumulation_steps == 0
+        stats = {"boundary": boundary, "skipped": False, "loss_scale": self.opt.loss_scale,
+                 "reduce_ms": 1e3 * self._reduce_s, "gather_ms": 1e3 * self._gather_s}
+        self._reduce_s = self._gather_s = 0.0
+        if not boundary:
+            return stats
+        self.global_step += 1
+        s = self.opt.step(self.lp_shard)
+        stats.update({k: v for k, v in s.items() if k not in ("reduce_ms", "gather_ms")})
+        if s["skipped"]:
+            self.skipped_steps += 1
+        else:
+            t0 = time.perf_counter()
+            for g in self.groups:
+                if g.persistent:
+                    g.full = None
+                    self._gather(g)
+                else:
+                    self._free(g)
+            stats["gather_ms"] += 1e3 * (time.perf_counter() - t0)
+        return stats
+
+    @contextlib.contextmanager
+    def gathered(self):
+        for g in self.groups:
+            self._gather(g)
+        try:
+            yield
+        finally:
+            for g in self.groups:
+                self._free(g)
+
+    def full_flat(self, group, master):
+        """The group's full flat values: FP32 master (gathered) or low precision."""
+        if master:
+            out = torch.empty(group.layout.padded_numel)
+            self.comm.all_gather(self.opt.master[group.grad_off:group.grad_off + group.shard], out)
+            return out
+        out = torch.empty(group.layout.padded_numel, dtype=self.dtype)
+        self.comm.all_gather(group.lp_slice.clone(), out)
+        return out
+
+
+def _units(model, unit_modules):
+    if unit_modules:
+        names = set(unit_modules)
+        found, skip = [], set()
+        for m in model.modules():
+            if type(m).__name__ in names and not any(m is s for s in skip):
+                found.append(m)
+                skip.update(m.modules())
+        return found
+    units = []
+    for child in model.children():
+        if isinstance(child, (torch.nn.ModuleList, torch.nn.Sequential)):
+            units.extend(child.children())
+        else:
+            units.append(child)
+    return units
