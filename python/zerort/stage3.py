@@ -139,7 +139,7 @@ class Stage3:
         def hook(module, args):
             self._gather(g)
             nxt = self._neighbour(g, +1)
-            if nxt is not None and self.config.prefetch:
+            if nxt is not None and self.config.prefetch and not self.in_backward:
                 self._start_gather(nxt)
         return hook
 
@@ -207,6 +207,9 @@ class Stage3:
         else:
             t0 = time.perf_counter()
             for g in self.groups:
+                if g.pending is not None:  # a prefetch of the old values: finish and drop it
+                    g.pending.wait()
+                    g.pending = None
                 if g.persistent:
                     g.full = None
                     self._gather(g)
