@@ -38,8 +38,8 @@ void Communicator::check(const CollectiveDesc& d, std::initializer_list<const vo
   ZRT_CHECK(is_valid(d.op), name, " on rank ", rank_, ": unknown reduce op value ",
             static_cast<int32_t>(d.op), "; use sum, max or min");
   if (d.kind == Collective::kReduceScatterAccumulate) {
-    ZRT_CHECK(is_low_precision(d.dtype), name, " on rank ", rank_,
-              ": input dtype must be bf16 or f16 (the output is FP32), got ", dtype_name(d.dtype));
+    ZRT_CHECK(is_low_precision(d.dtype) || d.dtype == DType::kFloat32, name, " on rank ", rank_,
+              ": input dtype must be bf16, f16 or f32 (the output is FP32), got ", dtype_name(d.dtype));
   }
   ZRT_CHECK(d.root >= 0 && d.root < size_, name, " on rank ", rank_, ": root ", d.root,
             " is outside the world of size ", size_);
@@ -110,7 +110,8 @@ WorkPtr Communicator::reduce_scatter_accumulate(const void* in, DType in_dtype, 
   auto d = describe(Collective::kReduceScatterAccumulate, recv_count, in_dtype);
   check(d, {in, out});
   // Scratch for the W received chunks; uninitialised (the all-to-all fills all of it).
-  std::shared_ptr<uint16_t[]> chunks(new uint16_t[recv_count * static_cast<size_t>(size_)]);
+  const size_t bytes = recv_count * static_cast<size_t>(size_) * dtype_size(in_dtype);
+  std::shared_ptr<char[]> chunks(new char[bytes == 0 ? 1 : bytes]);
   WorkPtr work = do_all_to_all(in, chunks.get(), d);  // d names this call in errors
   work->keep_alive(chunks);
   size_t world = static_cast<size_t>(size_);

@@ -37,9 +37,9 @@ class Communicator {
   // in has size()*recv_count elements; out gets this rank's recv_count-element chunk.
   WorkPtr reduce_scatter(const void* in, void* out, size_t recv_count, DType dtype,
                          ReduceOp op = ReduceOp::kSum);
-  // in: size()*recv_count bf16 or f16 elements. out: this rank's FP32 shard. An all-to-all
-  // of the low-precision chunks, then a local sum in rank order 0..W-1 (see local_reduce.h).
-  // accumulate=true adds into out (gradient accumulation across micro-steps).
+  // in: size()*recv_count bf16, f16 (or f32) elements. out: this rank's FP32 shard. An
+  // all-to-all of the chunks as they are, then a local sum in rank order 0..W-1 (see
+  // local_reduce.h). accumulate=true adds into out (gradient accumulation across micro-steps).
   WorkPtr reduce_scatter_accumulate(const void* in, DType in_dtype, float* out, size_t recv_count,
                                     bool accumulate = false);
   // out (size()*send_count elements) gets rank r's in at offset r*send_count. `in` may be

@@ -37,13 +37,25 @@ void reduce_half(uint16_t* acc, const uint16_t* src, size_t n, ReduceOp op) {
   for (size_t i = 0; i < n; ++i) acc[i] = Narrow(apply(Widen(acc[i]), Widen(src[i]), op));
 }
 
-template <float (*Widen)(uint16_t)>
-void sum_chunks(const uint16_t* chunks, size_t world, size_t n, float* out, bool accumulate) {
+inline float identity(float x) { return x; }
+
+template <typename In, float (*Widen)(In)>
+void sum_chunks_impl(const In* chunks, size_t world, size_t n, float* out, bool accumulate) {
   for (size_t i = 0; i < n; ++i) {
     double acc = accumulate ? static_cast<double>(out[i]) : 0.0;
     for (size_t r = 0; r < world; ++r) acc += static_cast<double>(Widen(chunks[r * n + i]));
     out[i] = static_cast<float>(acc);
   }
+}
+
+template <float (*Widen)(uint16_t)>
+void sum_chunks(const uint16_t* chunks, size_t world, size_t n, float* out, bool accumulate) {
+  sum_chunks_impl<uint16_t, Widen>(chunks, world, n, out, accumulate);
+}
+
+template <typename F>
+void sum_chunks(const F* chunks, size_t world, size_t n, float* out, bool accumulate) {
+  sum_chunks_impl<float, identity>(chunks, world, n, out, accumulate);
 }
 
 }  // namespace
@@ -73,7 +85,8 @@ void sum_chunks_to_f32(const void* chunks, DType dtype, size_t world, size_t n, 
   const auto* c = static_cast<const uint16_t*>(chunks);
   if (dtype == DType::kBFloat16) return sum_chunks<bf16_to_f32>(c, world, n, out, accumulate);
   if (dtype == DType::kFloat16) return sum_chunks<f16_to_f32>(c, world, n, out, accumulate);
-  ZRT_THROW("sum_chunks_to_f32: input dtype must be bf16 or f16, got ", dtype_name(dtype));
+  if (dtype == DType::kFloat32) return sum_chunks<float>(static_cast<const float*>(chunks), world, n, out, accumulate);
+  ZRT_THROW("sum_chunks_to_f32: input dtype must be bf16, f16 or f32, got ", dtype_name(dtype));
 }
 
 }  // namespace zerort

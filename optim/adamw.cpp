@@ -9,14 +9,15 @@ namespace zerort {
 namespace {
 
 // Narrowing of the written parameter, as a compile-time choice.
-enum class Out { kNone, kBf16, kF16 };
+enum class Out { kNone, kBf16, kF16, kF32 };
 
 template <typename G, Out O, bool FromGrad>
 __attribute__((always_inline)) inline void adamw_loop(const AdamWCoeffs& coeffs, const G* __restrict g,
                                                       float* __restrict p, float* __restrict m,
-                                                      float* __restrict v, uint16_t* __restrict lp,
-                                                      size_t n) {
+                                                      float* __restrict v, void* out, size_t n) {
   const AdamWCoeffs c = coeffs;  // a local copy: no aliasing with the float streams
+  uint16_t* __restrict lp = static_cast<uint16_t*>(out);
+  float* __restrict wp = static_cast<float*>(out);
   for (size_t i = 0; i < n; ++i) {
     float gi;
     if constexpr (sizeof(G) == 2) gi = bf16_to_f32(g[i]);
@@ -28,12 +29,13 @@ __attribute__((always_inline)) inline void adamw_loop(const AdamWCoeffs& coeffs,
     v[i] = vi;
     if constexpr (O == Out::kBf16) lp[i] = f32_to_bf16(pi);
     if constexpr (O == Out::kF16) lp[i] = f32_to_f16(pi);
+    if constexpr (O == Out::kF32) wp[i] = pi;
   }
 }
 
 template <typename G, Out O>
 __attribute__((always_inline)) inline void adamw_body(const AdamWCoeffs& c, const G* g, float* p,
-                                                      float* m, float* v, uint16_t* lp, size_t n) {
+                                                      float* m, float* v, void* lp, size_t n) {
   if (c.lerp_from_grad) adamw_loop<G, O, true>(c, g, p, m, v, lp, n);
   else adamw_loop<G, O, false>(c, g, p, m, v, lp, n);
 }
@@ -42,21 +44,23 @@ __attribute__((always_inline)) inline void adamw_body(const AdamWCoeffs& c, cons
 // and picks one at load time from CPUID.
 #define ZRT_ADAMW_VARIANT(name, G, O)                                                          \
   __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default"))) void name( \
-      const AdamWCoeffs& c, const G* g, float* p, float* m, float* v, uint16_t* lp, size_t n) { \
+      const AdamWCoeffs& c, const G* g, float* p, float* m, float* v, void* lp, size_t n) {     \
     adamw_body<G, O>(c, g, p, m, v, lp, n);                                                    \
   }
 ZRT_ADAMW_VARIANT(adamw_f32_bf16, float, Out::kBf16)
 ZRT_ADAMW_VARIANT(adamw_f32_f16, float, Out::kF16)
 ZRT_ADAMW_VARIANT(adamw_f32_none, float, Out::kNone)
+ZRT_ADAMW_VARIANT(adamw_f32_f32, float, Out::kF32)
 ZRT_ADAMW_VARIANT(adamw_bf16_bf16, uint16_t, Out::kBf16)
 ZRT_ADAMW_VARIANT(adamw_bf16_f16, uint16_t, Out::kF16)
 ZRT_ADAMW_VARIANT(adamw_bf16_none, uint16_t, Out::kNone)
+ZRT_ADAMW_VARIANT(adamw_bf16_f32, uint16_t, Out::kF32)
 #undef ZRT_ADAMW_VARIANT
 
-using Kernel = void (*)(const AdamWCoeffs&, const void*, float*, float*, float*, uint16_t*, size_t);
+using Kernel = void (*)(const AdamWCoeffs&, const void*, float*, float*, float*, void*, size_t);
 
 template <typename G>
-Kernel erase(void (*k)(const AdamWCoeffs&, const G*, float*, float*, float*, uint16_t*, size_t)) {
+Kernel erase(void (*k)(const AdamWCoeffs&, const G*, float*, float*, float*, void*, size_t)) {
   return reinterpret_cast<Kernel>(k);
 }
 
@@ -64,6 +68,7 @@ Kernel pick(DType grad, DType param, bool write_param) {
   const bool g32 = grad == DType::kFloat32;
   if (!write_param) return g32 ? erase(adamw_f32_none) : erase(adamw_bf16_none);
   if (param == DType::kBFloat16) return g32 ? erase(adamw_f32_bf16) : erase(adamw_bf16_bf16);
+  if (param == DType::kFloat32) return g32 ? erase(adamw_f32_f32) : erase(adamw_bf16_f32);
   return g32 ? erase(adamw_f32_f16) : erase(adamw_bf16_f16);
 }
 
@@ -72,8 +77,9 @@ Kernel pick(DType grad, DType param, bool write_param) {
 void adamw_step(const AdamWBuffers& b, const AdamWStep& s) {
   ZRT_CHECK(b.grad_dtype == DType::kFloat32 || b.grad_dtype == DType::kBFloat16,
             "adamw_step: gradient dtype must be f32 or bf16, got ", dtype_name(b.grad_dtype));
-  ZRT_CHECK(!b.param || b.param_dtype == DType::kBFloat16 || b.param_dtype == DType::kFloat16,
-            "adamw_step: parameter dtype must be bf16 or f16, got ", dtype_name(b.param_dtype));
+  ZRT_CHECK(!b.param || b.param_dtype == DType::kBFloat16 || b.param_dtype == DType::kFloat16 ||
+                b.param_dtype == DType::kFloat32,
+            "adamw_step: parameter dtype must be bf16, f16 or f32, got ", dtype_name(b.param_dtype));
   ZRT_CHECK(b.n == 0 || (b.grad && b.master && b.exp_avg && b.exp_avg_sq),
             "adamw_step: null gradient, master, exp_avg or exp_avg_sq buffer for ", b.n, " elements");
   ZRT_CHECK(s.step >= 1, "adamw_step: step count must be >= 1, got ", s.step);
@@ -85,8 +91,9 @@ void adamw_step(const AdamWBuffers& b, const AdamWStep& s) {
   const AdamWCoeffs c = AdamWCoeffs::from(s);
   const Kernel kernel = pick(b.grad_dtype, b.param_dtype, b.param != nullptr);
   const size_t gsize = dtype_size(b.grad_dtype);
+  const size_t psize = b.param ? dtype_size(b.param_dtype) : 0;
   parallel_for(b.n, size_t{1} << 16, [&](size_t, size_t lo, size_t hi) {
-    uint16_t* lp = b.param ? static_cast<uint16_t*>(b.param) + lo : nullptr;
+    void* lp = b.param ? static_cast<char*>(b.param) + lo * psize : nullptr;
     kernel(c, static_cast<const char*>(b.grad) + lo * gsize, b.master + lo, b.exp_avg + lo,
            b.exp_avg_sq + lo, lp, hi - lo);
   });

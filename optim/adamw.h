@@ -34,7 +34,7 @@ struct AdamWBuffers {
   float* master = nullptr;
   float* exp_avg = nullptr;
   float* exp_avg_sq = nullptr;
-  void* param = nullptr;  // n elements of param_dtype (bf16, f16; nullptr to skip)
+  void* param = nullptr;  // n elements of param_dtype (bf16, f16, or f32 for FP32 modules; nullptr to skip)
   DType param_dtype = DType::kBFloat16;
   size_t n = 0;
 };

@@ -20,6 +20,7 @@ __device__ __forceinline__ float load_grad(const void* g, bool bf16, size_t i) {
 __device__ __forceinline__ void store_param(void* p, int mode, size_t i, float x) {
   if (mode == 1) static_cast<uint16_t*>(p)[i] = f32_to_bf16(x);
   else if (mode == 2) static_cast<uint16_t*>(p)[i] = f32_to_f16(x);
+  else if (mode == 3) static_cast<float*>(p)[i] = x;
 }
 
 // Four elements per thread per step with 16-byte loads of master, m and v when aligned;
@@ -103,8 +104,13 @@ void adamw_step_cuda(const AdamWBuffers& b, const AdamWStep& s, cudaStream_t str
   if (b.n == 0) return;
   ZRT_CHECK(b.grad && b.master && b.exp_avg && b.exp_avg_sq,
             "adamw_step_cuda: null gradient, master, exp_avg or exp_avg_sq buffer");
-  int mode = !b.param ? 0 : b.param_dtype == DType::kBFloat16 ? 1 : b.param_dtype == DType::kFloat16 ? 2 : -1;
-  ZRT_CHECK(mode >= 0, "adamw_step_cuda: parameter dtype must be bf16 or f16, got ", dtype_name(b.param_dtype));
+  int mode = !b.param ? 0
+             : b.param_dtype == DType::kBFloat16 ? 1
+             : b.param_dtype == DType::kFloat16  ? 2
+             : b.param_dtype == DType::kFloat32  ? 3
+                                                 : -1;
+  ZRT_CHECK(mode >= 0, "adamw_step_cuda: parameter dtype must be bf16, f16 or f32, got ",
+            dtype_name(b.param_dtype));
   adamw_kernel<<<blocks_for(b.n, 4), kThreads, 0, stream>>>(
       AdamWCoeffs::from(s), b.grad, b.grad_dtype == DType::kBFloat16, b.master, b.exp_avg,
       b.exp_avg_sq, b.param, mode, b.n);

@@ -135,7 +135,7 @@ std::vector<std::string> check_all_collectives(Communicator& comm, size_t count)
     c.expect("broadcast root=" + std::to_string(root), b.data(), dt, count,
              [&](size_t i) { return value(root, i, salt); });
 
-    if (is_low_precision(dt)) {
+    if (is_low_precision(dt) || dt == DType::kFloat32) {
       for (bool accumulate : {false, true}) {
         ++salt;
         Buffer rin(count * w, dt);

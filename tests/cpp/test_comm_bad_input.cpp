@@ -75,10 +75,11 @@ TEST(CommBadInput, UnknownDtypeAndOp) {
   });
   EXPECT_NE(errors[0].find("unknown reduce op value 9"), std::string::npos) << errors[0];
   errors = run_ranks(1, [&](Communicator& comm) {
-    float x = 0, y = 0;
-    comm.reduce_scatter_accumulate(&x, DType::kFloat32, &y, 1)->wait();
+    int32_t x = 0;
+    float y = 0;
+    comm.reduce_scatter_accumulate(&x, DType::kInt32, &y, 1)->wait();
   });
-  EXPECT_NE(errors[0].find("must be bf16 or f16"), std::string::npos) << errors[0];
+  EXPECT_NE(errors[0].find("must be bf16, f16 or f32"), std::string::npos) << errors[0];
   errors = run_ranks(2, [&](Communicator& comm) {
     float x = 0;
     comm.broadcast(&x, 1, DType::kFloat32, 2)->wait();
