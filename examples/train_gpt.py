@@ -20,7 +20,7 @@ from gpt import GPT, batch, stdlib_bytes  # noqa: E402
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--stage", type=int, default=3)
-    ap.add_argument("--precision", default="bf16", choices=["bf16", "fp16"])
+    ap.add_argument("--precision", default="bf16", choices=["bf16", "fp16", "fp32"])
     ap.add_argument("--steps", type=int, default=40)
     ap.add_argument("--grad-accum", type=int, default=1)
     ap.add_argument("--launcher-free", action="store_true", help="one process, world size 1")

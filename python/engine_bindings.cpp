@@ -80,14 +80,23 @@ void bind_engine(py::module_& m) {
            py::arg("beta1"), py::arg("beta2"), py::arg("eps"), py::arg("weight_decay"),
            py::arg("initial_scale_power"), py::arg("window"), py::arg("hysteresis"), py::arg("min_scale"),
            py::arg("consecutive_hysteresis"), py::arg("clip"), py::arg("accumulation"), py::arg("lr_schedule"))
-      .def("step", [](ShardOptimizer& o, at::Tensor lp_out) {
-        ZRT_CHECK(lp_out.is_contiguous() && lp_out.numel() == o.master().numel(),
-                  "ShardOptimizer.step: lp_out must be contiguous with ", o.master().numel(), " elements");
+      .def("step", [](ShardOptimizer& o, std::vector<std::pair<size_t, at::Tensor>> outputs) {
+        // outputs: (offset into the master, contiguous bf16/f16/f32 tensor to write)
+        std::vector<OutputSegment> segs;
+        for (auto& [offset, t] : outputs) {
+          ZRT_CHECK(t.is_contiguous(), "ShardOptimizer.step: output tensors must be contiguous");
+          DType dt = t.scalar_type() == at::kBFloat16 ? DType::kBFloat16
+                     : t.scalar_type() == at::kHalf   ? DType::kFloat16
+                                                      : DType::kFloat32;
+          ZRT_CHECK(dt != DType::kFloat32 || t.scalar_type() == at::kFloat,
+                    "ShardOptimizer.step: outputs must be bf16, f16 or f32");
+          segs.push_back({offset, static_cast<size_t>(t.numel()), t.data_ptr(), dt});
+        }
         StepStats s;
         s.boundary = true;
         {
           py::gil_scoped_release release;
-          o.step(lp_out.data_ptr(), s);
+          o.step(segs, s);
         }
         return stats_dict(s);
       })
@@ -98,7 +107,7 @@ void bind_engine(py::module_& m) {
       .def("set_lr", &ShardOptimizer::set_lr);
 
   py::class_<Engine>(m, "Engine")
-      .def(py::init([](std::vector<at::Tensor> params, Communicator& comm, int stage,
+      .def(py::init([](std::vector<at::Tensor> params, std::vector<at::Tensor> fp32_params, Communicator& comm, int stage,
                        const std::string& precision, double lr, double beta1, double beta2, double eps,
                        double weight_decay, int initial_scale_power, int64_t window, int64_t hysteresis,
                        double min_scale, bool consecutive_hysteresis, double clip, int64_t accumulation,
@@ -108,10 +117,10 @@ void bind_engine(py::module_& m) {
                                               consecutive_hysteresis, clip, accumulation, bucket,
                                               lr_schedule);
              py::gil_scoped_release release;  // the initial broadcast is a collective
-             return std::make_unique<Engine>(std::move(params), comm, o);
+             return std::make_unique<Engine>(std::move(params), comm, o, std::move(fp32_params));
            }),
-           py::keep_alive<1, 3>(),  // the engine holds the communicator by reference
-           py::arg("params"), py::arg("comm"), py::arg("stage"), py::arg("precision"), py::arg("lr"),
+           py::keep_alive<1, 4>(),  // the engine holds the communicator by reference
+           py::arg("params"), py::arg("fp32_params"), py::arg("comm"), py::arg("stage"), py::arg("precision"), py::arg("lr"),
            py::arg("beta1"), py::arg("beta2"), py::arg("eps"), py::arg("weight_decay"),
            py::arg("initial_scale_power"), py::arg("window"), py::arg("hysteresis"),
            py::arg("min_scale"), py::arg("consecutive_hysteresis"), py::arg("clip"),
@@ -129,12 +138,13 @@ void bind_engine(py::module_& m) {
       .def_property_readonly("global_step", &Engine::global_step)
       .def_property_readonly("skipped_steps", &Engine::skipped_steps)
       .def_property_readonly("adam_steps", &Engine::adam_steps)
-      .def_property_readonly("shard_numel", [](const Engine& e) { return e.layout().shard_numel(); })
-      .def_property_readonly("numel", [](const Engine& e) { return e.layout().numel(); })
-      .def("param_offset", [](const Engine& e, size_t i) { return e.layout().param_offset(i); })
-      .def_property_readonly("master", &Engine::master)
-      .def_property_readonly("exp_avg", &Engine::exp_avg)
-      .def_property_readonly("exp_avg_sq", &Engine::exp_avg_sq)
-      .def_property_readonly("flat_params", &Engine::flat_params)
-      .def_property_readonly("flat_grads", &Engine::flat_grads);
+      .def_property_readonly("num_groups", &Engine::num_groups)
+      .def("shard_numel", [](const Engine& e, size_t g) { return e.layout(g).shard_numel(); })
+      .def("padded_numel", [](const Engine& e, size_t g) { return e.layout(g).padded_numel(); })
+      .def("param_offset", [](const Engine& e, size_t g, size_t i) { return e.layout(g).param_offset(i); })
+      .def("master", &Engine::master)
+      .def("exp_avg", &Engine::exp_avg)
+      .def("exp_avg_sq", &Engine::exp_avg_sq)
+      .def("flat_params", &Engine::flat_params)
+      .def("flat_grads", &Engine::flat_grads);
 }

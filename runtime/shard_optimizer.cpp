@@ -15,15 +15,15 @@ namespace {
 
 LossScalerOptions scaler_options(const OptimizerOptions& o) {
   if (o.precision == DType::kFloat16) return o.loss_scale;
-  LossScalerOptions s;  // bf16: static scale 1, still skips non-finite steps
+  LossScalerOptions s;  // bf16 and f32: static scale 1, still skip non-finite steps
   s.dynamic = false;
   s.initial_scale = 1.0;
   return s;
 }
 
 const OptimizerOptions& validated(const OptimizerOptions& o) {
-  ZRT_CHECK(o.precision == DType::kBFloat16 || o.precision == DType::kFloat16,
-            "precision must be bf16 or f16, got ", dtype_name(o.precision));
+  ZRT_CHECK(o.precision == DType::kBFloat16 || o.precision == DType::kFloat16 || o.precision == DType::kFloat32,
+            "precision must be bf16, f16 or f32, got ", dtype_name(o.precision));
   ZRT_CHECK(o.gradient_accumulation_steps >= 1, "gradient_accumulation_steps must be >= 1, got ",
             o.gradient_accumulation_steps);
   ZRT_CHECK(o.gradient_clipping >= 0 && std::isfinite(o.gradient_clipping),
@@ -45,7 +45,12 @@ ShardOptimizer::ShardOptimizer(at::Tensor master, Communicator& comm, OptimizerO
   grad_shard_ = at::zeros({master_.numel()}, f32);
 }
 
-bool ShardOptimizer::step(void* lp_out, StepStats& stats) {
+bool ShardOptimizer::step(const std::vector<OutputSegment>& outputs, StepStats& stats) {
+  for (const auto& seg : outputs) {
+    ZRT_CHECK(seg.offset + seg.numel <= static_cast<size_t>(master_.numel()) && (seg.out || seg.numel == 0),
+              "ShardOptimizer.step: output segment [", seg.offset, ", ", seg.offset + seg.numel,
+              ") lies outside the master of ", master_.numel(), " elements, or has no buffer");
+  }
   auto t0 = std::chrono::steady_clock::now();
   auto elapsed_ms = [&] {
     return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
@@ -55,7 +60,9 @@ bool ShardOptimizer::step(void* lp_out, StepStats& stats) {
   const double denominator = scaler_.scale() * comm_.size() * options_.gradient_accumulation_steps;
   GradStats local = unscale_and_check(grad_shard_.data_ptr<float>(), n, static_cast<float>(1.0 / denominator));
   double global[2] = {static_cast<double>(local.nonfinite), local.sum_squares};
-  comm_.all_reduce(global, 2, DType::kFloat64)->wait();  // the one decision, same on every rank
+  if (!options_.replicated) {
+    comm_.all_reduce(global, 2, DType::kFloat64)->wait();  // the one decision, same on every rank
+  }
   stats.nonfinite = static_cast<int64_t>(global[0]);
   stats.grad_norm = std::sqrt(global[1]);
   if (stats.nonfinite > 0 || !std::isfinite(global[1])) {
@@ -74,9 +81,23 @@ bool ShardOptimizer::step(void* lp_out, StepStats& stats) {
   if (options_.lr_schedule) s.hyper.lr = options_.lr_schedule(adam_steps_);
   s.step = adam_steps_;
   s.grad_multiplier = static_cast<float>(stats.clip_coef);
-  adamw_step({grad_shard_.data_ptr<float>(), DType::kFloat32, master_.data_ptr<float>(),
-              exp_avg_.data_ptr<float>(), exp_avg_sq_.data_ptr<float>(), lp_out, options_.precision, n},
-             s);
+  // AdamW over every element once: the output segments, then whatever they do not cover.
+  std::vector<OutputSegment> segs(outputs);
+  std::sort(segs.begin(), segs.end(), [](const auto& a, const auto& b) { return a.offset < b.offset; });
+  size_t done = 0;
+  auto run = [&](size_t lo, size_t count, void* out, DType dtype) {
+    if (count == 0) return;
+    adamw_step({grad_shard_.data_ptr<float>() + lo, DType::kFloat32, master_.data_ptr<float>() + lo,
+                exp_avg_.data_ptr<float>() + lo, exp_avg_sq_.data_ptr<float>() + lo, out, dtype, count},
+               s);
+  };
+  for (const auto& seg : segs) {
+    ZRT_CHECK(seg.offset >= done, "ShardOptimizer.step: output segments overlap at ", seg.offset);
+    run(done, seg.offset - done, nullptr, DType::kFloat32);
+    run(seg.offset, seg.numel, seg.out, seg.dtype);
+    done = seg.offset + seg.numel;
+  }
+  run(done, n - done, nullptr, DType::kFloat32);
   scaler_.update(false);
   grad_shard_.zero_();
   stats.optimizer_ms = elapsed_ms();

@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <vector>
 
 #include "comm/communicator.h"
 #include "optim/adamw.h"
@@ -16,12 +17,24 @@
 namespace zerort {
 
 struct OptimizerOptions {
-  DType precision = DType::kBFloat16;  // of the low-precision shard AdamW writes
+  DType precision = DType::kBFloat16;  // compute precision: f16 gets the dynamic loss scale
   AdamWHyper adamw;
   std::function<double(int64_t)> lr_schedule;  // optional: lr for Adam step n (1-based)
   LossScalerOptions loss_scale;                // used for f16; bf16 uses a static scale of 1
   double gradient_clipping = 0.0;              // max global L2 norm; 0 disables
   int64_t gradient_accumulation_steps = 1;     // the gradient is averaged over these and W
+  // Stage 0: every rank holds the whole state and the whole summed gradient, so the
+  // decision inputs are already global and are not all-reduced.
+  bool replicated = false;
+};
+
+// Where step() writes the updated weights: master[offset, offset+numel) cast to dtype
+// (bf16, f16, or f32 for FP32 modules) at out.
+struct OutputSegment {
+  size_t offset = 0;
+  size_t numel = 0;
+  void* out = nullptr;
+  DType dtype = DType::kBFloat16;
 };
 
 struct StepStats {
@@ -43,10 +56,10 @@ class ShardOptimizer {
   // Accumulate gradients here (sum over ranks and micro-steps, still loss-scaled).
   at::Tensor& grad_shard() { return grad_shard_; }
 
-  // One optimizer step from grad_shard(); writes the new low-precision shard to lp_out
-  // (master.numel() elements of options.precision, or nullptr) and zeroes grad_shard().
-  // Returns false when the step was skipped. Fills stats' skip/scale/norm/clip/optimizer_ms.
-  bool step(void* lp_out, StepStats& stats);
+  // One optimizer step from grad_shard(); writes the new weights to the output segments
+  // (which must lie inside the master) and zeroes grad_shard(). Returns false when the
+  // step was skipped. Fills stats' skip/scale/norm/clip/optimizer_ms.
+  bool step(const std::vector<OutputSegment>& outputs, StepStats& stats);
 
   double loss_scale() const { return scaler_.scale(); }
   int64_t adam_steps() const { return adam_steps_; }

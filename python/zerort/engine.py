@@ -6,12 +6,13 @@
         engine.backward(loss)
         engine.step()
 
-This build runs stages 1, 2 and 3 in bf16 or fp16 on CPU tensors. Stages 1 and 2 go
-through the C++ Engine (runtime/engine.h): parameters become views of one flat
-low-precision buffer, their grads views of a flat grad buffer that autograd accumulates
-into, and each rank owns its shard of the FP32 master and Adam states. Stage 3 is
-zerort/stage3.py over the same ShardOptimizer. Stage 0, fp32 compute and fp32_modules are
-not built yet and are rejected with an error naming the key.
+Stages 0, 1 and 2 go through the C++ Engine (runtime/engine.h): parameters become views of
+one flat buffer per dtype, their grads views of a flat grad buffer that autograd
+accumulates into, and each rank owns its shard of the FP32 master and Adam states (stage 0:
+all of it). Stage 3 is zerort/stage3.py over the same ShardOptimizer. Compute runs in bf16,
+fp16 or fp32; modules whose class is in fp32_modules (default: LayerNorm, RMSNorm,
+BatchNorm) keep FP32 parameters and compute, with their inputs cast to FP32 and their
+outputs back to the compute dtype. All of this runs on CPU tensors.
 """
 import contextlib
 import time
@@ -23,7 +24,7 @@ from . import comm as comm_mod
 from .config import ConfigError, parse
 from .stage3 import Stage3
 
-_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
 
 def initialize(model, config=None, comm=None):
@@ -37,49 +38,53 @@ def initialize(model, config=None, comm=None):
 class Engine:
     def __init__(self, model, config, comm=None):
         c = config
-        unsupported = []
-        if c.stage not in (1, 2, 3):
-            unsupported.append(f"stage: got {c.stage}; this build supports 1, 2 and 3 (0 is not built yet)")
-        if c.precision not in _DTYPES:
-            unsupported.append(f"precision: got {c.precision!r}; this build supports 'bf16' and 'fp16'")
-        if unsupported:
-            raise ConfigError(unsupported)
+        if c.comm_backend == "nccl":
+            raise ConfigError(["comm.backend: got 'nccl'; this build has no NCCL communicator yet "
+                               "(CPU tensors only): use 'auto', 'mpi' or 'gloo'"])
         self.module = model
         self.config = c
         self.dtype = _DTYPES[c.precision]
         self.comm = comm if comm is not None else comm_mod.init(c.comm_backend, c.comm_timeout_s)
+        fp32_ids = set()
+        if self.dtype != torch.float32:
+            for m in model.modules():
+                if type(m).__name__ in c.fp32_modules:
+                    fp32_ids.update(id(p) for p in m.parameters(recurse=False))
+                    m.register_forward_pre_hook(_cast_inputs(torch.float32))
+                    m.register_forward_hook(_cast_outputs(self.dtype))
         params, frozen = [], []
         seen = set()
-        for _, p in model.named_parameters():  # named_parameters() yields a tied tensor once
+        for name, p in model.named_parameters():  # named_parameters() yields a tied tensor once
             if id(p) in seen:
                 continue
             seen.add(id(p))
-            (params if p.requires_grad else frozen).append(p)
-        for p in params:
             if p.dtype != torch.float32 or p.device.type != "cpu":
-                raise TypeError(f"zerort: parameters must be float32 CPU tensors; got {p.dtype} on {p.device}")
-        # Frozen parameters take part in compute only: rank 0's values, in low precision.
-        # Their FP32 values are kept for full_state_dict(master=True).
+                raise TypeError(f"zerort: parameter {name!r} is {p.dtype} on {p.device}; build the model "
+                                "with float32 CPU parameters (zerort keeps the FP32 master and casts itself)")
+            (params if p.requires_grad else frozen).append(p)
+        # Frozen parameters take part in compute only: rank 0's values, in the working
+        # precision. Their FP32 values are kept for full_state_dict(master=True).
         self._frozen_fp32 = {}
         with torch.no_grad():
             for p in frozen:
                 self.comm.broadcast(p.data, 0)
-                self._frozen_fp32[id(p)] = p.data.clone() if p.dtype == torch.float32 else p.data.float()
-                p.data = p.data.to(self.dtype)
+                self._frozen_fp32[id(p)] = p.data.clone()
+                if id(p) not in fp32_ids:
+                    p.data = p.data.to(self.dtype)
             for b in model.buffers():
                 if b.is_floating_point():
                     self.comm.broadcast(b, 0)
-        self._params = params
+        self._groups = [[p for p in params if id(p) not in fp32_ids], [p for p in params if id(p) in fp32_ids]]
         kwargs = dict(lr=c.lr, beta1=c.betas[0], beta2=c.betas[1], eps=c.eps, weight_decay=c.weight_decay,
                       initial_scale_power=c.initial_scale_power if c.precision == "fp16" else 0,
                       window=c.loss_scale_window, hysteresis=c.hysteresis, min_scale=c.min_loss_scale,
                       consecutive_hysteresis=c.consecutive_hysteresis, clip=c.gradient_clipping,
                       accumulation=c.gradient_accumulation_steps, lr_schedule=c.lr_schedule)
         if c.stage == 3:
-            self._impl = Stage3(model, c, self.comm, self.dtype, params, kwargs)
+            self._impl = Stage3(model, c, self.comm, self.dtype, params, fp32_ids, kwargs)
         else:
-            self._impl = _C.Engine(params, self.comm._c, stage=c.stage, precision=c.precision,
-                                   bucket=c.reduce_bucket_numel, **kwargs)
+            self._impl = _C.Engine(self._groups[0], self._groups[1], self.comm._c, stage=c.stage,
+                                   precision=c.precision, bucket=c.reduce_bucket_numel, **kwargs)
         self.stats = {}
         self._t_last = None
 
@@ -155,12 +160,16 @@ class Engine:
                 for p, view in g.views(flat):
                     values[id(p)] = view.clone()
         elif master:
-            shard = self._impl.master
-            full = torch.empty(shard.numel() * self.world_size)
-            self.comm.all_gather(shard, full)
-            for i, p in enumerate(self._params):
-                off = self._impl.param_offset(i)
-                values[id(p)] = full[off:off + p.numel()].view(p.shape).clone()
+            for g in range(self._impl.num_groups):
+                shard = self._impl.master(g)
+                if self.config.stage == 0:
+                    full = shard  # every rank holds all of it
+                else:
+                    full = torch.empty(shard.numel() * self.world_size)
+                    self.comm.all_gather(shard.contiguous(), full)
+                for i, p in enumerate(self._groups[g]):
+                    off = self._impl.param_offset(g, i)
+                    values[id(p)] = full[off:off + p.numel()].view(p.shape).clone()
         out = {}
         for name, t in self.module.state_dict(keep_vars=True).items():
             if id(t) in values:
@@ -180,3 +189,23 @@ class Engine:
                 yield
         else:
             yield
+
+
+def _cast(x, dtype):
+    if isinstance(x, torch.Tensor) and x.is_floating_point():
+        return x.to(dtype)
+    if isinstance(x, (tuple, list)):
+        return type(x)(_cast(v, dtype) for v in x)
+    return x
+
+
+def _cast_inputs(dtype):
+    def hook(module, args):
+        return _cast(args, dtype)
+    return hook
+
+
+def _cast_outputs(dtype):
+    def hook(module, args, out):
+        return _cast(out, dtype)
+    return hook

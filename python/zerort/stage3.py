@@ -8,7 +8,8 @@ one) and free it after; when a unit's gradients have all accumulated, they are p
 reduce-scattered at once into this rank's FP32 gradient shard. Parameters under
 stage3.persistence_threshold elements, parameters shared by several units (tied weights)
 and parameters on the root module itself stay whole in one persistent group, refreshed by
-an all-gather after every step. Frozen parameters stay whole in low precision.
+an all-gather after every step; parameters of FP32 modules (config fp32_modules) likewise,
+in a persistent FP32 group. Frozen parameters stay whole in the working precision.
 
 All groups' shards are concatenated into one rank-local FP32 master, so one ShardOptimizer
 (runtime/shard_optimizer.h) makes one global skip/clip decision and one fused AdamW pass.
@@ -29,6 +30,7 @@ warnings.filterwarnings("ignore", message="Full backward hook is firing when gra
 
 class _Group:
     def __init__(self, name, params, world, dtype, persistent):
+        """dtype: the group's working dtype (the compute dtype, or float32 for FP32 modules)."""
         self.name, self.params, self.dtype, self.persistent = name, params, dtype, persistent
         self.shapes = [p.shape for p in params]  # params are emptied while not gathered
         self.numels = [p.numel() for p in params]
@@ -51,7 +53,7 @@ class _Group:
 class Stage3:
     """The stage-3 implementation behind zerort.Engine (same interface as _C.Engine)."""
 
-    def __init__(self, model, config, comm, dtype, params, optimizer_kwargs):
+    def __init__(self, model, config, comm, dtype, params, fp32_ids, optimizer_kwargs):
         self.comm, self.dtype, self.config = comm, dtype, config
         self._reduce_s = self._gather_s = 0.0
         W, rank = comm.size, comm.rank
@@ -62,10 +64,12 @@ class Stage3:
                 owner.setdefault(id(p), set()).add(u)
         trainable = {id(p) for p in params}
         groups_params = [[] for _ in units]
-        persistent = []
+        persistent, persistent_fp32 = [], []
         for p in params:
             us = owner.get(id(p), set())
-            if len(us) == 1 and p.numel() >= config.persistence_threshold:
+            if id(p) in fp32_ids:
+                persistent_fp32.append(p)  # FP32 modules (norms): small, kept whole in FP32
+            elif len(us) == 1 and p.numel() >= config.persistence_threshold:
                 groups_params[next(iter(us))].append(p)
             else:
                 persistent.append(p)  # root-level, shared by several units, or small
@@ -76,9 +80,10 @@ class Stage3:
                 self.unit_of[module] = self.groups[len(self.unit_of)]
         if persistent:
             self.groups.append(_Group("persistent", persistent, W, dtype, True))
-        # Rank-local shard buffers, one slice per group, in group order.
+        if persistent_fp32:
+            self.groups.append(_Group("persistent_fp32", persistent_fp32, W, torch.float32, True))
+        # Rank-local shards, one slice per group in group order: FP32 master; working copy.
         total = sum(g.shard for g in self.groups)
-        self.lp_shard = torch.empty(total, dtype=dtype)
         master = torch.empty(total)
         off = 0
         for g in self.groups:
@@ -87,15 +92,14 @@ class Stage3:
                 view.copy_(p.detach())
             comm.broadcast(flat, 0)  # every rank starts from rank 0's values
             master[off:off + g.shard] = flat[rank * g.shard:(rank + 1) * g.shard]
-            g.lp_slice = self.lp_shard[off:off + g.shard]
+            g.lp_slice = master[off:off + g.shard].to(g.dtype)  # RNE, as the optimizer rounds
             g.grad_off = off
             off += g.shard
-        self.lp_shard.copy_(master)  # RNE cast, the same rounding the optimizer applies
         self.opt = _C.ShardOptimizer(master, comm._c, precision=config.precision, **optimizer_kwargs)
         self.grad_shard = self.opt.grad_shard
         for g in self.groups:
             for p in g.params:
-                p.data = torch.empty(0, dtype=dtype)
+                p.data = torch.empty(0, dtype=g.dtype)
                 p.register_post_accumulate_grad_hook(self._make_grad_hook(g))
             if g.persistent:
                 self._gather(g)
@@ -110,7 +114,7 @@ class Stage3:
     # ---- gather / free --------------------------------------------------------------
     def _start_gather(self, g):
         if g.full is None and g.pending is None:
-            g.full_buf = torch.empty(g.layout.padded_numel, dtype=self.dtype)
+            g.full_buf = torch.empty(g.layout.padded_numel, dtype=g.dtype)
             g.pending = self.comm.all_gather_async(g.lp_slice, g.full_buf)
 
     def _gather(self, g):
@@ -128,7 +132,7 @@ class Stage3:
         if g.persistent or g.full is None:
             return
         for p in g.params:
-            p.data = torch.empty(0, dtype=self.dtype)
+            p.data = torch.empty(0, dtype=g.dtype)
         g.full = None
 
     def _neighbour(self, g, delta):
@@ -169,7 +173,7 @@ class Stage3:
         """Packs the group's low-precision grads (layout order, zero padding) and
         reduce-scatters them into this rank's FP32 gradient slice; frees the grads."""
         t0 = time.perf_counter()
-        packed = torch.zeros(g.layout.padded_numel, dtype=self.dtype)
+        packed = torch.zeros(g.layout.padded_numel, dtype=g.dtype)
         for p, view in g.views(packed):
             if p.grad is not None:
                 view.copy_(p.grad)
@@ -200,7 +204,7 @@ class Stage3:
         if not boundary:
             return stats
         self.global_step += 1
-        s = self.opt.step(self.lp_shard)
+        s = self.opt.step([(g.grad_off, g.lp_slice) for g in self.groups])
         stats.update({k: v for k, v in s.items() if k not in ("reduce_ms", "gather_ms")})
         if s["skipped"]:
             self.skipped_steps += 1
@@ -234,7 +238,7 @@ class Stage3:
             out = torch.empty(group.layout.padded_numel)
             self.comm.all_gather(self.opt.master[group.grad_off:group.grad_off + group.shard], out)
             return out
-        out = torch.empty(group.layout.padded_numel, dtype=self.dtype)
+        out = torch.empty(group.layout.padded_numel, dtype=group.dtype)
         self.comm.all_gather(group.lp_slice.clone(), out)
         return out
 

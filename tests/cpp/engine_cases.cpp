@@ -11,6 +11,7 @@
 #include <ATen/CPUGeneratorImpl.h>
 
 #include <cmath>
+#include <cstring>
 
 namespace zerort::testing {
 
@@ -77,7 +78,11 @@ EngineRun run_engine(Communicator& comm, const RunConfig& config) {
   }
   const size_t shard = engine.layout().shard_numel(), world = static_cast<size_t>(comm.size());
   std::vector<float> all(shard * world);
-  comm.all_gather(engine.master().data_ptr<float>(), all.data(), shard, DType::kFloat32)->wait();
+  if (config.options.stage == 0) {  // every rank holds the whole master
+    std::memcpy(all.data(), engine.master().data_ptr<float>(), all.size() * sizeof(float));
+  } else {
+    comm.all_gather(engine.master().data_ptr<float>(), all.data(), shard, DType::kFloat32)->wait();
+  }
   all.resize(engine.layout().numel());
   run.master = all;
   const auto* bits = static_cast<const uint16_t*>(engine.flat_params().data_ptr());

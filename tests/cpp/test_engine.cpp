@@ -66,7 +66,8 @@ TEST_P(EngineParity, MatchesSingleProcessReference) {
 
 INSTANTIATE_TEST_SUITE_P(
     StagesPrecisions, EngineParity,
-    ::testing::Values(std::make_tuple(2, 1, DType::kBFloat16, 1), std::make_tuple(2, 2, DType::kBFloat16, 1),
+    ::testing::Values(std::make_tuple(2, 0, DType::kBFloat16, 1), std::make_tuple(4, 0, DType::kFloat16, 1),
+                      std::make_tuple(2, 1, DType::kBFloat16, 1), std::make_tuple(2, 2, DType::kBFloat16, 1),
                       std::make_tuple(4, 1, DType::kBFloat16, 1), std::make_tuple(4, 2, DType::kBFloat16, 1),
                       std::make_tuple(2, 1, DType::kFloat16, 1), std::make_tuple(2, 2, DType::kFloat16, 1),
                       std::make_tuple(4, 1, DType::kFloat16, 1), std::make_tuple(4, 2, DType::kFloat16, 1),
@@ -78,10 +79,16 @@ INSTANTIATE_TEST_SUITE_P(
 
 TEST(EngineDeterminism, Stage1EqualsStage2AndRunsRepeatBitwise) {
   for (DType precision : {DType::kBFloat16, DType::kFloat16}) {
-    RunConfig one, two;
+    RunConfig zero, one, two;
+    zero.options = default_options(0, precision);
+    zero.options.gradient_clipping = 0;  // stage 0 sums the norm in another order
     one.options = default_options(1, precision);
     two.options = default_options(2, precision);
     auto a = run_all(4, one), b = run_all(4, two), c = run_all(4, two);
+    RunConfig one_noclip = one;
+    one_noclip.options.gradient_clipping = 0;
+    auto z = run_all(4, zero), o = run_all(4, one_noclip);
+    EXPECT_EQ(0, std::memcmp(z[0].master.data(), o[0].master.data(), z[0].master.size() * 4)) << dtype_name(precision);
     EXPECT_EQ(0, std::memcmp(a[0].master.data(), b[0].master.data(), a[0].master.size() * 4)) << dtype_name(precision);
     EXPECT_EQ(0, std::memcmp(b[0].master.data(), c[0].master.data(), b[0].master.size() * 4)) << dtype_name(precision);
     EXPECT_EQ(a[0].params, b[0].params);
