@@ -54,9 +54,9 @@ int main(int argc, char** argv) {
     o.reduce_bucket_numel = 2048;
     Engine engine(student.params, *comm, o);
     if (comm->rank() == 0) {
-      std::printf("train_mlp: %zu parameters, ZeRO stage %d, bf16, W=%d [%s], shard %zu elements per rank\n",
-                  engine.layout().numel(), o.stage, comm->size(), comm->backend_name(),
-                  engine.layout().shard_numel());
+      std::printf("train_mlp: %zu parameters, ZeRO stage %d, bf16, W=%d [%s], %lld FP32 master elements per rank\n",
+                  engine.numel(), o.stage, comm->size(), comm->backend_name(),
+                  static_cast<long long>(engine.master().numel()));
     }
     double first_loss = 0, last_loss = 0;
     for (int step = 0; step < steps; ++step) {

@@ -139,9 +139,12 @@ void bind_engine(py::module_& m) {
       .def_property_readonly("skipped_steps", &Engine::skipped_steps)
       .def_property_readonly("adam_steps", &Engine::adam_steps)
       .def_property_readonly("num_groups", &Engine::num_groups)
-      .def("shard_numel", [](const Engine& e, size_t g) { return e.layout(g).shard_numel(); })
-      .def("padded_numel", [](const Engine& e, size_t g) { return e.layout(g).padded_numel(); })
-      .def("param_offset", [](const Engine& e, size_t g, size_t i) { return e.layout(g).param_offset(i); })
+      .def("grad_ready", &Engine::grad_ready)  // from post-accumulate-grad hooks
+      .def("param_offset", &Engine::param_offset)
+      .def("gather_master", [](const Engine& e, size_t g) {
+        py::gil_scoped_release release;  // a collective
+        return e.gather_master(g);
+      })
       .def("master", &Engine::master)
       .def("exp_avg", &Engine::exp_avg)
       .def("exp_avg_sq", &Engine::exp_avg_sq)

@@ -14,13 +14,27 @@
 
 namespace zerort {
 
+// A run of consecutive parameters (in reduce order) with its own W-way shard layout.
+struct Engine::Bucket {
+  size_t group = 0;
+  std::vector<size_t> params;  // indices into the group's params
+  ShardLayout layout{{}, 1, 1};
+  size_t flat_offset = 0;      // in the group's flat buffers
+  size_t opt_offset = 0;       // in the optimizer's master
+  size_t opt_numel = 0;        // shard_numel (stages 1, 2) or padded_numel (stage 0)
+  size_t waiting = 0;          // parameters whose gradient is not complete yet
+  bool queued = false;
+};
+
 struct Engine::Group {
   DType dtype;
   std::vector<at::Tensor> params;
-  ShardLayout layout;
-  at::Tensor flat_params, flat_grads, staging[2];
-  size_t opt_offset = 0;  // where this group starts in the optimizer's master
-  size_t opt_numel = 0;   // shard_numel (stages 1, 2) or padded_numel (stage 0)
+  std::vector<size_t> param_offset;  // in the flat buffers
+  std::vector<size_t> param_bucket;  // index into buckets
+  std::vector<Bucket> buckets;
+  size_t numel = 0;
+  at::Tensor flat_params, flat_grads;
+  size_t opt_offset = 0, opt_numel = 0;
 };
 
 namespace {
@@ -29,8 +43,7 @@ at::ScalarType scalar_type(DType d) {
   return d == DType::kBFloat16 ? at::kBFloat16 : d == DType::kFloat16 ? at::kHalf : at::kFloat;
 }
 
-std::vector<size_t> checked_numels(const std::vector<at::Tensor>& params, const char* what) {
-  std::vector<size_t> numels;
+void check_params(const std::vector<at::Tensor>& params, const char* what) {
   for (size_t i = 0; i < params.size(); ++i) {
     const at::Tensor& p = params[i];
     ZRT_CHECK(p.defined(), "Engine: ", what, " ", i, " is undefined");
@@ -41,9 +54,7 @@ std::vector<size_t> checked_numels(const std::vector<at::Tensor>& params, const 
               "master and casts the working copy itself)");
     ZRT_CHECK(p.requires_grad() && p.is_leaf(), "Engine: ", what, " ", i,
               " must be a leaf tensor that requires grad");
-    numels.push_back(static_cast<size_t>(p.numel()));
   }
-  return numels;
 }
 
 const EngineOptions& validated(const EngineOptions& o) {
@@ -68,14 +79,44 @@ Engine::Engine(std::vector<at::Tensor> params, Communicator& comm, EngineOptions
   std::vector<at::Tensor> master_parts;
   size_t opt_total = 0;
   auto add_group = [&](std::vector<at::Tensor> ps, DType dtype, const char* what) {
-    ShardLayout layout(checked_numels(ps, what), comm_.size(), options_.alignment);
-    auto g = std::make_unique<Group>(Group{dtype, std::move(ps), std::move(layout)});
-    const int64_t padded = static_cast<int64_t>(g->layout.padded_numel());
-    const int64_t shard = static_cast<int64_t>(g->layout.shard_numel());
+    check_params(ps, what);
+    auto g = std::make_unique<Group>();
+    g->dtype = dtype;
+    g->params = std::move(ps);
+    const size_t n = g->params.size();
+    g->param_offset.resize(n);
+    g->param_bucket.resize(n);
+    // Buckets in reverse parameter order: the order backward completes gradients.
+    size_t flat = 0;
+    for (size_t end = n; end > 0;) {
+      Bucket b;
+      b.group = groups_.size();
+      size_t elems = 0;
+      std::vector<size_t> numels;
+      while (end > 0 && (b.params.empty() || elems < options_.reduce_bucket_numel)) {
+        --end;
+        b.params.push_back(end);
+        numels.push_back(static_cast<size_t>(g->params[end].numel()));
+        elems += numels.back();
+      }
+      b.layout = ShardLayout(numels, comm_.size(), options_.alignment);
+      b.flat_offset = flat;
+      b.opt_offset = opt_total;
+      b.opt_numel = replicated ? b.layout.padded_numel() : b.layout.shard_numel();
+      for (size_t j = 0; j < b.params.size(); ++j) {
+        g->param_offset[b.params[j]] = flat + b.layout.param_offset(j);
+        g->param_bucket[b.params[j]] = g->buckets.size();
+      }
+      flat += b.layout.padded_numel();
+      opt_total += b.opt_numel;
+      g->numel += elems;
+      g->buckets.push_back(std::move(b));
+    }
     // Every rank starts from rank 0's FP32 values.
+    const int64_t padded = static_cast<int64_t>(flat);
     at::Tensor flat32 = at::zeros({padded}, f32);
-    for (size_t i = 0; i < g->params.size(); ++i) {
-      flat32.narrow(0, static_cast<int64_t>(g->layout.param_offset(i)), g->params[i].numel())
+    for (size_t i = 0; i < n; ++i) {
+      flat32.narrow(0, static_cast<int64_t>(g->param_offset[i]), g->params[i].numel())
           .copy_(g->params[i].detach().reshape({-1}));
     }
     constexpr int64_t kPiece = int64_t{1} << 30;  // MPI counts are int: broadcast in pieces
@@ -87,20 +128,19 @@ Engine::Engine(std::vector<at::Tensor> params, Communicator& comm, EngineOptions
     g->flat_params = at::empty({padded}, opts);
     cast_from_f32(flat32.data_ptr<float>(), g->flat_params.data_ptr(), dtype, static_cast<size_t>(padded));
     g->flat_grads = at::zeros({padded}, opts);
-    g->opt_offset = opt_total;
-    g->opt_numel = static_cast<size_t>(replicated ? padded : shard);
-    opt_total += g->opt_numel;
-    master_parts.push_back(replicated ? flat32 : flat32.narrow(0, rank * shard, shard));
-    const size_t world = static_cast<size_t>(comm_.size());
-    const size_t slice = std::min(g->layout.shard_numel(),
-                                  std::max<size_t>(1, (options_.reduce_bucket_numel + world - 1) / world));
-    for (auto& s : g->staging) s = at::empty({static_cast<int64_t>(slice * world)}, opts);
+    g->opt_offset = g->buckets.empty() ? opt_total : g->buckets.front().opt_offset;
+    g->opt_numel = opt_total - g->opt_offset;
+    for (const Bucket& b : g->buckets) {  // this rank's FP32 part of each bucket
+      const int64_t shard = static_cast<int64_t>(b.layout.shard_numel());
+      master_parts.push_back(replicated ? flat32.narrow(0, static_cast<int64_t>(b.flat_offset), shard * comm_.size())
+                                        : flat32.narrow(0, static_cast<int64_t>(b.flat_offset) + rank * shard, shard));
+    }
     // Parameters and their grads become views of the flat buffers. Autograd then
     // accumulates each micro-step's gradient in place into flat_grads.
     c10::AutoGradMode no_grad(false);
-    for (size_t i = 0; i < g->params.size(); ++i) {
+    for (size_t i = 0; i < n; ++i) {
       at::Tensor& p = g->params[i];
-      const int64_t off = static_cast<int64_t>(g->layout.param_offset(i));
+      const int64_t off = static_cast<int64_t>(g->param_offset[i]);
       p.set_data(g->flat_params.narrow(0, off, p.numel()).view(p.sizes()));
       p.mutable_grad() = g->flat_grads.narrow(0, off, p.numel()).view(p.sizes());
     }
@@ -108,11 +148,18 @@ Engine::Engine(std::vector<at::Tensor> params, Communicator& comm, EngineOptions
   };
   add_group(std::move(params), options_.precision, "parameter");
   if (!fp32_params.empty()) add_group(std::move(fp32_params), DType::kFloat32, "fp32 parameter");
+  for (auto& g : groups_) {
+    for (Bucket& b : g->buckets) {
+      b.waiting = b.params.size();
+      buckets_.push_back(&b);
+    }
+  }
 
   at::Tensor master = at::empty({static_cast<int64_t>(opt_total)}, f32);
-  for (size_t i = 0; i < groups_.size(); ++i) {
-    master.narrow(0, static_cast<int64_t>(groups_[i]->opt_offset), static_cast<int64_t>(groups_[i]->opt_numel))
-        .copy_(master_parts[i]);
+  size_t off = 0;
+  for (auto& part : master_parts) {
+    master.narrow(0, static_cast<int64_t>(off), part.numel()).copy_(part);
+    off += static_cast<size_t>(part.numel());
   }
   OptimizerOptions oo;
   oo.precision = options_.precision;
@@ -123,85 +170,149 @@ Engine::Engine(std::vector<at::Tensor> params, Communicator& comm, EngineOptions
   oo.gradient_accumulation_steps = options_.gradient_accumulation_steps;
   oo.replicated = replicated;
   optimizer_ = std::make_unique<ShardOptimizer>(master, comm_, oo);
-}
-
-Engine::~Engine() = default;
-
-const ShardLayout& Engine::layout(size_t group) const {
-  ZRT_CHECK(group < groups_.size(), "Engine: group ", group, " does not exist (", groups_.size(), " groups)");
-  return groups_[group]->layout;
-}
-const at::Tensor& Engine::flat_params(size_t group) const {
-  layout(group);
-  return groups_[group]->flat_params;
-}
-const at::Tensor& Engine::flat_grads(size_t group) const {
-  layout(group);
-  return groups_[group]->flat_grads;
-}
-at::Tensor Engine::optimizer_slice(const at::Tensor& t, size_t group) const {
-  layout(group);
-  return t.narrow(0, static_cast<int64_t>(groups_[group]->opt_offset), static_cast<int64_t>(groups_[group]->opt_numel));
-}
-at::Tensor Engine::master(size_t group) const { return optimizer_slice(optimizer_->master(), group); }
-at::Tensor Engine::exp_avg(size_t group) const { return optimizer_slice(optimizer_->exp_avg(), group); }
-at::Tensor Engine::exp_avg_sq(size_t group) const { return optimizer_slice(optimizer_->exp_avg_sq(), group); }
-
-void Engine::reduce_gradients(Group& g) {
-  const size_t shard = g.layout.shard_numel(), world = static_cast<size_t>(comm_.size());
-  const size_t slice = static_cast<size_t>(g.staging[0].numel()) / world;
-  const size_t esize = dtype_size(g.dtype);
-  const char* grads = static_cast<const char*>(g.flat_grads.data_ptr());
-  at::Tensor& grad = optimizer_->grad_shard();
-  const bool replicated = options_.stage == 0;
-  // Stage 1/2: straight into this rank's FP32 gradient shard. Stage 0: into a scratch
-  // shard, then all-gathered so every rank holds the whole summed gradient.
-  if (replicated && stage0_scratch_.numel() < static_cast<int64_t>(shard)) {
-    stage0_scratch_ = at::empty({static_cast<int64_t>(shard)}, at::TensorOptions().dtype(at::kFloat));
+  if (replicated) {  // stage 0 reduces each bucket into this scratch shard first
+    size_t largest = 0;
+    for (Bucket* b : buckets_) largest = std::max(largest, b->layout.shard_numel());
+    stage0_scratch_ = at::empty({static_cast<int64_t>(largest)}, f32);
   }
-  float* out = replicated ? stage0_scratch_.data_ptr<float>() : grad.data_ptr<float>() + g.opt_offset;
-  // Bucket k covers shard offsets [k*slice, ...) on every rank: pack those W pieces into
-  // one buffer and reduce-scatter it; two staging buffers let packing overlap the reduce.
-  WorkPtr pending[2];
-  try {
-    size_t k = 0;
-    for (size_t off = 0; off < shard; off += slice, ++k) {
-      const size_t len = std::min(slice, shard - off);
-      WorkPtr& slot = pending[k % 2];
-      if (slot) slot->wait();
-      char* stage = static_cast<char*>(g.staging[k % 2].data_ptr());
-      for (size_t r = 0; r < world; ++r) {
-        std::memcpy(stage + r * len * esize, grads + (r * shard + off) * esize, len * esize);
-      }
-      slot = comm_.reduce_scatter_accumulate(stage, g.dtype, out + off, len, !replicated);
-    }
-    for (auto& w : pending) {
-      if (w) w->wait();
-    }
-    if (replicated) {
-      comm_.all_gather(out, grad.data_ptr<float>() + g.opt_offset, shard, DType::kFloat32)->wait();
-    }
-  } catch (...) {
-    // A failed reduce leaves a half-accumulated gradient: drop this window's gradients so a
-    // caller that catches and continues does not train on them. The staging buffers stay
-    // owned by the engine, so a transfer still in flight writes into live memory.
-    g.flat_grads.zero_();
-    grad.zero_();
-    throw;
+  comm_thread_ = std::thread([this] { comm_loop(); });
+}
+
+Engine::~Engine() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
   }
-  g.flat_grads.zero_();
+  cv_.notify_all();
+  comm_thread_.join();
+}
+
+const Engine::Group& Engine::group(size_t g) const {
+  ZRT_CHECK(g < groups_.size(), "Engine: group ", g, " does not exist (", groups_.size(), " groups)");
+  return *groups_[g];
+}
+size_t Engine::numel(size_t g) const { return group(g).numel; }
+size_t Engine::param_offset(size_t g, size_t i) const {
+  ZRT_CHECK(i < group(g).params.size(), "Engine: parameter ", i, " of group ", g, " does not exist");
+  return group(g).param_offset[i];
+}
+const at::Tensor& Engine::flat_params(size_t g) const { return group(g).flat_params; }
+const at::Tensor& Engine::flat_grads(size_t g) const { return group(g).flat_grads; }
+at::Tensor Engine::optimizer_slice(const at::Tensor& t, size_t g) const {
+  return t.narrow(0, static_cast<int64_t>(group(g).opt_offset), static_cast<int64_t>(group(g).opt_numel));
+}
+at::Tensor Engine::master(size_t g) const { return optimizer_slice(optimizer_->master(), g); }
+at::Tensor Engine::exp_avg(size_t g) const { return optimizer_slice(optimizer_->exp_avg(), g); }
+at::Tensor Engine::exp_avg_sq(size_t g) const { return optimizer_slice(optimizer_->exp_avg_sq(), g); }
+
+at::Tensor Engine::gather_master(size_t g) const {
+  const Group& grp = group(g);
+  at::Tensor out = at::empty({grp.flat_params.numel()}, at::TensorOptions().dtype(at::kFloat));
+  const float* master = optimizer_->master().data_ptr<float>();
+  for (const Bucket& b : grp.buckets) {
+    float* dst = out.data_ptr<float>() + b.flat_offset;
+    if (options_.stage == 0) {
+      std::memcpy(dst, master + b.opt_offset, b.opt_numel * sizeof(float));
+    } else {
+      comm_.all_gather(master + b.opt_offset, dst, b.opt_numel, DType::kFloat32)->wait();
+    }
+  }
+  return out;
+}
+
+bool Engine::reducing_now() const {
+  return options_.stage == 2 || (micro_steps_ + 1) % options_.gradient_accumulation_steps == 0;
+}
+
+void Engine::grad_ready(size_t g, size_t i) {
+  ZRT_CHECK(g < groups_.size() && i < groups_[g]->params.size(), "Engine.grad_ready: no parameter ", i,
+            " in group ", g);
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!reducing_now()) return;  // stage 0/1 between boundaries: autograd keeps accumulating
+  Bucket& b = groups_[g]->buckets[groups_[g]->param_bucket[i]];
+  if (b.waiting > 0) --b.waiting;
+  enqueue_ready_locked();
+}
+
+void Engine::enqueue_ready_locked() {
+  // Strictly in bucket order, so every rank issues the same collectives in the same order.
+  while (next_to_queue_ < buckets_.size() && buckets_[next_to_queue_]->waiting == 0) {
+    buckets_[next_to_queue_]->queued = true;
+    queue_.push_back(next_to_queue_++);
+  }
+  cv_.notify_all();
+}
+
+void Engine::comm_loop() {
+  std::unique_lock<std::mutex> lock(mu_);
+  for (;;) {
+    cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
+    if (stop_) return;
+    size_t index = queue_.front();
+    queue_.pop_front();
+    lock.unlock();
+    try {
+      if (!comm_error_) reduce_bucket(*buckets_[index]);
+    } catch (...) {
+      lock.lock();
+      if (!comm_error_) comm_error_ = std::current_exception();
+      lock.unlock();
+    }
+    lock.lock();
+    ++reduced_;
+    cv_.notify_all();
+  }
+}
+
+void Engine::reduce_bucket(Bucket& b) {
+  Group& g = *groups_[b.group];
+  const size_t shard = b.layout.shard_numel();
+  if (shard == 0) return;
+  const void* in = static_cast<const char*>(g.flat_grads.data_ptr()) + b.flat_offset * dtype_size(g.dtype);
+  float* grad = optimizer_->grad_shard().data_ptr<float>() + b.opt_offset;
+  if (options_.stage != 0) {  // straight into this rank's FP32 gradient shard
+    comm_.reduce_scatter_accumulate(in, g.dtype, grad, shard, true)->wait();
+    return;
+  }
+  // Stage 0: reduce-scatter into a scratch shard, then all-gather so every rank holds the
+  // whole summed gradient (accumulation happens in autograd's buffer until the boundary).
+  float* scratch = stage0_scratch_.data_ptr<float>();
+  comm_.reduce_scatter_accumulate(in, g.dtype, scratch, shard, false)->wait();
+  comm_.all_gather(scratch, grad, shard, DType::kFloat32)->wait();
+}
+
+void Engine::drain() {
+  std::unique_lock<std::mutex> lock(mu_);
+  for (Bucket* b : buckets_) b->waiting = 0;  // parameters that got no gradient this micro-step
+  enqueue_ready_locked();
+  cv_.wait(lock, [&] { return reduced_ == buckets_.size(); });
+  std::exception_ptr error = comm_error_;
+  comm_error_ = nullptr;
+  reduced_ = 0;
+  next_to_queue_ = 0;
+  for (Bucket* b : buckets_) {
+    b->waiting = b->params.size();
+    b->queued = false;
+  }
+  lock.unlock();
+  for (auto& g : groups_) g->flat_grads.zero_();
+  if (error) {
+    // A failed reduce leaves a half-accumulated gradient: drop this window's gradients so
+    // a caller that catches and continues does not train on them.
+    optimizer_->grad_shard().zero_();
+    std::rethrow_exception(error);
+  }
 }
 
 StepStats Engine::step() {
   StepStats stats;
   stats.loss_scale = optimizer_->loss_scale();
+  auto t0 = std::chrono::steady_clock::now();
+  const bool reduce = reducing_now();
+  if (reduce) drain();  // buckets the hooks did not already send
+  stats.reduce_ms = ms_since(t0);
   ++micro_steps_;
   stats.boundary = micro_steps_ % options_.gradient_accumulation_steps == 0;
-  auto t0 = std::chrono::steady_clock::now();
-  if (options_.stage == 2 || stats.boundary) {
-    for (auto& g : groups_) reduce_gradients(*g);
-  }
-  stats.reduce_ms = ms_since(t0);
   if (stats.boundary) update(stats);
   return stats;
 }
@@ -211,10 +322,11 @@ void Engine::update(StepStats& stats) {
   const bool replicated = options_.stage == 0;
   std::vector<OutputSegment> outputs;
   for (auto& g : groups_) {
-    const size_t shard = g->layout.shard_numel();
-    char* base = static_cast<char*>(g->flat_params.data_ptr());
-    char* out = replicated ? base : base + static_cast<size_t>(comm_.rank()) * shard * dtype_size(g->dtype);
-    outputs.push_back({g->opt_offset, g->opt_numel, out, g->dtype});
+    for (const Bucket& b : g->buckets) {
+      char* base = static_cast<char*>(g->flat_params.data_ptr()) + b.flat_offset * dtype_size(g->dtype);
+      char* out = replicated ? base : base + static_cast<size_t>(comm_.rank()) * b.layout.shard_numel() * dtype_size(g->dtype);
+      outputs.push_back({b.opt_offset, b.opt_numel, out, g->dtype});
+    }
   }
   if (!optimizer_->step(outputs, stats)) {
     ++skipped_steps_;
@@ -222,9 +334,12 @@ void Engine::update(StepStats& stats) {
   }
   if (replicated) return;  // every rank updated all of its weights itself
   auto t1 = std::chrono::steady_clock::now();
-  for (size_t i = 0; i < groups_.size(); ++i) {
-    Group& g = *groups_[i];
-    comm_.all_gather(outputs[i].out, g.flat_params.data_ptr(), g.layout.shard_numel(), g.dtype)->wait();
+  size_t k = 0;
+  for (auto& g : groups_) {
+    for (const Bucket& b : g->buckets) {
+      char* base = static_cast<char*>(g->flat_params.data_ptr()) + b.flat_offset * dtype_size(g->dtype);
+      comm_.all_gather(outputs[k++].out, base, b.layout.shard_numel(), g->dtype)->wait();
+    }
   }
   stats.gather_ms = ms_since(t1);
 }

@@ -11,13 +11,24 @@
 // once per accumulation boundary; stage 2 also reduces every micro-step into the FP32
 // gradient shard. Optional fp32_params (FP32 modules such as LayerNorm) form a second flat
 // group kept and computed in FP32; both groups share one optimizer and one decision.
+//
+// Parameters are laid out in buckets of about reduce_bucket_numel elements, in reverse
+// order (the order backward produces gradients); each bucket is split into W shards of its
+// own. Call grad_ready(group, i) when parameter i's gradient is complete (a
+// post-accumulate-grad hook does this from Python): a full bucket is then reduce-scattered
+// on the engine's comm thread while backward goes on. step() reduces whatever is left.
 #pragma once
 
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
 #include <functional>
+#include <condition_variable>
+#include <deque>
+#include <exception>
 #include <memory>
+#include <mutex>
+#include <thread>
 #include <vector>
 
 #include "comm/communicator.h"
@@ -47,6 +58,8 @@ class Engine {
   Engine(std::vector<at::Tensor> params, Communicator& comm, EngineOptions options,
          std::vector<at::Tensor> fp32_params = {});
   ~Engine();
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
 
   double loss_scale() const { return optimizer_->loss_scale(); }
   StepStats step();
@@ -58,28 +71,52 @@ class Engine {
   const LossScaler& scaler() const { return optimizer_->scaler(); }
   const EngineOptions& options() const { return options_; }
 
+  // Backward hook entry: parameter i of group g (0: params, 1: fp32_params) has its full
+  // gradient for this micro-step. Thread-safe; returns quickly.
+  void grad_ready(size_t group, size_t param);
+
   // Group 0 holds `params` (compute precision), group 1 `fp32_params` when there are any.
   struct Group;
+  struct Bucket;
   size_t num_groups() const { return groups_.size(); }
-  const ShardLayout& layout(size_t group = 0) const;
-  const at::Tensor& flat_params(size_t group = 0) const;  // padded_numel, the group's dtype
+  size_t numel(size_t group = 0) const;                   // parameter elements (no padding)
+  size_t param_offset(size_t group, size_t param) const;  // in the group's flat buffers
+  const at::Tensor& flat_params(size_t group = 0) const;  // padded, the group's dtype
   const at::Tensor& flat_grads(size_t group = 0) const;
-  // This rank's FP32 state for the group: its shard (stages 1, 2) or all of it (stage 0).
+  // This rank's FP32 state for the group: its shards (stages 1, 2) or all of it (stage 0).
   at::Tensor master(size_t group = 0) const;
   at::Tensor exp_avg(size_t group = 0) const;
   at::Tensor exp_avg_sq(size_t group = 0) const;
+  // The group's whole FP32 master in flat_params order, on every rank (a collective).
+  at::Tensor gather_master(size_t group = 0) const;
 
  private:
-  void reduce_gradients(Group& g);  // flat grads -> the FP32 gradient (accumulating); zeroes them
+  const Group& group(size_t g) const;
+  void reduce_bucket(Bucket& b);  // its grads -> the FP32 gradient (accumulating)
+  void drain();                   // queue every bucket not reduced yet; wait for all
+  void enqueue_ready_locked();
+  void comm_loop();
+  bool reducing_now() const;      // does this micro-step reduce (stage 2, or a boundary)?
   void update(StepStats& stats);
   at::Tensor optimizer_slice(const at::Tensor& t, size_t group) const;
 
   Communicator& comm_;
   EngineOptions options_;
   std::vector<std::unique_ptr<Group>> groups_;
+  std::vector<Bucket*> buckets_;               // every group's buckets, in reduce order
   std::unique_ptr<ShardOptimizer> optimizer_;  // this rank's FP32 master, m, v, gradient
-  at::Tensor stage0_scratch_;                  // stage 0: one group's reduced shard, FP32
+  at::Tensor stage0_scratch_;                  // stage 0: one bucket's reduced shard, FP32
   int64_t micro_steps_ = 0, global_step_ = 0, skipped_steps_ = 0;
+
+  // The comm thread and its queue of buckets (indices into buckets_).
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<size_t> queue_;
+  size_t next_to_queue_ = 0;  // buckets are queued strictly in order, on every rank alike
+  size_t reduced_ = 0;        // buckets the comm thread finished this micro-step
+  bool stop_ = false;
+  std::exception_ptr comm_error_;
+  std::thread comm_thread_;
 };
 
 }  // namespace zerort

@@ -85,6 +85,11 @@ class Engine:
         else:
             self._impl = _C.Engine(self._groups[0], self._groups[1], self.comm._c, stage=c.stage,
                                    precision=c.precision, bucket=c.reduce_bucket_numel, **kwargs)
+            # Each gradient, once complete, lets its bucket go to the comm thread while
+            # backward continues.
+            for g, group in enumerate(self._groups):
+                for i, p in enumerate(group):
+                    p.register_post_accumulate_grad_hook(lambda _p, g=g, i=i: self._impl.grad_ready(g, i))
         self.stats = {}
         self._t_last = None
 
@@ -161,12 +166,7 @@ class Engine:
                     values[id(p)] = view.clone()
         elif master:
             for g in range(self._impl.num_groups):
-                shard = self._impl.master(g)
-                if self.config.stage == 0:
-                    full = shard  # every rank holds all of it
-                else:
-                    full = torch.empty(shard.numel() * self.world_size)
-                    self.comm.all_gather(shard.contiguous(), full)
+                full = self._impl.gather_master(g)
                 for i, p in enumerate(self._groups[g]):
                     off = self._impl.param_offset(g, i)
                     values[id(p)] = full[off:off + p.numel()].view(p.shape).clone()

@@ -76,17 +76,14 @@ EngineRun run_engine(Communicator& comm, const RunConfig& config) {
     }
     run.scales.push_back(engine.loss_scale());
   }
-  const size_t shard = engine.layout().shard_numel(), world = static_cast<size_t>(comm.size());
-  std::vector<float> all(shard * world);
-  if (config.options.stage == 0) {  // every rank holds the whole master
-    std::memcpy(all.data(), engine.master().data_ptr<float>(), all.size() * sizeof(float));
-  } else {
-    comm.all_gather(engine.master().data_ptr<float>(), all.data(), shard, DType::kFloat32)->wait();
-  }
-  all.resize(engine.layout().numel());
-  run.master = all;
+  // Back to parameter order (the engine lays parameters out in reversed buckets).
+  at::Tensor full = engine.gather_master();
   const auto* bits = static_cast<const uint16_t*>(engine.flat_params().data_ptr());
-  run.params.assign(bits, bits + engine.layout().numel());
+  for (size_t i = 0; i < params.size(); ++i) {
+    const size_t off = engine.param_offset(0, i), n = static_cast<size_t>(params[i].numel());
+    run.master.insert(run.master.end(), full.data_ptr<float>() + off, full.data_ptr<float>() + off + n);
+    run.params.insert(run.params.end(), bits + off, bits + off + n);
+  }
   run.adam_steps = engine.adam_steps();
   return run;
 }
