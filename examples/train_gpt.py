@@ -41,10 +41,10 @@ def main():
     }
     torch.manual_seed(0)
     model = GPT(layers=args.layers, d=args.d_model, seq=args.seq)
+    n_params = sum(p.numel() for p in set(model.parameters()))  # before stage 3 shards them
     engine = zerort.initialize(model, config)
     data = stdlib_bytes()
     rank, world = engine.rank, engine.world_size
-    n_params = sum(p.numel() for p in set(model.parameters()))
     if rank == 0:
         print(f"train_gpt: {n_params / 1e6:.2f}M parameters ({args.layers} layers, d={args.d_model}), "
               f"{data.numel() / 1e6:.1f} MB of stdlib text, W={world} [{engine.comm.backend}], "

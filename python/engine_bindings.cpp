@@ -55,9 +55,15 @@ EngineOptions engine_options(int stage, const std::string& precision, double lr,
   o.gradient_accumulation_steps = accumulation;
   o.reduce_bucket_numel = bucket;
   if (!lr_schedule.is_none()) {
-    o.lr_schedule = [lr_schedule](int64_t step) {
+    // The std::function is copied and destroyed without the GIL: hold the Python callable
+    // through a shared_ptr whose deleter takes the GIL, so no refcount moves without it.
+    std::shared_ptr<py::object> fn(new py::object(lr_schedule), [](py::object* p) {
+      py::gil_scoped_acquire gil;
+      delete p;
+    });
+    o.lr_schedule = [fn](int64_t step) {
       py::gil_scoped_acquire gil;  // step() runs without the GIL
-      return lr_schedule(step).cast<double>();
+      return (*fn)(step).cast<double>();
     };
   }
   return o;

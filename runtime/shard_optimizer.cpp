@@ -57,6 +57,13 @@ bool ShardOptimizer::step(const std::vector<OutputSegment>& outputs, StepStats& 
   };
   const size_t n = static_cast<size_t>(master_.numel());
   stats.loss_scale = scaler_.scale();
+  // The lr first: a schedule that throws or returns nonsense leaves nothing half done.
+  AdamWStep s;
+  s.hyper = options_.adamw;
+  s.step = adam_steps_ + 1;
+  if (options_.lr_schedule) s.hyper.lr = options_.lr_schedule(s.step);
+  ZRT_CHECK(std::isfinite(s.hyper.lr) && s.hyper.lr >= 0, "the learning rate for step ", s.step,
+            " is ", s.hyper.lr, "; it must be a finite number >= 0 (check lr_schedule or set_lr)");
   const double denominator = scaler_.scale() * comm_.size() * options_.gradient_accumulation_steps;
   GradStats local = unscale_and_check(grad_shard_.data_ptr<float>(), n, static_cast<float>(1.0 / denominator));
   double global[2] = {static_cast<double>(local.nonfinite), local.sum_squares};
@@ -76,10 +83,6 @@ bool ShardOptimizer::step(const std::vector<OutputSegment>& outputs, StepStats& 
     stats.clip_coef = std::min(1.0, options_.gradient_clipping / (stats.grad_norm + 1e-6));
   }
   ++adam_steps_;
-  AdamWStep s;
-  s.hyper = options_.adamw;
-  if (options_.lr_schedule) s.hyper.lr = options_.lr_schedule(adam_steps_);
-  s.step = adam_steps_;
   s.grad_multiplier = static_cast<float>(stats.clip_coef);
   // AdamW over every element once: the output segments, then whatever they do not cover.
   std::vector<OutputSegment> segs(outputs);

@@ -38,14 +38,15 @@ class Config:
     consecutive_hysteresis: bool = False
     gradient_clipping: float = 0.0
     gradient_accumulation_steps: int = 1
-    reduce_bucket_numel: int = 1 << 24
-    prefetch: int = 1
+    reduce_bucket_numel: int = 1 << 24  # stages 0-2; stage 3 reduces per unit
+    prefetch: int = 1  # stage 3: units gathered ahead of the one running
     persistence_threshold: int = 0
     unit_modules: tuple = ()
     comm_backend: str = "auto"
     comm_timeout_s: float = 600.0
     fp32_modules: tuple = ("LayerNorm", "RMSNorm", "BatchNorm1d", "BatchNorm2d", "BatchNorm3d")
-    train_micro_batch_size_per_gpu: Optional[int] = None
+    train_micro_batch_size_per_gpu: Optional[int] = None  # checked against train_batch_size
+    train_batch_size: Optional[int] = None
 
 
 OUR_KEYS = {"stage", "precision", "optimizer", "loss_scale", "gradient_clipping",
@@ -195,8 +196,9 @@ def _common(r, cfg, c):
 
 
 def _parse_deepspeed(cfg, problems):
-    c = Config()
+    c = Config(stage=0, weight_decay=0.0)  # DeepSpeed's defaults: no ZeRO, AdamW without decay
     r = _Reader(problems)
+    c.train_batch_size = r.number(cfg, "train_batch_size", None, integer=True, low=1)
     zero = r.section(cfg, "zero_optimization")
     rz = _Reader(problems, "zero_optimization.")
     c.stage = rz.number(zero, "stage", c.stage, integer=True, low=0, high=3)

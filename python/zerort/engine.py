@@ -15,6 +15,7 @@ BatchNorm) keep FP32 parameters and compute, with their inputs cast to FP32 and 
 outputs back to the compute dtype. All of this runs on CPU tensors.
 """
 import contextlib
+import math
 import time
 
 import torch
@@ -71,9 +72,13 @@ class Engine:
                 self._frozen_fp32[id(p)] = p.data.clone()
                 if id(p) not in fp32_ids:
                     p.data = p.data.to(self.dtype)
-            for b in model.buffers():
-                if b.is_floating_point():
-                    self.comm.broadcast(b, 0)
+            for m in model.modules():  # rank 0's buffers; cast like their module's params
+                keep_fp32 = self.dtype == torch.float32 or type(m).__name__ in c.fp32_modules
+                for name, b in m.named_buffers(recurse=False):
+                    if b is not None and b.is_floating_point():
+                        self.comm.broadcast(b, 0)
+                        if not keep_fp32:
+                            setattr(m, name, b.to(self.dtype))
         self._groups = [[p for p in params if id(p) not in fp32_ids], [p for p in params if id(p) in fp32_ids]]
         kwargs = dict(lr=c.lr, beta1=c.betas[0], beta2=c.betas[1], eps=c.eps, weight_decay=c.weight_decay,
                       initial_scale_power=c.initial_scale_power if c.precision == "fp16" else 0,
@@ -90,15 +95,19 @@ class Engine:
             for g, group in enumerate(self._groups):
                 for i, p in enumerate(group):
                     p.register_post_accumulate_grad_hook(lambda _p, g=g, i=i: self._impl.grad_ready(g, i))
+        micro, total = c.train_micro_batch_size_per_gpu, c.train_batch_size
+        if micro is not None and total is not None and total != micro * c.gradient_accumulation_steps * self.world_size:
+            raise ConfigError([f"train_batch_size: got {total}; it must equal train_micro_batch_size_per_gpu "
+                               f"({micro}) x gradient_accumulation_steps ({c.gradient_accumulation_steps}) x "
+                               f"world size ({self.world_size}) = "
+                               f"{micro * c.gradient_accumulation_steps * self.world_size}"])
         self.stats = {}
         self._t_last = None
 
     # ---- training loop -------------------------------------------------------------
     def __call__(self, *args, **kwargs):
         """Forward. Floating-point tensor arguments are cast to the compute dtype."""
-        cast = lambda a: a.to(self.dtype) if isinstance(a, torch.Tensor) and a.is_floating_point() else a
-        args = tuple(cast(a) for a in args)
-        kwargs = {k: cast(v) for k, v in kwargs.items()}
+        args, kwargs = _cast((args, kwargs), self.dtype)
         t0 = time.perf_counter()
         out = self.module(*args, **kwargs)
         self._t_forward = time.perf_counter() - t0
@@ -150,8 +159,13 @@ class Engine:
         return self._impl.skipped_steps
 
     def set_lr(self, lr):
-        if not lr >= 0:
-            raise ValueError(f"set_lr: lr must be >= 0, got {lr}")
+        """Sets the learning rate for the next steps. Not with a config lr_schedule, which
+        decides the lr at every step."""
+        if self.config.lr_schedule is not None:
+            raise RuntimeError("set_lr: this engine has an lr_schedule in its config, which sets the "
+                               "lr every step; remove lr_schedule to set the lr by hand")
+        if not (isinstance(lr, (int, float)) and math.isfinite(lr) and lr >= 0):
+            raise ValueError(f"set_lr: lr must be a finite number >= 0, got {lr!r}")
         self._impl.set_lr(float(lr))
 
     # ---- state ---------------------------------------------------------------------
@@ -192,11 +206,9 @@ class Engine:
 
 
 def _cast(x, dtype):
-    if isinstance(x, torch.Tensor) and x.is_floating_point():
-        return x.to(dtype)
-    if isinstance(x, (tuple, list)):
-        return type(x)(_cast(v, dtype) for v in x)
-    return x
+    """Floating-point tensors anywhere in x (tuples, lists, dicts) cast to dtype."""
+    return torch.utils._pytree.tree_map(
+        lambda t: t.to(dtype) if isinstance(t, torch.Tensor) and t.is_floating_point() else t, x)
 
 
 def _cast_inputs(dtype):

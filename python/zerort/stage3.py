@@ -3,29 +3,30 @@
 Parameters are grouped into units (by default each direct child of the model, with
 ModuleList/Sequential children expanded into their members; or the modules whose class is
 listed in config stage3.unit_modules). Each unit is a flat, padded buffer split into W
-shards. Forward and backward hooks gather a unit just before it runs (prefetching the next
-one) and free it after; when a unit's gradients have all accumulated, they are packed and
+shards: units are stage 3's reduce buckets, so reduce_bucket_numel does not apply. Hooks
+gather a unit just before its forward and again when backward reaches its outputs
+(prefetching the next stage3.prefetch units) and free it after; when a unit's gradients have all accumulated, they are packed and
 reduce-scattered at once into this rank's FP32 gradient shard. Parameters under
 stage3.persistence_threshold elements, parameters shared by several units (tied weights)
 and parameters on the root module itself stay whole in one persistent group, refreshed by
 an all-gather after every step; parameters of FP32 modules (config fp32_modules) likewise,
 in a persistent FP32 group. Frozen parameters stay whole in the working precision.
 
+Limits: call units (or the model), not a unit's submodules directly; and autograd keeps a
+gathered weight alive until its backward when an op saves a view of it (F.linear saves
+weight.t()), so such units free their memory only after backward.
+
 All groups' shards are concatenated into one rank-local FP32 master, so one ShardOptimizer
 (runtime/shard_optimizer.h) makes one global skip/clip decision and one fused AdamW pass.
 """
 import contextlib
 import time
-import warnings
 
 import torch
 
 from . import _C
 
 ALIGN = 16  # elements: every group's shard is a multiple of it
-# A unit whose inputs need no grad (an embedding) still gets its backward pre-hook, which is
-# all stage 3 uses; torch warns about exactly that case.
-warnings.filterwarnings("ignore", message="Full backward hook is firing when gradients are computed with respect to module outputs")
 
 
 class _Group:
@@ -92,7 +93,7 @@ class Stage3:
                 view.copy_(p.detach())
             comm.broadcast(flat, 0)  # every rank starts from rank 0's values
             master[off:off + g.shard] = flat[rank * g.shard:(rank + 1) * g.shard]
-            g.lp_slice = master[off:off + g.shard].to(g.dtype)  # RNE, as the optimizer rounds
+            g.lp_slice = master[off:off + g.shard].to(g.dtype, copy=True)  # RNE, as AdamW rounds
             g.grad_off = off
             off += g.shard
         self.opt = _C.ShardOptimizer(master, comm._c, precision=config.precision, **optimizer_kwargs)
@@ -107,8 +108,8 @@ class Stage3:
         for module, g in self.unit_of.items():
             module.register_forward_pre_hook(self._make_pre_forward(g))
             module.register_forward_hook(self._make_post_forward(g))
-            module.register_full_backward_pre_hook(self._make_pre_backward(g))
         self.in_backward = False
+        self._pinned = 0  # > 0 inside gathered(): nothing is freed
         self.micro_steps = self.global_step = self.skipped_steps = 0
 
     # ---- gather / free --------------------------------------------------------------
@@ -129,36 +130,47 @@ class Stage3:
         self._gather_s += time.perf_counter() - t0
 
     def _free(self, g):
-        if g.persistent or g.full is None:
+        if g.persistent or g.full is None or self._pinned:
             return
         for p in g.params:
             p.data = torch.empty(0, dtype=g.dtype)
-        g.full = None
+        g.full = g.full_buf = None
 
     def _neighbour(self, g, delta):
         i = self._order.index(g) + delta
         return self._order[i] if 0 <= i < len(self._order) else None
 
+    def _prefetch(self, g, direction):
+        for k in range(1, self.config.prefetch + 1):  # the next `prefetch` units
+            nxt = self._neighbour(g, direction * k)
+            if nxt is None:
+                break
+            self._start_gather(nxt)
+
     def _make_pre_forward(self, g):
         def hook(module, args):
             self._gather(g)
-            nxt = self._neighbour(g, +1)
-            if nxt is not None and self.config.prefetch and not self.in_backward:
-                self._start_gather(nxt)
+            if not self.in_backward:
+                self._prefetch(g, +1)
         return hook
 
     def _make_post_forward(self, g):
         def hook(module, args, out):
-            if not self.in_backward:  # a recomputation inside backward keeps the unit
-                self._free(g)
+            if self.in_backward:  # a recomputation inside backward keeps the unit
+                return
+            # Gather again when backward reaches this unit: a hook on every output tensor
+            # that needs a gradient, wherever it sits in the output (tuple, dict, ...).
+            outs = [t for t in torch.utils._pytree.tree_leaves(out)
+                    if isinstance(t, torch.Tensor) and t.requires_grad]
+            if outs:
+                torch.autograd.graph.register_multi_grad_hook(outs, self._make_pre_backward(g), mode="any")
+            self._free(g)
         return hook
 
     def _make_pre_backward(self, g):
-        def hook(module, grad_out):
+        def hook(grad):
             self._gather(g)
-            prev = self._neighbour(g, -1)
-            if prev is not None and self.config.prefetch:
-                self._start_gather(prev)
+            self._prefetch(g, -1)
         return hook
 
     # ---- gradients ------------------------------------------------------------------
@@ -226,9 +238,11 @@ class Stage3:
     def gathered(self):
         for g in self.groups:
             self._gather(g)
+        self._pinned += 1
         try:
             yield
         finally:
+            self._pinned -= 1
             for g in self.groups:
                 self._free(g)
 
