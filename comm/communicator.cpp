@@ -1,6 +1,8 @@
 #include "comm/communicator.h"
 
+#include <algorithm>
 #include <array>
+#include <mutex>
 #include <cstdint>
 #include <vector>
 
@@ -9,8 +11,37 @@
 
 namespace zerort {
 
+struct Communicator::ScratchCounter {
+  std::mutex mu;
+  size_t live = 0, peak = 0;
+};
+
+size_t Communicator::scratch_peak_bytes() const {
+  std::lock_guard<std::mutex> lock(scratch_->mu);
+  return scratch_->peak;
+}
+
+void Communicator::reset_scratch_peak() {
+  std::lock_guard<std::mutex> lock(scratch_->mu);
+  scratch_->peak = scratch_->live;
+}
+
+std::shared_ptr<char[]> Communicator::allocate_scratch(size_t bytes) {
+  auto counter = scratch_;  // outlives this communicator if the buffer is parked after a timeout
+  {
+    std::lock_guard<std::mutex> lock(counter->mu);
+    counter->live += bytes;
+    counter->peak = std::max(counter->peak, counter->live);
+  }
+  return std::shared_ptr<char[]>(new char[bytes == 0 ? 1 : bytes], [counter, bytes](char* p) {
+    delete[] p;
+    std::lock_guard<std::mutex> lock(counter->mu);
+    counter->live -= bytes;
+  });
+}
+
 Communicator::Communicator(int rank, int size, CommOptions options)
-    : rank_(rank), size_(size), options_(options) {
+    : rank_(rank), size_(size), options_(options), scratch_(std::make_shared<ScratchCounter>()) {
   ZRT_CHECK(size >= 1, "world size must be at least 1, got ", size);
   ZRT_CHECK(rank >= 0 && rank < size, "rank ", rank, " is outside the world of size ", size);
   ZRT_CHECK(options.timeout.count() > 0, "comm.timeout_s must be at least 1 ms, got ",
@@ -110,8 +141,7 @@ WorkPtr Communicator::reduce_scatter_accumulate(const void* in, DType in_dtype, 
   auto d = describe(Collective::kReduceScatterAccumulate, recv_count, in_dtype);
   check(d, {in, out});
   // Scratch for the W received chunks; uninitialised (the all-to-all fills all of it).
-  const size_t bytes = recv_count * static_cast<size_t>(size_) * dtype_size(in_dtype);
-  std::shared_ptr<char[]> chunks(new char[bytes == 0 ? 1 : bytes]);
+  std::shared_ptr<char[]> chunks = allocate_scratch(recv_count * static_cast<size_t>(size_) * dtype_size(in_dtype));
   WorkPtr work = do_all_to_all(in, chunks.get(), d);  // d names this call in errors
   work->keep_alive(chunks);
   size_t world = static_cast<size_t>(size_);

@@ -51,6 +51,11 @@ class Communicator {
   WorkPtr broadcast(void* buf, size_t count, DType dtype, int root);
   WorkPtr barrier();
 
+  // The most bytes of internal scratch (reduce_scatter_accumulate's received chunks) that
+  // were alive at once; the memory report counts them as communication buffers.
+  size_t scratch_peak_bytes() const;
+  void reset_scratch_peak();  // start a new measurement window (an engine does, at start)
+
  protected:
   Communicator(int rank, int size, CommOptions options);
 
@@ -70,9 +75,13 @@ class Communicator {
   void check(const CollectiveDesc& d, std::initializer_list<const void*> buffers);
   void check_consistent_across_ranks(const CollectiveDesc& d);
 
+  struct ScratchCounter;
+  std::shared_ptr<char[]> allocate_scratch(size_t bytes);
+
   int rank_;
   int size_;
   CommOptions options_;
+  std::shared_ptr<ScratchCounter> scratch_;
 };
 
 }  // namespace zerort

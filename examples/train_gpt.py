@@ -72,9 +72,10 @@ def main():
             tokens = world * args.grad_accum * args.batch * args.seq
             print(f"step {step + 1:3d}  loss {mean:.4f}  scale {s['loss_scale']:g}  grad_norm {s['grad_norm']:.3f}"
                   f"  {'SKIPPED' if s['skipped'] else 'ok     '}  {tokens / dt:8.0f} tok/s", flush=True)
+    report = engine.memory_report()  # a collective: every rank
     if rank == 0:
         print(f"loss {first:.4f} -> {last:.4f} over {args.steps} steps")
-        print("(the per-category memory report is not built yet)")
+        print(report.table())
 
 
 if __name__ == "__main__":

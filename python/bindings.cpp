@@ -15,6 +15,7 @@
 #include "optim/adamw.h"
 #include "optim/cast.h"
 #include "optim/grad_stats.h"
+#include "partition/bucket_plan.h"
 #include "partition/shard_layout.h"
 #include "zerort/config.h"
 
@@ -97,6 +98,8 @@ PYBIND11_MODULE(_C, m) {
       .def_property_readonly("rank", &Communicator::rank)
       .def_property_readonly("size", &Communicator::size)
       .def_property_readonly("backend", &Communicator::backend_name)
+      .def_property_readonly("scratch_peak_bytes", &Communicator::scratch_peak_bytes)
+      .def("reset_scratch_peak", &Communicator::reset_scratch_peak)
       .def("all_reduce", [](Communicator& c, uintptr_t buf, size_t n, const std::string& dt,
                             const std::string& op) {
         run([&] { return c.all_reduce(ptr(buf), n, parse_dtype(dt), parse_op(op)); });
@@ -178,6 +181,14 @@ PYBIND11_MODULE(_C, m) {
       s = unscale_and_check(static_cast<float*>(ptr(grad)), n, inv_scale);
     }
     return py::make_tuple(s.nonfinite, s.sum_squares);
+  });
+
+  m.def("plan_buckets", [](const std::vector<size_t>& numels, int world, size_t bucket, size_t alignment) {
+    py::list out;  // (parameter indices, padded_numel, shard_numel) per bucket
+    for (auto& b : plan_buckets(numels, world, bucket, alignment)) {
+      out.append(py::make_tuple(b.params, b.layout.padded_numel(), b.layout.shard_numel()));
+    }
+    return out;
   });
 
   py::class_<ParamSlice>(m, "ParamSlice")

@@ -108,6 +108,8 @@ void bind_engine(py::module_& m) {
       })
       .def_property_readonly("grad_shard", [](ShardOptimizer& o) { return o.grad_shard(); })
       .def_property_readonly("master", &ShardOptimizer::master)
+      .def_property_readonly("exp_avg", &ShardOptimizer::exp_avg)
+      .def_property_readonly("exp_avg_sq", &ShardOptimizer::exp_avg_sq)
       .def_property_readonly("loss_scale", &ShardOptimizer::loss_scale)
       .def_property_readonly("adam_steps", &ShardOptimizer::adam_steps)
       .def("set_lr", &ShardOptimizer::set_lr);
@@ -155,5 +157,7 @@ void bind_engine(py::module_& m) {
       .def("exp_avg", &Engine::exp_avg)
       .def("exp_avg_sq", &Engine::exp_avg_sq)
       .def("flat_params", &Engine::flat_params)
-      .def("flat_grads", &Engine::flat_grads);
+      .def("flat_grads", &Engine::flat_grads)
+      .def_property_readonly("grad_shard", &Engine::grad_shard)
+      .def_property_readonly("stage0_scratch", &Engine::stage0_scratch);
 }

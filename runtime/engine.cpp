@@ -11,6 +11,7 @@
 
 #include "comm/error.h"
 #include "optim/cast.h"
+#include "partition/bucket_plan.h"
 
 namespace zerort {
 
@@ -87,19 +88,14 @@ Engine::Engine(std::vector<at::Tensor> params, Communicator& comm, EngineOptions
     g->param_offset.resize(n);
     g->param_bucket.resize(n);
     // Buckets in reverse parameter order: the order backward completes gradients.
+    std::vector<size_t> sizes;
+    for (const auto& p : g->params) sizes.push_back(static_cast<size_t>(p.numel()));
     size_t flat = 0;
-    for (size_t end = n; end > 0;) {
+    for (BucketPlan& plan : plan_buckets(sizes, comm_.size(), options_.reduce_bucket_numel, options_.alignment)) {
       Bucket b;
       b.group = groups_.size();
-      size_t elems = 0;
-      std::vector<size_t> numels;
-      while (end > 0 && (b.params.empty() || elems < options_.reduce_bucket_numel)) {
-        --end;
-        b.params.push_back(end);
-        numels.push_back(static_cast<size_t>(g->params[end].numel()));
-        elems += numels.back();
-      }
-      b.layout = ShardLayout(numels, comm_.size(), options_.alignment);
+      b.params = std::move(plan.params);
+      b.layout = std::move(plan.layout);
       b.flat_offset = flat;
       b.opt_offset = opt_total;
       b.opt_numel = replicated ? b.layout.padded_numel() : b.layout.shard_numel();
@@ -109,7 +105,7 @@ Engine::Engine(std::vector<at::Tensor> params, Communicator& comm, EngineOptions
       }
       flat += b.layout.padded_numel();
       opt_total += b.opt_numel;
-      g->numel += elems;
+      g->numel += b.layout.numel();
       g->buckets.push_back(std::move(b));
     }
     // Every rank starts from rank 0's FP32 values.

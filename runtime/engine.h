@@ -89,6 +89,9 @@ class Engine {
   at::Tensor exp_avg_sq(size_t group = 0) const;
   // The group's whole FP32 master in flat_params order, on every rank (a collective).
   at::Tensor gather_master(size_t group = 0) const;
+  // For the memory report: the FP32 gradient (every group) and stage 0's reduce scratch.
+  const at::Tensor& grad_shard() const { return optimizer_->grad_shard(); }
+  const at::Tensor& stage0_scratch() const { return stage0_scratch_; }
 
  private:
   const Group& group(size_t g) const;

@@ -55,6 +55,7 @@ class ShardOptimizer {
 
   // Accumulate gradients here (sum over ranks and micro-steps, still loss-scaled).
   at::Tensor& grad_shard() { return grad_shard_; }
+  const at::Tensor& grad_shard() const { return grad_shard_; }
 
   // One optimizer step from grad_shard(); writes the new weights to the output segments
   // (which must lie inside the master) and zeroes grad_shard(). Returns false when the

@@ -31,3 +31,10 @@ from .cast import cast  # noqa: E402,F401
 from . import kernels  # noqa: E402,F401
 from . import config  # noqa: E402,F401
 from .engine import Engine, initialize  # noqa: E402,F401
+
+
+def estimate_memory(*args, **kwargs):
+    """Model-state bytes per rank by category (zerort.memory.estimate_memory)."""
+    from .memory import estimate_memory as estimate  # not at import: python -m zerort.memory
+
+    return estimate(*args, **kwargs)

@@ -80,6 +80,7 @@ class Engine:
                         if not keep_fp32:
                             setattr(m, name, b.to(self.dtype))
         self._groups = [[p for p in params if id(p) not in fp32_ids], [p for p in params if id(p) in fp32_ids]]
+        self.comm._c.reset_scratch_peak()  # the memory report measures from here
         kwargs = dict(lr=c.lr, beta1=c.betas[0], beta2=c.betas[1], eps=c.eps, weight_decay=c.weight_decay,
                       initial_scale_power=c.initial_scale_power if c.precision == "fp16" else 0,
                       window=c.loss_scale_window, hysteresis=c.hysteresis, min_scale=c.min_loss_scale,
@@ -193,6 +194,13 @@ class Engine:
             else:
                 out[name] = t.detach().clone()
         return out
+
+    def memory_report(self):
+        """Bytes this run allocated per category on every rank, beside our exact estimate
+        (zerort.memory). A collective: call it on every rank."""
+        from . import memory
+
+        return memory.report(self)
 
     @contextlib.contextmanager
     def gathered_parameters(self):

@@ -37,6 +37,7 @@ class _Group:
         self.numels = [p.numel() for p in params]
         self.layout = _C.ShardLayout(self.numels, world, ALIGN)
         self.shard = self.layout.shard_numel
+        self.nbytes = self.layout.padded_numel * torch.empty(0, dtype=dtype).element_size()  # gathered
         self.full = None          # the gathered flat low-precision buffer, or None when freed
         self.pending = None       # an all-gather in flight (prefetch)
         self.ready = 0            # params whose grad has accumulated in this backward
@@ -57,32 +58,15 @@ class Stage3:
     def __init__(self, model, config, comm, dtype, params, fp32_ids, optimizer_kwargs):
         self.comm, self.dtype, self.config = comm, dtype, config
         self._reduce_s = self._gather_s = 0.0
+        self.gathered_bytes = self.gathered_peak = 0  # live unit buffers (persistent excluded)
+        self.pack_peak = 0                            # largest gradient pack buffer
         W, rank = comm.size, comm.rank
-        units = _units(model, config.unit_modules)
-        owner = {}
-        for u, module in enumerate(units):
-            for p in module.parameters():
-                owner.setdefault(id(p), set()).add(u)
-        trainable = {id(p) for p in params}
-        groups_params = [[] for _ in units]
-        persistent, persistent_fp32 = [], []
-        for p in params:
-            us = owner.get(id(p), set())
-            if id(p) in fp32_ids:
-                persistent_fp32.append(p)  # FP32 modules (norms): small, kept whole in FP32
-            elif len(us) == 1 and p.numel() >= config.persistence_threshold:
-                groups_params[next(iter(us))].append(p)
-            else:
-                persistent.append(p)  # root-level, shared by several units, or small
-        self.groups = [_Group(type(m).__name__, ps, W, dtype, False) for m, ps in zip(units, groups_params) if ps]
-        self.unit_of = {}
-        for module, ps in zip(units, groups_params):
-            if ps:
-                self.unit_of[module] = self.groups[len(self.unit_of)]
-        if persistent:
-            self.groups.append(_Group("persistent", persistent, W, dtype, True))
-        if persistent_fp32:
-            self.groups.append(_Group("persistent_fp32", persistent_fp32, W, torch.float32, True))
+        self.groups, self.unit_of = [], {}
+        for name, module, ps, fp32, persistent in plan_units(model, params, fp32_ids, config):
+            g = _Group(name, ps, W, torch.float32 if fp32 else dtype, persistent)
+            self.groups.append(g)
+            if module is not None:
+                self.unit_of[module] = g
         # Rank-local shards, one slice per group in group order: FP32 master; working copy.
         total = sum(g.shard for g in self.groups)
         master = torch.empty(total)
@@ -116,6 +100,9 @@ class Stage3:
     def _start_gather(self, g):
         if g.full is None and g.pending is None:
             g.full_buf = torch.empty(g.layout.padded_numel, dtype=g.dtype)
+            if not g.persistent:
+                self.gathered_bytes += g.nbytes
+                self.gathered_peak = max(self.gathered_peak, self.gathered_bytes)
             g.pending = self.comm.all_gather_async(g.lp_slice, g.full_buf)
 
     def _gather(self, g):
@@ -135,6 +122,7 @@ class Stage3:
         for p in g.params:
             p.data = torch.empty(0, dtype=g.dtype)
         g.full = g.full_buf = None
+        self.gathered_bytes -= g.nbytes
 
     def _neighbour(self, g, delta):
         i = self._order.index(g) + delta
@@ -186,6 +174,7 @@ class Stage3:
         reduce-scatters them into this rank's FP32 gradient slice; frees the grads."""
         t0 = time.perf_counter()
         packed = torch.zeros(g.layout.padded_numel, dtype=g.dtype)
+        self.pack_peak = max(self.pack_peak, g.nbytes)
         for p, view in g.views(packed):
             if p.grad is not None:
                 view.copy_(p.grad)
@@ -225,7 +214,9 @@ class Stage3:
             for g in self.groups:
                 if g.pending is not None:  # a prefetch of the old values: finish and drop it
                     g.pending.wait()
-                    g.pending = None
+                    g.pending = g.full_buf = None
+                    if not g.persistent:
+                        self.gathered_bytes -= g.nbytes
                 if g.persistent:
                     g.full = None
                     self._gather(g)
@@ -255,6 +246,33 @@ class Stage3:
         out = torch.empty(group.layout.padded_numel, dtype=group.dtype)
         self.comm.all_gather(group.lp_slice.clone(), out)
         return out
+
+
+def plan_units(model, params, fp32_ids, config):
+    """Stage 3's groups, in order: (name, unit module or None, params, is_fp32, persistent).
+    One group per unit that owns parameters, then the persistent group (root-level, shared
+    by several units, or under persistence_threshold), then the persistent FP32 group."""
+    units = _units(model, config.unit_modules)
+    owner = {}
+    for u, module in enumerate(units):
+        for p in module.parameters():
+            owner.setdefault(id(p), set()).add(u)
+    per_unit = [[] for _ in units]
+    persistent, persistent_fp32 = [], []
+    for p in params:
+        us = owner.get(id(p), set())
+        if id(p) in fp32_ids:
+            persistent_fp32.append(p)  # FP32 modules (norms): small, kept whole in FP32
+        elif len(us) == 1 and p.numel() >= config.persistence_threshold:
+            per_unit[next(iter(us))].append(p)
+        else:
+            persistent.append(p)
+    plan = [(type(m).__name__, m, ps, False, False) for m, ps in zip(units, per_unit) if ps]
+    if persistent:
+        plan.append(("persistent", None, persistent, False, True))
+    if persistent_fp32:
+        plan.append(("persistent_fp32", None, persistent_fp32, True, True))
+    return plan
 
 
 def _units(model, unit_modules):

@@ -44,7 +44,8 @@ def run_case(case, comm):
         scales.append(engine.loss_scale)
         skipped.append(engine.stats["skipped"])
     return {"losses": losses, "scales": scales, "skipped": skipped,
-            "master": engine.full_state_dict(master=True), "params": engine.full_state_dict()}
+            "master": engine.full_state_dict(master=True), "params": engine.full_state_dict(),
+            "memory": engine.memory_report().to_dict()}
 
 
 def main():

@@ -1,0 +1,320 @@
+"""Where the memory goes: model-state bytes per rank at each ZeRO stage.
+
+    python -m zerort.memory --params 7.5e9 --world-size 64            # stages 0-3, GB per rank
+    python -m zerort.memory --model gpt --layers 24 --hidden 2048 --vocab 50257 --world-size 8
+    python -m zerort.memory --params 7.5e9 --world-size 64 --stage 3 --json
+    python -m zerort.memory --params 7.5e9 --world-size 64 --plot stages.png
+
+Two columns per category: the ZeRO paper's formula (stage 0: 16Ψ; 1: 4Ψ+12Ψ/W; 2: 2Ψ+14Ψ/W;
+3: 16Ψ/W) and the exact bytes of our layout, with the padding of every bucket or unit to
+W x 16 elements, the FP32 gradient shard our design adds, the reduce scratch and the
+gathered stage-3 units. engine.memory_report() puts what the run allocated beside it.
+"""
+import argparse
+import dataclasses
+import json
+import resource
+import sys
+
+import torch
+
+from . import _C
+from .config import Config
+
+ALIGN = 16
+CATEGORIES = [
+    ("lp_params", "low-precision params"),
+    ("lp_grads", "low-precision grads / buckets"),
+    ("master", "FP32 master"),
+    ("adam_m", "Adam m"),
+    ("adam_v", "Adam v"),
+    ("grad_shard", "FP32 grad shard"),
+    ("comm_buffers", "comm buffers"),
+    ("gathered_units", "gathered stage-3 units"),
+]
+# Bytes that follow from the layout alone. Stage 3's gathered units depend on execution
+# order too; the estimate is then the largest prefetch + 2 consecutive units, an upper bound.
+BOUND_ONLY = {"gathered_units"}
+_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
+
+
+def paper_formula(numel, world_size, stage):
+    """The ZeRO paper's bytes per rank (2-byte params and grads, K = 12), by category."""
+    psi, w = float(numel), float(world_size)
+    shard = {0: (1, 1, 1), 1: (1, 1, w), 2: (1, w, w), 3: (w, w, w)}[stage]
+    p, g, o = (psi / s for s in shard)
+    return {"lp_params": 2 * p, "lp_grads": 2 * g, "master": 4 * o, "adam_m": 4 * o, "adam_v": 4 * o,
+            "grad_shard": 0.0, "comm_buffers": 0.0, "gathered_units": 0.0}
+
+
+@dataclasses.dataclass
+class Group:
+    """Parameters that share one flat layout: their sizes, element bytes, and at stage 3
+    whether they stay whole (persistent) or form a unit."""
+    numels: list
+    element_bytes: int
+    persistent: bool = False
+
+
+def exact(groups, world_size, stage, reduce_bucket_numel=1 << 24, prefetch=1):
+    """Exact bytes per rank of our layout for these parameter groups (stages 0-2: one group
+    per dtype, cut into reduce buckets; stage 3: the units in execution order)."""
+    w = world_size
+    out = dict.fromkeys((k for k, _ in CATEGORIES), 0)
+    if stage < 3:
+        largest_pack = largest_shard = 0
+        for g in groups:
+            padded = shard = 0
+            for _, b_padded, b_shard in _C.plan_buckets(g.numels, w, reduce_bucket_numel, ALIGN):
+                padded += b_padded
+                shard += b_shard
+                largest_pack = max(largest_pack, b_padded * g.element_bytes)
+                largest_shard = max(largest_shard, b_shard)
+            opt = padded if stage == 0 else shard
+            out["lp_params"] += padded * g.element_bytes
+            out["lp_grads"] += padded * g.element_bytes
+            for k in ("master", "adam_m", "adam_v", "grad_shard"):
+                out[k] += 4 * opt
+        # reduce_scatter_accumulate's received chunks for one bucket; stage 0 also keeps an
+        # FP32 scratch shard for the all-gather.
+        out["comm_buffers"] = largest_pack + (4 * largest_shard if stage == 0 else 0)
+        return out
+    units = []
+    for g in groups:
+        layout = _C.ShardLayout(g.numels, w, ALIGN)
+        full = layout.padded_numel * g.element_bytes
+        out["lp_params"] += layout.shard_numel * g.element_bytes + (full if g.persistent else 0)
+        out["lp_grads"] = max(out["lp_grads"], full)      # the pack buffer of one unit
+        out["comm_buffers"] = max(out["comm_buffers"], full)  # its reduce scratch
+        for k in ("master", "adam_m", "adam_v", "grad_shard"):
+            out[k] += 4 * layout.shard_numel
+        if not g.persistent:
+            units.append(full)
+    window = prefetch + 2
+    out["gathered_units"] = max((sum(units[i:i + window]) for i in range(len(units))), default=0)
+    return out
+
+
+def model_groups(model, stage, precision="bf16", config=None):
+    """The parameter groups zerort.initialize would build for this model."""
+    from .stage3 import plan_units
+
+    c = config or Config(stage=stage, precision=precision)
+    lp = _BYTES[precision]
+    fp32_ids = set()
+    if precision != "fp32":
+        for m in model.modules():
+            if type(m).__name__ in c.fp32_modules:
+                fp32_ids.update(id(p) for p in m.parameters(recurse=False))
+    seen, params = set(), []
+    for p in model.parameters():  # shared parameters count once
+        if id(p) not in seen and p.requires_grad:
+            seen.add(id(p))
+            params.append(p)
+    if stage < 3:
+        groups = [Group([p.numel() for p in params if id(p) not in fp32_ids], lp),
+                  Group([p.numel() for p in params if id(p) in fp32_ids], 4)]
+        return [g for g in groups if g.numels]
+    return [Group([p.numel() for p in ps], 4 if fp32 else lp, persistent)
+            for _, _, ps, fp32, persistent in plan_units(model, params, fp32_ids, c)]
+
+
+def count_groups(numel, stage, precision="bf16", reduce_bucket_numel=1 << 24, unit_numel=None):
+    """Groups for a bare parameter count: tensors of reduce_bucket_numel elements (stages
+    0-2), or units of unit_numel elements (stage 3; default numel / 32)."""
+    numel = int(numel)
+    piece = reduce_bucket_numel if stage < 3 else (unit_numel or max(1, numel // 32))
+    sizes = [piece] * (numel // piece) + ([numel % piece] if numel % piece else [])
+    lp = _BYTES[precision]
+    if stage < 3:
+        return [Group(sizes, lp)]
+    return [Group([s], lp) for s in sizes]
+
+
+def estimate_memory(model_or_numel, world_size, stage, precision="bf16", *, reduce_bucket_numel=1 << 24,
+                    prefetch=1, unit_numel=None, config=None):
+    """Bytes of model states per rank, by category: {"paper": {...}, "exact": {...}} with
+    a "total" in each. model_or_numel: a torch.nn.Module (shared parameters counted once)
+    or a parameter count."""
+    if isinstance(model_or_numel, torch.nn.Module):
+        groups = model_groups(model_or_numel, stage, precision, config)
+        numel = sum(sum(g.numels) for g in groups)
+    else:
+        numel = int(model_or_numel)
+        groups = count_groups(numel, stage, precision, reduce_bucket_numel, unit_numel)
+    paper = paper_formula(numel, world_size, stage)
+    ours = exact(groups, world_size, stage, reduce_bucket_numel, prefetch)
+    paper["total"] = sum(paper.values())
+    ours["total"] = sum(ours.values())
+    return {"paper": paper, "exact": ours, "numel": numel, "world_size": world_size, "stage": stage,
+            "precision": precision}
+
+
+class MemoryReport:
+    """What one run allocated, per category, on every rank, beside our exact estimate."""
+
+    def __init__(self, measured, across, estimate, peak_rss, cuda_peak, stage, world_size):
+        self.measured, self.across, self.estimate = measured, across, estimate
+        self.peak_rss, self.cuda_peak, self.stage, self.world_size = peak_rss, cuda_peak, stage, world_size
+
+    def to_dict(self):
+        rows = {}
+        for k, _ in CATEGORIES:
+            rows[k] = {"measured": self.measured[k], "min": self.across[k][0], "max": self.across[k][1],
+                       "sum": self.across[k][2], "estimate": self.estimate[k],
+                       "diff": self.measured[k] - self.estimate[k], "bound_only": k in BOUND_ONLY}
+        return {"stage": self.stage, "world_size": self.world_size, "categories": rows,
+                "total_measured": sum(self.measured.values()), "peak_rss_bytes": self.peak_rss,
+                "cuda_max_allocated_bytes": self.cuda_peak}
+
+    def table(self):
+        mib = 1 << 20
+        lines = [f"memory report: ZeRO stage {self.stage}, W={self.world_size}, per rank (MiB)",
+                 f"{'category':32s}{'this rank':>11s}{'min':>10s}{'max':>10s}{'estimate':>10s}{'diff':>10s}"]
+        for k, label in CATEGORIES:
+            m, (lo, hi, _), e = self.measured[k], self.across[k], self.estimate[k]
+            note = "  (estimate is a bound)" if k in BOUND_ONLY and e else ""
+            lines.append(f"{label:32s}{m / mib:11.3f}{lo / mib:10.3f}{hi / mib:10.3f}{e / mib:10.3f}"
+                         f"{(m - e) / mib:10.3f}{note}")
+        total_m, total_e = sum(self.measured.values()), sum(self.estimate.values())
+        lines.append(f"{'model states':32s}{total_m / mib:11.3f}{'':20s}{total_e / mib:10.3f}"
+                     f"{(total_m - total_e) / mib:10.3f}")
+        lines.append(f"peak process RSS: {self.peak_rss / mib:.1f} MiB" +
+                     ("" if self.cuda_peak is None else f"; CUDA max allocated {self.cuda_peak / mib:.1f} MiB"))
+        return "\n".join(lines)
+
+
+def measure(engine):
+    """Bytes the engine's runtime allocated on this rank, per category."""
+    from .stage3 import Stage3
+
+    nbytes = lambda t: t.numel() * t.element_size()
+    impl, out = engine._impl, dict.fromkeys((k for k, _ in CATEGORIES), 0)
+    scratch = engine.comm._c.scratch_peak_bytes
+    if isinstance(impl, Stage3):
+        for g in impl.groups:
+            out["lp_params"] += nbytes(g.lp_slice) + (nbytes(g.full_buf) if g.persistent and g.full_buf is not None else 0)
+        out["lp_grads"] = impl.pack_peak
+        opt = impl.opt
+        out["master"], out["adam_m"], out["adam_v"] = nbytes(opt.master), nbytes(opt.exp_avg), nbytes(opt.exp_avg_sq)
+        out["grad_shard"] = nbytes(opt.grad_shard)
+        out["comm_buffers"] = scratch
+        out["gathered_units"] = impl.gathered_peak
+        return out
+    for g in range(impl.num_groups):
+        out["lp_params"] += nbytes(impl.flat_params(g))
+        out["lp_grads"] += nbytes(impl.flat_grads(g))
+        out["master"] += nbytes(impl.master(g))
+        out["adam_m"] += nbytes(impl.exp_avg(g))
+        out["adam_v"] += nbytes(impl.exp_avg_sq(g))
+    out["grad_shard"] = nbytes(impl.grad_shard)
+    out["comm_buffers"] = scratch + (nbytes(impl.stage0_scratch) if impl.stage0_scratch is not None else 0)
+    return out
+
+
+def report(engine):
+    """The MemoryReport of a running engine (a collective: call it on every rank)."""
+    from .stage3 import Stage3
+
+    c = engine.config
+    measured = measure(engine)
+    keys = [k for k, _ in CATEGORIES]
+    vals = torch.tensor([measured[k] for k in keys], dtype=torch.int64)
+    lo, hi, tot = vals.clone(), vals.clone(), vals.clone()
+    engine.comm.all_reduce(lo, "min")
+    engine.comm.all_reduce(hi, "max")
+    engine.comm.all_reduce(tot, "sum")
+    across = {k: (int(lo[i]), int(hi[i]), int(tot[i])) for i, k in enumerate(keys)}
+    lp = _BYTES[c.precision]
+    if isinstance(engine._impl, Stage3):
+        groups = [Group(g.numels, torch.empty(0, dtype=g.dtype).element_size(), g.persistent)
+                  for g in engine._impl.groups]
+    else:
+        groups = [Group([p.numel() for p in ps], lp if i == 0 else 4) for i, ps in enumerate(engine._groups) if ps]
+    est = exact(groups, engine.world_size, c.stage, c.reduce_bucket_numel, c.prefetch)
+    peak_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    cuda_peak = torch.cuda.max_memory_allocated() if torch.cuda.is_available() else None
+    return MemoryReport(measured, across, est, peak_rss, cuda_peak, c.stage, engine.world_size)
+
+
+def gpt_numel(layers, hidden, vocab, seq=2048, tied=True):
+    """Parameters of a GPT-2-style model: per block 12h^2 + 13h (attention, MLP, two
+    LayerNorms, biases); token and position embeddings; final LayerNorm; head tied or not."""
+    block = 12 * hidden * hidden + 13 * hidden
+    return layers * block + vocab * hidden + seq * hidden + 2 * hidden + (0 if tied else vocab * hidden)
+
+
+def _plot(results, path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 5))
+    stages = [r["stage"] for r in results]
+    bottom = [0.0] * len(results)
+    for k, label in CATEGORIES:
+        vals = [r["exact"][k] / 1e9 for r in results]
+        if any(vals):
+            ax.bar([f"stage {s}" for s in stages], vals, bottom=bottom, label=label)
+            bottom = [b + v for b, v in zip(bottom, vals)]
+    r0 = results[0]
+    ax.set_ylabel("GB per rank (model states)")
+    ax.set_title(f"zerort model-state memory per rank: {r0['numel'] / 1e9:.2f}B parameters, "
+                 f"W={r0['world_size']}, {r0['precision']}")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(prog="python -m zerort.memory", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--params", type=float, help="parameter count, e.g. 7.5e9")
+    ap.add_argument("--model", choices=["gpt"], help="count a model's parameters instead")
+    ap.add_argument("--layers", type=int)
+    ap.add_argument("--hidden", type=int)
+    ap.add_argument("--vocab", type=int, default=50257)
+    ap.add_argument("--seq", type=int, default=2048)
+    ap.add_argument("--world-size", type=int, required=True)
+    ap.add_argument("--stage", type=int, choices=[0, 1, 2, 3])
+    ap.add_argument("--precision", choices=["bf16", "fp16", "fp32"], default="bf16")
+    ap.add_argument("--reduce-bucket-numel", type=int, default=1 << 24)
+    ap.add_argument("--unit-numel", type=int, help="stage-3 unit size (default: one GPT block, or params/32)")
+    ap.add_argument("--json", action="store_true")
+    ap.add_argument("--plot", metavar="FILE.png")
+    a = ap.parse_args(argv)
+    if a.model == "gpt":
+        if not (a.layers and a.hidden):
+            ap.error("--model gpt needs --layers and --hidden")
+        numel = gpt_numel(a.layers, a.hidden, a.vocab, a.seq)
+        unit = a.unit_numel or 12 * a.hidden * a.hidden + 13 * a.hidden
+    elif a.params:
+        numel, unit = int(a.params), a.unit_numel
+    else:
+        ap.error("give --params N or --model gpt --layers L --hidden H")
+    if a.world_size < 1:
+        ap.error("--world-size must be >= 1")
+    stages = [a.stage] if a.stage is not None else [0, 1, 2, 3]
+    results = [estimate_memory(numel, a.world_size, s, a.precision, reduce_bucket_numel=a.reduce_bucket_numel,
+                               unit_numel=unit) for s in stages]
+    if a.plot:
+        _plot(results, a.plot)
+    if a.json:
+        print(json.dumps(results if a.stage is None else results[0], indent=2))
+        return 0
+    gb = 1e9
+    print(f"model states per rank: {numel:,} parameters ({numel / 1e9:.3f}B), W={a.world_size}, {a.precision} "
+          f"(GB = 1e9 bytes; paper = the ZeRO paper's formula, ours = our exact layout)")
+    head = f"{'stage':>5s} {'paper':>9s} {'ours':>9s}  " + "  ".join(f"{k:>14s}" for k, _ in CATEGORIES)
+    print(head)
+    for r in results:
+        cats = "  ".join(f"{r['exact'][k] / gb:14.3f}" for k, _ in CATEGORIES)
+        print(f"{r['stage']:5d} {r['paper']['total'] / gb:9.3f} {r['exact']['total'] / gb:9.3f}  {cats}")
+    if a.plot:
+        print(f"wrote {a.plot}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
