@@ -159,5 +159,6 @@ void bind_engine(py::module_& m) {
       .def("flat_params", &Engine::flat_params)
       .def("flat_grads", &Engine::flat_grads)
       .def_property_readonly("grad_shard", &Engine::grad_shard)
-      .def_property_readonly("stage0_scratch", &Engine::stage0_scratch);
+      .def_property_readonly("stage0_scratch", &Engine::stage0_scratch)
+      .def_property_readonly("pack_buffer_bytes", &Engine::pack_buffer_bytes);
 }

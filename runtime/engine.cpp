@@ -1,6 +1,7 @@
 #include "runtime/engine.h"
 
 #include <ATen/ops/empty.h>
+#include <ATen/ops/from_blob.h>
 #include <ATen/ops/zeros.h>
 #include <c10/core/GradMode.h>
 
@@ -25,6 +26,11 @@ struct Engine::Bucket {
   size_t opt_numel = 0;        // shard_numel (stages 1, 2) or padded_numel (stage 0)
   size_t waiting = 0;          // parameters whose gradient is not complete yet
   bool queued = false;
+  // Stage 2: the pack buffer holding this bucket's low-precision gradients (a pool slot,
+  // or -1), and which parameters' gradients were already copied into it.
+  int slot = -1;
+  at::Tensor overflow;  // a one-off buffer when both slots are taken by later buckets
+  std::vector<bool> packed;
 };
 
 struct Engine::Group {
@@ -123,7 +129,7 @@ Engine::Engine(std::vector<at::Tensor> params, Communicator& comm, EngineOptions
     const auto opts = at::TensorOptions().dtype(scalar_type(dtype));
     g->flat_params = at::empty({padded}, opts);
     cast_from_f32(flat32.data_ptr<float>(), g->flat_params.data_ptr(), dtype, static_cast<size_t>(padded));
-    g->flat_grads = at::zeros({padded}, opts);
+    if (!sharded_grads()) g->flat_grads = at::zeros({padded}, opts);  // stages 0, 1: whole
     g->opt_offset = g->buckets.empty() ? opt_total : g->buckets.front().opt_offset;
     g->opt_numel = opt_total - g->opt_offset;
     for (const Bucket& b : g->buckets) {  // this rank's FP32 part of each bucket
@@ -131,24 +137,31 @@ Engine::Engine(std::vector<at::Tensor> params, Communicator& comm, EngineOptions
       master_parts.push_back(replicated ? flat32.narrow(0, static_cast<int64_t>(b.flat_offset), shard * comm_.size())
                                         : flat32.narrow(0, static_cast<int64_t>(b.flat_offset) + rank * shard, shard));
     }
-    // Parameters and their grads become views of the flat buffers. Autograd then
-    // accumulates each micro-step's gradient in place into flat_grads.
+    // Parameters become views of the flat buffer. At stages 0 and 1 their grads are views
+    // of the flat grad buffer, which autograd accumulates into in place; at stage 2
+    // autograd's own grads are packed bucket by bucket and freed.
     c10::AutoGradMode no_grad(false);
     for (size_t i = 0; i < n; ++i) {
       at::Tensor& p = g->params[i];
       const int64_t off = static_cast<int64_t>(g->param_offset[i]);
       p.set_data(g->flat_params.narrow(0, off, p.numel()).view(p.sizes()));
-      p.mutable_grad() = g->flat_grads.narrow(0, off, p.numel()).view(p.sizes());
+      if (!sharded_grads()) p.mutable_grad() = g->flat_grads.narrow(0, off, p.numel()).view(p.sizes());
     }
     groups_.push_back(std::move(g));
   };
   add_group(std::move(params), options_.precision, "parameter");
   if (!fp32_params.empty()) add_group(std::move(fp32_params), DType::kFloat32, "fp32 parameter");
+  size_t largest_pack = 0;
   for (auto& g : groups_) {
     for (Bucket& b : g->buckets) {
       b.waiting = b.params.size();
+      b.packed.assign(b.params.size(), false);
       buckets_.push_back(&b);
+      largest_pack = std::max(largest_pack, b.layout.padded_numel() * dtype_size(g->dtype));
     }
+  }
+  if (sharded_grads()) {  // two pack buffers: one filling while the other is reduced
+    for (auto& slot : pack_pool_) slot = at::empty({static_cast<int64_t>(largest_pack)}, at::TensorOptions().dtype(at::kByte));
   }
 
   at::Tensor master = at::empty({static_cast<int64_t>(opt_total)}, f32);
@@ -226,8 +239,46 @@ void Engine::grad_ready(size_t g, size_t i) {
   std::lock_guard<std::mutex> lock(mu_);
   if (!reducing_now()) return;  // stage 0/1 between boundaries: autograd keeps accumulating
   Bucket& b = groups_[g]->buckets[groups_[g]->param_bucket[i]];
+  if (sharded_grads()) {
+    // Stage 2: move the gradient into the bucket's pack buffer now, so autograd's copy is
+    // freed during backward. With no free buffer it stays put and is packed later.
+    if (b.slot < 0) b.slot = acquire_slot_locked(b);
+    if (b.slot >= 0) pack_locked(b, i);
+  }
   if (b.waiting > 0) --b.waiting;
   enqueue_ready_locked();
+}
+
+int Engine::acquire_slot_locked(Bucket& b) {
+  for (int s = 0; s < 2; ++s) {
+    if (slot_owner_[s] == nullptr) {
+      slot_owner_[s] = &b;
+      const size_t bytes = b.layout.padded_numel() * dtype_size(groups_[b.group]->dtype);
+      std::memset(pack_pool_[s].data_ptr(), 0, bytes);  // padding and missing grads are 0
+      return s;
+    }
+  }
+  return -1;
+}
+
+void* Engine::pack_buffer(Bucket& b) {
+  return b.slot >= 0 ? pack_pool_[b.slot].data_ptr() : b.overflow.data_ptr();
+}
+
+void Engine::pack_locked(Bucket& b, size_t param) {
+  Group& g = *groups_[b.group];
+  size_t j = 0;
+  while (b.params[j] != param) ++j;
+  if (b.packed[j]) return;
+  at::Tensor& p = g.params[param];
+  if (p.grad().defined()) {
+    const int64_t off = static_cast<int64_t>(b.layout.param_offset(j));
+    at::Tensor pack = at::from_blob(pack_buffer(b), {static_cast<int64_t>(b.layout.padded_numel())},
+                                    at::TensorOptions().dtype(scalar_type(g.dtype)));
+    pack.narrow(0, off, p.numel()).copy_(p.grad().reshape({-1}));
+    p.mutable_grad() = at::Tensor();  // autograd's buffer is freed here
+  }
+  b.packed[j] = true;
 }
 
 void Engine::enqueue_ready_locked() {
@@ -263,9 +314,33 @@ void Engine::comm_loop() {
 void Engine::reduce_bucket(Bucket& b) {
   Group& g = *groups_[b.group];
   const size_t shard = b.layout.shard_numel();
+  float* grad = optimizer_->grad_shard().data_ptr<float>() + b.opt_offset;
+  if (sharded_grads()) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);  // complete: no hook touches it any more
+      if (b.slot < 0) b.slot = acquire_slot_locked(b);
+      if (b.slot < 0) {  // gradients came out of bucket order: never wait for a later bucket
+        const size_t bytes = b.layout.padded_numel() * dtype_size(g.dtype);
+        b.overflow = at::zeros({static_cast<int64_t>(bytes)}, at::TensorOptions().dtype(at::kByte));
+        overflow_peak_ = std::max(overflow_peak_, bytes);
+      }
+      for (size_t param : b.params) pack_locked(b, param);
+    }
+    struct Release {  // the buffer goes back whatever happens
+      Engine& e;
+      Bucket& b;
+      ~Release() {
+        std::lock_guard<std::mutex> lock(e.mu_);
+        if (b.slot >= 0) e.slot_owner_[b.slot] = nullptr;
+        b.slot = -1;
+        b.overflow = at::Tensor();
+      }
+    } release{*this, b};
+    if (shard > 0) comm_.reduce_scatter_accumulate(pack_buffer(b), g.dtype, grad, shard, true)->wait();
+    return;
+  }
   if (shard == 0) return;
   const void* in = static_cast<const char*>(g.flat_grads.data_ptr()) + b.flat_offset * dtype_size(g.dtype);
-  float* grad = optimizer_->grad_shard().data_ptr<float>() + b.opt_offset;
   if (options_.stage != 0) {  // straight into this rank's FP32 gradient shard
     comm_.reduce_scatter_accumulate(in, g.dtype, grad, shard, true)->wait();
     return;
@@ -289,9 +364,12 @@ void Engine::drain() {
   for (Bucket* b : buckets_) {
     b->waiting = b->params.size();
     b->queued = false;
+    b->packed.assign(b->params.size(), false);
   }
   lock.unlock();
-  for (auto& g : groups_) g->flat_grads.zero_();
+  for (auto& g : groups_) {
+    if (g->flat_grads.defined()) g->flat_grads.zero_();
+  }
   if (error) {
     // A failed reduce leaves a half-accumulated gradient: drop this window's gradients so
     // a caller that catches and continues does not train on them.

@@ -82,16 +82,21 @@ class Engine {
   size_t numel(size_t group = 0) const;                   // parameter elements (no padding)
   size_t param_offset(size_t group, size_t param) const;  // in the group's flat buffers
   const at::Tensor& flat_params(size_t group = 0) const;  // padded, the group's dtype
-  const at::Tensor& flat_grads(size_t group = 0) const;
+  const at::Tensor& flat_grads(size_t group = 0) const;  // stages 0, 1 (undefined at stage 2)
   // This rank's FP32 state for the group: its shards (stages 1, 2) or all of it (stage 0).
   at::Tensor master(size_t group = 0) const;
   at::Tensor exp_avg(size_t group = 0) const;
   at::Tensor exp_avg_sq(size_t group = 0) const;
   // The group's whole FP32 master in flat_params order, on every rank (a collective).
   at::Tensor gather_master(size_t group = 0) const;
-  // For the memory report: the FP32 gradient (every group) and stage 0's reduce scratch.
+  // For the memory report: the FP32 gradient (every group), stage 0's reduce scratch and
+  // stage 2's two gradient pack buffers.
   const at::Tensor& grad_shard() const { return optimizer_->grad_shard(); }
   const at::Tensor& stage0_scratch() const { return stage0_scratch_; }
+  size_t pack_buffer_bytes() const {
+    return pack_pool_[0].defined() ? static_cast<size_t>(pack_pool_[0].numel() + pack_pool_[1].numel()) + overflow_peak_
+                                   : 0;
+  }
 
  private:
   const Group& group(size_t g) const;
@@ -100,6 +105,10 @@ class Engine {
   void enqueue_ready_locked();
   void comm_loop();
   bool reducing_now() const;      // does this micro-step reduce (stage 2, or a boundary)?
+  bool sharded_grads() const { return options_.stage == 2; }  // no whole low-precision grads
+  int acquire_slot_locked(Bucket& b);             // a free pack buffer for b, or -1 (mu_ held)
+  void* pack_buffer(Bucket& b);
+  void pack_locked(Bucket& b, size_t param);      // param's grad into b's pack buffer; frees it
   void update(StepStats& stats);
   at::Tensor optimizer_slice(const at::Tensor& t, size_t group) const;
 
@@ -109,6 +118,9 @@ class Engine {
   std::vector<Bucket*> buckets_;               // every group's buckets, in reduce order
   std::unique_ptr<ShardOptimizer> optimizer_;  // this rank's FP32 master, m, v, gradient
   at::Tensor stage0_scratch_;                  // stage 0: one bucket's reduced shard, FP32
+  at::Tensor pack_pool_[2];                    // stage 2: bucket gradient pack buffers (bytes)
+  Bucket* slot_owner_[2] = {nullptr, nullptr};
+  size_t overflow_peak_ = 0;                   // largest one-off pack buffer (out-of-order grads)
   int64_t micro_steps_ = 0, global_step_ = 0, skipped_steps_ = 0;
 
   // The comm thread and its queue of buckets (indices into buckets_).

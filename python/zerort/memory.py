@@ -72,9 +72,12 @@ def exact(groups, world_size, stage, reduce_bucket_numel=1 << 24, prefetch=1):
                 largest_shard = max(largest_shard, b_shard)
             opt = padded if stage == 0 else shard
             out["lp_params"] += padded * g.element_bytes
-            out["lp_grads"] += padded * g.element_bytes
+            if stage < 2:  # stages 0, 1: the whole flat gradient buffer
+                out["lp_grads"] += padded * g.element_bytes
             for k in ("master", "adam_m", "adam_v", "grad_shard"):
                 out[k] += 4 * opt
+        if stage == 2:  # two pack buffers of the largest bucket: one filling, one reducing
+            out["lp_grads"] = 2 * largest_pack
         # reduce_scatter_accumulate's received chunks for one bucket; stage 0 also keeps an
         # FP32 scratch shard for the all-gather.
         out["comm_buffers"] = largest_pack + (4 * largest_shard if stage == 0 else 0)
@@ -203,10 +206,12 @@ def measure(engine):
         return out
     for g in range(impl.num_groups):
         out["lp_params"] += nbytes(impl.flat_params(g))
-        out["lp_grads"] += nbytes(impl.flat_grads(g))
+        flat_grads = impl.flat_grads(g)
+        out["lp_grads"] += nbytes(flat_grads) if flat_grads is not None else 0
         out["master"] += nbytes(impl.master(g))
         out["adam_m"] += nbytes(impl.exp_avg(g))
         out["adam_v"] += nbytes(impl.exp_avg_sq(g))
+    out["lp_grads"] += impl.pack_buffer_bytes  # stage 2
     out["grad_shard"] = nbytes(impl.grad_shard)
     out["comm_buffers"] = scratch + (nbytes(impl.stage0_scratch) if impl.stage0_scratch is not None else 0)
     return out
@@ -250,7 +255,7 @@ def _plot(results, path):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(8, 5))
+    fig, ax = plt.subplots(figsize=(10, 5))
     stages = [r["stage"] for r in results]
     bottom = [0.0] * len(results)
     for k, label in CATEGORIES:
@@ -262,7 +267,7 @@ def _plot(results, path):
     ax.set_ylabel("GB per rank (model states)")
     ax.set_title(f"zerort model-state memory per rank: {r0['numel'] / 1e9:.2f}B parameters, "
                  f"W={r0['world_size']}, {r0['precision']}")
-    ax.legend()
+    ax.legend(bbox_to_anchor=(1.02, 1), loc="upper left")
     fig.tight_layout()
     fig.savefig(path)
 

@@ -71,7 +71,7 @@ EngineRun run_engine(Communicator& comm, const RunConfig& config) {
     for (int64_t micro = 0; micro < gas; ++micro) {
       auto [x, y] = batch(step, comm.rank(), micro);
       forward_backward(params, x, y, engine.loss_scale());
-      if (config.after_backward) config.after_backward(engine, step, comm.rank());
+      if (config.after_backward) config.after_backward(params, step, comm.rank());
       run.stats.push_back(engine.step());
     }
     run.scales.push_back(engine.loss_scale());

@@ -26,8 +26,8 @@ struct EngineRun {
 struct RunConfig {
   EngineOptions options;
   int steps = 20;  // optimizer boundaries
-  // Called after backward, before step(): may corrupt this rank's gradients.
-  std::function<void(Engine&, int step, int rank)> after_backward;
+  // Called after backward, before step(): may corrupt this rank's gradients (params[i].grad()).
+  std::function<void(std::vector<at::Tensor>& params, int step, int rank)> after_backward;
 };
 
 EngineOptions default_options(int stage, DType precision);

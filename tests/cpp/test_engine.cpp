@@ -101,13 +101,8 @@ void expect_global_skip(DType precision, float poison) {
   RunConfig config;
   config.options = default_options(2, precision);
   config.steps = 8;
-  config.after_backward = [poison](Engine& e, int step, int rank) {
-    if (step == 3 && rank == 1) {
-      auto* g = static_cast<uint16_t*>(e.flat_grads().data_ptr());
-      uint16_t bits[2];
-      cast_from_f32(&poison, bits, e.options().precision, 1);
-      g[5] = bits[0];
-    }
+  config.after_backward = [poison](std::vector<at::Tensor>& params, int step, int rank) {
+    if (step == 3 && rank == 1) params[0].grad().view({-1})[5].fill_(poison);
   };
   const int world = 4;
   std::vector<EngineRun> runs(world);
