@@ -25,17 +25,6 @@ py::dict stats_dict(const StepStats& s) {
   return d;
 }
 
-OptimizerOptions optimizer_options(const EngineOptions& e) {
-  OptimizerOptions o;
-  o.precision = e.precision;
-  o.adamw = e.adamw;
-  o.lr_schedule = e.lr_schedule;
-  o.loss_scale = e.loss_scale;
-  o.gradient_clipping = e.gradient_clipping;
-  o.gradient_accumulation_steps = e.gradient_accumulation_steps;
-  return o;
-}
-
 // Options come from zerort/config.py's validated Config, as keyword arguments.
 EngineOptions engine_options(int stage, const std::string& precision, double lr, double beta1,
                              double beta2, double eps, double weight_decay, int initial_scale_power,

@@ -77,6 +77,18 @@ double ms_since(std::chrono::steady_clock::time_point t0) {
 
 }  // namespace
 
+OptimizerOptions optimizer_options(const EngineOptions& e) {
+  OptimizerOptions o;
+  o.precision = e.precision;
+  o.adamw = e.adamw;
+  o.lr_schedule = e.lr_schedule;
+  o.loss_scale = e.loss_scale;
+  o.gradient_clipping = e.gradient_clipping;
+  o.gradient_accumulation_steps = e.gradient_accumulation_steps;
+  o.replicated = e.stage == 0;
+  return o;
+}
+
 Engine::Engine(std::vector<at::Tensor> params, Communicator& comm, EngineOptions options,
                std::vector<at::Tensor> fp32_params)
     : comm_(comm), options_(validated(options)) {
@@ -170,15 +182,7 @@ Engine::Engine(std::vector<at::Tensor> params, Communicator& comm, EngineOptions
     master.narrow(0, static_cast<int64_t>(off), part.numel()).copy_(part);
     off += static_cast<size_t>(part.numel());
   }
-  OptimizerOptions oo;
-  oo.precision = options_.precision;
-  oo.adamw = options_.adamw;
-  oo.lr_schedule = options_.lr_schedule;
-  oo.loss_scale = options_.loss_scale;
-  oo.gradient_clipping = options_.gradient_clipping;
-  oo.gradient_accumulation_steps = options_.gradient_accumulation_steps;
-  oo.replicated = replicated;
-  optimizer_ = std::make_unique<ShardOptimizer>(master, comm_, oo);
+  optimizer_ = std::make_unique<ShardOptimizer>(master, comm_, optimizer_options(options_));
   if (replicated) {  // stage 0 reduces each bucket into this scratch shard first
     size_t largest = 0;
     for (Bucket* b : buckets_) largest = std::max(largest, b->layout.shard_numel());

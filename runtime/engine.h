@@ -51,6 +51,9 @@ struct EngineOptions {
   size_t alignment = 16;               // elements; each shard is a multiple of it
 };
 
+// The optimizer half of these options (stage 0 makes it replicated).
+OptimizerOptions optimizer_options(const EngineOptions& options);
+
 class Engine {
  public:
   // params, fp32_params: defined CPU float32 leaf tensors that require grad; the same lists,
