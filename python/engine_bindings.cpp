@@ -25,6 +25,28 @@ py::dict stats_dict(const StepStats& s) {
   return d;
 }
 
+// Checkpoint state as a plain dict of numbers.
+py::dict state_dict(const LossScaler::State& s, int64_t adam_steps) {
+  py::dict d;
+  d["scale"] = s.scale;
+  d["hysteresis_left"] = s.hysteresis_left;
+  d["iteration"] = s.iteration;
+  d["last_overflow_iteration"] = s.last_overflow_iteration;
+  d["overflows"] = s.overflows;
+  d["adam_steps"] = adam_steps;
+  return d;
+}
+
+LossScaler::State scaler_state(const py::dict& d) {
+  LossScaler::State s;
+  s.scale = d["scale"].cast<double>();
+  s.hysteresis_left = d["hysteresis_left"].cast<int64_t>();
+  s.iteration = d["iteration"].cast<int64_t>();
+  s.last_overflow_iteration = d["last_overflow_iteration"].cast<int64_t>();
+  s.overflows = d["overflows"].cast<int64_t>();
+  return s;
+}
+
 // Options come from zerort/config.py's validated Config, as keyword arguments.
 EngineOptions engine_options(int stage, const std::string& precision, double lr, double beta1,
                              double beta2, double eps, double weight_decay, int initial_scale_power,
@@ -101,7 +123,9 @@ void bind_engine(py::module_& m) {
       .def_property_readonly("exp_avg_sq", &ShardOptimizer::exp_avg_sq)
       .def_property_readonly("loss_scale", &ShardOptimizer::loss_scale)
       .def_property_readonly("adam_steps", &ShardOptimizer::adam_steps)
-      .def("set_lr", &ShardOptimizer::set_lr);
+      .def("set_lr", &ShardOptimizer::set_lr)
+      .def("state", [](const ShardOptimizer& o) { return state_dict(o.scaler_state(), o.adam_steps()); })
+      .def("load_state", [](ShardOptimizer& o, py::dict d) { o.load_state(scaler_state(d), d["adam_steps"].cast<int64_t>()); });
 
   py::class_<Engine>(m, "Engine")
       .def(py::init([](std::vector<at::Tensor> params, std::vector<at::Tensor> fp32_params, Communicator& comm, int stage,
@@ -149,5 +173,22 @@ void bind_engine(py::module_& m) {
       .def("flat_grads", &Engine::flat_grads)
       .def_property_readonly("grad_shard", &Engine::grad_shard)
       .def_property_readonly("stage0_scratch", &Engine::stage0_scratch)
-      .def_property_readonly("pack_buffer_bytes", &Engine::pack_buffer_bytes);
+      .def_property_readonly("pack_buffer_bytes", &Engine::pack_buffer_bytes)
+      .def("bucket_layout", &Engine::bucket_layout)
+      .def("state", [](const Engine& e) {
+        auto c = e.counters();
+        py::dict d = state_dict(c.scaler, c.adam_steps);
+        d["global_step"] = c.global_step;
+        d["skipped_steps"] = c.skipped_steps;
+        d["micro_steps"] = c.micro_steps;
+        return d;
+      })
+      .def("load_state", [](Engine& e, py::dict d) {
+        e.load_counters({d["global_step"].cast<int64_t>(), d["skipped_steps"].cast<int64_t>(),
+                         d["micro_steps"].cast<int64_t>(), d["adam_steps"].cast<int64_t>(), scaler_state(d)});
+      })
+      .def("refresh_params", [](Engine& e) {
+        py::gil_scoped_release release;  // a collective
+        e.refresh_params();
+      });
 }

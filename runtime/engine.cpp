@@ -423,3 +423,43 @@ void Engine::update(StepStats& stats) {
 }
 
 }  // namespace zerort
+
+namespace zerort {
+
+Engine::Counters Engine::counters() const {
+  return Counters{global_step_, skipped_steps_, micro_steps_, optimizer_->adam_steps(), optimizer_->scaler_state()};
+}
+
+void Engine::load_counters(const Counters& c) {
+  ZRT_CHECK(c.global_step >= 0 && c.skipped_steps >= 0 && c.skipped_steps <= c.global_step && c.micro_steps >= 0,
+            "checkpoint: inconsistent step counters (global ", c.global_step, ", skipped ", c.skipped_steps,
+            ", micro ", c.micro_steps, ")");
+  optimizer_->load_state(c.scaler, c.adam_steps);
+  global_step_ = c.global_step;
+  skipped_steps_ = c.skipped_steps;
+  micro_steps_ = c.micro_steps;
+}
+
+void Engine::refresh_params() {
+  const bool replicated = options_.stage == 0;
+  const float* master = optimizer_->master().data_ptr<float>();
+  for (auto& g : groups_) {
+    const size_t esize = dtype_size(g->dtype);
+    for (const Bucket& b : g->buckets) {
+      char* base = static_cast<char*>(g->flat_params.data_ptr()) + b.flat_offset * esize;
+      char* mine = replicated ? base : base + static_cast<size_t>(comm_.rank()) * b.layout.shard_numel() * esize;
+      cast_from_f32(master + b.opt_offset, mine, g->dtype, b.opt_numel);
+      if (!replicated) comm_.all_gather(mine, base, b.layout.shard_numel(), g->dtype)->wait();
+    }
+  }
+}
+
+std::vector<std::array<size_t, 4>> Engine::bucket_layout(size_t g) const {
+  std::vector<std::array<size_t, 4>> out;
+  for (const Bucket& b : group(g).buckets) {
+    out.push_back({b.flat_offset, b.layout.padded_numel(), b.layout.shard_numel(), b.opt_offset});
+  }
+  return out;
+}
+
+}  // namespace zerort

@@ -23,6 +23,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <array>
 #include <condition_variable>
 #include <deque>
 #include <exception>
@@ -92,6 +93,19 @@ class Engine {
   at::Tensor exp_avg_sq(size_t group = 0) const;
   // The group's whole FP32 master in flat_params order, on every rank (a collective).
   at::Tensor gather_master(size_t group = 0) const;
+  // Checkpoints. The optimizer tensors are master()/exp_avg()/exp_avg_sq() (write into
+  // them to load); these are the rest of the state, and refresh_params() rebuilds every
+  // rank's working weights from the master afterwards (a collective).
+  struct Counters {
+    int64_t global_step, skipped_steps, micro_steps, adam_steps;
+    LossScaler::State scaler;
+  };
+  Counters counters() const;
+  void load_counters(const Counters& c);
+  void refresh_params();
+  // (flat_offset, padded_numel, shard_numel, opt_offset) of each bucket of the group.
+  std::vector<std::array<size_t, 4>> bucket_layout(size_t group) const;
+
   // For the memory report: the FP32 gradient (every group), stage 0's reduce scratch and
   // stage 2's two gradient pack buffers.
   const at::Tensor& grad_shard() const { return optimizer_->grad_shard(); }

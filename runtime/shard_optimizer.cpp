@@ -108,3 +108,13 @@ bool ShardOptimizer::step(const std::vector<OutputSegment>& outputs, StepStats& 
 }
 
 }  // namespace zerort
+
+namespace zerort {
+
+void ShardOptimizer::load_state(const LossScaler::State& scaler, int64_t adam_steps) {
+  ZRT_CHECK(adam_steps >= 0, "checkpoint: Adam step count must be >= 0, got ", adam_steps);
+  scaler_.load_state(scaler);
+  adam_steps_ = adam_steps;
+}
+
+}  // namespace zerort

@@ -64,10 +64,13 @@ class ShardOptimizer {
 
   double loss_scale() const { return scaler_.scale(); }
   int64_t adam_steps() const { return adam_steps_; }
+  // Checkpoints: the scaler's state and Adam's step count (master, m, v are the tensors).
+  void load_state(const LossScaler::State& scaler, int64_t adam_steps);
   void set_lr(double lr) { options_.adamw.lr = lr; }
   const LossScaler& scaler() const { return scaler_; }
   const OptimizerOptions& options() const { return options_; }
   const at::Tensor& master() const { return master_; }
+  const LossScaler::State& scaler_state() const { return scaler_.state(); }
   const at::Tensor& exp_avg() const { return exp_avg_; }
   const at::Tensor& exp_avg_sq() const { return exp_avg_sq_; }
 

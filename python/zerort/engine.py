@@ -80,6 +80,7 @@ class Engine:
                         if not keep_fp32:
                             setattr(m, name, b.to(self.dtype))
         self._groups = [[p for p in params if id(p) not in fp32_ids], [p for p in params if id(p) in fp32_ids]]
+        self._shapes = {id(p): tuple(p.shape) for p in params}  # stage 3 empties the params
         self.comm._c.reset_scratch_peak()  # the memory report measures from here
         kwargs = dict(lr=c.lr, beta1=c.betas[0], beta2=c.betas[1], eps=c.eps, weight_decay=c.weight_decay,
                       initial_scale_power=c.initial_scale_power if c.precision == "fp16" else 0,
@@ -194,6 +195,20 @@ class Engine:
             else:
                 out[name] = t.detach().clone()
         return out
+
+    def save_checkpoint(self, directory, tag=None):
+        """Every rank writes its shard; rank 0 the metadata and then `latest` (a collective).
+        Returns the checkpoint's path. See zerort.checkpoint."""
+        from . import checkpoint
+
+        return checkpoint.save(self, directory, tag)
+
+    def load_checkpoint(self, directory, tag=None):
+        """Loads `tag` (default: the one in `latest`), saved at any world size and stage
+        for this same model (a collective). Returns the tag."""
+        from . import checkpoint
+
+        return checkpoint.load(self, directory, tag)
 
     def memory_report(self):
         """Bytes this run allocated per category on every rank, beside our exact estimate

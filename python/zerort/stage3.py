@@ -225,6 +225,30 @@ class Stage3:
             stats["gather_ms"] += 1e3 * (time.perf_counter() - t0)
         return stats
 
+    # ---- checkpoints ----------------------------------------------------------------
+    def state(self):
+        d = self.opt.state()
+        d.update(global_step=self.global_step, skipped_steps=self.skipped_steps, micro_steps=self.micro_steps)
+        return d
+
+    def load_state(self, d):
+        self.opt.load_state(d)
+        self.global_step, self.skipped_steps, self.micro_steps = d["global_step"], d["skipped_steps"], d["micro_steps"]
+
+    def refresh_from_master(self):
+        """The working shards from a freshly loaded master (RNE, as AdamW writes them)."""
+        for g in self.groups:
+            if g.pending is not None:
+                g.pending.wait()
+                g.pending = g.full_buf = None
+                if not g.persistent:
+                    self.gathered_bytes -= g.nbytes
+            self._free(g)
+            g.lp_slice.copy_(self.opt.master[g.grad_off:g.grad_off + g.shard])
+            if g.persistent:
+                g.full = None
+                self._gather(g)
+
     @contextlib.contextmanager
     def gathered(self):
         for g in self.groups:

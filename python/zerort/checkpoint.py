@@ -1,0 +1,265 @@
+"""Sharded checkpoints: every rank writes its own shard, rank 0 the metadata.
+
+    engine.save_checkpoint("ckpt")             # ckpt/step<N>/shard_00000.pt ..., meta.json; ckpt/latest
+    engine.load_checkpoint("ckpt")             # the tag in ckpt/latest; any world size
+
+Each shard holds this rank's FP32 master, Adam m and v (and at stage 3 its low-precision
+shard), the loss-scaler state and the step counters, with a SHA-256 of its tensors. The
+metadata records, for every parameter, which rank holds which run of its elements at what
+offset, so a checkpoint loads at another world size or stage: loading assembles each
+parameter's FP32 master, m and v and writes the part this rank owns in the new layout.
+
+Every file is written to a temporary name, fsync'ed and renamed; `latest` moves to a new
+tag only after every rank has finished, behind a barrier, so a crash mid-save leaves the
+previous checkpoint loadable.
+"""
+import hashlib
+import json
+import os
+
+import torch
+
+FORMAT = "zerort-checkpoint-1"
+STATE_TENSORS = ("master", "exp_avg", "exp_avg_sq")
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint that cannot be loaded; the message names the file or the parameter."""
+
+
+# ---- files ------------------------------------------------------------------------------
+
+def _fsync_dir(path):
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _atomic_write(path, write):
+    tmp = f"{path}.tmp.{os.getpid()}"
+    with open(tmp, "wb") as f:
+        write(f)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    _fsync_dir(os.path.dirname(path) or ".")
+
+
+def _digest(tensors, meta):
+    h = hashlib.sha256(json.dumps(meta, sort_keys=True).encode())
+    for k in sorted(tensors):
+        t = tensors[k].contiguous()
+        h.update(k.encode())
+        h.update(t.view(torch.uint8).reshape(-1).numpy().tobytes() if t.numel() else b"")
+    return h.hexdigest()
+
+
+def write_shard(path, tensors, meta):
+    payload = {"format": FORMAT, "meta": meta, "tensors": tensors, "sha256": _digest(tensors, meta)}
+    _atomic_write(path, lambda f: torch.save(payload, f))
+
+
+def read_shard(path):
+    """(tensors, meta) of a shard file, memory-mapped; checks format and checksum."""
+    if not os.path.exists(path):
+        raise CheckpointError(f"missing shard file {path}: the checkpoint is incomplete or was "
+                              "saved by more ranks than this directory holds")
+    try:
+        payload = torch.load(path, mmap=True, weights_only=True)
+    except Exception as e:  # a truncated zip, or not a torch file at all
+        raise CheckpointError(f"shard file {path} is truncated or corrupt ({type(e).__name__}: {e})") from None
+    if not isinstance(payload, dict) or payload.get("format") != FORMAT:
+        raise CheckpointError(f"{path} is not a zerort checkpoint shard")
+    if _digest(payload["tensors"], payload["meta"]) != payload["sha256"]:
+        raise CheckpointError(f"checksum mismatch in {path}: the file was modified or damaged")
+    return payload["tensors"], payload["meta"]
+
+
+def read_meta(directory, tag=None):
+    """(tag, metadata) of a checkpoint directory; tag defaults to the one in `latest`."""
+    if not os.path.isdir(directory):
+        raise CheckpointError(f"{directory} is not a directory")
+    if tag is None:
+        latest = os.path.join(directory, "latest")
+        if not os.path.exists(latest):
+            raise CheckpointError(f"{directory} is not a zerort checkpoint directory (no 'latest' file); "
+                                  "pass tag= to load a specific checkpoint")
+        with open(latest) as f:
+            tag = f.read().strip()
+    path = os.path.join(directory, tag, "meta.json")
+    if not os.path.exists(path):
+        raise CheckpointError(f"{path} is missing: {os.path.join(directory, tag)} is not a complete checkpoint")
+    try:
+        with open(path) as f:
+            meta = json.load(f)
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise CheckpointError(f"{path} is truncated or corrupt ({e})") from None
+    digest = meta.pop("sha256", None)
+    if meta.get("format") != FORMAT:
+        raise CheckpointError(f"{path} is not zerort checkpoint metadata (format {meta.get('format')!r})")
+    if digest != hashlib.sha256(json.dumps(meta, sort_keys=True).encode()).hexdigest():
+        raise CheckpointError(f"checksum mismatch in {path}: the file was modified or damaged")
+    return tag, meta
+
+
+# ---- where each parameter's elements live -----------------------------------------------
+
+def _pieces(a, n, flat_offset, shard, opt_offset, world, replicated):
+    """Runs [rank, master_index, param_offset, length] of flat elements [a, a+n) of a bucket
+    starting at flat_offset with per-rank shards of `shard` elements."""
+    if replicated:
+        return [[0, opt_offset + (a - flat_offset), 0, n]] if n else []
+    out, x = [], a
+    while x < a + n:
+        r = (x - flat_offset) // shard
+        end = min(a + n, flat_offset + (r + 1) * shard)
+        out.append([r, opt_offset + (x - flat_offset) - r * shard, x - a, end - x])
+        x = end
+    return out
+
+
+def param_layout(engine):
+    """{name: {"shape", "segments"}} for every trainable parameter of the engine."""
+    from .stage3 import Stage3
+
+    impl, w = engine._impl, engine.world_size
+    where = {}  # id(param) -> segments
+    if isinstance(impl, Stage3):
+        for g in impl.groups:
+            off = 0
+            for p, n in zip(g.params, g.numels):
+                where[id(p)] = _pieces(off, n, 0, g.shard, g.grad_off, w, False)
+                off += n
+    else:
+        for gi, params in enumerate(engine._groups):
+            buckets = impl.bucket_layout(gi) if params else []
+            for i, p in enumerate(params):
+                a = impl.param_offset(gi, i)
+                f, padded, shard, opt = next(b for b in buckets if b[0] <= a < b[0] + b[1] or p.numel() == 0)
+                where[id(p)] = _pieces(a, p.numel(), f, shard, opt, w, engine.config.stage == 0)
+    out, seen = {}, set()
+    for name, p in engine.module.named_parameters():
+        if id(p) in where and id(p) not in seen:
+            seen.add(id(p))
+            out[name] = {"shape": list(engine._shapes[id(p)]), "segments": where[id(p)]}
+    return out
+
+
+def _optimizer_tensors(engine):
+    from .stage3 import Stage3
+
+    impl = engine._impl
+    if isinstance(impl, Stage3):
+        return {"master": impl.opt.master, "exp_avg": impl.opt.exp_avg, "exp_avg_sq": impl.opt.exp_avg_sq}
+    n = impl.num_groups
+    return {"master": [impl.master(g) for g in range(n)], "exp_avg": [impl.exp_avg(g) for g in range(n)],
+            "exp_avg_sq": [impl.exp_avg_sq(g) for g in range(n)]}
+
+
+def _flat(t):
+    return torch.cat([x.reshape(-1) for x in t]) if isinstance(t, list) else t.reshape(-1)
+
+
+# ---- save / load -----------------------------------------------------------------------
+
+def save(engine, directory, tag=None):
+    from .config import to_dict
+    from .stage3 import Stage3
+
+    comm, rank = engine.comm, engine.rank
+    tag = tag or f"step{engine.global_step}"
+    path = os.path.join(directory, tag)
+    os.makedirs(path, exist_ok=True)
+    tensors = {k: _flat(v).clone() for k, v in _optimizer_tensors(engine).items()}
+    if isinstance(engine._impl, Stage3):
+        tensors["lp_shard"] = torch.cat([g.lp_slice.float() for g in engine._impl.groups])
+    write_shard(os.path.join(path, f"shard_{rank:05d}.pt"), tensors,
+                {"rank": rank, "world_size": engine.world_size, "state": engine._impl.state()})
+    comm.barrier()  # every shard is on disk
+    if rank == 0:
+        meta = {"format": FORMAT, "zerort_version": _version(), "world_size": engine.world_size,
+                "stage": engine.config.stage, "precision": engine.config.precision,
+                "config": to_dict(engine.config), "params": param_layout(engine),
+                "shards": [f"shard_{r:05d}.pt" for r in range(engine.world_size)]}
+        meta["sha256"] = hashlib.sha256(json.dumps(meta, sort_keys=True).encode()).hexdigest()
+        _atomic_write(os.path.join(path, "meta.json"), lambda f: f.write(json.dumps(meta, indent=1).encode()))
+        _atomic_write(os.path.join(directory, "latest"), lambda f: f.write(tag.encode()))
+    comm.barrier()  # `latest` names a complete checkpoint before anyone goes on
+    return path
+
+
+def _version():
+    from . import __version__
+
+    return __version__
+
+
+class ShardReader:
+    """Reads saved shards lazily (memory-mapped), one parameter's elements at a time."""
+
+    def __init__(self, directory, tag, meta):
+        self.dir = os.path.join(directory, tag)
+        self.meta = meta
+        self._open = {}
+
+    def shard(self, rank):
+        if rank not in self._open:
+            self._open[rank] = read_shard(os.path.join(self.dir, self.meta["shards"][rank]))
+        return self._open[rank]
+
+    def check_all(self):
+        for r in range(len(self.meta["shards"])):
+            self.shard(r)
+
+    def assemble(self, name, key):
+        info = self.meta["params"][name]
+        out = torch.empty(info["shape"]).reshape(-1)
+        for rank, index, offset, length in info["segments"]:
+            out[offset:offset + length] = self.shard(rank)[0][key][index:index + length]
+        return out.reshape(info["shape"])
+
+
+def load(engine, directory, tag=None):
+    from .stage3 import Stage3
+
+    tag, meta = read_meta(directory, tag)
+    mine = param_layout(engine)
+    saved = meta["params"]
+    for name, info in mine.items():  # the same model: names and shapes
+        if name not in saved:
+            raise CheckpointError(f"parameter {name!r} of this model is not in checkpoint {directory}/{tag}: "
+                                  "it was saved from another model")
+        if saved[name]["shape"] != info["shape"]:
+            raise CheckpointError(f"parameter {name!r} has shape {info['shape']} here but {saved[name]['shape']} "
+                                  f"in checkpoint {directory}/{tag}: it was saved from another model")
+    extra = sorted(set(saved) - set(mine))
+    if extra:
+        raise CheckpointError(f"checkpoint {directory}/{tag} has parameters this model lacks, first {extra[0]!r}")
+    reader = ShardReader(directory, tag, meta)
+    reader.check_all()  # every shard present, whole and intact before anything changes
+    targets = {k: _flat(v) if not isinstance(v, list) else v for k, v in _optimizer_tensors(engine).items()}
+    rank, stage0 = engine.rank, engine.config.stage == 0
+    with torch.no_grad():
+        for key in STATE_TENSORS:
+            dest = targets[key]
+            views = dest if isinstance(dest, list) else [dest]
+            flat = torch.cat([v.reshape(-1) for v in views]) if len(views) > 1 else views[0].reshape(-1)
+            for name, info in mine.items():
+                full = reader.assemble(name, key).reshape(-1)
+                for r, index, offset, length in info["segments"]:
+                    if stage0 or r == rank:
+                        flat[index:index + length] = full[offset:offset + length]
+            if len(views) > 1:  # write back into each group's view
+                off = 0
+                for v in views:
+                    v.reshape(-1).copy_(flat[off:off + v.numel()])
+                    off += v.numel()
+    engine._impl.load_state(reader.shard(0)[1]["state"])
+    if isinstance(engine._impl, Stage3):
+        engine._impl.refresh_from_master()
+    else:
+        engine._impl.refresh_params()
+    engine.comm.barrier()
+    return tag
