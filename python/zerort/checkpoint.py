@@ -52,7 +52,8 @@ def _digest(tensors, meta):
     for k in sorted(tensors):
         t = tensors[k].contiguous()
         h.update(k.encode())
-        h.update(t.view(torch.uint8).reshape(-1).numpy().tobytes() if t.numel() else b"")
+        if t.numel():
+            h.update(t.view(torch.uint8).reshape(-1).numpy())  # hashes the (mapped) bytes in place
     return h.hexdigest()
 
 
@@ -175,6 +176,8 @@ def save(engine, directory, tag=None):
     tensors = {k: _flat(v).clone() for k, v in _optimizer_tensors(engine).items()}
     if isinstance(engine._impl, Stage3):
         tensors["lp_shard"] = torch.cat([g.lp_slice.float() for g in engine._impl.groups])
+    if rank == 0:  # frozen parameters (FP32) and buffers, so the state_dict is complete
+        tensors.update({f"extra::{k}": v for k, v in _extras(engine).items()})
     write_shard(os.path.join(path, f"shard_{rank:05d}.pt"), tensors,
                 {"rank": rank, "world_size": engine.world_size, "state": engine._impl.state()})
     comm.barrier()  # every shard is on disk
@@ -182,12 +185,38 @@ def save(engine, directory, tag=None):
         meta = {"format": FORMAT, "zerort_version": _version(), "world_size": engine.world_size,
                 "stage": engine.config.stage, "precision": engine.config.precision,
                 "config": to_dict(engine.config), "params": param_layout(engine),
+                "aliases": _aliases(engine), "extras": sorted(_extras(engine)),
                 "shards": [f"shard_{r:05d}.pt" for r in range(engine.world_size)]}
         meta["sha256"] = hashlib.sha256(json.dumps(meta, sort_keys=True).encode()).hexdigest()
         _atomic_write(os.path.join(path, "meta.json"), lambda f: f.write(json.dumps(meta, indent=1).encode()))
         _atomic_write(os.path.join(directory, "latest"), lambda f: f.write(tag.encode()))
     comm.barrier()  # `latest` names a complete checkpoint before anyone goes on
     return path
+
+
+def _aliases(engine):
+    """Tied parameters: every state_dict name beyond the first, mapped to the first."""
+    first, out = {}, {}
+    for name, p in engine.module.named_parameters(remove_duplicate=False):
+        if id(p) in first:
+            out[name] = first[id(p)]
+        else:
+            first[id(p)] = name
+    return out
+
+
+def _extras(engine):
+    """State outside the optimizer: frozen parameters (their FP32 values) and buffers."""
+    out = {}
+    trainable = {id(p) for p in engine._params_all}
+    for name, t in engine.module.state_dict(keep_vars=True).items():
+        if id(t) in trainable:
+            continue
+        if id(t) in engine._frozen_fp32:
+            out[name] = engine._frozen_fp32[id(t)].clone()
+        else:
+            out[name] = t.detach().float().clone() if t.is_floating_point() else t.detach().clone()
+    return out
 
 
 def _version():
@@ -197,19 +226,30 @@ def _version():
 
 
 class ShardReader:
-    """Reads saved shards lazily (memory-mapped), one parameter's elements at a time."""
+    """Reads saved shards memory-mapped, one parameter's elements at a time, keeping only
+    the shard in use mapped (the page cache keeps the others cheap to map again)."""
 
     def __init__(self, directory, tag, meta):
         self.dir = os.path.join(directory, tag)
         self.meta = meta
-        self._open = {}
+        self._rank, self._data = None, None
+        self._verified = set()
 
     def shard(self, rank):
-        if rank not in self._open:
-            self._open[rank] = read_shard(os.path.join(self.dir, self.meta["shards"][rank]))
-        return self._open[rank]
+        if self._rank != rank:
+            self._rank, self._data = None, None  # unmap the previous shard first
+            path = os.path.join(self.dir, self.meta["shards"][rank])
+            if rank in self._verified:
+                payload = torch.load(path, mmap=True, weights_only=True)
+                self._data = (payload["tensors"], payload["meta"])
+            else:
+                self._data = read_shard(path)
+                self._verified.add(rank)
+            self._rank = rank
+        return self._data
 
     def check_all(self):
+        """Every shard present, whole and matching its checksum, before anything changes."""
         for r in range(len(self.meta["shards"])):
             self.shard(r)
 

@@ -81,6 +81,7 @@ class Engine:
                             setattr(m, name, b.to(self.dtype))
         self._groups = [[p for p in params if id(p) not in fp32_ids], [p for p in params if id(p) in fp32_ids]]
         self._shapes = {id(p): tuple(p.shape) for p in params}  # stage 3 empties the params
+        self._params_all = params
         self.comm._c.reset_scratch_peak()  # the memory report measures from here
         kwargs = dict(lr=c.lr, beta1=c.betas[0], beta2=c.betas[1], eps=c.eps, weight_decay=c.weight_decay,
                       initial_scale_power=c.initial_scale_power if c.precision == "fp16" else 0,

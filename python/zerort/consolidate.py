@@ -1,0 +1,108 @@
+"""Offline consolidation of a sharded checkpoint into one full FP32 state_dict.
+
+    python -m zerort.consolidate CKPT_DIR OUT.pt                  # torch.save format
+    python -m zerort.consolidate CKPT_DIR OUT.safetensors --safetensors
+    python -m zerort.consolidate CKPT_DIR OUT.pt --adam           # also exp_avg / exp_avg_sq
+
+Needs no process group. Parameters are assembled one at a time from memory-mapped shards
+and streamed to a .safetensors file, so peak memory stays near the largest parameter plus
+the shard pages being read. A .pt output is written from that streamed file, memory-mapped.
+The original model loads the result with model.load_state_dict(torch.load(OUT)).
+"""
+import argparse
+import json
+import os
+import struct
+import sys
+import tempfile
+
+import torch
+
+from .checkpoint import CheckpointError, ShardReader, read_meta
+
+
+def _progress(i, n, name):
+    """A progress line on stderr for long runs: a terminal, or 200+ tensors."""
+    if not (sys.stderr.isatty() or n >= 200):
+        return
+    if i % max(1, n // 20) == 0 or i == n:
+        sys.stderr.write(f"\rconsolidating {i}/{n} tensors ({100 * i // n}%) {name[:40]:40s}")
+        if i == n:
+            sys.stderr.write("\n")
+        sys.stderr.flush()
+
+
+def _shape(reader, pname, key):
+    if key.startswith("extra::"):
+        return list(reader.shard(0)[0][key].shape)
+    return reader.meta["params"][pname]["shape"]
+
+
+def _tensor(reader, pname, key):
+    if key.startswith("extra::"):
+        return reader.shard(0)[0][key].float()
+    return reader.assemble(pname, key)
+
+
+def stream_safetensors(reader, entries, path):
+    """entries: [(output name, param name, state key)]; writes them one tensor at a time."""
+    header, offset = {}, 0
+    for out_name, pname, key in entries:
+        shape = _shape(reader, pname, key)
+        nbytes = 4 * int(torch.tensor(shape).prod().item()) if shape else 4
+        header[out_name] = {"dtype": "F32", "shape": shape, "data_offsets": [offset, offset + nbytes]}
+        offset += nbytes
+    blob = json.dumps(header, separators=(",", ":")).encode()
+    blob += b" " * (-len(blob) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(blob)))
+        f.write(blob)
+        for i, (out_name, pname, key) in enumerate(entries, 1):
+            t = _tensor(reader, pname, key).contiguous()
+            f.write(t.numpy().tobytes())
+            del t
+            _progress(i, len(entries), out_name)
+
+
+def consolidate(directory, out, tag=None, safetensors=False, adam=False):
+    tag, meta = read_meta(directory, tag)
+    reader = ShardReader(directory, tag, meta)
+    reader.check_all()
+    names = list(meta["params"])
+    entries = [(n, n, "master") for n in names]
+    entries += [(alias, first, "master") for alias, first in meta.get("aliases", {}).items()]
+    entries += [(n, n, f"extra::{n}") for n in meta.get("extras", [])]  # frozen params, buffers
+    if adam:
+        entries += [(f"{n}.exp_avg", n, "exp_avg") for n in names] + [(f"{n}.exp_avg_sq", n, "exp_avg_sq") for n in names]
+    if safetensors:
+        stream_safetensors(reader, entries, out)
+        return out
+    with tempfile.TemporaryDirectory(dir=os.path.dirname(os.path.abspath(out))) as tmp:
+        st = os.path.join(tmp, "full.safetensors")
+        stream_safetensors(reader, entries, st)
+        from safetensors.torch import load_file
+
+        torch.save(load_file(st), out)  # tensors memory-mapped from the streamed file
+    return out
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(prog="python -m zerort.consolidate", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("checkpoint_dir")
+    ap.add_argument("out")
+    ap.add_argument("--tag", help="default: the tag in CKPT_DIR/latest")
+    ap.add_argument("--safetensors", action="store_true", help="write .safetensors instead of torch.save")
+    ap.add_argument("--adam", action="store_true", help="also write <name>.exp_avg and <name>.exp_avg_sq")
+    a = ap.parse_args(argv)
+    try:
+        consolidate(a.checkpoint_dir, a.out, a.tag, a.safetensors, a.adam)
+    except CheckpointError as e:
+        sys.stderr.write(f"zerort.consolidate: {e}\n")
+        return 2
+    print(f"wrote {a.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
