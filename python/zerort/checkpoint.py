@@ -16,6 +16,8 @@ previous checkpoint loadable.
 import hashlib
 import json
 import os
+import shutil
+import time
 
 import torch
 
@@ -53,7 +55,7 @@ def _digest(tensors, meta):
         t = tensors[k].contiguous()
         h.update(k.encode())
         if t.numel():
-            h.update(t.view(torch.uint8).reshape(-1).numpy())  # hashes the (mapped) bytes in place
+            h.update(t.reshape(-1).view(torch.uint8).numpy())  # hashes the (mapped) bytes in place
     return h.hexdigest()
 
 
@@ -165,39 +167,83 @@ def _flat(t):
 
 # ---- save / load -----------------------------------------------------------------------
 
+def _collective_step(comm, what, fn):
+    """Runs fn on every rank; if it fails on any rank, every rank raises (none is left
+    waiting for the others in a barrier)."""
+    error = None
+    try:
+        fn()
+    except Exception as e:  # reported to every rank below
+        error = e
+    ok = torch.tensor([0 if error else 1], dtype=torch.int64)
+    comm.all_reduce(ok, "min")
+    if error is not None:
+        raise error
+    if ok.item() == 0:
+        raise CheckpointError(f"{what} failed on another rank; see that rank's error")
+
+
 def save(engine, directory, tag=None):
+    """Writes into a fresh directory `.{tag}.{id}`; once complete, the name `tag` (a symlink)
+    is switched to it atomically and `latest` updated. A crash at any point leaves `tag`
+    and `latest` on the previous complete checkpoint."""
     from .config import to_dict
     from .stage3 import Stage3
 
     comm, rank = engine.comm, engine.rank
     tag = tag or f"step{engine.global_step}"
-    path = os.path.join(directory, tag)
-    os.makedirs(path, exist_ok=True)
-    tensors = {k: _flat(v).clone() for k, v in _optimizer_tensors(engine).items()}
-    if isinstance(engine._impl, Stage3):
-        tensors["lp_shard"] = torch.cat([g.lp_slice.float() for g in engine._impl.groups])
-    if rank == 0:  # frozen parameters (FP32) and buffers, so the state_dict is complete
-        tensors.update({f"extra::{k}": v for k, v in _extras(engine).items()})
-    write_shard(os.path.join(path, f"shard_{rank:05d}.pt"), tensors,
-                {"rank": rank, "world_size": engine.world_size, "state": engine._impl.state()})
-    comm.barrier()  # every shard is on disk
-    if rank == 0:
+    if "/" in tag or tag.startswith(".") or tag == "latest":
+        raise CheckpointError(f"checkpoint tag {tag!r} must be a plain name (no '/', not hidden, not 'latest')")
+    save_id = torch.tensor([time.time_ns() if rank == 0 else 0], dtype=torch.int64)
+    comm.broadcast(save_id, 0)  # one fresh directory name on every rank
+    work = os.path.join(directory, f".{tag}.{save_id.item()}")
+
+    def write_my_shard():
+        os.makedirs(work, exist_ok=True)
+        tensors = {k: _flat(v).clone() for k, v in _optimizer_tensors(engine).items()}
+        if isinstance(engine._impl, Stage3):
+            tensors["lp_shard"] = torch.cat([g.lp_slice.float() for g in engine._impl.groups])
+        if rank == 0:  # frozen parameters (FP32) and buffers, so the state_dict is complete
+            tensors.update({f"extra::{k}": v for k, v in _extras(engine).items()})
+        write_shard(os.path.join(work, f"shard_{rank:05d}.pt"), tensors,
+                    {"rank": rank, "world_size": engine.world_size, "state": engine._impl.state()})
+
+    def publish():
+        if rank != 0:
+            return
         meta = {"format": FORMAT, "zerort_version": _version(), "world_size": engine.world_size,
                 "stage": engine.config.stage, "precision": engine.config.precision,
                 "config": to_dict(engine.config), "params": param_layout(engine),
                 "aliases": _aliases(engine), "extras": sorted(_extras(engine)),
                 "shards": [f"shard_{r:05d}.pt" for r in range(engine.world_size)]}
         meta["sha256"] = hashlib.sha256(json.dumps(meta, sort_keys=True).encode()).hexdigest()
-        _atomic_write(os.path.join(path, "meta.json"), lambda f: f.write(json.dumps(meta, indent=1).encode()))
+        _atomic_write(os.path.join(work, "meta.json"), lambda f: f.write(json.dumps(meta, indent=1).encode()))
+        link = os.path.join(directory, tag)
+        old = os.path.realpath(link) if os.path.islink(link) else None
+        if os.path.exists(link) and not os.path.islink(link):
+            raise CheckpointError(f"{link} exists and is not a zerort checkpoint link; choose another tag")
+        tmp_link = os.path.join(directory, f".{tag}.link")
+        if os.path.lexists(tmp_link):
+            os.remove(tmp_link)
+        os.symlink(os.path.basename(work), tmp_link)
+        os.replace(tmp_link, link)  # atomic: `tag` now names the new, complete checkpoint
         _atomic_write(os.path.join(directory, "latest"), lambda f: f.write(tag.encode()))
-    comm.barrier()  # `latest` names a complete checkpoint before anyone goes on
-    return path
+        _fsync_dir(directory)
+        if old and old != os.path.realpath(work):
+            shutil.rmtree(old, ignore_errors=True)
+
+    _collective_step(comm, f"writing a shard of checkpoint {tag!r}", write_my_shard)
+    _collective_step(comm, f"publishing checkpoint {tag!r}", publish)
+    return os.path.join(directory, tag)
 
 
 def _aliases(engine):
     """Tied parameters: every state_dict name beyond the first, mapped to the first."""
     first, out = {}, {}
+    trainable = {id(p) for p in engine._params_all}  # frozen tied names are all in the extras
     for name, p in engine.module.named_parameters(remove_duplicate=False):
+        if id(p) not in trainable:
+            continue
         if id(p) in first:
             out[name] = first[id(p)]
         else:
@@ -217,6 +263,22 @@ def _extras(engine):
         else:
             out[name] = t.detach().float().clone() if t.is_floating_point() else t.detach().clone()
     return out
+
+
+def _restore_extras(engine, meta, tensors):
+    """Frozen parameters and buffers: rank 0's saved values, in this engine's dtypes."""
+    live = engine.module.state_dict(keep_vars=True)
+    with torch.no_grad():
+        for name in meta.get("extras", []):
+            if name not in live:
+                raise CheckpointError(f"checkpoint has state {name!r} that this model lacks: saved from another model")
+            saved, t = tensors[f"extra::{name}"], live[name]
+            if tuple(saved.shape) != tuple(t.shape):
+                raise CheckpointError(f"{name!r} has shape {list(t.shape)} here but {list(saved.shape)} in the "
+                                      "checkpoint: saved from another model")
+            if id(t) in engine._frozen_fp32:
+                engine._frozen_fp32[id(t)].copy_(saved)
+            t.data.copy_(saved)  # cast to the working dtype
 
 
 def _version():
@@ -296,6 +358,7 @@ def load(engine, directory, tag=None):
                 for v in views:
                     v.reshape(-1).copy_(flat[off:off + v.numel()])
                     off += v.numel()
+    _restore_extras(engine, meta, reader.shard(0)[0])
     engine._impl.load_state(reader.shard(0)[1]["state"])
     if isinstance(engine._impl, Stage3):
         engine._impl.refresh_from_master()

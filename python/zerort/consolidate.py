@@ -40,17 +40,29 @@ def _shape(reader, pname, key):
 
 def _tensor(reader, pname, key):
     if key.startswith("extra::"):
-        return reader.shard(0)[0][key].float()
+        return reader.shard(0)[0][key]  # frozen params are FP32; buffers keep their dtype
     return reader.assemble(pname, key)
+
+
+_ST_DTYPES = {torch.float32: "F32", torch.float64: "F64", torch.float16: "F16", torch.bfloat16: "BF16",
+              torch.int64: "I64", torch.int32: "I32", torch.int16: "I16", torch.int8: "I8", torch.uint8: "U8",
+              torch.bool: "BOOL"}
+
+
+def _dtype(reader, pname, key):
+    return reader.shard(0)[0][key].dtype if key.startswith("extra::") else torch.float32
 
 
 def stream_safetensors(reader, entries, path):
     """entries: [(output name, param name, state key)]; writes them one tensor at a time."""
     header, offset = {}, 0
     for out_name, pname, key in entries:
-        shape = _shape(reader, pname, key)
-        nbytes = 4 * int(torch.tensor(shape).prod().item()) if shape else 4
-        header[out_name] = {"dtype": "F32", "shape": shape, "data_offsets": [offset, offset + nbytes]}
+        shape, dtype = _shape(reader, pname, key), _dtype(reader, pname, key)
+        numel = 1
+        for d in shape:
+            numel *= d
+        nbytes = numel * torch.empty(0, dtype=dtype).element_size()
+        header[out_name] = {"dtype": _ST_DTYPES[dtype], "shape": shape, "data_offsets": [offset, offset + nbytes]}
         offset += nbytes
     blob = json.dumps(header, separators=(",", ":")).encode()
     blob += b" " * (-len(blob) % 8)
@@ -59,7 +71,7 @@ def stream_safetensors(reader, entries, path):
         f.write(blob)
         for i, (out_name, pname, key) in enumerate(entries, 1):
             t = _tensor(reader, pname, key).contiguous()
-            f.write(t.numpy().tobytes())
+            f.write(t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"")
             del t
             _progress(i, len(entries), out_name)
 

@@ -148,13 +148,14 @@ def slow(path, write):  # the second save stops half-way through its first file
     open({d!r} + "/in_save", "w").close()
     time.sleep(60)
 ck._atomic_write = slow
-e.save_checkpoint({d!r}, tag="bad")
+e.save_checkpoint({d!r}, tag={tag2!r})
 """
 
 
-def test_sigkill_during_save_keeps_the_previous_checkpoint(tmp_path):
+@pytest.mark.parametrize("tag2", ["bad", "good"])  # a new tag, and the same tag saved again
+def test_sigkill_during_save_keeps_the_previous_checkpoint(tmp_path, tag2):
     d = str(tmp_path / "ckpt")
-    child = subprocess.Popen([sys.executable, "-c", KILL_CHILD.format(here=HERE, d=d)], env=ENV)
+    child = subprocess.Popen([sys.executable, "-c", KILL_CHILD.format(here=HERE, d=d, tag2=tag2)], env=ENV)
     deadline = time.time() + 120
     while not os.path.exists(os.path.join(d, "in_save")):
         assert child.poll() is None and time.time() < deadline, "the child died before the save"
@@ -167,3 +168,27 @@ def test_sigkill_during_save_keeps_the_previous_checkpoint(tmp_path):
     e = zerort.initialize(make_model("mlp"), dict(CONFIG, stage=2, precision="fp16"), comm=zerort.comm.init("inprocess"))
     assert e.load_checkpoint(d) == "good"
     assert equal(e.full_state_dict(master=True), torch.load(os.path.join(d, "good_master.pt")))
+
+
+def test_frozen_parameters_and_buffers_round_trip(tmp_path):
+    import torch.nn as nn
+
+    def model(seed):
+        torch.manual_seed(seed)
+        m = nn.Sequential(nn.Linear(5, 7), nn.BatchNorm1d(7), nn.Linear(7, 3))
+        m[2].bias.requires_grad_(False)  # frozen
+        return m
+
+    cfg = {"stage": 3, "precision": "bf16", "comm": {"backend": "inprocess"}}
+    a = zerort.initialize(model(0), cfg)
+    a.backward(a(torch.randn(4, 5)).float().square().mean())  # BatchNorm updates its stats
+    a.step()
+    a.save_checkpoint(str(tmp_path))
+    b = zerort.initialize(model(1), cfg)
+    b.load_checkpoint(str(tmp_path))
+    assert equal(a.full_state_dict(master=True), b.full_state_dict(master=True))
+    out = tmp_path / "full.pt"
+    consolidate.main([str(tmp_path), str(out)])
+    sd = torch.load(out)
+    assert sd["1.num_batches_tracked"].dtype == torch.int64
+    model(2).load_state_dict(sd)
