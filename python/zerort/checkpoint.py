@@ -146,7 +146,9 @@ def param_layout(engine):
     for name, p in engine.module.named_parameters():
         if id(p) in where and id(p) not in seen:
             seen.add(id(p))
-            out[name] = {"shape": list(engine._shapes[id(p)]), "segments": where[id(p)]}
+            out[name] = {"shape": list(engine._shapes[id(p)]), "dtype": "float32",  # the saved master
+                         "compute_dtype": str(engine._working_dtype(p)).replace("torch.", ""),
+                         "segments": where[id(p)]}
     return out
 
 

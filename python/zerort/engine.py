@@ -197,6 +197,10 @@ class Engine:
                 out[name] = t.detach().clone()
         return out
 
+    def _working_dtype(self, p):
+        """The dtype p computes in: float32 for FP32 modules, else the compute dtype."""
+        return torch.float32 if any(p is q for q in self._groups[1]) else self.dtype
+
     def save_checkpoint(self, directory, tag=None):
         """Every rank writes its shard; rank 0 the metadata and then `latest` (a collective).
         Returns the checkpoint's path. See zerort.checkpoint."""
