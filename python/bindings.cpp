@@ -123,11 +123,6 @@ PYBIND11_MODULE(_C, m) {
                                   const std::string& dt) {
         return c.all_gather(ptr(in), ptr(out), n, parse_dtype(dt));  // may block in the arg check
       }, py::call_guard<py::gil_scoped_release>())
-      .def("reduce_scatter_accumulate_async", [](Communicator& c, uintptr_t in, const std::string& dt,
-                                                 uintptr_t out, size_t n, bool accumulate) {
-        return c.reduce_scatter_accumulate(ptr(in), parse_dtype(dt), static_cast<float*>(ptr(out)), n,
-                                           accumulate);
-      }, py::call_guard<py::gil_scoped_release>())
       .def("all_to_all", [](Communicator& c, uintptr_t in, uintptr_t out, size_t n,
                             const std::string& dt) {
         run([&] { return c.all_to_all(ptr(in), ptr(out), n, parse_dtype(dt)); });

@@ -2,6 +2,9 @@
 // at::Tensor <-> torch.Tensor conversion; it is a binding file, so torch/extension.h is fine).
 #include <torch/extension.h>
 
+#include <algorithm>
+#include <iterator>
+
 #include "comm/error.h"
 #include "runtime/engine.h"
 #include "runtime/shard_optimizer.h"
@@ -47,24 +50,34 @@ LossScaler::State scaler_state(const py::dict& d) {
   return s;
 }
 
-// Options come from zerort/config.py's validated Config, as keyword arguments.
-EngineOptions engine_options(int stage, const std::string& precision, double lr, double beta1,
-                             double beta2, double eps, double weight_decay, int initial_scale_power,
-                             int64_t window, int64_t hysteresis, double min_scale,
-                             bool consecutive_hysteresis, double clip, int64_t accumulation,
-                             size_t bucket, py::object lr_schedule) {
+// Options come from zerort/config.py's validated Config, as keyword arguments; the same
+// keywords build an Engine (stage, bucket) and a ShardOptimizer (which ignores those two).
+EngineOptions engine_options(const py::kwargs& kw) {
+  static const char* const kKeys[] = {"stage", "precision", "lr", "beta1", "beta2", "eps", "weight_decay",
+                                      "initial_scale_power", "window", "hysteresis", "min_scale",
+                                      "consecutive_hysteresis", "clip", "accumulation", "bucket", "lr_schedule"};
+  for (auto item : kw) {
+    const auto key = item.first.cast<std::string>();
+    ZRT_CHECK(std::find(std::begin(kKeys), std::end(kKeys), key) != std::end(kKeys),
+              "engine options: unknown keyword '", key, "'");
+  }
+  auto get = [&](const char* key, auto fallback) {
+    return kw.contains(key) ? kw[key].cast<decltype(fallback)>() : fallback;
+  };
   EngineOptions o;
-  o.stage = stage;
-  o.precision = parse_dtype(precision);
-  o.adamw = AdamWHyper{lr, beta1, beta2, eps, weight_decay};
-  o.loss_scale.initial_scale = std::ldexp(1.0, initial_scale_power);
-  o.loss_scale.window = window;
-  o.loss_scale.hysteresis = hysteresis;
-  o.loss_scale.min_scale = min_scale;
-  o.loss_scale.consecutive_hysteresis = consecutive_hysteresis;
-  o.gradient_clipping = clip;
-  o.gradient_accumulation_steps = accumulation;
-  o.reduce_bucket_numel = bucket;
+  o.stage = get("stage", 2);
+  o.precision = parse_dtype(get("precision", std::string("bf16")));
+  o.adamw = AdamWHyper{get("lr", o.adamw.lr), get("beta1", o.adamw.beta1), get("beta2", o.adamw.beta2),
+                       get("eps", o.adamw.eps), get("weight_decay", o.adamw.weight_decay)};
+  o.loss_scale.initial_scale = std::ldexp(1.0, get("initial_scale_power", 16));
+  o.loss_scale.window = get("window", o.loss_scale.window);
+  o.loss_scale.hysteresis = get("hysteresis", o.loss_scale.hysteresis);
+  o.loss_scale.min_scale = get("min_scale", o.loss_scale.min_scale);
+  o.loss_scale.consecutive_hysteresis = get("consecutive_hysteresis", o.loss_scale.consecutive_hysteresis);
+  o.gradient_clipping = get("clip", o.gradient_clipping);
+  o.gradient_accumulation_steps = get("accumulation", o.gradient_accumulation_steps);
+  o.reduce_bucket_numel = get("bucket", o.reduce_bucket_numel);
+  py::object lr_schedule = kw.contains("lr_schedule") ? py::object(kw["lr_schedule"]) : py::none();
   if (!lr_schedule.is_none()) {
     // The std::function is copied and destroyed without the GIL: hold the Python callable
     // through a shared_ptr whose deleter takes the GIL, so no refcount moves without it.
@@ -84,19 +97,10 @@ EngineOptions engine_options(int stage, const std::string& precision, double lr,
 
 void bind_engine(py::module_& m) {
   py::class_<ShardOptimizer>(m, "ShardOptimizer")
-      .def(py::init([](at::Tensor master, Communicator& comm, const std::string& precision, double lr,
-                       double beta1, double beta2, double eps, double weight_decay, int initial_scale_power,
-                       int64_t window, int64_t hysteresis, double min_scale, bool consecutive_hysteresis,
-                       double clip, int64_t accumulation, py::object lr_schedule) {
-             EngineOptions e = engine_options(2, precision, lr, beta1, beta2, eps, weight_decay,
-                                              initial_scale_power, window, hysteresis, min_scale,
-                                              consecutive_hysteresis, clip, accumulation, 1, lr_schedule);
-             return std::make_unique<ShardOptimizer>(std::move(master), comm, optimizer_options(e));
+      .def(py::init([](at::Tensor master, Communicator& comm, const py::kwargs& kw) {
+             return std::make_unique<ShardOptimizer>(std::move(master), comm, optimizer_options(engine_options(kw)));
            }),
-           py::keep_alive<1, 3>(), py::arg("master"), py::arg("comm"), py::arg("precision"), py::arg("lr"),
-           py::arg("beta1"), py::arg("beta2"), py::arg("eps"), py::arg("weight_decay"),
-           py::arg("initial_scale_power"), py::arg("window"), py::arg("hysteresis"), py::arg("min_scale"),
-           py::arg("consecutive_hysteresis"), py::arg("clip"), py::arg("accumulation"), py::arg("lr_schedule"))
+           py::keep_alive<1, 3>(), py::arg("master"), py::arg("comm"))  // it holds comm by reference
       .def("step", [](ShardOptimizer& o, std::vector<std::pair<size_t, at::Tensor>> outputs) {
         // outputs: (offset into the master, contiguous bf16/f16/f32 tensor to write)
         std::vector<OutputSegment> segs;
@@ -128,24 +132,14 @@ void bind_engine(py::module_& m) {
       .def("load_state", [](ShardOptimizer& o, py::dict d) { o.load_state(scaler_state(d), d["adam_steps"].cast<int64_t>()); });
 
   py::class_<Engine>(m, "Engine")
-      .def(py::init([](std::vector<at::Tensor> params, std::vector<at::Tensor> fp32_params, Communicator& comm, int stage,
-                       const std::string& precision, double lr, double beta1, double beta2, double eps,
-                       double weight_decay, int initial_scale_power, int64_t window, int64_t hysteresis,
-                       double min_scale, bool consecutive_hysteresis, double clip, int64_t accumulation,
-                       size_t bucket, py::object lr_schedule) {
-             EngineOptions o = engine_options(stage, precision, lr, beta1, beta2, eps, weight_decay,
-                                              initial_scale_power, window, hysteresis, min_scale,
-                                              consecutive_hysteresis, clip, accumulation, bucket,
-                                              lr_schedule);
+      .def(py::init([](std::vector<at::Tensor> params, std::vector<at::Tensor> fp32_params, Communicator& comm,
+                       const py::kwargs& kw) {
+             EngineOptions o = engine_options(kw);
              py::gil_scoped_release release;  // the initial broadcast is a collective
              return std::make_unique<Engine>(std::move(params), comm, o, std::move(fp32_params));
            }),
            py::keep_alive<1, 4>(),  // the engine holds the communicator by reference
-           py::arg("params"), py::arg("fp32_params"), py::arg("comm"), py::arg("stage"), py::arg("precision"), py::arg("lr"),
-           py::arg("beta1"), py::arg("beta2"), py::arg("eps"), py::arg("weight_decay"),
-           py::arg("initial_scale_power"), py::arg("window"), py::arg("hysteresis"),
-           py::arg("min_scale"), py::arg("consecutive_hysteresis"), py::arg("clip"),
-           py::arg("accumulation"), py::arg("bucket"), py::arg("lr_schedule"))
+           py::arg("params"), py::arg("fp32_params"), py::arg("comm"))
       .def("step", [](Engine& e) {
         StepStats s;
         {

@@ -25,7 +25,6 @@ struct Engine::Bucket {
   size_t opt_offset = 0;       // in the optimizer's master
   size_t opt_numel = 0;        // shard_numel (stages 1, 2) or padded_numel (stage 0)
   size_t waiting = 0;          // parameters whose gradient is not complete yet
-  bool queued = false;
   // Stage 2: the pack buffer holding this bucket's low-precision gradients (a pool slot,
   // or -1), and which parameters' gradients were already copied into it.
   int slot = -1;
@@ -288,7 +287,6 @@ void Engine::pack_locked(Bucket& b, size_t param) {
 void Engine::enqueue_ready_locked() {
   // Strictly in bucket order, so every rank issues the same collectives in the same order.
   while (next_to_queue_ < buckets_.size() && buckets_[next_to_queue_]->waiting == 0) {
-    buckets_[next_to_queue_]->queued = true;
     queue_.push_back(next_to_queue_++);
   }
   cv_.notify_all();
@@ -367,7 +365,6 @@ void Engine::drain() {
   next_to_queue_ = 0;
   for (Bucket* b : buckets_) {
     b->waiting = b->params.size();
-    b->queued = false;
     b->packed.assign(b->params.size(), false);
   }
   lock.unlock();

@@ -199,14 +199,16 @@ def save(engine, directory, tag=None):
     save_id = torch.tensor([time.time_ns() if rank == 0 else 0], dtype=torch.int64)
     comm.broadcast(save_id, 0)  # one fresh directory name on every rank
     work = os.path.join(directory, f".{tag}.{save_id.item()}")
+    extras = {}  # rank 0: frozen parameters (FP32) and buffers, so the state_dict is complete
 
     def write_my_shard():
         os.makedirs(work, exist_ok=True)
         tensors = {k: _flat(v).clone() for k, v in _optimizer_tensors(engine).items()}
         if isinstance(engine._impl, Stage3):
             tensors["lp_shard"] = torch.cat([g.lp_slice.float() for g in engine._impl.groups])
-        if rank == 0:  # frozen parameters (FP32) and buffers, so the state_dict is complete
-            tensors.update({f"extra::{k}": v for k, v in _extras(engine).items()})
+        if rank == 0:
+            extras.update(_extras(engine))
+        tensors.update({f"extra::{k}": v for k, v in extras.items()})
         write_shard(os.path.join(work, f"shard_{rank:05d}.pt"), tensors,
                     {"rank": rank, "world_size": engine.world_size, "state": engine._impl.state()})
 
@@ -216,7 +218,7 @@ def save(engine, directory, tag=None):
         meta = {"format": FORMAT, "zerort_version": _version(), "world_size": engine.world_size,
                 "stage": engine.config.stage, "precision": engine.config.precision,
                 "config": to_dict(engine.config), "params": param_layout(engine),
-                "aliases": _aliases(engine), "extras": sorted(_extras(engine)),
+                "aliases": _aliases(engine), "extras": sorted(extras),
                 "shards": [f"shard_{r:05d}.pt" for r in range(engine.world_size)]}
         meta["sha256"] = hashlib.sha256(json.dumps(meta, sort_keys=True).encode()).hexdigest()
         _atomic_write(os.path.join(work, "meta.json"), lambda f: f.write(json.dumps(meta, indent=1).encode()))
@@ -242,7 +244,7 @@ def save(engine, directory, tag=None):
 def _aliases(engine):
     """Tied parameters: every state_dict name beyond the first, mapped to the first."""
     first, out = {}, {}
-    trainable = {id(p) for p in engine._params_all}  # frozen tied names are all in the extras
+    trainable = {id(p) for p in engine._params}  # frozen tied names are all in the extras
     for name, p in engine.module.named_parameters(remove_duplicate=False):
         if id(p) not in trainable:
             continue
@@ -256,7 +258,7 @@ def _aliases(engine):
 def _extras(engine):
     """State outside the optimizer: frozen parameters (their FP32 values) and buffers."""
     out = {}
-    trainable = {id(p) for p in engine._params_all}
+    trainable = {id(p) for p in engine._params}
     for name, t in engine.module.state_dict(keep_vars=True).items():
         if id(t) in trainable:
             continue

@@ -87,12 +87,6 @@ class Communicator:
                                         dtype_name(inp, "inp"))
         return _Pending(work, (inp, out))
 
-    def reduce_scatter_accumulate_async(self, inp, out, accumulate=False):
-        n = out.numel()
-        work = self._c.reduce_scatter_accumulate_async(buffer(inp, "inp", n * self.size), dtype_name(inp, "inp"),
-                                                       buffer(out, "out", dtype=torch.float32), n, accumulate)
-        return _Pending(work, (inp, out))
-
     def all_to_all(self, inp, out):
         if inp.numel() % self.size:
             raise ValueError(f"all_to_all: inp has {inp.numel()} elements, not a multiple of the "

@@ -136,6 +136,15 @@ def _optimizer_params(r, d, c):
     c.weight_decay = r.number(d, "weight_decay", c.weight_decay, low=0)
 
 
+def _loss_scale(r, d, c, window, min_scale):
+    """The loss-scaler keys; ours and DeepSpeed's differ only in two names."""
+    c.initial_scale_power = r.number(d, "initial_scale_power", c.initial_scale_power, integer=True, low=0, high=60)
+    c.loss_scale_window = r.number(d, window, c.loss_scale_window, integer=True, low=1)
+    c.hysteresis = r.number(d, "hysteresis", c.hysteresis, integer=True, low=1)
+    c.min_loss_scale = r.number(d, min_scale, c.min_loss_scale, low=0, low_open=True)
+    c.consecutive_hysteresis = r.boolean(d, "consecutive_hysteresis", c.consecutive_hysteresis)
+
+
 def _parse_ours(cfg, problems):
     c = Config()
     r = _Reader(problems)
@@ -147,11 +156,7 @@ def _parse_ours(cfg, problems):
     ro.leftover(opt)
     ls = r.section(cfg, "loss_scale")
     rl = _Reader(problems, "loss_scale.")
-    c.initial_scale_power = rl.number(ls, "initial_scale_power", c.initial_scale_power, integer=True, low=0, high=60)
-    c.loss_scale_window = rl.number(ls, "window", c.loss_scale_window, integer=True, low=1)
-    c.hysteresis = rl.number(ls, "hysteresis", c.hysteresis, integer=True, low=1)
-    c.min_loss_scale = rl.number(ls, "min_scale", c.min_loss_scale, low=0, low_open=True)
-    c.consecutive_hysteresis = rl.boolean(ls, "consecutive_hysteresis", c.consecutive_hysteresis)
+    _loss_scale(rl, ls, c, window="window", min_scale="min_scale")
     rl.leftover(ls)
     _common(r, cfg, c)
     s3 = r.section(cfg, "stage3")
@@ -213,11 +218,7 @@ def _parse_deepspeed(cfg, problems):
     fp16 = r.section(cfg, "fp16")
     rf = _Reader(problems, "fp16.")
     fp16_on = rf.boolean(fp16, "enabled", False)
-    c.initial_scale_power = rf.number(fp16, "initial_scale_power", c.initial_scale_power, integer=True, low=0, high=60)
-    c.loss_scale_window = rf.number(fp16, "loss_scale_window", c.loss_scale_window, integer=True, low=1)
-    c.hysteresis = rf.number(fp16, "hysteresis", c.hysteresis, integer=True, low=1)
-    c.min_loss_scale = rf.number(fp16, "min_loss_scale", c.min_loss_scale, low=0, low_open=True)
-    c.consecutive_hysteresis = rf.boolean(fp16, "consecutive_hysteresis", c.consecutive_hysteresis)
+    _loss_scale(rf, fp16, c, window="loss_scale_window", min_scale="min_loss_scale")
     rf.leftover(fp16)
     if bf16_on and fp16_on:
         problems.append("bf16.enabled and fp16.enabled: both true; enable at most one")

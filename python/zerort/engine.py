@@ -81,7 +81,7 @@ class Engine:
                             setattr(m, name, b.to(self.dtype))
         self._groups = [[p for p in params if id(p) not in fp32_ids], [p for p in params if id(p) in fp32_ids]]
         self._shapes = {id(p): tuple(p.shape) for p in params}  # stage 3 empties the params
-        self._params_all = params
+        self._params = params  # every trainable parameter, each once
         self.comm._c.reset_scratch_peak()  # the memory report measures from here
         kwargs = dict(lr=c.lr, beta1=c.betas[0], beta2=c.betas[1], eps=c.eps, weight_decay=c.weight_decay,
                       initial_scale_power=c.initial_scale_power if c.precision == "fp16" else 0,
@@ -105,7 +105,6 @@ class Engine:
                                f"world size ({self.world_size}) = "
                                f"{micro * c.gradient_accumulation_steps * self.world_size}"])
         self.stats = {}
-        self._t_last = None
 
     # ---- training loop -------------------------------------------------------------
     def __call__(self, *args, **kwargs):

@@ -19,7 +19,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 WORKER = os.path.join(HERE, "ckpt_worker.py")
 ENV = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", OMP_NUM_THREADS="1")
 
-pytestmark = pytest.mark.skipif(not zerort._C.with_mpi, reason="these tests run ranks under mpirun")
+pytestmark = pytest.mark.skipif(not zerort._C.with_mpi, reason="MPI is optional at build time and this build has none; these tests run ranks under mpirun")
 
 
 def mpirun(np_, *args):
