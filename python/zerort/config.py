@@ -4,13 +4,17 @@
     zerort.config.parse("ds_config.json")      # a DeepSpeed config works too
 
 Every key is typed and range-checked; all problems in one config are reported together in
-one ConfigError, each naming the key, the value it got and what is allowed.
+one ConfigError, each naming the key, the value it got and what is allowed. An unknown key
+is named with the closest known one; rules that join keys (fp16 and bf16 both on, a
+minimum loss scale above the initial one, a batch size that does not divide) are checked
+after every key has been read.
 """
 import dataclasses
+import difflib
 import json
 import math
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable, Optional
 
 
@@ -49,10 +53,49 @@ class Config:
     train_batch_size: Optional[int] = None
 
 
-OUR_KEYS = {"stage", "precision", "optimizer", "loss_scale", "gradient_clipping",
-            "gradient_accumulation_steps", "reduce_bucket_numel", "stage3", "comm", "fp32_modules",
-            "lr_schedule", "train_micro_batch_size_per_gpu"}
 DEEPSPEED_MARKERS = {"zero_optimization", "bf16", "fp16", "train_batch_size"}
+MAX_INT = 2 ** 62  # counts and sizes travel to C++ as int64 / size_t
+
+
+def _kind(v):
+    """'a bool', 'an int', 'a str', 'null' ...: the type of a bad value, for messages."""
+    if v is None:
+        return "null"
+    name = type(v).__name__
+    return f"{'an' if name[0] in 'aeiou' else 'a'} {name}"
+
+
+class _Problems:
+    """The problems found in one config, and every key path the parser knows (for the
+    closest-key suggestion of an unknown key)."""
+
+    def __init__(self):
+        self.lines, self.known, self.unknown = [], [], []
+
+    def finish(self):
+        """Unknown keys, each with the closest known key; then the list of all problems."""
+        for path, value, what in self.unknown:
+            line = f"{path}: {what} (got {value!r})"
+            hint = _closest(path, self.known)
+            if hint:
+                line += f"; did you mean {hint!r}?"
+            section = path.rsplit(".", 1)[0] + "." if "." in path else ""
+            here = [k[len(section):] for k in self.known if k.startswith(section) and "." not in k[len(section):]]
+            line += f"; known keys{' in ' + section[:-1] if section else ''}: {', '.join(here)}"
+            self.lines.append(line)
+        return self.lines
+
+
+def _closest(path, known):
+    """The known key path nearest to an unknown one: by whole path, else by its last part
+    (a key put in the wrong section, like a top-level 'lr' for 'optimizer.lr')."""
+    match = difflib.get_close_matches(path, known, n=1, cutoff=0.75)
+    if match:
+        return match[0]
+    leaf = path.rsplit(".", 1)[-1]
+    leaves = {k.rsplit(".", 1)[-1]: k for k in reversed(known)}
+    match = difflib.get_close_matches(leaf, list(leaves), n=1, cutoff=0.75)
+    return leaves[match[0]] if match else None
 
 
 class _Reader:
@@ -65,66 +108,94 @@ class _Reader:
     def key(self, name):
         return f"{self.prefix}{name}"
 
-    def bad(self, name, value, allowed):
-        self.problems.append(f"{self.key(name)}: got {value!r}; allowed: {allowed}")
+    def bad(self, name, value, allowed, wrong_type=False):
+        kind = f" ({_kind(value)})" if wrong_type else ""
+        self.problems.lines.append(f"{self.key(name)}: got {value!r}{kind}; allowed: {allowed}")
 
-    def number(self, d, name, default, *, integer=False, low=None, high=None, low_open=False):
-        if name not in d:
+    def _take(self, d, name):
+        """(present, value) of d[name]; records name as a known key."""
+        self.problems.known.append(self.key(name))
+        return (True, d.pop(name)) if name in d else (False, None)
+
+    def number(self, d, name, default, *, integer=False, low=None, high=None, low_open=False, integral_float=False):
+        present, v = self._take(d, name)
+        if not present:
             return default
-        v = d.pop(name)
+        if integer and high is None:
+            high = MAX_INT
+        lo = "" if low is None else (f"> {low}" if low_open else f">= {low}")
+        hi = "" if high is None else "<= 2**62" if high == MAX_INT else f"<= {high:g}"
+        limits = " and ".join(x for x in (lo, hi) if x)
+        given = v
+        if integral_float and isinstance(v, float) and math.isfinite(v) and v.is_integer():
+            v = int(v)
         kind = int if integer else (int, float)
-        if isinstance(v, bool) or not isinstance(v, kind) or (not integer and not math.isfinite(v)):
-            self.bad(name, v, "an integer" if integer else "a finite number")
+        wrong_type = isinstance(v, bool) or not isinstance(v, kind)
+        if wrong_type or (not integer and not math.isfinite(v)):
+            what = "an integer" if integer else "a finite number"
+            self.bad(name, given, f"{what} {limits}".strip(), wrong_type)
             return default
         too_low = low is not None and (v <= low if low_open else v < low)
-        too_high = high is not None and v > high
-        if too_low or too_high:
-            lo = "" if low is None else (f"> {low}" if low_open else f">= {low}")
-            hi = "" if high is None else f"<= {high}"
-            self.bad(name, v, " and ".join(x for x in (lo, hi) if x))
+        if too_low or (high is not None and v > high):
+            self.bad(name, given, limits)
             return default
         return v
 
     def choice(self, d, name, default, options):
-        if name not in d:
+        present, v = self._take(d, name)
+        if not present:
             return default
-        v = d.pop(name)
-        if v not in options:
-            self.bad(name, v, " | ".join(repr(o) for o in options))
+        if not isinstance(v, str) or v not in options:
+            self.bad(name, v, " | ".join(repr(o) for o in options), not isinstance(v, str))
             return default
         return v
 
     def boolean(self, d, name, default):
-        if name not in d:
+        present, v = self._take(d, name)
+        if not present:
             return default
-        v = d.pop(name)
         if not isinstance(v, bool):
-            self.bad(name, v, "true or false")
+            self.bad(name, v, "true or false (a JSON bool)", True)
             return default
         return v
 
+    def names(self, d, name, default):
+        """A list of module class names."""
+        present, v = self._take(d, name)
+        if not present:
+            return default
+        if not isinstance(v, (list, tuple)) or not all(isinstance(x, str) and x for x in v):
+            self.bad(name, v, "a list of module class names, such as [\"LayerNorm\"]", not isinstance(v, (list, tuple)))
+            return default
+        return tuple(v)
+
     def section(self, d, name):
-        if name not in d:
+        present, v = self._take(d, name)
+        if not present:
             return {}
-        v = d.pop(name)
         if not isinstance(v, dict):
-            self.bad(name, v, "an object")
+            self.bad(name, v, "an object of keys" + (" such as {\"enabled\": true}" if name in ("fp16", "bf16") else ""),
+                     True)
             return {}
         return dict(v)
 
+    def child(self, d, name):
+        """(section dict, its reader) for a nested section."""
+        return self.section(d, name), _Reader(self.problems, f"{self.key(name)}.")
+
     def leftover(self, d, what="unknown or unsupported key"):
-        for k in sorted(d):
-            self.problems.append(f"{self.key(k)}: {what}")
+        for k in sorted(d, key=str):
+            self.problems.unknown.append((self.key(k), d[k], what))
 
 
 def _betas(r, d, default):
-    if "betas" not in d:
+    present, v = r._take(d, "betas")
+    if not present:
         return default
-    v = d.pop("betas")
     ok = (isinstance(v, (list, tuple)) and len(v) == 2 and
           all(isinstance(b, (int, float)) and not isinstance(b, bool) and 0 <= b < 1 for b in v))
     if not ok:
-        r.bad("betas", v, "two numbers in [0, 1)")
+        r.bad("betas", v, "a list of two numbers, each >= 0 and < 1, such as [0.9, 0.999]")
         return default
     return (float(v[0]), float(v[1]))
 
@@ -143,6 +214,7 @@ def _loss_scale(r, d, c, window, min_scale):
     c.hysteresis = r.number(d, "hysteresis", c.hysteresis, integer=True, low=1)
     c.min_loss_scale = r.number(d, min_scale, c.min_loss_scale, low=0, low_open=True)
     c.consecutive_hysteresis = r.boolean(d, "consecutive_hysteresis", c.consecutive_hysteresis)
+    return r.key("initial_scale_power"), r.key(min_scale)
 
 
 def _parse_ours(cfg, problems):
@@ -150,45 +222,31 @@ def _parse_ours(cfg, problems):
     r = _Reader(problems)
     c.stage = r.number(cfg, "stage", c.stage, integer=True, low=0, high=3)
     c.precision = r.choice(cfg, "precision", c.precision, ("bf16", "fp16", "fp32"))
-    opt = r.section(cfg, "optimizer")
-    ro = _Reader(problems, "optimizer.")
+    opt, ro = r.child(cfg, "optimizer")
     _optimizer_params(ro, opt, c)
     ro.leftover(opt)
-    ls = r.section(cfg, "loss_scale")
-    rl = _Reader(problems, "loss_scale.")
-    _loss_scale(rl, ls, c, window="window", min_scale="min_scale")
+    ls, rl = r.child(cfg, "loss_scale")
+    scale_keys = _loss_scale(rl, ls, c, window="window", min_scale="min_scale")
     rl.leftover(ls)
     _common(r, cfg, c)
-    s3 = r.section(cfg, "stage3")
-    r3 = _Reader(problems, "stage3.")
+    s3, r3 = r.child(cfg, "stage3")
     c.prefetch = r3.number(s3, "prefetch", c.prefetch, integer=True, low=0)
     c.persistence_threshold = r3.number(s3, "persistence_threshold", c.persistence_threshold, integer=True, low=0)
-    if "unit_modules" in s3:
-        v = s3.pop("unit_modules")
-        if isinstance(v, (list, tuple)) and all(isinstance(x, str) for x in v):
-            c.unit_modules = tuple(v)
-        else:
-            r3.bad("unit_modules", v, "a list of module class names")
+    c.unit_modules = r3.names(s3, "unit_modules", c.unit_modules)
     r3.leftover(s3)
-    cm = r.section(cfg, "comm")
-    rc = _Reader(problems, "comm.")
+    cm, rc = r.child(cfg, "comm")
     c.comm_backend = rc.choice(cm, "backend", c.comm_backend, ("auto", "mpi", "gloo", "nccl", "inprocess"))
-    c.comm_timeout_s = rc.number(cm, "timeout_s", c.comm_timeout_s, low=0, low_open=True)
+    c.comm_timeout_s = rc.number(cm, "timeout_s", c.comm_timeout_s, low=1e-3, high=1e9)  # as the C++ comm
     rc.leftover(cm)
-    if "fp32_modules" in cfg:
-        v = cfg.pop("fp32_modules")
-        if isinstance(v, (list, tuple)) and all(isinstance(x, str) for x in v):
-            c.fp32_modules = tuple(v)
-        else:
-            r.bad("fp32_modules", v, "a list of module class names")
-    if "lr_schedule" in cfg:
-        v = cfg.pop("lr_schedule")
+    c.fp32_modules = r.names(cfg, "fp32_modules", c.fp32_modules)
+    present, v = r._take(cfg, "lr_schedule")
+    if present:
         if callable(v):
             c.lr_schedule = v
         else:
             r.bad("lr_schedule", v, "a callable step -> lr")
     r.leftover(cfg)
-    return c
+    return c, scale_keys, "precision"
 
 
 def _common(r, cfg, c):
@@ -204,36 +262,75 @@ def _parse_deepspeed(cfg, problems):
     c = Config(stage=0, weight_decay=0.0)  # DeepSpeed's defaults: no ZeRO, AdamW without decay
     r = _Reader(problems)
     c.train_batch_size = r.number(cfg, "train_batch_size", None, integer=True, low=1)
-    zero = r.section(cfg, "zero_optimization")
-    rz = _Reader(problems, "zero_optimization.")
+    zero, rz = r.child(cfg, "zero_optimization")
     c.stage = rz.number(zero, "stage", c.stage, integer=True, low=0, high=3)
-    bucket = rz.number(zero, "reduce_bucket_size", None, low=1)
-    if bucket is not None:
-        c.reduce_bucket_numel = int(bucket)
+    # DeepSpeed configs often write sizes as 5e8: an integral float is an integer here.
+    c.reduce_bucket_numel = rz.number(zero, "reduce_bucket_size", c.reduce_bucket_numel, integer=True, low=1,
+                                      integral_float=True)
     rz.leftover(zero)
-    bf16 = r.section(cfg, "bf16")
-    rb = _Reader(problems, "bf16.")
+    bf16, rb = r.child(cfg, "bf16")
     bf16_on = rb.boolean(bf16, "enabled", False)
     rb.leftover(bf16)
-    fp16 = r.section(cfg, "fp16")
-    rf = _Reader(problems, "fp16.")
+    fp16, rf = r.child(cfg, "fp16")
     fp16_on = rf.boolean(fp16, "enabled", False)
-    _loss_scale(rf, fp16, c, window="loss_scale_window", min_scale="min_loss_scale")
+    scale_keys = _loss_scale(rf, fp16, c, window="loss_scale_window", min_scale="min_loss_scale")
     rf.leftover(fp16)
     if bf16_on and fp16_on:
-        problems.append("bf16.enabled and fp16.enabled: both true; enable at most one")
+        problems.lines.append("bf16.enabled and fp16.enabled: both true; allowed: enable at most one")
     c.precision = "bf16" if bf16_on else "fp16" if fp16_on else "fp32"
-    opt = r.section(cfg, "optimizer")
-    ro = _Reader(problems, "optimizer.")
+    opt, ro = r.child(cfg, "optimizer")
     ro.choice(opt, "type", "AdamW", ("AdamW", "adamw"))
-    params = ro.section(opt, "params")
-    rp = _Reader(problems, "optimizer.params.")
+    params, rp = ro.child(opt, "params")
     _optimizer_params(rp, params, c)
     rp.leftover(params)
     ro.leftover(opt)
     _common(r, cfg, c)
     r.leftover(cfg, "unknown or unsupported DeepSpeed key")
-    return c
+    return c, scale_keys, "fp16.enabled"
+
+
+def _cross_key_rules(c, problems, scale_keys, precision_key):
+    """Rules that join several keys; run once every key has been read."""
+    power_key, min_key = scale_keys
+    if c.precision == "fp16" and c.min_loss_scale > 2.0 ** c.initial_scale_power:
+        problems.lines.append(f"{min_key}: got {c.min_loss_scale!r}, above the initial loss scale "
+                              f"2**{power_key} = {2.0 ** c.initial_scale_power:g} ({precision_key} on); "
+                              f"allowed: <= {2.0 ** c.initial_scale_power:g}: lower {min_key} or raise {power_key}")
+    micro, total, gas = c.train_micro_batch_size_per_gpu, c.train_batch_size, c.gradient_accumulation_steps
+    if micro is not None and total is not None and total % (micro * gas):
+        problems.lines.append(f"train_batch_size: got {total}; allowed: a multiple of train_micro_batch_size_per_gpu "
+                              f"({micro}) x gradient_accumulation_steps ({gas}) = {micro * gas} "
+                              "(it equals that product times the world size)")
+
+
+def _read_json(path):
+    """The dict in a JSON file; a key given twice in one object is a problem (JSON would
+    silently keep the last)."""
+    name = os.fspath(path)
+    twice = []
+
+    def pairs(items):
+        seen = {}
+        for k, v in items:
+            if k in seen:
+                twice.append(k)
+            seen[k] = v
+        return seen
+
+    try:
+        with open(path, "rb") as f:
+            raw = f.read()
+        config = json.loads(raw.decode("utf-8"), object_pairs_hook=pairs)
+    except OSError as e:
+        raise ConfigError([f"config file {name!r}: {e.strerror}"]) from None
+    except UnicodeDecodeError as e:
+        raise ConfigError([f"config file {name!r}: not UTF-8 text (byte {e.start}); save it as UTF-8 JSON"]) from None
+    except json.JSONDecodeError as e:
+        raise ConfigError([f"config file {name!r}: not valid JSON ({e})"]) from None
+    if not isinstance(config, dict):
+        raise ConfigError([f"config file {name!r}: got {_kind(config)}; allowed: a JSON object of keys"])
+    return config, [f"{k}: given twice in one object of config file {name!r}; allowed: once (JSON keeps the last)"
+                    for k in twice]
 
 
 def parse(config):
@@ -242,23 +339,26 @@ def parse(config):
         return config
     if config is None:
         return Config()
+    problems = _Problems()
     if isinstance(config, (str, os.PathLike)):
-        try:
-            with open(config) as f:
-                config = json.load(f)
-        except OSError as e:
-            raise ConfigError([f"config file {os.fspath(config)!r}: {e.strerror}"]) from None
-        except json.JSONDecodeError as e:
-            raise ConfigError([f"config file: not valid JSON ({e})"]) from None
+        config, problems.lines = _read_json(config)
     if not isinstance(config, dict):
-        raise ConfigError([f"config: got {type(config).__name__}; allowed: a dict or a JSON file path"])
+        raise ConfigError([f"config: got {_kind(config)}; allowed: a dict, a JSON file path or a zerort.config.Config"])
     cfg = dict(config)
-    problems = []
     deepspeed = bool(DEEPSPEED_MARKERS & cfg.keys()) or isinstance(cfg.get("optimizer"), dict) and "type" in cfg["optimizer"]
-    c = _parse_deepspeed(cfg, problems) if deepspeed else _parse_ours(cfg, problems)
-    if problems:
-        raise ConfigError(problems)
+    c, scale_keys, precision_key = (_parse_deepspeed if deepspeed else _parse_ours)(cfg, problems)
+    _cross_key_rules(c, problems, scale_keys, precision_key)
+    lines = problems.finish()
+    if lines:
+        raise ConfigError(lines)
     return c
+
+
+def known_keys(deepspeed=False):
+    """Every key path the parser reads (sections included), for ours or DeepSpeed's schema."""
+    problems = _Problems()
+    (_parse_deepspeed if deepspeed else _parse_ours)({}, problems)
+    return list(problems.known)
 
 
 def to_dict(c):

@@ -1,0 +1,207 @@
+"""Config validation, key by key: every key the parser reads is typed and range-checked,
+each problem names the key, the value it got and what is allowed, unknown keys name the
+closest known one, cross-key rules hold, and all problems of one config come in one error.
+
+The tables below list a good value and bad values for every key; a test checks that the
+tables cover every key the parser knows (zerort.config.known_keys), so a new key without
+validation tests fails here."""
+import json
+import math
+
+import pytest
+
+from zerort.config import ConfigError, known_keys, parse
+
+NAN, INF = math.nan, math.inf
+SECTION_BAD = [1, [], "x", None]
+
+# path: (a good value, [bad values])
+OURS = {
+    "stage": (1, [4, -1, True, "2", 2.0, None]),
+    "precision": ("fp16", ["int8", 16, None, "BF16"]),
+    "optimizer.lr": (1e-4, [-1.0, NAN, INF, "1e-3", True]),
+    "optimizer.betas": ([0.8, 0.9], [[0.9], [0.9, 1.0], [NAN, 0.9], "0.9,0.99", [True, 0.9], [0.9, 0.9, 0.9]]),
+    "optimizer.eps": (1e-6, [-1e-8, INF, "1e-8"]),
+    "optimizer.weight_decay": (0.1, [-0.1, NAN, False]),
+    "loss_scale.initial_scale_power": (8, [61, -1, 8.0, True]),
+    "loss_scale.window": (10, [0, 2 ** 63, 1.5, "10"]),
+    "loss_scale.hysteresis": (1, [0, "2", None]),
+    "loss_scale.min_scale": (0.5, [0, -1, INF, "1"]),
+    "loss_scale.consecutive_hysteresis": (True, [1, "true", None]),
+    "gradient_clipping": (1.0, [-1, NAN, "1", True]),
+    "gradient_accumulation_steps": (2, [0, 1.0, False, 2 ** 70]),
+    "reduce_bucket_numel": (1000, [0, 10 ** 30, 1e6, -5]),
+    "train_micro_batch_size_per_gpu": (4, [0, 4.0, "4"]),
+    "stage3.prefetch": (0, [-1, True, 1.5]),
+    "stage3.persistence_threshold": (100, [-1, "x"]),
+    "stage3.unit_modules": (["Block"], ["Block", [1], [""], {"Block": 1}]),
+    "comm.backend": ("mpi", ["tcp", 1, None]),
+    "comm.timeout_s": (30, [0, 1e10, NAN, -1, "30"]),
+    "fp32_modules": ([], ["LayerNorm", None, [None]]),
+    "lr_schedule": (lambda step: 1e-3, [0.1, "cosine"]),
+    "optimizer": ({}, SECTION_BAD),
+    "loss_scale": ({}, SECTION_BAD),
+    "stage3": ({}, SECTION_BAD),
+    "comm": ({}, SECTION_BAD),
+}
+
+DEEPSPEED = {
+    "train_batch_size": (8, [0, 8.5, "8", True]),
+    "zero_optimization": ({}, SECTION_BAD),
+    "zero_optimization.stage": (3, [4, "3", None]),
+    "zero_optimization.reduce_bucket_size": (5e7, [0, 5.5, 1e300, "5e8", NAN]),
+    "bf16": ({}, SECTION_BAD + [True]),
+    "bf16.enabled": (True, [1, "true", None]),
+    "fp16": ({}, SECTION_BAD + [True]),
+    "fp16.enabled": (False, [0, "false"]),
+    "fp16.initial_scale_power": (12, [100, -2]),
+    "fp16.loss_scale_window": (100, [0, 1.0]),
+    "fp16.hysteresis": (2, [0]),
+    "fp16.min_loss_scale": (1, [0, INF]),
+    "fp16.consecutive_hysteresis": (False, ["no"]),
+    "optimizer": ({}, SECTION_BAD),
+    "optimizer.type": ("AdamW", ["Lamb", "Adam", 1]),
+    "optimizer.params": ({}, SECTION_BAD),
+    "optimizer.params.lr": (1e-4, [-1, NAN]),
+    "optimizer.params.betas": ([0.9, 0.95], [[1.5, 0.9]]),
+    "optimizer.params.eps": (1e-8, [-1]),
+    "optimizer.params.weight_decay": (0.0, [INF]),
+    "gradient_clipping": (1.0, [-0.5]),
+    "gradient_accumulation_steps": (1, [0, True]),
+    "reduce_bucket_numel": (64, [0]),
+    "train_micro_batch_size_per_gpu": (1, [0]),
+}
+
+
+def nested(path, value, base=None):
+    """{"a": {"b": value}} for path "a.b", merged into a copy of base."""
+    cfg = json.loads(json.dumps(base or {}))
+    d, parts = cfg, path.split(".")
+    for p in parts[:-1]:
+        d = d.setdefault(p, {})
+    d[parts[-1]] = value
+    return cfg
+
+
+def problems(cfg):
+    with pytest.raises(ConfigError) as e:
+        parse(cfg)
+    assert str(e.value).count("\n") == len(e.value.problems)  # every problem is in the message
+    return e.value.problems
+
+
+def test_the_tables_cover_every_key_the_parser_reads():
+    assert sorted(known_keys()) == sorted(OURS)
+    assert sorted(known_keys(deepspeed=True)) == sorted(DEEPSPEED)
+
+
+CASES = ([("ours", path, bad) for path, (_, bads) in OURS.items() for bad in bads] +
+         [("deepspeed", path, bad) for path, (_, bads) in DEEPSPEED.items() for bad in bads])
+DS_BASE = {"zero_optimization": {}}  # marks a config as DeepSpeed's
+
+
+@pytest.mark.parametrize("schema,path,bad", CASES, ids=[f"{s}:{p}={b!r}" for s, p, b in CASES])
+def test_each_bad_value_names_key_value_and_allowed(schema, path, bad):
+    base = DS_BASE if schema == "deepspeed" else {}
+    if path == "zero_optimization":  # the marker itself is bad: mark with another DeepSpeed key
+        base = {"bf16": {"enabled": False}}
+    cfg = nested(path, bad, base)
+    (line,) = problems(cfg)
+    assert line.startswith(f"{path}: got {bad!r}"), line
+    assert "; allowed: " in line and line.split("; allowed: ")[1].strip(), line
+
+
+def test_good_values_are_taken():
+    for path, (good, _) in OURS.items():
+        parse(nested(path, good))
+    for path, (good, _) in DEEPSPEED.items():
+        parse(nested(path, good, DS_BASE if path != "zero_optimization" else {"bf16": {}}))
+    c = parse({"zero_optimization": {"reduce_bucket_size": 5e7}})
+    assert c.reduce_bucket_numel == 50_000_000 and isinstance(c.reduce_bucket_numel, int)
+
+
+def test_many_errors_in_one_config_all_in_one_message():
+    cfg = {"stage": "3", "precision": "fp8", "gradient_clipping": NAN, "gradient_accumulation_steps": True,
+           "reduce_bucket_numel": 0, "optimizer": {"lr": INF, "betas": [0.9, 1.2], "eps": -1, "momentum": 0.9},
+           "loss_scale": {"window": 0, "hysteresis": 1.5, "min_scale": 0, "consecutive_hysteresis": "yes"},
+           "stage3": {"prefetch": -2, "unit_modules": "Block"}, "comm": {"backend": "tcp", "timeout_s": 0},
+           "fp32_modules": "LayerNorm", "lr": 1e-3, "bogus": {}}
+    with pytest.raises(ConfigError) as e:
+        parse(cfg)
+    text = str(e.value)
+    expected = ["stage: got '3' (a str); allowed: an integer >= 0 and <= 3",
+                "precision: got 'fp8'; allowed: 'bf16' | 'fp16' | 'fp32'",
+                "gradient_clipping: got nan; allowed: a finite number >= 0",
+                "gradient_accumulation_steps: got True (a bool); allowed: an integer >= 1",
+                "reduce_bucket_numel: got 0; allowed: >= 1 and <= 2**62",
+                "optimizer.lr: got inf; allowed: a finite number >= 0",
+                "optimizer.betas: got [0.9, 1.2]; allowed: a list of two numbers, each >= 0 and < 1",
+                "optimizer.eps: got -1; allowed: >= 0",
+                "optimizer.momentum: unknown or unsupported key (got 0.9); known keys in optimizer: lr, betas, eps,",
+                "loss_scale.window: got 0; allowed: >= 1 and <= 2**62",
+                "loss_scale.hysteresis: got 1.5 (a float); allowed: an integer >= 1",
+                "loss_scale.min_scale: got 0; allowed: > 0",
+                "loss_scale.consecutive_hysteresis: got 'yes' (a str); allowed: true or false",
+                "stage3.prefetch: got -2; allowed: >= 0 and <= 2**62",
+                "stage3.unit_modules: got 'Block' (a str); allowed: a list of module class names",
+                "comm.backend: got 'tcp'; allowed: 'auto' | 'mpi' | 'gloo' | 'nccl' | 'inprocess'",
+                "comm.timeout_s: got 0; allowed: >= 0.001 and <= 1e+09",
+                "fp32_modules: got 'LayerNorm' (a str); allowed: a list of module class names",
+                "lr: unknown or unsupported key (got 0.001); did you mean 'optimizer.lr'?",
+                "bogus: unknown or unsupported key (got {}); known keys: stage, precision, optimizer,"]
+    for want in expected:
+        assert want in text, f"{want!r} missing from:\n{text}"
+    assert len(e.value.problems) == len(expected)
+
+
+def test_unknown_keys_suggest_the_closest_known_key():
+    assert "did you mean 'optimizer.lr'?" in problems({"optimizer": {"lrr": 1}})[0]
+    assert "did you mean 'loss_scale.window'?" in problems({"loss_scale_window": 5})[0]
+    assert "did you mean 'gradient_accumulation_steps'?" in problems({"gradient_accumulation_step": 2})[0]
+    assert "did you mean 'zero_optimization.stage'?" in problems({"zero_optimization": {}, "stage": 2})[0]
+    assert "did you mean 'fp16.loss_scale_window'?" in problems({"fp16": {"loss_scale_windows": 2}})[0]
+    far = problems({"completely_unrelated_thing": 1})[0]
+    assert "did you mean" not in far and "known keys: stage, precision" in far
+    (line,) = problems({3: "x"})  # a non-string key is named, not a crash
+    assert line.startswith("3: unknown or unsupported key (got 'x')")
+
+
+def test_cross_key_rules():
+    assert problems({"bf16": {"enabled": True}, "fp16": {"enabled": True}}) == [
+        "bf16.enabled and fp16.enabled: both true; allowed: enable at most one"]
+    (line,) = problems({"precision": "fp16", "loss_scale": {"initial_scale_power": 4, "min_scale": 32}})
+    assert line.startswith("loss_scale.min_scale: got 32, above the initial loss scale 2**loss_scale.initial_scale_power = 16")
+    (line,) = problems({"fp16": {"enabled": True, "initial_scale_power": 3, "min_loss_scale": 9}})
+    assert line.startswith("fp16.min_loss_scale: got 9, above the initial loss scale") and "allowed: <= 8" in line
+    parse({"precision": "bf16", "loss_scale": {"initial_scale_power": 4, "min_scale": 32}})  # unused in bf16
+    (line,) = problems({"train_batch_size": 10, "train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 2})
+    assert line.startswith("train_batch_size: got 10; allowed: a multiple of train_micro_batch_size_per_gpu (2) x "
+                           "gradient_accumulation_steps (2) = 4")
+    parse({"train_batch_size": 12, "train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 3})
+
+
+def test_json_files_name_the_file(tmp_path):
+    twice = tmp_path / "twice.json"
+    twice.write_text('{"stage": 1, "optimizer": {"lr": 0.1, "lr": 0.2}, "stage": 2, "precision": "x"}')
+    text = "\n".join(problems(str(twice)))
+    assert f"lr: given twice in one object of config file {str(twice)!r}" in text
+    assert f"stage: given twice in one object of config file {str(twice)!r}" in text
+    assert "precision: got 'x'" in text  # reported together with the rest
+    latin = tmp_path / "latin1.json"
+    latin.write_bytes('{"precision": "bf16é"}'.encode("latin-1"))
+    (line,) = problems(str(latin))
+    assert str(latin) in line and "not UTF-8" in line
+    arr = tmp_path / "list.json"
+    arr.write_text("[1, 2]")
+    assert problems(str(arr)) == [f"config file {str(arr)!r}: got a list; allowed: a JSON object of keys"]
+    nan = tmp_path / "nan.json"
+    nan.write_text('{"optimizer": {"lr": NaN}}')  # Python's json reads NaN; the check rejects it
+    assert problems(str(nan)) == ["optimizer.lr: got nan; allowed: a finite number >= 0"]
+    bad = tmp_path / "bad.json"
+    bad.write_text("{not json")
+    (line,) = problems(str(bad))
+    assert str(bad) in line and "not valid JSON" in line
+
+
+def test_a_config_that_is_not_a_mapping():
+    assert problems([("stage", 1)]) == ["config: got a list; allowed: a dict, a JSON file path or a zerort.config.Config"]
