@@ -1,0 +1,223 @@
+"""The planner (python -m zerort.plan) against references computed another way.
+
+- Communication: the textbook per-rank volumes of a step, written out here (DDP
+  2(W-1)/W*Ψ*b_g; ZeRO-1/2 (W-1)/W*Ψ*(b_g+b_p); ZeRO-3 (W-1)/W*Ψ*(2b_p+b_g)), and the
+  intra/inter split against a simulated hierarchical ring reduce-scatter that moves real
+  arrays and counts the bytes each rank sends.
+- FLOPs: torch.utils.flop_counter.FlopCounterMode on examples/gpt.py's GPT.
+- Activations: the bytes autograd saves for backward (saved-tensor hooks) on that GPT.
+- Model states: zerort.estimate_memory, which the planner reuses.
+"""
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+import zerort
+from zerort import plan
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.join(ROOT, "examples"))
+from gpt import GPT  # noqa: E402
+
+WORLDS = [(1, 8), (2, 8), (8, 8), (16, 4), (64, 8), (1024, 8), (12, 1)]  # (W, GPUs per node)
+BYTES = [(2, 2), (2, 4), (4, 2)]  # (b_p, b_g): unequal values tell the terms apart
+
+
+def textbook(psi, w, stage, bp, bg):
+    f = (w - 1) / w * psi
+    return {0: 2 * f * bg, 1: f * (bg + bp), 2: f * (bg + bp), 3: f * (2 * bp + bg)}[stage]
+
+
+@pytest.mark.parametrize("w,g", WORLDS)
+@pytest.mark.parametrize("bp,bg", BYTES)
+@pytest.mark.parametrize("stage", [0, 1, 2, 3])
+def test_volume_equals_closed_form(w, g, bp, bg, stage):
+    psi = 70e9
+    colls = plan.collectives(psi, w, g, stage, param_bytes=bp, grad_bytes=bg)
+    total = sum(c["intra_bytes"] + c["inter_bytes"] for c in colls)
+    assert total == pytest.approx(textbook(psi, w, stage, bp, bg), rel=1e-12, abs=1e-6)
+    if w <= g:  # one node: nothing crosses nodes
+        assert all(c["inter_bytes"] == 0 for c in colls)
+    if g == 1:  # one GPU per node: everything crosses nodes
+        assert all(c["intra_bytes"] == 0 for c in colls)
+
+
+def simulated_reduce_scatter(w, g, elements):
+    """A hierarchical ring reduce-scatter on real arrays: a ring within each node, then a
+    ring across nodes among ranks with the same local index. Returns (intra, inter)
+    elements sent by each rank, after checking every rank ends with its piece of the sum."""
+    rng = np.random.default_rng(0)
+    data = [rng.integers(0, 100, elements).astype(np.int64) for _ in range(w)]
+    total = np.sum(data, axis=0)
+    bufs = [d.copy() for d in data]
+    sent_intra, sent_inter = [0] * w, [0] * w
+    nodes = w // g
+
+    def ring(members, lo, hi, sent):
+        """Ring reduce-scatter of bufs[m][lo:hi] over members; member i ends owning piece
+        (i + 1) % n. Returns {member: (start, end)}."""
+        n = len(members)
+        edges = np.linspace(lo, hi, n + 1).astype(int)
+        for k in range(n - 1):
+            msgs = []
+            for i, m in enumerate(members):
+                c = (i - k) % n
+                msgs.append((members[(i + 1) % n], c, bufs[m][edges[c]:edges[c + 1]].copy()))
+                sent[m] += edges[c + 1] - edges[c]
+            for dst, c, chunk in msgs:
+                bufs[dst][edges[c]:edges[c + 1]] += chunk
+        return {m: (edges[(i + 1) % n], edges[(i + 1) % n + 1]) for i, m in enumerate(members)}
+
+    owned = {}
+    for node in range(nodes):
+        owned.update(ring([node * g + i for i in range(g)], 0, elements, sent_intra))
+    final = {}
+    for local in range(g):
+        members = [node * g + local for node in range(nodes)]
+        lo, hi = owned[members[0]]  # ranks with one local index own the same node piece
+        assert all(owned[m] == (lo, hi) for m in members)
+        final.update(ring(members, lo, hi, sent_inter))
+    for r, (lo, hi) in final.items():
+        assert np.array_equal(bufs[r][lo:hi], total[lo:hi]), r
+    return sent_intra, sent_inter
+
+
+@pytest.mark.parametrize("w,g", [(8, 4), (12, 4), (6, 2), (4, 4), (5, 1)])
+def test_intra_inter_split_matches_a_simulated_hierarchical_ring(w, g):
+    elements = 2 * 3 * 4 * 5 * 7 * 8 * 3  # divisible by every piece count used here
+    intra, inter = simulated_reduce_scatter(w, g, elements)
+    bp = 2
+    (rs,) = [c for c in plan.collectives(elements, w, g, 2, param_bytes=bp, grad_bytes=bp)
+             if c["collective"] == "reduce-scatter"]
+    assert all(x * bp == rs["intra_bytes"] for x in intra), (intra, rs)
+    assert all(x * bp == rs["inter_bytes"] for x in inter), (inter, rs)
+    assert rs["intra_steps"] == g - 1 and rs["inter_steps"] == w // g - 1
+
+
+def test_model_states_are_the_memory_estimator():
+    shape = plan.Shape(layers=4, hidden=256, heads=4, vocab=1000)
+    cluster = plan.Cluster(gpus=16, gpus_per_node=8)
+    numel = shape.numel(128)
+    for stage in range(4):
+        row = plan.plan_stage(numel, shape, 128, 2, cluster, stage)
+        est = zerort.estimate_memory(numel, 16, stage, "bf16", unit_numel=shape.block_numel)
+        assert row["model_states"] == est["exact"]["total"]
+        assert row["model_states_paper"] == est["paper"]["total"]
+
+
+def _math_attention(q, k, v, is_causal=False):
+    """Attention written with matmuls, so FlopCounterMode counts it (it does not count the
+    CPU flash kernel)."""
+    s = q @ k.transpose(-2, -1) / q.shape[-1] ** 0.5
+    if is_causal:
+        t = q.shape[-2]
+        s = s.masked_fill(torch.ones(t, t, dtype=torch.bool).triu(1), float("-inf"))
+    return torch.softmax(s, -1) @ v
+
+
+def test_flops_match_flop_counter(monkeypatch):
+    from torch.utils.flop_counter import FlopCounterMode
+
+    layers, h, heads, seq, batch, vocab = 2, 64, 4, 32, 3, 256
+    monkeypatch.setattr(F, "scaled_dot_product_attention", _math_attention)
+    torch.manual_seed(0)
+    model = GPT(layers=layers, d=h, heads=heads, seq=seq, vocab=vocab)
+    x = torch.randint(0, vocab, (batch, seq))
+    counter = FlopCounterMode(display=False)
+    with counter:
+        F.cross_entropy(model(x).view(-1, vocab), x.view(-1)).backward()
+    shape = plan.Shape(layers, h, heads, vocab)
+    assert plan.flops_per_token(None, shape, seq, False) * batch * seq == counter.get_total_flops()
+    # Checkpointing runs the forward once more: 4/3 of the above.
+    assert plan.flops_per_token(None, shape, seq, True) * 3 == plan.flops_per_token(None, shape, seq, False) * 4
+    # A bare count: 6 FLOPs per parameter per token.
+    assert plan.flops_per_token(1e9, None, seq, False) == 6e9
+
+
+def saved_bytes(model, x, checkpointing):
+    """Bytes of the tensors autograd saves in forward (each storage once, parameters
+    excluded), with the loss as train_gpt.py computes it."""
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    seen = {}
+
+    def pack(t):
+        st = t.untyped_storage()
+        if st.data_ptr() not in params:
+            seen[st.data_ptr()] = st.nbytes()
+        return t
+
+    def block_call(blk, y):
+        return torch.utils.checkpoint.checkpoint(blk, y, use_reentrant=False) if checkpointing else blk(y)
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        y = model.tok(x) + model.pos(torch.arange(x.shape[1]))
+        for blk in model.blocks:
+            y = block_call(blk, y)
+        logits = model.head(model.ln(y))
+        F.cross_entropy(logits.float().view(-1, logits.shape[-1]), x.view(-1))
+    return sum(seen.values())
+
+
+@pytest.mark.parametrize("checkpointing", [False, True])
+def test_activations_match_saved_tensors(checkpointing):
+    import torch.utils.checkpoint  # noqa: F401
+
+    layers, h, heads, seq, batch, vocab = 3, 128, 4, 64, 2, 256
+    torch.manual_seed(0)
+    model = GPT(layers=layers, d=h, heads=heads, seq=seq, vocab=vocab).to(torch.bfloat16)
+    x = torch.randint(0, vocab, (batch, seq))
+    measured = saved_bytes(model, x, checkpointing)
+    shape = plan.Shape(layers, h, heads, vocab)
+    predicted = plan.activation_bytes(shape, seq, batch, checkpointing)
+    if checkpointing:
+        # Forward keeps the block inputs only; backward adds one recomputed block.
+        predicted -= plan.activation_bytes(plan.Shape(1, h, heads, vocab), seq, batch, False) - \
+            plan.activation_bytes(plan.Shape(0, h, heads, vocab), seq, batch, False)
+    # The position indices (seq int64s) are the only bytes the formula leaves out.
+    assert abs(measured - predicted) <= 8 * seq, (measured, predicted)
+
+
+def test_smallest_world_fits_and_the_next_smaller_does_not():
+    shape = plan.Shape(layers=86, hidden=8192, heads=64, vocab=32000)
+    cluster = plan.Cluster(gpus=1024, gpus_per_node=8, gpu_mem_gb=80)
+    numel = shape.numel(4096)
+    w = plan.smallest_world(numel, shape, 4096, 1, cluster, 3, "bf16", checkpointing=True)
+    assert w is not None and w % 8 == 0
+    assert plan.plan_stage(numel, shape, 4096, 1, cluster, 3, world_size=w)["fits_ckpt"]
+    assert not plan.plan_stage(numel, shape, 4096, 1, cluster, 3, world_size=w - 8)["fits_ckpt"]
+    # Stages 1 and 2 keep 2Ψ bytes of bf16 parameters (139 GB): no world size helps.
+    assert plan.smallest_world(numel, shape, 4096, 1, cluster, 2, "bf16", checkpointing=True) is None
+
+
+def cli(*args, ok=True):
+    p = subprocess.run([sys.executable, "-m", "zerort.plan", *args], capture_output=True, text=True, timeout=120)
+    assert (p.returncode == 0) == ok, p.stdout + p.stderr
+    return p.stdout if ok else p.stderr
+
+
+def test_cli_readme_example_and_json():
+    args = ["--layers", "86", "--hidden", "8192", "--heads", "64", "--vocab", "32000", "--seq", "4096",
+            "--micro-batch", "1", "--gpus", "1024", "--gpus-per-node", "8", "--gpu-mem", "80"]
+    text = cli(*args)
+    assert "smallest stage that fits at W=1024: stage 3 with activation checkpointing" in text
+    p = json.loads(cli(*args, "--stage", "3", "--json"))
+    (row,) = p["stages"]
+    total = sum(c["intra_bytes"] + c["inter_bytes"] for c in row["collectives"])
+    assert total == pytest.approx(textbook(p["numel"], 1024, 3, 2, 2), rel=1e-12)
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--params", "7e9", "--gpus", "12", "--gpus-per-node", "8"], "--gpus: got 12, not a multiple of --gpus-per-node 8"),
+    (["--params", "7e9", "--gpus", "8", "--inter-bw", "0"], "--inter-bw: got 0.0; it must be > 0"),
+    (["--layers", "4", "--gpus", "8"], "needs both --layers and --hidden"),
+    (["--layers", "4", "--hidden", "100", "--heads", "3", "--gpus", "8"], "--heads: got 3; it must divide --hidden 100"),
+    (["--gpus", "8"], "give --params N, or a GPT shape"),
+])
+def test_cli_errors_name_the_flag(args, message):
+    assert message in cli(*args, ok=False)
