@@ -1,0 +1,143 @@
+"""End-to-end: the same model, data, seed and step count under zerort stages 1-3, PyTorch
+DDP and FSDP2, at W = 2 on CPU.
+
+    .venv/bin/python bench/e2e.py                       (make bench-e2e; a few minutes)
+    .venv/bin/python bench/e2e.py --models demo --steps 20 --plot /tmp/curves.png
+
+Each (model, runtime) is its own `torchrun --standalone --nproc_per_node 2` launch of
+bench/e2e_worker.py (gloo for torch's collectives and for zerort's, OMP_NUM_THREADS=1 per
+rank), so peak RSS belongs to that runtime alone. Models (examples/gpt.py's GPT): `demo`
+(6 layers, d=256, 8x128 tokens per rank per step) and `50m` (10 layers, d=640, 2x128).
+One table per model: median step time over steps 2..N (the slowest rank's time per step),
+tokens/s, peak RSS per rank, measured model-state bytes per rank, the mean training loss
+at step N and the loss on a held-out batch after N steps; ratios are against DDP in the
+same run. A runtime that fails keeps its row, with its error.
+"""
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+WORKER = os.path.join(HERE, "e2e_worker.py")
+ORDER = ["ddp", "fsdp2", "zerort1", "zerort2", "zerort3"]
+LABELS = {"ddp": "DDP (autocast bf16, FP32 AdamW)", "fsdp2": "FSDP2 (bf16 params, fp32 reduce)",
+          "zerort1": "zerort stage 1", "zerort2": "zerort stage 2", "zerort3": "zerort stage 3"}
+STEPS = {"tiny": 50, "demo": 50, "50m": 8}
+MIB = 1 << 20
+
+
+def launch(model, runtimes, steps, out):
+    """Runs the worker under torchrun; returns its results, or one error row per runtime
+    when the launch itself fails."""
+    torchrun = os.path.join(os.path.dirname(sys.executable), "torchrun")
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    cmd = [torchrun, "--standalone", "--nproc_per_node", "2", WORKER, out, "--model", model, "--steps", str(steps),
+           "--runtimes", *runtimes]
+    p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=1800)
+    if p.returncode == 0 and os.path.exists(out):
+        with open(out) as f:
+            return json.load(f)["results"]
+    lines = [ln.strip() for ln in (p.stderr + p.stdout).splitlines() if ln.strip()]
+    why = [ln for ln in lines if any(w in ln for w in ("Error", "error:", "Signal", "terminate", "Abort"))]
+    why = list(dict.fromkeys(why))[:3] or lines[-3:]
+    return {r: {"error": f"launch failed (exit {p.returncode}): " + " | ".join(why)} for r in runtimes}
+
+
+def summarize(res):
+    """The table's numbers for one runtime's results."""
+    times = res["step_s"][1:] or res["step_s"]  # step 1 warms up
+    t = statistics.median(times)
+    return {"step_ms": 1e3 * t, "tokens_s": res["tokens_per_step"] / t, "rss": max(res["peak_rss"]),
+            "state": max(res["state_bytes"]), "loss": res["losses"][-1], "held_out": res["held_out_loss"]}
+
+
+def table(model, steps, results):
+    ok = {k: summarize(r) for k, r in results.items() if not r.get("error")}
+    ref = ok.get("ddp")
+    first = next(iter(r for r in results.values() if not r.get("error")), None)
+    ratio = lambda k, key: f"{ok[k][key] / ref[key]:.2f}" if ref else "n/a"
+    lines = [f"model {model}: {first['numel'] / 1e6:.2f}M parameters, W=2, {first['tokens_per_step']} tokens per step, "
+             f"{steps} steps" if first else f"model {model}: every runtime failed",
+             "| runtime | step ms (median) | tokens/s | tokens/s vs DDP | peak RSS MiB/rank | vs DDP "
+             "| model states MiB/rank | vs DDP | loss at step N | held-out loss after N |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    errors = []
+    for k in ORDER:
+        if k not in results:
+            continue
+        if results[k].get("error"):
+            lines.append(f"| {LABELS[k]} | failed: see below | | | | | | | | |")
+            errors.append(f"{LABELS[k]}: {results[k]['error']}")
+            continue
+        s = ok[k]
+        lines.append(f"| {LABELS[k]} | {s['step_ms']:.0f} | {s['tokens_s']:.0f} | {ratio(k, 'tokens_s')} "
+                     f"| {s['rss'] / MIB:.0f} | {ratio(k, 'rss')} | {s['state'] / MIB:.2f} | {ratio(k, 'state')} "
+                     f"| {s['loss']:.4f} | {s['held_out']:.4f} |")
+    return "\n".join(lines + errors)
+
+
+def plot(curves, path):
+    """curves: {model: {runtime: results}}. Top row: the training loss per step; bottom
+    row: each runtime's loss minus DDP's."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    models = list(curves)
+    fig, axes = plt.subplots(2, len(models), figsize=(6 * len(models), 7), squeeze=False)
+    for col, model in enumerate(models):
+        runs = {k: r for k, r in curves[model].items() if not r.get("error")}
+        ref = runs.get("ddp")
+        for k in ORDER:
+            if k not in runs:
+                continue
+            steps = range(1, len(runs[k]["losses"]) + 1)
+            axes[0][col].plot(steps, runs[k]["losses"], label=LABELS[k], lw=1.2)
+            if ref:
+                axes[1][col].plot(steps, [a - b for a, b in zip(runs[k]["losses"], ref["losses"])], label=LABELS[k],
+                                  lw=1.2)
+        numel = next(iter(runs.values()))["numel"] if runs else 0
+        axes[0][col].set_title(f"{model} GPT ({numel / 1e6:.1f}M parameters), W=2, same data and seed")
+        axes[0][col].set_ylabel("training loss (mean over ranks)")
+        axes[1][col].set_ylabel("loss minus DDP's loss")
+        axes[1][col].set_xlabel("step")
+        axes[0][col].legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--models", nargs="+", default=["demo", "50m"], choices=sorted(STEPS))
+    ap.add_argument("--steps", type=int, help="steps for every model (default: demo 50, 50m 8)")
+    ap.add_argument("--runtimes", nargs="+", default=ORDER, choices=ORDER)
+    ap.add_argument("--plot", default=os.path.join(ROOT, "docs", "e2e_loss_curves.png"))
+    ap.add_argument("--json", help="also write every run's raw results here")
+    a = ap.parse_args()
+    import torch
+
+    print(f"end-to-end, W=2 (torchrun + gloo), {os.cpu_count()} cores, OMP_NUM_THREADS=1 per rank, "
+          f"torch {torch.__version__}", flush=True)
+    curves = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for model in a.models:
+            steps = a.steps or STEPS[model]
+            curves[model] = {}
+            for k in a.runtimes:  # one launch per runtime: its own peak RSS
+                curves[model].update(launch(model, [k], steps, os.path.join(tmp, f"{model}_{k}.json")))
+            print("\n" + table(model, steps, curves[model]), flush=True)
+    plot(curves, a.plot)
+    print(f"\nwrote {os.path.relpath(a.plot, ROOT)}")
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(curves, f)
+
+
+if __name__ == "__main__":
+    main()

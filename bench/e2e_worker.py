@@ -1,0 +1,190 @@
+"""One rank of the end-to-end comparison (bench/e2e.py launches it under torchrun).
+
+    torchrun --standalone --nproc_per_node 2 bench/e2e_worker.py OUT.json \\
+        --model demo --steps 30 --runtimes ddp fsdp2 zerort1 zerort2 zerort3
+
+Every runtime trains examples/gpt.py's GPT from the same seed on the same batches
+(gpt.batch: random windows of standard-library text, different per step and rank), with
+AdamW (the same lr, betas, eps, weight decay), gradient clipping at 1.0, bf16 compute:
+- zerort1/2/3: zerort.initialize at that stage, precision bf16 (comm: gloo under torchrun);
+- ddp: DistributedDataParallel(gradient_as_bucket_view=True), torch.autocast(bf16) on CPU,
+  FP32 torch.optim.AdamW, clip_grad_norm_;
+- fsdp2: fully_shard on every block, then the root, with
+  MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32), torch.optim.AdamW, clip_grad_norm_.
+The runtimes in one launch run one after another in the same processes (so peak RSS is
+meaningful only for a launch of one runtime). Rank 0 writes OUT.json: per runtime the mean
+loss over ranks at every step, every step's time (the slowest rank's), each rank's peak
+RSS and measured model-state bytes, the loss on a held-out batch after the last step, and
+the error if the runtime could not run.
+"""
+import argparse
+import datetime
+import json
+import os
+import resource
+import sys
+import time
+import traceback
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "examples"))
+from gpt import GPT, batch, stdlib_bytes  # noqa: E402
+
+MODELS = {  # name: GPT kwargs, sequences per rank per step
+    "tiny": (dict(layers=2, d=64, heads=4, seq=64), 8),
+    "demo": (dict(layers=6, d=256, heads=8, seq=128), 8),
+    "50m": (dict(layers=10, d=640, heads=10, seq=128), 2),
+}
+OPT = dict(lr=1e-3, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1)
+CLIP = 1.0
+RUNTIMES = ("ddp", "fsdp2", "zerort1", "zerort2", "zerort3")
+
+
+def storage_bytes(tensors):
+    """Bytes of the distinct storages behind these tensors (DTensors: their local part)."""
+    seen = {}
+    for t in tensors:
+        if t is None:
+            continue
+        if hasattr(t, "to_local"):
+            t = t.to_local()
+        st = t.untyped_storage()
+        seen[st.data_ptr()] = st.nbytes()
+    return sum(seen.values())
+
+
+def torch_state_bytes(model, opt):
+    params = list(model.parameters())
+    states = [v for s in opt.state.values() for v in s.values() if isinstance(v, torch.Tensor) and v.dim() > 0]
+    return storage_bytes(params + [p.grad for p in params] + states)
+
+
+class TorchRuntime:
+    """DDP with autocast, or FSDP2 with a mixed-precision policy; FP32 AdamW on top."""
+
+    def __init__(self, kind, model):
+        self.kind = kind
+        if kind == "ddp":
+            self.model = torch.nn.parallel.DistributedDataParallel(model, gradient_as_bucket_view=True)
+        else:
+            from torch.distributed.device_mesh import init_device_mesh
+            from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+            mesh = init_device_mesh("cpu", (dist.get_world_size(),))
+            mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+            for blk in model.blocks:
+                fully_shard(blk, mesh=mesh, mp_policy=mp)
+            self.model = fully_shard(model, mesh=mesh, mp_policy=mp)
+        self.opt = torch.optim.AdamW(self.model.parameters(), **OPT)
+
+    def forward(self, x):
+        if self.kind == "ddp":
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                return self.model(x)
+        return self.model(x)
+
+    def train_step(self, x, y, last):
+        loss = loss_fn(self.forward(x), y)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(self.model.parameters(), CLIP)
+        self.opt.step()
+        state = torch_state_bytes(self.model, self.opt) if last else None  # grads still held
+        self.opt.zero_grad(set_to_none=True)
+        return loss.item(), state
+
+
+class ZerortRuntime:
+    def __init__(self, stage, model):
+        import zerort
+
+        self.engine = zerort.initialize(model, {
+            "stage": stage, "precision": "bf16", "gradient_clipping": CLIP,
+            "optimizer": {"lr": OPT["lr"], "betas": list(OPT["betas"]), "eps": OPT["eps"],
+                          "weight_decay": OPT["weight_decay"]},
+            "comm": {"backend": "auto", "timeout_s": 300}})
+
+    def forward(self, x):
+        return self.engine(x)
+
+    def train_step(self, x, y, last):
+        loss = loss_fn(self.engine(x), y)
+        self.engine.backward(loss)
+        self.engine.step()
+        state = self.engine.memory_report().to_dict()["total_measured"] if last else None  # a collective
+        return loss.item(), state
+
+
+def loss_fn(logits, y):
+    return F.cross_entropy(logits.float().view(-1, logits.shape[-1]), y.view(-1))
+
+
+def make_runtime(kind, model):
+    return ZerortRuntime(int(kind[-1]), model) if kind.startswith("zerort") else TorchRuntime(kind, model)
+
+
+def reduce(values, op):
+    t = torch.tensor(values, dtype=torch.float64)
+    dist.all_reduce(t, op)
+    return t.tolist()
+
+
+def run(kind, model_name, steps, data):
+    rank, world = dist.get_rank(), dist.get_world_size()
+    kwargs, micro = MODELS[model_name]
+    torch.manual_seed(0)
+    model = GPT(**kwargs)
+    numel = sum(p.numel() for p in set(model.parameters()))
+    rt = make_runtime(kind, model)
+    losses, times, state = [], [], None
+    for step in range(steps):
+        x, y = batch(data, step, rank, 0, micro, kwargs["seq"])
+        t0 = time.perf_counter()
+        loss, s = rt.train_step(x, y, last=step == steps - 1)
+        dt = time.perf_counter() - t0
+        state = s if s is not None else state
+        loss_sum, = reduce([loss], dist.ReduceOp.SUM)
+        dt_max, = reduce([dt], dist.ReduceOp.MAX)
+        losses.append(loss_sum / world)
+        times.append(dt_max)
+    x, y = batch(data, 1 << 20, rank, 0, micro, kwargs["seq"])  # held out: no training step uses it
+    with torch.no_grad():
+        held, = reduce([loss_fn(rt.forward(x), y).item()], dist.ReduceOp.SUM)
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    per_rank = torch.tensor([float(rss), float(state)], dtype=torch.float64)
+    gathered = [torch.zeros_like(per_rank) for _ in range(world)]
+    dist.all_gather(gathered, per_rank)
+    return {"numel": numel, "tokens_per_step": world * micro * kwargs["seq"], "losses": losses, "step_s": times,
+            "held_out_loss": held / world, "peak_rss": [int(g[0]) for g in gathered],
+            "state_bytes": [int(g[1]) for g in gathered], "error": None}
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("out")
+    ap.add_argument("--model", choices=sorted(MODELS), default="demo")
+    ap.add_argument("--steps", type=int, default=30)
+    ap.add_argument("--runtimes", nargs="+", choices=RUNTIMES, default=list(RUNTIMES))
+    a = ap.parse_args()
+    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
+    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=300))
+    data = stdlib_bytes()
+    results = {}
+    for kind in a.runtimes:
+        try:
+            results[kind] = run(kind, a.model, a.steps, data)
+        except Exception as e:  # keep the row: say exactly why this runtime cannot run here
+            results[kind] = {"error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()}
+            print(f"[rank {dist.get_rank()}] {kind} failed:\n{results[kind]['traceback']}", file=sys.stderr)
+    if dist.get_rank() == 0:
+        with open(a.out, "w") as f:
+            json.dump({"model": a.model, "world_size": dist.get_world_size(), "steps": a.steps,
+                       "torch": torch.__version__, "results": results}, f)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
