@@ -7,7 +7,7 @@ BUILD ?= build
 JOBS  ?= $(shell nproc)
 STAMPS := .stamps
 
-.PHONY: all deps venv configure build test demo demo-cpp bench clean
+.PHONY: all deps venv configure build test demo demo-cpp bench bench-e2e clean
 
 all: build
 
@@ -46,6 +46,10 @@ demo-cpp: build
 
 bench: build
 	bash bench/run_benchmarks.sh
+
+# zerort stages 1-3 vs PyTorch DDP and FSDP2: same GPT, data and steps, W=2 (a few minutes).
+bench-e2e: build
+	$(PY) bench/e2e.py
 
 clean:
 	rm -rf $(BUILD) $(STAMPS)
