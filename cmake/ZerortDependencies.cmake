@@ -29,6 +29,8 @@ include(CheckLanguage)
 if(NOT DEFINED CMAKE_CUDA_ARCHITECTURES)
   set(CMAKE_CUDA_ARCHITECTURES 80 90)  # A100, H100/H200; nvcc 13 dropped pre-Turing targets
 endif()
+# The shared CUDA runtime: the one PyTorch loads, so streams and events are shared with it.
+set(CMAKE_CUDA_RUNTIME_LIBRARY Shared)
 check_language(CUDA)
 if(CMAKE_CUDA_COMPILER)
   enable_language(CUDA)
@@ -41,8 +43,26 @@ else()
   set(ZERORT_WITH_CUDA 0)
   message(STATUS "zerort: nvcc not found; the CUDA target is skipped")
 endif()
-# The NCCL communicator is not written yet (issue 7); config.h says so until it is.
+
+# NCCL is built whenever CUDA is. It comes from NCCL_HOME, the CUDA toolkit, or the
+# nvidia-nccl-cu13 wheel in the project's Python (make venv installs it when nvcc exists).
 set(ZERORT_WITH_NCCL 0)
+if(ZERORT_WITH_CUDA)
+  execute_process(
+    COMMAND ${Python3_EXECUTABLE} -c "import nvidia.nccl as n; print(list(n.__path__)[0])"
+    OUTPUT_VARIABLE zerort_nccl_wheel OUTPUT_STRIP_TRAILING_WHITESPACE ERROR_QUIET)
+  find_path(ZERORT_NCCL_INCLUDE_DIR nccl.h
+    HINTS $ENV{NCCL_HOME}/include ${CUDAToolkit_INCLUDE_DIRS} ${zerort_nccl_wheel}/include)
+  find_library(ZERORT_NCCL_LIBRARY NAMES nccl libnccl.so.2
+    HINTS $ENV{NCCL_HOME}/lib ${CUDAToolkit_LIBRARY_DIR} ${zerort_nccl_wheel}/lib)
+  if(NOT ZERORT_NCCL_INCLUDE_DIR OR NOT ZERORT_NCCL_LIBRARY)
+    message(FATAL_ERROR "zerort: nvcc was found, so the NCCL communicator is built, but NCCL "
+                        "was not: pip install nvidia-nccl-cu13 into ${Python3_EXECUTABLE}'s "
+                        "environment (make venv does), or set NCCL_HOME")
+  endif()
+  set(ZERORT_WITH_NCCL 1)
+  message(STATUS "zerort: NCCL ${ZERORT_NCCL_LIBRARY} (headers ${ZERORT_NCCL_INCLUDE_DIR})")
+endif()
 
 if(ZERORT_BUILD_TESTS)
   find_package(GTest REQUIRED)

@@ -26,18 +26,22 @@ void Communicator::reset_scratch_peak() {
   scratch_->peak = scratch_->live;
 }
 
-std::shared_ptr<char[]> Communicator::allocate_scratch(size_t bytes) {
+std::shared_ptr<void> Communicator::track_scratch(size_t bytes) {
   auto counter = scratch_;  // outlives this communicator if the buffer is parked after a timeout
   {
     std::lock_guard<std::mutex> lock(counter->mu);
     counter->live += bytes;
     counter->peak = std::max(counter->peak, counter->live);
   }
-  return std::shared_ptr<char[]>(new char[bytes == 0 ? 1 : bytes], [counter, bytes](char* p) {
-    delete[] p;
+  return std::shared_ptr<void>(nullptr, [counter, bytes](void*) {
     std::lock_guard<std::mutex> lock(counter->mu);
     counter->live -= bytes;
   });
+}
+
+std::shared_ptr<char[]> Communicator::allocate_scratch(size_t bytes) {
+  auto token = track_scratch(bytes);
+  return std::shared_ptr<char[]>(new char[bytes == 0 ? 1 : bytes], [token](char* p) { delete[] p; });
 }
 
 Communicator::Communicator(int rank, int size, CommOptions options)
@@ -109,6 +113,10 @@ void Communicator::check_consistent_across_ranks(const CollectiveDesc& d) {
                                       options_.timeout.count(),
                                       " ms; a peer rank is missing, stuck, or failed its own "
                                       "argument check"));
+  } catch (const Error& e) {  // the backend failed: typically a peer process exited or crashed
+    throw Error(__FILE__, __LINE__,
+                detail::concat(d.to_string(), ": the argument check failed (", e.message(),
+                               "); a peer rank probably exited or crashed: see its log"));
   }
   for (size_t i = 0; i < kFields; ++i) {
     int64_t hi = buf[i], lo = -buf[kFields + i];
@@ -140,13 +148,19 @@ WorkPtr Communicator::reduce_scatter_accumulate(const void* in, DType in_dtype, 
                                                 size_t recv_count, bool accumulate) {
   auto d = describe(Collective::kReduceScatterAccumulate, recv_count, in_dtype);
   check(d, {in, out});
+  return do_reduce_scatter_accumulate(in, out, accumulate, d);
+}
+
+WorkPtr Communicator::do_reduce_scatter_accumulate(const void* in, float* out, bool accumulate,
+                                                   const CollectiveDesc& d) {
   // Scratch for the W received chunks; uninitialised (the all-to-all fills all of it).
-  std::shared_ptr<char[]> chunks = allocate_scratch(recv_count * static_cast<size_t>(size_) * dtype_size(in_dtype));
+  const size_t world = static_cast<size_t>(size_), n = d.count;
+  const DType dtype = d.dtype;
+  std::shared_ptr<char[]> chunks = allocate_scratch(n * world * dtype_size(dtype));
   WorkPtr work = do_all_to_all(in, chunks.get(), d);  // d names this call in errors
   work->keep_alive(chunks);
-  size_t world = static_cast<size_t>(size_);
-  work->then([chunks, in_dtype, world, recv_count, out, accumulate] {
-    sum_chunks_to_f32(chunks.get(), in_dtype, world, recv_count, out, accumulate);
+  work->then([chunks, dtype, world, n, out, accumulate] {
+    sum_chunks_to_f32(chunks.get(), dtype, world, n, out, accumulate);
   });
   return work;
 }

@@ -66,9 +66,16 @@ class Communicator {
   virtual WorkPtr do_all_to_all(const void* in, void* out, const CollectiveDesc& d) = 0;
   virtual WorkPtr do_broadcast(void* buf, const CollectiveDesc& d) = 0;
   virtual WorkPtr do_barrier(const CollectiveDesc& d) = 0;
+  // Host buffers by default: an all-to-all into host scratch, then sum_chunks_to_f32 on the
+  // waiting thread. Device backends (NCCL) override it to keep both halves on the device.
+  virtual WorkPtr do_reduce_scatter_accumulate(const void* in, float* out, bool accumulate,
+                                               const CollectiveDesc& d);
 
   CollectiveDesc describe(Collective kind, size_t count, DType dtype, ReduceOp op = ReduceOp::kSum,
                           int root = 0) const;
+  // Counts `bytes` of backend scratch as live (for scratch_peak_bytes) until the returned
+  // token is released.
+  std::shared_ptr<void> track_scratch(size_t bytes);
 
  private:
   // The funnel: local checks (dtype, op, root, null buffers), then the cross-rank check.

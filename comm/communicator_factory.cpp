@@ -6,6 +6,9 @@
 #if ZERORT_WITH_MPI
 #include "comm/mpi_communicator.h"
 #endif
+#if ZERORT_WITH_NCCL
+#include "comm/nccl/nccl_communicator.h"
+#endif
 
 namespace zerort {
 
@@ -37,11 +40,22 @@ std::unique_ptr<Communicator> make_communicator(const std::string& backend, cons
               "install libopenmpi-dev and rebuild, or use 'gloo' under torchrun");
 #endif
   }
+  if (name == "nccl") {
+#if ZERORT_WITH_NCCL
+    if (env.launcher == Launcher::kNone) return make_nccl_communicator(0, 1, 0, nccl_unique_id(), options);
+    ZRT_CHECK(env.launcher != Launcher::kTorchrun, "comm.backend 'nccl' under torchrun exchanges its unique "
+              "id through c10d's TCPStore: create it from Python with zerort.comm.init(backend='nccl')");
+    return make_nccl_communicator_mpi(-1, options);
+#else
+    ZRT_THROW("comm.backend 'nccl' is not in this build (nvcc was not found at configure time); "
+              "install the CUDA toolkit and nvidia-nccl-cu13 and rebuild, or use 'mpi' or 'gloo' for CPU tensors");
+#endif
+  }
   if (name == "gloo") {
     ZRT_THROW("comm.backend 'gloo' wraps a torch.distributed process group; create it from "
               "Python with zerort.comm.init(backend='gloo') under torchrun");
   }
-  ZRT_THROW("unknown comm.backend '", backend, "'; use one of auto, mpi, gloo, inprocess");
+  ZRT_THROW("unknown comm.backend '", backend, "'; use one of auto, mpi, gloo, nccl, inprocess");
 }
 
 }  // namespace zerort

@@ -10,8 +10,9 @@
 
 namespace zerort {
 
-// backend: "auto", "mpi", "inprocess" (a single-rank group) or "gloo". "auto" picks MPI
-// under mpirun/PMI and a single in-process rank with no launcher. gloo needs a c10d process
+// backend: "auto", "mpi", "nccl" (CUDA buffers; under mpirun or one rank), "inprocess" (a
+// single-rank group) or "gloo". "auto" picks MPI under mpirun/PMI and a single in-process
+// rank with no launcher. gloo needs a c10d process
 // group, which torch.distributed makes: from Python use zerort.comm.init(); from C++ call
 // make_gloo_communicator (comm/gloo/gloo_communicator.h). Errors list what this build has.
 std::unique_ptr<Communicator> make_communicator(const std::string& backend, const LaunchEnv& env,

@@ -4,7 +4,7 @@
 #include <vector>
 
 #include "optim/adamw_math.h"
-#include "optim/cuda_check.h"
+#include "comm/cuda_check.h"
 
 namespace zerort {
 

@@ -3,7 +3,7 @@
 #include <cstdint>
 
 #include "comm/half.h"
-#include "optim/cuda_check.h"
+#include "comm/cuda_check.h"
 
 namespace zerort {
 

@@ -13,11 +13,13 @@
 #include "comm/gloo/gloo_communicator.h"
 #include "comm/launch_env.h"
 #include "optim/adamw.h"
-#include "optim/cast.h"
-#include "optim/grad_stats.h"
+#include "runtime/device_kernels.h"
 #include "partition/bucket_plan.h"
 #include "partition/shard_layout.h"
 #include "zerort/config.h"
+#if ZERORT_WITH_NCCL
+#include "comm/nccl/nccl_communicator.h"
+#endif
 
 namespace py = pybind11;
 using namespace zerort;
@@ -27,6 +29,11 @@ void bind_engine(py::module_& m);  // engine_bindings.cpp
 namespace {
 
 void* ptr(uintptr_t address) { return reinterpret_cast<void*>(address); }
+
+// Kernels take the tensor's device index: -1 for CPU memory, else the CUDA device.
+c10::Device device_of(int index) {
+  return index < 0 ? c10::Device(c10::kCPU) : c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(index));
+}
 
 CommOptions comm_options(double timeout_s, bool check_consistency) {
   ZRT_CHECK(timeout_s >= 1e-3 && timeout_s <= 1e9, "comm.timeout_s must be between 0.001 and 1e9 "
@@ -140,19 +147,36 @@ PYBIND11_MODULE(_C, m) {
     return make_gloo_communicator(group_name, comm_options(timeout_s, check));
   }, py::arg("group_name"), py::arg("timeout_s"), py::arg("check_consistency"));
 
-  m.def("cast_from_f32", [](uintptr_t in, uintptr_t out, const std::string& dt, size_t n) {
+#if ZERORT_WITH_NCCL
+  m.def("nccl_unique_id", [] { return py::bytes(nccl_unique_id()); });
+  m.def("make_nccl_communicator", [](int rank, int size, int device, py::bytes id, double timeout_s, bool check) {
+    std::string raw = id;
+    py::gil_scoped_release release;  // waits for every rank to join
+    return make_nccl_communicator(rank, size, device, raw, comm_options(timeout_s, check));
+  }, py::arg("rank"), py::arg("size"), py::arg("device"), py::arg("unique_id"), py::arg("timeout_s"),
+     py::arg("check_consistency"));
+#endif
+
+  m.def("cast_from_f32", [](uintptr_t in, uintptr_t out, const std::string& dt, size_t n, int device) {
     py::gil_scoped_release release;
-    cast_from_f32(static_cast<const float*>(ptr(in)), ptr(out), parse_dtype(dt), n);
-  });
-  m.def("cast_to_f32", [](uintptr_t in, const std::string& dt, uintptr_t out, size_t n) {
+    cast_from_f32_on(device_of(device), static_cast<const float*>(ptr(in)), ptr(out), parse_dtype(dt), n);
+  }, py::arg("inp"), py::arg("out"), py::arg("dtype"), py::arg("n"), py::arg("device") = -1);
+  m.def("cast_to_f32", [](uintptr_t in, const std::string& dt, uintptr_t out, size_t n, int device) {
     py::gil_scoped_release release;
-    cast_to_f32(ptr(in), parse_dtype(dt), static_cast<float*>(ptr(out)), n);
-  });
+    cast_to_f32_on(device_of(device), ptr(in), parse_dtype(dt), static_cast<float*>(ptr(out)), n);
+  }, py::arg("inp"), py::arg("dtype"), py::arg("out"), py::arg("n"), py::arg("device") = -1);
+  m.def("sum_chunks_to_f32", [](uintptr_t chunks, const std::string& dt, size_t world, size_t n, uintptr_t out,
+                                bool accumulate, int device) {
+    py::gil_scoped_release release;
+    sum_chunks_to_f32_on(device_of(device), ptr(chunks), parse_dtype(dt), world, n, static_cast<float*>(ptr(out)),
+                         accumulate);
+  }, py::arg("chunks"), py::arg("dtype"), py::arg("world"), py::arg("n"), py::arg("out"), py::arg("accumulate"),
+     py::arg("device") = -1);
 
   m.def("adamw_step", [](uintptr_t grad, const std::string& grad_dt, uintptr_t master, uintptr_t m_,
                          uintptr_t v, uintptr_t param, const std::string& param_dt, size_t n, double lr,
                          double beta1, double beta2, double eps, double weight_decay, int64_t step,
-                         float grad_multiplier) {
+                         float grad_multiplier, int device) {
     AdamWBuffers b;
     b.grad = ptr(grad);
     b.grad_dtype = parse_dtype(grad_dt);
@@ -167,13 +191,13 @@ PYBIND11_MODULE(_C, m) {
     s.step = step;
     s.grad_multiplier = grad_multiplier;
     py::gil_scoped_release release;
-    adamw_step(b, s);
+    adamw_step_on(device_of(device), b, s);
   });
-  m.def("unscale_and_check", [](uintptr_t grad, size_t n, float inv_scale) {
+  m.def("unscale_and_check", [](uintptr_t grad, size_t n, float inv_scale, int device) {
     GradStats s;
     {
       py::gil_scoped_release release;
-      s = unscale_and_check(static_cast<float*>(ptr(grad)), n, inv_scale);
+      s = unscale_and_check_on(device_of(device), static_cast<float*>(ptr(grad)), n, inv_scale);
     }
     return py::make_tuple(s.nonfinite, s.sum_squares);
   });

@@ -1,17 +1,15 @@
 #include "runtime/engine.h"
 
 #include <ATen/ops/empty.h>
-#include <ATen/ops/from_blob.h>
 #include <ATen/ops/zeros.h>
 #include <c10/core/GradMode.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cmath>
-#include <cstring>
 
 #include "comm/error.h"
-#include "optim/cast.h"
+#include "runtime/device_kernels.h"
 #include "partition/bucket_plan.h"
 
 namespace zerort {
@@ -53,14 +51,37 @@ void check_params(const std::vector<at::Tensor>& params, const char* what) {
   for (size_t i = 0; i < params.size(); ++i) {
     const at::Tensor& p = params[i];
     ZRT_CHECK(p.defined(), "Engine: ", what, " ", i, " is undefined");
-    ZRT_CHECK(p.device().is_cpu(), "Engine: ", what, " ", i, " is on ", p.device().str(),
-              "; this engine runs on CPU tensors");
     ZRT_CHECK(p.scalar_type() == at::kFloat, "Engine: ", what, " ", i, " has dtype ",
               c10::toString(p.scalar_type()), "; build the model in float32 (the engine keeps the FP32 "
               "master and casts the working copy itself)");
     ZRT_CHECK(p.requires_grad() && p.is_leaf(), "Engine: ", what, " ", i,
               " must be a leaf tensor that requires grad");
   }
+}
+
+// The one device of every parameter (CPU when there are none), and a communicator that
+// moves that device's memory.
+c10::Device common_device(const std::vector<at::Tensor>& a, const std::vector<at::Tensor>& b,
+                          const Communicator& comm) {
+  c10::Device device(c10::kCPU);
+  bool first = true;
+  for (const auto* list : {&a, &b}) {
+    for (size_t i = 0; i < list->size(); ++i) {
+      const at::Tensor& p = (*list)[i];
+      if (!p.defined()) continue;
+      if (first) device = p.device();
+      first = false;
+      ZRT_CHECK(p.device() == device, "Engine: ", list == &a ? "parameter " : "fp32 parameter ", i, " is on ",
+                p.device().str(), " but the first parameter is on ", device.str(),
+                "; move the whole model to one device first");
+    }
+  }
+  check_device_supported(device, "the model");
+  const bool nccl = std::string(comm.backend_name()) == "nccl";
+  ZRT_CHECK(nccl == device.is_cuda(), "Engine: the model is on ", device.str(), " but comm.backend is '",
+            comm.backend_name(), "'; ", device.is_cuda() ? "CUDA models need the nccl backend"
+                                                         : "the nccl backend needs a CUDA model (model.cuda())");
+  return device;
 }
 
 const EngineOptions& validated(const EngineOptions& o) {
@@ -90,9 +111,9 @@ OptimizerOptions optimizer_options(const EngineOptions& e) {
 
 Engine::Engine(std::vector<at::Tensor> params, Communicator& comm, EngineOptions options,
                std::vector<at::Tensor> fp32_params)
-    : comm_(comm), options_(validated(options)) {
+    : comm_(comm), options_(validated(options)), device_(common_device(params, fp32_params, comm)) {
   const bool replicated = options_.stage == 0;
-  const auto f32 = at::TensorOptions().dtype(at::kFloat);
+  const auto f32 = at::TensorOptions().dtype(at::kFloat).device(device_);
   const int64_t rank = comm_.rank();
   std::vector<at::Tensor> master_parts;
   size_t opt_total = 0;
@@ -137,9 +158,9 @@ Engine::Engine(std::vector<at::Tensor> params, Communicator& comm, EngineOptions
       comm_.broadcast(flat32.data_ptr<float>() + off, static_cast<size_t>(std::min(kPiece, padded - off)),
                       DType::kFloat32, 0)->wait();
     }
-    const auto opts = at::TensorOptions().dtype(scalar_type(dtype));
+    const auto opts = at::TensorOptions().dtype(scalar_type(dtype)).device(device_);
     g->flat_params = at::empty({padded}, opts);
-    cast_from_f32(flat32.data_ptr<float>(), g->flat_params.data_ptr(), dtype, static_cast<size_t>(padded));
+    cast_from_f32_on(device_, flat32.data_ptr<float>(), g->flat_params.data_ptr(), dtype, static_cast<size_t>(padded));
     if (!sharded_grads()) g->flat_grads = at::zeros({padded}, opts);  // stages 0, 1: whole
     g->opt_offset = g->buckets.empty() ? opt_total : g->buckets.front().opt_offset;
     g->opt_numel = opt_total - g->opt_offset;
@@ -172,7 +193,7 @@ Engine::Engine(std::vector<at::Tensor> params, Communicator& comm, EngineOptions
     }
   }
   if (sharded_grads()) {  // two pack buffers: one filling while the other is reduced
-    for (auto& slot : pack_pool_) slot = at::empty({static_cast<int64_t>(largest_pack)}, at::TensorOptions().dtype(at::kByte));
+    for (auto& slot : pack_pool_) slot = at::empty({static_cast<int64_t>(largest_pack)}, bytes_options());
   }
 
   at::Tensor master = at::empty({static_cast<int64_t>(opt_total)}, f32);
@@ -219,12 +240,13 @@ at::Tensor Engine::exp_avg_sq(size_t g) const { return optimizer_slice(optimizer
 
 at::Tensor Engine::gather_master(size_t g) const {
   const Group& grp = group(g);
-  at::Tensor out = at::empty({grp.flat_params.numel()}, at::TensorOptions().dtype(at::kFloat));
+  at::Tensor out = at::empty({grp.flat_params.numel()}, at::TensorOptions().dtype(at::kFloat).device(device_));
   const float* master = optimizer_->master().data_ptr<float>();
   for (const Bucket& b : grp.buckets) {
     float* dst = out.data_ptr<float>() + b.flat_offset;
     if (options_.stage == 0) {
-      std::memcpy(dst, master + b.opt_offset, b.opt_numel * sizeof(float));
+      out.narrow(0, static_cast<int64_t>(b.flat_offset), static_cast<int64_t>(b.opt_numel))
+          .copy_(optimizer_->master().narrow(0, static_cast<int64_t>(b.opt_offset), static_cast<int64_t>(b.opt_numel)));
     } else {
       comm_.all_gather(master + b.opt_offset, dst, b.opt_numel, DType::kFloat32)->wait();
     }
@@ -257,7 +279,7 @@ int Engine::acquire_slot_locked(Bucket& b) {
     if (slot_owner_[s] == nullptr) {
       slot_owner_[s] = &b;
       const size_t bytes = b.layout.padded_numel() * dtype_size(groups_[b.group]->dtype);
-      std::memset(pack_pool_[s].data_ptr(), 0, bytes);  // padding and missing grads are 0
+      pack_pool_[s].narrow(0, 0, static_cast<int64_t>(bytes)).zero_();  // padding and missing grads are 0
       return s;
     }
   }
@@ -268,6 +290,8 @@ void* Engine::pack_buffer(Bucket& b) {
   return b.slot >= 0 ? pack_pool_[b.slot].data_ptr() : b.overflow.data_ptr();
 }
 
+at::TensorOptions Engine::bytes_options() const { return at::TensorOptions().dtype(at::kByte).device(device_); }
+
 void Engine::pack_locked(Bucket& b, size_t param) {
   Group& g = *groups_[b.group];
   size_t j = 0;
@@ -276,8 +300,9 @@ void Engine::pack_locked(Bucket& b, size_t param) {
   at::Tensor& p = g.params[param];
   if (p.grad().defined()) {
     const int64_t off = static_cast<int64_t>(b.layout.param_offset(j));
-    at::Tensor pack = at::from_blob(pack_buffer(b), {static_cast<int64_t>(b.layout.padded_numel())},
-                                    at::TensorOptions().dtype(scalar_type(g.dtype)));
+    const at::Tensor& bytes = b.slot >= 0 ? pack_pool_[b.slot] : b.overflow;
+    at::Tensor pack = bytes.narrow(0, 0, static_cast<int64_t>(b.layout.padded_numel() * dtype_size(g.dtype)))
+                          .view(scalar_type(g.dtype));
     pack.narrow(0, off, p.numel()).copy_(p.grad().reshape({-1}));
     p.mutable_grad() = at::Tensor();  // autograd's buffer is freed here
   }
@@ -323,7 +348,7 @@ void Engine::reduce_bucket(Bucket& b) {
       if (b.slot < 0) b.slot = acquire_slot_locked(b);
       if (b.slot < 0) {  // gradients came out of bucket order: never wait for a later bucket
         const size_t bytes = b.layout.padded_numel() * dtype_size(g.dtype);
-        b.overflow = at::zeros({static_cast<int64_t>(bytes)}, at::TensorOptions().dtype(at::kByte));
+        b.overflow = at::zeros({static_cast<int64_t>(bytes)}, bytes_options());
         overflow_peak_ = std::max(overflow_peak_, bytes);
       }
       for (size_t param : b.params) pack_locked(b, param);
@@ -445,7 +470,7 @@ void Engine::refresh_params() {
     for (const Bucket& b : g->buckets) {
       char* base = static_cast<char*>(g->flat_params.data_ptr()) + b.flat_offset * esize;
       char* mine = replicated ? base : base + static_cast<size_t>(comm_.rank()) * b.layout.shard_numel() * esize;
-      cast_from_f32(master + b.opt_offset, mine, g->dtype, b.opt_numel);
+      cast_from_f32_on(device_, master + b.opt_offset, mine, g->dtype, b.opt_numel);
       if (!replicated) comm_.all_gather(mine, base, b.layout.shard_numel(), g->dtype)->wait();
     }
   }

@@ -57,8 +57,9 @@ OptimizerOptions optimizer_options(const EngineOptions& options);
 
 class Engine {
  public:
-  // params, fp32_params: defined CPU float32 leaf tensors that require grad; the same lists,
-  // shapes and order on every rank. Rank 0's values are broadcast. Errors name the index.
+  // params, fp32_params: defined float32 leaf tensors that require grad, all on one device
+  // (CPU, or CUDA with an nccl communicator); the same lists, shapes and order on every rank.
+  // Rank 0's values are broadcast. Errors name the index. Buffers live on that device.
   Engine(std::vector<at::Tensor> params, Communicator& comm, EngineOptions options,
          std::vector<at::Tensor> fp32_params = {});
   ~Engine();
@@ -73,7 +74,9 @@ class Engine {
   int64_t skipped_steps() const { return skipped_steps_; }
   int64_t adam_steps() const { return optimizer_->adam_steps(); }
   const LossScaler& scaler() const { return optimizer_->scaler(); }
+  ShardOptimizer& optimizer() { return *optimizer_; }  // non-finite diagnostics (python/zerort/nonfinite.py)
   const EngineOptions& options() const { return options_; }
+  const c10::Device& device() const { return device_; }  // the model's: CPU or CUDA
 
   // Backward hook entry: parameter i of group g (0: params, 1: fp32_params) has its full
   // gradient for this micro-step. Thread-safe; returns quickly.
@@ -125,12 +128,14 @@ class Engine {
   bool sharded_grads() const { return options_.stage == 2; }  // no whole low-precision grads
   int acquire_slot_locked(Bucket& b);             // a free pack buffer for b, or -1 (mu_ held)
   void* pack_buffer(Bucket& b);
+  at::TensorOptions bytes_options() const;        // uint8 on the model's device
   void pack_locked(Bucket& b, size_t param);      // param's grad into b's pack buffer; frees it
   void update(StepStats& stats);
   at::Tensor optimizer_slice(const at::Tensor& t, size_t group) const;
 
   Communicator& comm_;
   EngineOptions options_;
+  c10::Device device_;
   std::vector<std::unique_ptr<Group>> groups_;
   std::vector<Bucket*> buckets_;               // every group's buckets, in reduce order
   std::unique_ptr<ShardOptimizer> optimizer_;  // this rank's FP32 master, m, v, gradient

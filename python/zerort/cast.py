@@ -2,18 +2,20 @@
 import torch
 
 from . import _C
-from ._tensor_args import buffer, dtype_name
+from ._tensor_args import buffer, device_index, dtype_name
 
 
 def cast(t, dtype):
-    """Returns t (CPU, contiguous) cast to dtype. One side must be float32, the other
-    bfloat16 or float16. Rounds to nearest even."""
-    out = torch.empty(t.shape, dtype=dtype)
-    n = t.numel()
+    """Returns t (contiguous, on CPU or CUDA) cast to dtype on the same device. One side must
+    be float32, the other bfloat16 or float16. Rounds to nearest even."""
+    out = torch.empty(t.shape, dtype=dtype, device=t.device)
+    n, dev = t.numel(), t.device
     if t.dtype == torch.float32:
-        _C.cast_from_f32(buffer(t, "t"), buffer(out, "out"), dtype_name(out, "dtype"), n)
+        _C.cast_from_f32(buffer(t, "t", device=dev), buffer(out, "out", device=dev), dtype_name(out, "dtype"), n,
+                         device_index(dev))
     elif dtype == torch.float32:
-        _C.cast_to_f32(buffer(t, "t"), dtype_name(t, "t"), buffer(out, "out"), n)
+        _C.cast_to_f32(buffer(t, "t", device=dev), dtype_name(t, "t"), buffer(out, "out", device=dev), n,
+                       device_index(dev))
     else:
         raise TypeError(f"cast: one side must be torch.float32, got {t.dtype} -> {dtype}")
     return out

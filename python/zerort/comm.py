@@ -1,6 +1,7 @@
-"""zerort.comm: the C++ Communicator on torch CPU tensors.
+"""zerort.comm: the C++ Communicator on torch tensors (CPU for mpi and gloo, CUDA for nccl).
 
     comm = zerort.comm.init()          # backend by launcher: mpirun -> mpi, torchrun -> gloo
+    comm = zerort.comm.init("nccl")    # CUDA tensors on cuda:LOCAL_RANK
     comm.all_reduce(t)                 # in place, sum
     comm.reduce_scatter_accumulate(grads_bf16, shard_f32)
 
@@ -8,6 +9,7 @@ Every call blocks until done (the GIL is released) and raises zerort.CommTimeout
 a peer does not join within timeout_s.
 """
 import datetime
+import os
 
 import torch
 
@@ -27,6 +29,8 @@ def init(backend="auto", timeout_s=600.0, check_consistency=True):
     reduce_scatter honours only the process group's timeout, so when you initialise
     torch.distributed yourself, pass it the same timeout."""
     name = _C.resolve_backend(backend)
+    if name == "nccl":
+        return _init_nccl(timeout_s, check_consistency)
     if name != "gloo":
         return Communicator(_C.make_communicator(name, timeout_s, check_consistency))
     import torch.distributed as dist
@@ -40,9 +44,42 @@ def init(backend="auto", timeout_s=600.0, check_consistency=True):
     return Communicator(_C.make_gloo_communicator(group.group_name, timeout_s, check_consistency))
 
 
+def _init_nccl(timeout_s, check_consistency):
+    """NCCL on cuda:LOCAL_RANK (modulo the visible devices). Under mpirun the C++ side
+    exchanges the unique id with MPI_Bcast; under torchrun it goes through c10d's TCPStore
+    at MASTER_ADDR:MASTER_PORT (the torchrun agent's store, or one rank 0 hosts)."""
+    if not _C.with_nccl:
+        raise RuntimeError("comm.backend 'nccl' is not in this build of zerort (nvcc was not found at build "
+                           "time); rebuild on a machine with the CUDA toolkit, or use 'mpi' or 'gloo'")
+    if not torch.cuda.is_available():
+        raise RuntimeError("comm.backend 'nccl' needs a CUDA device, and torch sees none; use 'mpi' or "
+                           "'gloo' for CPU training")
+    env = detect_launch_env()
+    device = env["local_rank"] % torch.cuda.device_count()
+    torch.cuda.set_device(device)
+    if env["launcher"] != "torchrun":
+        return Communicator(_C.make_communicator("nccl", timeout_s, check_consistency), f"cuda:{device}")
+    import torch.distributed as dist
+
+    agent_store = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
+    store = dist.TCPStore(env["master_addr"], env["master_port"], env["world_size"],
+                          is_master=env["rank"] == 0 and not agent_store,
+                          timeout=datetime.timedelta(seconds=timeout_s))
+    key = f"zerort/nccl_unique_id/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}"
+    if env["rank"] == 0:
+        store.set(key, _C.nccl_unique_id())
+    unique_id = store.get(key)  # waits up to timeout_s for rank 0
+    impl = _C.make_nccl_communicator(env["rank"], env["world_size"], device, unique_id, timeout_s,
+                                     check_consistency)
+    comm = Communicator(impl, f"cuda:{device}")
+    comm._store = store  # a store rank 0 hosts must live as long as the job
+    return comm
+
+
 class Communicator:
-    def __init__(self, impl):
+    def __init__(self, impl, device="cpu"):
         self._c = impl
+        self.device = torch.device(device)  # where this backend's buffers live
 
     @property
     def rank(self):
@@ -56,34 +93,55 @@ class Communicator:
     def backend(self):
         return self._c.backend
 
+    def _staged(self, call, *tensors):
+        """Small CPU control tensors (flags, digests, counters) given to a CUDA communicator
+        travel through device copies; the results are copied back. Returns the last tensor."""
+        on_device = [t.to(self.device) if isinstance(t, torch.Tensor) else t for t in tensors]
+        call(*on_device)
+        for t, d in zip(tensors, on_device):
+            if d is not t:
+                t.copy_(d)
+        return tensors[-1]
+
+    def _needs_staging(self, *tensors):
+        return self.device.type == "cuda" and any(isinstance(t, torch.Tensor) and t.device.type == "cpu"
+                                                  for t in tensors)
+
     def all_reduce(self, t, op="sum"):
-        self._c.all_reduce(buffer(t, "t"), t.numel(), dtype_name(t, "t"), op)
+        if self._needs_staging(t):
+            return self._staged(lambda d: self.all_reduce(d, op), t)
+        self._c.all_reduce(self._ptr(t, "t"), t.numel(), dtype_name(t, "t"), op)
         return t
 
     def reduce_scatter(self, inp, out, op="sum"):
+        if self._needs_staging(inp, out):
+            return self._staged(lambda i, o: self.reduce_scatter(i, o, op), inp, out)
         n = out.numel()
-        self._c.reduce_scatter(buffer(inp, "inp", n * self.size, out.dtype), buffer(out, "out"), n,
+        self._c.reduce_scatter(self._ptr(inp, "inp", n * self.size, out.dtype), self._ptr(out, "out"), n,
                                dtype_name(out, "out"), op)
         return out
 
     def reduce_scatter_accumulate(self, inp, out, accumulate=False):
         """inp: bf16/f16 with size*out.numel() elements; out: float32 shard."""
         n = out.numel()
-        self._c.reduce_scatter_accumulate(buffer(inp, "inp", n * self.size), dtype_name(inp, "inp"),
-                                          buffer(out, "out", dtype=torch.float32), n, accumulate)
+        self._c.reduce_scatter_accumulate(self._ptr(inp, "inp", n * self.size), dtype_name(inp, "inp"),
+                                          self._ptr(out, "out", dtype=torch.float32), n, accumulate)
         return out
 
     def all_gather(self, inp, out):
+        if self._needs_staging(inp, out):
+            return self._staged(self.all_gather, inp, out)
         n = inp.numel()
-        self._c.all_gather(buffer(inp, "inp"), buffer(out, "out", n * self.size, inp.dtype), n,
+        self._c.all_gather(self._ptr(inp, "inp"), self._ptr(out, "out", n * self.size, inp.dtype), n,
                            dtype_name(inp, "inp"))
         return out
 
     def all_gather_async(self, inp, out):
         """Starts an all_gather; returns a handle whose .wait() finishes it. Keep inp and out
-        alive until then (the handle holds references)."""
+        alive until then (the handle holds references). On CUDA it runs on the
+        communicator's own stream, so it overlaps compute."""
         n = inp.numel()
-        work = self._c.all_gather_async(buffer(inp, "inp"), buffer(out, "out", n * self.size, inp.dtype), n,
+        work = self._c.all_gather_async(self._ptr(inp, "inp"), self._ptr(out, "out", n * self.size, inp.dtype), n,
                                         dtype_name(inp, "inp"))
         return _Pending(work, (inp, out))
 
@@ -92,16 +150,21 @@ class Communicator:
             raise ValueError(f"all_to_all: inp has {inp.numel()} elements, not a multiple of the "
                              f"world size {self.size}")
         n = inp.numel() // self.size
-        self._c.all_to_all(buffer(inp, "inp"), buffer(out, "out", inp.numel(), inp.dtype), n,
+        self._c.all_to_all(self._ptr(inp, "inp"), self._ptr(out, "out", inp.numel(), inp.dtype), n,
                            dtype_name(inp, "inp"))
         return out
 
     def broadcast(self, t, root=0):
-        self._c.broadcast(buffer(t, "t"), t.numel(), dtype_name(t, "t"), root)
+        if self._needs_staging(t):
+            return self._staged(lambda d: self.broadcast(d, root), t)
+        self._c.broadcast(self._ptr(t, "t"), t.numel(), dtype_name(t, "t"), root)
         return t
 
     def barrier(self):
         self._c.barrier()
+
+    def _ptr(self, t, arg, numel=None, dtype=None):
+        return buffer(t, arg, numel, dtype, self.device)
 
 
 class _Pending:

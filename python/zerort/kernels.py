@@ -1,24 +1,40 @@
-"""The fused optimizer kernels on torch CPU tensors (tests and benchmarks use these; the
-engine calls them from C++)."""
+"""The fused optimizer and reduction kernels on torch tensors, CPU or CUDA (tests and
+benchmarks use these; the engine calls them from C++). Every tensor of one call must be on
+one device; CUDA kernels run on the default stream."""
 import torch
 
 from . import _C
-from ._tensor_args import buffer, dtype_name
+from ._tensor_args import buffer, device_index, dtype_name
 
 
 def adamw_step(grad, master, exp_avg, exp_avg_sq, param, *, lr, betas, eps, weight_decay, step,
                grad_multiplier=1.0):
     """One fused AdamW pass. grad: float32 or bfloat16; master/exp_avg/exp_avg_sq: float32;
     param: bfloat16/float16 low-precision copy written from the new master (or None)."""
-    n = master.numel()
-    f32 = torch.float32
-    _C.adamw_step(buffer(grad, "grad", n), dtype_name(grad, "grad"), buffer(master, "master", n, f32),
-                  buffer(exp_avg, "exp_avg", n, f32), buffer(exp_avg_sq, "exp_avg_sq", n, f32),
-                  0 if param is None else buffer(param, "param", n),
+    n, f32, dev = master.numel(), torch.float32, master.device
+    _C.adamw_step(buffer(grad, "grad", n, device=dev), dtype_name(grad, "grad"),
+                  buffer(master, "master", n, f32, dev), buffer(exp_avg, "exp_avg", n, f32, dev),
+                  buffer(exp_avg_sq, "exp_avg_sq", n, f32, dev),
+                  0 if param is None else buffer(param, "param", n, device=dev),
                   "bf16" if param is None else dtype_name(param, "param"), n, lr, betas[0],
-                  betas[1], eps, weight_decay, step, grad_multiplier)
+                  betas[1], eps, weight_decay, step, grad_multiplier, device_index(dev))
 
 
 def unscale_and_check(grad, inv_scale):
     """grad *= inv_scale in place; returns (non-finite count, sum of squares in FP64)."""
-    return _C.unscale_and_check(buffer(grad, "grad", dtype=torch.float32), grad.numel(), inv_scale)
+    return _C.unscale_and_check(buffer(grad, "grad", dtype=torch.float32, device=grad.device), grad.numel(),
+                                inv_scale, device_index(grad.device))
+
+
+def sum_chunks_to_f32(chunks, out, accumulate=False):
+    """The local half of reduce_scatter_accumulate: chunks (bf16/f16/f32, world * n elements,
+    chunk r from rank r) summed in rank order in FP64, rounded once into out (float32, n)."""
+    n, dev = out.numel(), out.device
+    if n == 0 and chunks.numel() == 0:
+        return out
+    if n == 0 or chunks.numel() % n:
+        raise ValueError(f"sum_chunks_to_f32: chunks has {chunks.numel()} elements, not a positive multiple "
+                         f"of out's {n}")
+    _C.sum_chunks_to_f32(buffer(chunks, "chunks", device=dev), dtype_name(chunks, "chunks"), chunks.numel() // n,
+                         n, buffer(out, "out", dtype=torch.float32, device=dev), accumulate, device_index(dev))
+    return out

@@ -57,6 +57,7 @@ class Stage3:
 
     def __init__(self, model, config, comm, dtype, params, fp32_ids, optimizer_kwargs):
         self.comm, self.dtype, self.config = comm, dtype, config
+        self.device = dev = comm.device  # the model's device: every buffer lives there
         self._reduce_s = self._gather_s = 0.0
         self.gathered_bytes = self.gathered_peak = 0  # live unit buffers (persistent excluded)
         self.pack_peak = 0                            # largest gradient pack buffer
@@ -69,10 +70,10 @@ class Stage3:
                 self.unit_of[module] = g
         # Rank-local shards, one slice per group in group order: FP32 master; working copy.
         total = sum(g.shard for g in self.groups)
-        master = torch.empty(total)
+        master = torch.empty(total, device=dev)
         off = 0
         for g in self.groups:
-            flat = torch.zeros(g.layout.padded_numel)
+            flat = torch.zeros(g.layout.padded_numel, device=dev)
             for p, view in g.views(flat):
                 view.copy_(p.detach())
             comm.broadcast(flat, 0)  # every rank starts from rank 0's values
@@ -84,7 +85,7 @@ class Stage3:
         self.grad_shard = self.opt.grad_shard
         for g in self.groups:
             for p in g.params:
-                p.data = torch.empty(0, dtype=g.dtype)
+                p.data = torch.empty(0, dtype=g.dtype, device=dev)
                 p.register_post_accumulate_grad_hook(self._make_grad_hook(g))
             if g.persistent:
                 self._gather(g)
@@ -99,7 +100,7 @@ class Stage3:
     # ---- gather / free --------------------------------------------------------------
     def _start_gather(self, g):
         if g.full is None and g.pending is None:
-            g.full_buf = torch.empty(g.layout.padded_numel, dtype=g.dtype)
+            g.full_buf = torch.empty(g.layout.padded_numel, dtype=g.dtype, device=self.device)
             if not g.persistent:
                 self.gathered_bytes += g.nbytes
                 self.gathered_peak = max(self.gathered_peak, self.gathered_bytes)
@@ -120,7 +121,7 @@ class Stage3:
         if g.persistent or g.full is None or self._pinned:
             return
         for p in g.params:
-            p.data = torch.empty(0, dtype=g.dtype)
+            p.data = torch.empty(0, dtype=g.dtype, device=self.device)
         g.full = g.full_buf = None
         self.gathered_bytes -= g.nbytes
 
@@ -173,7 +174,7 @@ class Stage3:
         """Packs the group's low-precision grads (layout order, zero padding) and
         reduce-scatters them into this rank's FP32 gradient slice; frees the grads."""
         t0 = time.perf_counter()
-        packed = torch.zeros(g.layout.padded_numel, dtype=g.dtype)
+        packed = torch.zeros(g.layout.padded_numel, dtype=g.dtype, device=self.device)
         self.pack_peak = max(self.pack_peak, g.nbytes)
         for p, view in g.views(packed):
             if p.grad is not None:
@@ -264,10 +265,10 @@ class Stage3:
     def full_flat(self, group, master):
         """The group's full flat values: FP32 master (gathered) or low precision."""
         if master:
-            out = torch.empty(group.layout.padded_numel)
+            out = torch.empty(group.layout.padded_numel, device=self.device)
             self.comm.all_gather(self.opt.master[group.grad_off:group.grad_off + group.shard], out)
             return out
-        out = torch.empty(group.layout.padded_numel, dtype=group.dtype)
+        out = torch.empty(group.layout.padded_numel, dtype=group.dtype, device=self.device)
         self.comm.all_gather(group.lp_slice.clone(), out)
         return out
 

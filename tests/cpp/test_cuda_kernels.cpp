@@ -16,7 +16,7 @@
 #include "optim/cast.h"
 #include "optim/grad_stats.h"
 #include "optim/cast_cuda.h"
-#include "optim/cuda_check.h"
+#include "comm/cuda_check.h"
 
 namespace zerort {
 namespace {

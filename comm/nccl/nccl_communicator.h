@@ -1,0 +1,41 @@
+// The NCCL backend: CUDA buffers, one communicator per rank and device.
+//
+//   std::string id = rank == 0 ? nccl_unique_id() : "";   // 128 bytes; send to every rank
+//   auto comm = make_nccl_communicator(rank, world, device, id, options);
+//
+// Under mpirun make_nccl_communicator_mpi() exchanges the id with MPI_Bcast; under torchrun
+// zerort.comm.init(backend="nccl") exchanges it through c10d's TCPStore.
+//
+// Collectives run on the communicator's own high-priority stream, after the work already
+// queued on the input stream (the default stream unless set_input_stream says otherwise),
+// and their Work waits on an event with the communicator's timeout: on timeout the
+// communicator is aborted and every later call throws, so nothing hangs. Buffers are
+// device memory on `device`; all_reduce and broadcast also take small host buffers
+// (control values such as the optimizer's decision), staged through pinned memory.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <memory>
+#include <string>
+
+#include "comm/communicator.h"
+
+namespace zerort {
+
+std::string nccl_unique_id();  // ncclGetUniqueId, as 128 raw bytes
+
+std::unique_ptr<Communicator> make_nccl_communicator(int rank, int size, int device, const std::string& unique_id,
+                                                     CommOptions options = {});
+
+// Rank and world from MPI (mpi_communicator); rank 0's id reaches the others by MPI_Bcast.
+// device < 0 picks the local rank modulo the visible devices.
+std::unique_ptr<Communicator> make_nccl_communicator_mpi(int device, CommOptions options = {});
+
+// The stream NCCL collectives wait on before they start (default: the legacy default
+// stream, PyTorch's default stream). comm must be an NCCL communicator.
+void set_nccl_input_stream(Communicator& comm, cudaStream_t stream);
+// The NCCL communicator's own stream.
+cudaStream_t nccl_stream(const Communicator& comm);
+
+}  // namespace zerort

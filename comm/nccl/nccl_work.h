@@ -1,0 +1,58 @@
+// The NCCL backend's shared state and Work. A collective is enqueued on the communicator's
+// own stream and ends with an event; NcclWork::wait() polls that event and the
+// communicator's async error against the deadline, and aborts the communicator on timeout,
+// so a missing peer never hangs the host.
+#pragma once
+
+#include <cuda_runtime_api.h>
+#include <nccl.h>
+
+#include <atomic>
+#include <chrono>
+#include <mutex>
+#include <string>
+
+#include "comm/work.h"
+
+namespace zerort {
+
+// Throws zerort::Error naming the NCCL call, its error string and NCCL's last message.
+// ncclInProgress (a nonblocking communicator still working) is not an error.
+void check_nccl(ncclResult_t result, const char* call, ncclComm_t comm, const char* file, int line);
+#define ZRT_CHECK_NCCL(call, comm) ::zerort::check_nccl((call), #call, (comm), __FILE__, __LINE__)
+
+struct NcclState {
+  ncclComm_t comm = nullptr;
+  cudaStream_t stream = nullptr;  // the communicator's own stream
+  cudaEvent_t input_ready = nullptr;
+  cudaStream_t input_stream = nullptr;  // collectives wait for work queued here (default stream)
+  int device = 0;
+  std::mutex mu;                   // one enqueue at a time
+  std::atomic<bool> aborted{false};
+  std::string abort_reason;
+
+  ~NcclState();
+  // Polls ncclCommGetAsyncError until the communicator is no longer in progress. Returns
+  // false at the deadline; throws on an NCCL error.
+  bool settle(std::chrono::steady_clock::time_point deadline, const char* what);
+  // ncclCommAbort, once: every later call on this communicator throws `reason`.
+  void abort(const std::string& reason);
+  void check_usable() const;
+};
+
+class NcclWork final : public Work {
+ public:
+  NcclWork(CollectiveDesc desc, std::chrono::milliseconds timeout, std::shared_ptr<NcclState> state,
+           cudaEvent_t done);
+  ~NcclWork() override;
+
+ protected:
+  bool wait_until(std::chrono::steady_clock::time_point deadline) override;
+  void on_timeout() override;
+
+ private:
+  std::shared_ptr<NcclState> state_;
+  cudaEvent_t done_;
+};
+
+}  // namespace zerort

@@ -1,0 +1,79 @@
+#include "runtime/device_kernels.h"
+
+#include "comm/error.h"
+#include "optim/cast.h"
+#include "zerort/config.h"
+#if ZERORT_WITH_CUDA
+#include "comm/cuda_check.h"
+#include "optim/adamw_cuda.h"
+#include "optim/cast_cuda.h"
+#include "comm/local_reduce_cuda.h"
+#endif
+
+namespace zerort {
+
+namespace {
+
+#if ZERORT_WITH_CUDA
+cudaStream_t on_device(const c10::Device& device) {
+  ZRT_CHECK_CUDA(cudaSetDevice(device.index() < 0 ? 0 : device.index()));
+  return nullptr;  // the legacy default stream: PyTorch's default stream
+}
+#endif
+
+}  // namespace
+
+void check_device_supported(const c10::Device& device, const char* what) {
+  if (device.is_cpu()) return;
+  ZRT_CHECK(device.is_cuda() && ZERORT_WITH_CUDA, what, " is on ", device.str(), "; this build of zerort runs on ",
+            ZERORT_WITH_CUDA ? "CPU and CUDA tensors" : "CPU tensors only (nvcc was not found at build time)");
+}
+
+void cast_from_f32_on(const c10::Device& device, const float* in, void* out, DType out_dtype, size_t n) {
+  if (device.is_cpu()) return cast_from_f32(in, out, out_dtype, n);
+#if ZERORT_WITH_CUDA
+  cast_from_f32_cuda(in, out, out_dtype, n, on_device(device));
+#else
+  check_device_supported(device, "cast_from_f32's buffer");
+#endif
+}
+
+void cast_to_f32_on(const c10::Device& device, const void* in, DType in_dtype, float* out, size_t n) {
+  if (device.is_cpu()) return cast_to_f32(in, in_dtype, out, n);
+#if ZERORT_WITH_CUDA
+  cast_to_f32_cuda(in, in_dtype, out, n, on_device(device));
+#else
+  check_device_supported(device, "cast_to_f32's buffer");
+#endif
+}
+
+void sum_chunks_to_f32_on(const c10::Device& device, const void* chunks, DType dtype, size_t world, size_t n,
+                          float* out, bool accumulate) {
+  if (device.is_cpu()) return sum_chunks_to_f32(chunks, dtype, world, n, out, accumulate);
+#if ZERORT_WITH_CUDA
+  sum_chunks_to_f32_cuda(chunks, dtype, world, n, out, accumulate, on_device(device));
+#else
+  check_device_supported(device, "sum_chunks_to_f32's buffer");
+#endif
+}
+
+void adamw_step_on(const c10::Device& device, const AdamWBuffers& buffers, const AdamWStep& step) {
+  if (device.is_cpu()) return adamw_step(buffers, step);
+#if ZERORT_WITH_CUDA
+  adamw_step_cuda(buffers, step, on_device(device));
+#else
+  check_device_supported(device, "the AdamW shard");
+#endif
+}
+
+GradStats unscale_and_check_on(const c10::Device& device, float* grad, size_t n, float inv_scale) {
+  if (device.is_cpu()) return unscale_and_check(grad, n, inv_scale);
+#if ZERORT_WITH_CUDA
+  return unscale_and_check_cuda(grad, n, inv_scale, on_device(device));
+#else
+  check_device_supported(device, "the gradient shard");
+  return {};
+#endif
+}
+
+}  // namespace zerort
