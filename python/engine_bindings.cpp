@@ -128,6 +128,8 @@ void bind_engine(py::module_& m) {
       .def_property_readonly("loss_scale", &ShardOptimizer::loss_scale)
       .def_property_readonly("adam_steps", &ShardOptimizer::adam_steps)
       .def("set_lr", &ShardOptimizer::set_lr)
+      .def("set_watch_regions", &ShardOptimizer::set_watch_regions)
+      .def_property_readonly("nonfinite_ids", &ShardOptimizer::nonfinite_ids)
       .def("state", [](const ShardOptimizer& o) { return state_dict(o.scaler_state(), o.adam_steps()); })
       .def("load_state", [](ShardOptimizer& o, py::dict d) { o.load_state(scaler_state(d), d["adam_steps"].cast<int64_t>()); });
 
@@ -149,6 +151,10 @@ void bind_engine(py::module_& m) {
         return stats_dict(s);
       })
       .def("set_lr", &Engine::set_lr)
+      .def("set_watch_regions", [](Engine& e, std::vector<std::array<int64_t, 3>> r) {
+        e.optimizer().set_watch_regions(std::move(r));
+      })
+      .def_property_readonly("nonfinite_ids", [](Engine& e) { return e.optimizer().nonfinite_ids(); })
       .def_property_readonly("loss_scale", &Engine::loss_scale)
       .def_property_readonly("global_step", &Engine::global_step)
       .def_property_readonly("skipped_steps", &Engine::skipped_steps)

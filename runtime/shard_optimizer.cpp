@@ -71,9 +71,11 @@ bool ShardOptimizer::step(const std::vector<OutputSegment>& outputs, StepStats& 
     comm_.all_reduce(global, 2, DType::kFloat64)->wait();  // the one decision, same on every rank
   }
   stats.nonfinite = static_cast<int64_t>(global[0]);
+  nonfinite_ids_.clear();
   stats.grad_norm = std::sqrt(global[1]);
   if (stats.nonfinite > 0 || !std::isfinite(global[1])) {
     stats.skipped = true;
+    record_nonfinite();
     grad_shard_.zero_();
     stats.optimizer_ms = elapsed_ms();
     scaler_.update(true);  // may throw at the minimum scale, on every rank alike
@@ -110,6 +112,26 @@ bool ShardOptimizer::step(const std::vector<OutputSegment>& outputs, StepStats& 
 }  // namespace zerort
 
 namespace zerort {
+
+void ShardOptimizer::set_watch_regions(std::vector<std::array<int64_t, 3>> regions) {
+  for (const auto& r : regions) {
+    ZRT_CHECK(r[0] >= 0 && r[1] >= 0 && r[0] + r[1] <= master_.numel(), "ShardOptimizer: watch region [",
+              r[0], ", ", r[0] + r[1], ") (id ", r[2], ") lies outside the shard of ", master_.numel(),
+              " elements");
+  }
+  watch_regions_ = std::move(regions);
+}
+
+void ShardOptimizer::record_nonfinite() {
+  const at::Tensor host = grad_shard_.device().is_cpu() ? grad_shard_ : grad_shard_.cpu();  // skipped steps only
+  const float* g = host.data_ptr<float>();
+  for (const auto& r : watch_regions_) {
+    const float* begin = g + r[0];
+    if (std::any_of(begin, begin + r[1], [](float x) { return !std::isfinite(x); })) {
+      nonfinite_ids_.push_back(r[2]);
+    }
+  }
+}
 
 void ShardOptimizer::load_state(const LossScaler::State& scaler, int64_t adam_steps) {
   ZRT_CHECK(adam_steps >= 0, "checkpoint: Adam step count must be >= 0, got ", adam_steps);

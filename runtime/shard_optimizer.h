@@ -6,6 +6,7 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <array>
 #include <cstdint>
 #include <functional>
 #include <vector>
@@ -74,12 +75,24 @@ class ShardOptimizer {
   const at::Tensor& exp_avg() const { return exp_avg_; }
   const at::Tensor& exp_avg_sq() const { return exp_avg_sq_; }
 
+  // Diagnostics for skipped steps. Regions {offset, numel, id} of the gradient shard, for
+  // example each parameter's piece with the parameter's index as id. When a step is
+  // skipped, the ids of the regions holding a non-finite value are recorded, in the order
+  // given, before the shard is zeroed (one extra pass over the regions, on skipped steps
+  // only). nonfinite_ids() is empty after a step that was not skipped.
+  void set_watch_regions(std::vector<std::array<int64_t, 3>> regions);
+  const std::vector<int64_t>& nonfinite_ids() const { return nonfinite_ids_; }
+
  private:
+  void record_nonfinite();
+
   Communicator& comm_;
   OptimizerOptions options_;
   LossScaler scaler_;
   at::Tensor master_, exp_avg_, exp_avg_sq_, grad_shard_;
   int64_t adam_steps_ = 0;
+  std::vector<std::array<int64_t, 3>> watch_regions_;
+  std::vector<int64_t> nonfinite_ids_;
 };
 
 }  // namespace zerort

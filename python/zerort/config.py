@@ -48,6 +48,7 @@ class Config:
     unit_modules: tuple = ()
     comm_backend: str = "auto"
     comm_timeout_s: float = 600.0
+    max_consecutive_skips: int = 100  # skipped (non-finite) steps in a row before training stops
     fp32_modules: tuple = ("LayerNorm", "RMSNorm", "BatchNorm1d", "BatchNorm2d", "BatchNorm3d")
     train_micro_batch_size_per_gpu: Optional[int] = None  # checked against train_batch_size
     train_batch_size: Optional[int] = None
@@ -239,6 +240,7 @@ def _parse_ours(cfg, problems):
     c.comm_timeout_s = rc.number(cm, "timeout_s", c.comm_timeout_s, low=1e-3, high=1e9)  # as the C++ comm
     rc.leftover(cm)
     c.fp32_modules = r.names(cfg, "fp32_modules", c.fp32_modules)
+    c.max_consecutive_skips = r.number(cfg, "max_consecutive_skips", c.max_consecutive_skips, integer=True, low=1)
     present, v = r._take(cfg, "lr_schedule")
     if present:
         if callable(v):

@@ -22,6 +22,7 @@ import torch
 
 from . import _C
 from . import comm as comm_mod
+from . import consistency, failfast, nonfinite
 from .config import ConfigError, parse
 from .stage3 import Stage3
 
@@ -46,6 +47,8 @@ class Engine:
         self.config = c
         self.dtype = _DTYPES[c.precision]
         self.comm = comm if comm is not None else comm_mod.init(c.comm_backend, c.comm_timeout_s)
+        failfast.install(self.comm.rank, self.comm.size)  # an uncaught error ends every rank
+        consistency.check_model(self.comm, model)  # the same model on every rank, or an error
         fp32_ids = set()
         if self.dtype != torch.float32:
             for m in model.modules():
@@ -105,6 +108,7 @@ class Engine:
                                f"world size ({self.world_size}) = "
                                f"{micro * c.gradient_accumulation_steps * self.world_size}"])
         self.stats = {}
+        self._nonfinite = nonfinite.Guard(self)  # names non-finite params; max_consecutive_skips
 
     # ---- training loop -------------------------------------------------------------
     def __call__(self, *args, **kwargs):
@@ -132,7 +136,7 @@ class Engine:
     def step(self):
         """Reduces this micro-step's gradients; at the accumulation boundary, updates the
         parameters (or skips on non-finite gradients) and zeroes the gradients."""
-        s = self._impl.step()
+        s = self._nonfinite.step(self._impl.step)
         if s["boundary"]:
             s["forward_ms"] = 1e3 * getattr(self, "_t_forward", 0.0)
             s["backward_ms"] = 1e3 * getattr(self, "_t_backward", 0.0)
