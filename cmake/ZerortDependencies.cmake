@@ -51,10 +51,13 @@ if(ZERORT_WITH_CUDA)
   execute_process(
     COMMAND ${Python3_EXECUTABLE} -c "import nvidia.nccl as n; print(list(n.__path__)[0])"
     OUTPUT_VARIABLE zerort_nccl_wheel OUTPUT_STRIP_TRAILING_WHITESPACE ERROR_QUIET)
-  find_path(ZERORT_NCCL_INCLUDE_DIR nccl.h
-    HINTS $ENV{NCCL_HOME}/include ${CUDAToolkit_INCLUDE_DIRS} ${zerort_nccl_wheel}/include)
-  find_library(ZERORT_NCCL_LIBRARY NAMES nccl libnccl.so.2
-    HINTS $ENV{NCCL_HOME}/lib ${CUDAToolkit_LIBRARY_DIR} ${zerort_nccl_wheel}/lib)
+  # First match wins: NCCL_HOME, then the wheel (the NCCL PyTorch loads), then the toolkit.
+  foreach(dir $ENV{NCCL_HOME} ${zerort_nccl_wheel})
+    find_path(ZERORT_NCCL_INCLUDE_DIR nccl.h PATHS ${dir}/include NO_DEFAULT_PATH)
+    find_library(ZERORT_NCCL_LIBRARY NAMES libnccl.so.2 nccl PATHS ${dir}/lib NO_DEFAULT_PATH)
+  endforeach()
+  find_path(ZERORT_NCCL_INCLUDE_DIR nccl.h HINTS ${CUDAToolkit_INCLUDE_DIRS})
+  find_library(ZERORT_NCCL_LIBRARY NAMES nccl libnccl.so.2 HINTS ${CUDAToolkit_LIBRARY_DIR})
   if(NOT ZERORT_NCCL_INCLUDE_DIR OR NOT ZERORT_NCCL_LIBRARY)
     message(FATAL_ERROR "zerort: nvcc was found, so the NCCL communicator is built, but NCCL "
                         "was not: pip install nvidia-nccl-cu13 into ${Python3_EXECUTABLE}'s "
@@ -69,6 +72,9 @@ if(ZERORT_BUILD_TESTS)
 endif()
 
 if(ZERORT_BUILD_PYTHON)
+  # pybind11 builds with CMake's FindPython when a package (PyTorch's config) loaded it.
+  set(Python_EXECUTABLE ${Python3_EXECUTABLE})
+  find_package(Python COMPONENTS Interpreter Development.Module REQUIRED)
   execute_process(COMMAND ${Python3_EXECUTABLE} -m pybind11 --cmakedir
                   OUTPUT_VARIABLE pybind11_DIR OUTPUT_STRIP_TRAILING_WHITESPACE)
   find_package(pybind11 CONFIG REQUIRED)

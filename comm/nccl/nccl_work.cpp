@@ -15,10 +15,9 @@ void check_nccl(ncclResult_t result, const char* call, ncclComm_t comm, const ch
 }
 
 NcclState::~NcclState() {
-  if (comm) {
-    // A communicator that timed out was aborted already; a healthy one is destroyed.
-    if (!aborted.load()) ncclCommDestroy(comm);
-  }
+  // A communicator that timed out was aborted already; a healthy one is destroyed, unless
+  // the CUDA runtime is already gone (interpreter shutdown), when the driver reclaims it.
+  if (comm && !aborted.load() && cudaSetDevice(device) == cudaSuccess) ncclCommDestroy(comm);
   if (input_ready) cudaEventDestroy(input_ready);
   if (stream) cudaStreamDestroy(stream);
 }

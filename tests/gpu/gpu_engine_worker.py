@@ -1,0 +1,48 @@
+"""One rank of the CUDA engine tests (torchrun, NCCL): trains each case on the GPU and saves
+the losses and the gathered FP32 master for test_gpu_engine.py.
+
+    gpu_engine_worker.py OUT CASE [CASE ...]      CASE = model:stage:precision:gas:steps
+"""
+import os
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "python"))
+sys.path.insert(0, os.path.join(HERE, "..", "..", "python"))
+
+import torch  # noqa: E402
+
+import zerort  # noqa: E402
+from engine_models import CONFIG, batch, loss_fn, make_model  # noqa: E402
+
+
+def run_case(case, comm):
+    name, stage, precision, gas, steps = case.split(":")[:5]
+    gas, steps = int(gas), int(steps)
+    model = make_model(name).cuda()
+    cfg = dict(CONFIG, stage=int(stage), precision=precision, gradient_accumulation_steps=gas)
+    engine = zerort.initialize(model, cfg, comm=comm)
+    losses = []
+    for step in range(steps):
+        total = 0.0
+        for micro in range(gas):
+            x, y = (t.cuda() for t in batch(name, step, comm.rank, micro))
+            loss = loss_fn(name, engine(x), y)
+            engine.backward(loss)
+            engine.step()
+            total += loss.item() / gas
+        losses.append(total)
+    master = {k: v.float().cpu() for k, v in engine.full_state_dict(master=True).items()}
+    return {"losses": losses, "master": master}
+
+
+def main():
+    out, cases = sys.argv[1], sys.argv[2:]
+    comm = zerort.comm.init("nccl", timeout_s=120)
+    assert comm.backend == "nccl" and comm.device.type == "cuda", (comm.backend, comm.device)
+    torch.save({case: run_case(case, comm) for case in cases}, f"{out}.rank{comm.rank}.pt")
+    print(f"GPU ENGINE WORKER OK rank {comm.rank}/{comm.size} on {comm.device}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
