@@ -21,12 +21,8 @@ import time
 
 import torch
 
-FORMAT = "zerort-checkpoint-1"
-STATE_TENSORS = ("master", "exp_avg", "exp_avg_sq")
-
-
-class CheckpointError(RuntimeError):
-    """A checkpoint that cannot be loaded; the message names the file or the parameter."""
+from .checkpoint_meta import (FORMAT, STATE_TENSORS, CheckpointError, check_shard_contents,  # noqa: F401
+                              check_shard_payload, check_tag, meta_digest, read_meta)
 
 
 # ---- files ------------------------------------------------------------------------------
@@ -64,8 +60,9 @@ def write_shard(path, tensors, meta):
     _atomic_write(path, lambda f: torch.save(payload, f))
 
 
-def read_shard(path):
-    """(tensors, meta) of a shard file, memory-mapped; checks format and checksum."""
+def read_shard(path, rank, meta):
+    """(tensors, meta) of rank's shard file, memory-mapped; checks its structure, checksum
+    and agreement with the checkpoint's metadata (zerort.checkpoint_meta)."""
     if not os.path.exists(path):
         raise CheckpointError(f"missing shard file {path}: the checkpoint is incomplete or was "
                               "saved by more ranks than this directory holds")
@@ -73,38 +70,15 @@ def read_shard(path):
         payload = torch.load(path, mmap=True, weights_only=True)
     except Exception as e:  # a truncated zip, or not a torch file at all
         raise CheckpointError(f"shard file {path} is truncated or corrupt ({type(e).__name__}: {e})") from None
-    if not isinstance(payload, dict) or payload.get("format") != FORMAT:
-        raise CheckpointError(f"{path} is not a zerort checkpoint shard")
-    if _digest(payload["tensors"], payload["meta"]) != payload["sha256"]:
-        raise CheckpointError(f"checksum mismatch in {path}: the file was modified or damaged")
-    return payload["tensors"], payload["meta"]
-
-
-def read_meta(directory, tag=None):
-    """(tag, metadata) of a checkpoint directory; tag defaults to the one in `latest`."""
-    if not os.path.isdir(directory):
-        raise CheckpointError(f"{directory} is not a directory")
-    if tag is None:
-        latest = os.path.join(directory, "latest")
-        if not os.path.exists(latest):
-            raise CheckpointError(f"{directory} is not a zerort checkpoint directory (no 'latest' file); "
-                                  "pass tag= to load a specific checkpoint")
-        with open(latest) as f:
-            tag = f.read().strip()
-    path = os.path.join(directory, tag, "meta.json")
-    if not os.path.exists(path):
-        raise CheckpointError(f"{path} is missing: {os.path.join(directory, tag)} is not a complete checkpoint")
+    check_shard_payload(payload, path)
     try:
-        with open(path) as f:
-            meta = json.load(f)
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise CheckpointError(f"{path} is truncated or corrupt ({e})") from None
-    digest = meta.pop("sha256", None)
-    if meta.get("format") != FORMAT:
-        raise CheckpointError(f"{path} is not zerort checkpoint metadata (format {meta.get('format')!r})")
-    if digest != hashlib.sha256(json.dumps(meta, sort_keys=True).encode()).hexdigest():
+        digest = _digest(payload["tensors"], payload["meta"])
+    except (TypeError, ValueError) as e:  # metadata that JSON cannot hold
+        raise CheckpointError(f"shard file {path} is corrupt: its metadata cannot be hashed ({e})") from None
+    if digest != payload["sha256"]:
         raise CheckpointError(f"checksum mismatch in {path}: the file was modified or damaged")
-    return tag, meta
+    check_shard_contents(payload, path, rank, meta)
+    return payload["tensors"], payload["meta"]
 
 
 # ---- where each parameter's elements live -----------------------------------------------
@@ -194,8 +168,7 @@ def save(engine, directory, tag=None):
 
     comm, rank = engine.comm, engine.rank
     tag = tag or f"step{engine.global_step}"
-    if "/" in tag or tag.startswith(".") or tag == "latest":
-        raise CheckpointError(f"checkpoint tag {tag!r} must be a plain name (no '/', not hidden, not 'latest')")
+    check_tag(tag, directory)
     save_id = torch.tensor([time.time_ns() if rank == 0 else 0], dtype=torch.int64)
     comm.broadcast(save_id, 0)  # one fresh directory name on every rank
     work = os.path.join(directory, f".{tag}.{save_id.item()}")
@@ -220,7 +193,7 @@ def save(engine, directory, tag=None):
                 "config": to_dict(engine.config), "params": param_layout(engine),
                 "aliases": _aliases(engine), "extras": sorted(extras),
                 "shards": [f"shard_{r:05d}.pt" for r in range(engine.world_size)]}
-        meta["sha256"] = hashlib.sha256(json.dumps(meta, sort_keys=True).encode()).hexdigest()
+        meta["sha256"] = meta_digest(meta)
         _atomic_write(os.path.join(work, "meta.json"), lambda f: f.write(json.dumps(meta, indent=1).encode()))
         link = os.path.join(directory, tag)
         old = os.path.realpath(link) if os.path.islink(link) else None
@@ -309,7 +282,7 @@ class ShardReader:
                 payload = torch.load(path, mmap=True, weights_only=True)
                 self._data = (payload["tensors"], payload["meta"])
             else:
-                self._data = read_shard(path)
+                self._data = read_shard(path, rank, self.meta)
                 self._verified.add(rank)
             self._rank = rank
         return self._data

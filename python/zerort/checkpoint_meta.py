@@ -1,0 +1,273 @@
+"""Reading and validating checkpoint metadata (meta.json) and shard payloads.
+
+Everything a loader reads from disk goes through one funnel, _Fields, before it is used:
+a damaged, truncated, hand-edited or foreign file raises CheckpointError naming the file,
+the field and what was expected, never a KeyError/TypeError/IndexError from deep inside
+the loader, and never loads wrong values silently. Checked:
+
+- meta.json: UTF-8 JSON object, format, SHA-256 (64 hex digits, matching), world_size,
+  stage, precision, shard file names (plain, one per rank, distinct), every parameter's
+  shape, dtypes and segments [rank, index, offset, length]: ranks in range, offsets and
+  lengths non-negative, the segments cover the parameter's elements exactly once, and no
+  two segments of one rank share shard elements; aliases point at saved parameters; extras
+  are distinct names.
+- a shard: its payload's structure (before the checksum is computed over it), its rank and
+  world size against the metadata, its counters, and tensors long enough for every segment
+  the metadata places in it.
+"""
+import hashlib
+import json
+import math
+import os
+import reprlib
+
+import torch
+
+FORMAT = "zerort-checkpoint-1"
+STATE_TENSORS = ("master", "exp_avg", "exp_avg_sq")
+MAX_NUMEL = 2 ** 48  # elements in one parameter or shard; more is a damaged number
+MAX_WORLD = 2 ** 20
+COUNTERS = {"global_step": 0, "skipped_steps": 0, "micro_steps": 0, "adam_steps": 0, "iteration": 0,
+            "last_overflow_iteration": -1, "overflows": 0, "hysteresis_left": 0}  # name: lowest value
+COMPUTE_DTYPES = ("bfloat16", "float16", "float32")
+
+_short = reprlib.Repr()
+_short.maxstring, _short.maxother, _short.maxlist, _short.maxdict, _short.maxlong = 60, 60, 6, 4, 40
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint that cannot be loaded; the message names the file or the parameter."""
+
+
+def meta_digest(meta):
+    """The SHA-256 that meta.json records of itself (without its own sha256 key)."""
+    return hashlib.sha256(json.dumps(meta, sort_keys=True).encode()).hexdigest()
+
+
+class _Fields:
+    """The one way a loader reads a field: typed, range-checked, or a CheckpointError that
+    names the file, the field and what was expected."""
+
+    def __init__(self, path):
+        self.path = path
+
+    def fail(self, field, got, expected):
+        raise CheckpointError(f"{self.path}: field {field}: got {_short.repr(got)}; expected {expected}. The file "
+                              "is damaged or was not written by this zerort version: load an earlier checkpoint "
+                              "or save this one again")
+
+    def get(self, d, key, field=None):
+        field = field or key
+        if key not in d:
+            self.fail(field, "nothing (the field is missing)", "it to be present")
+        return d[key]
+
+    def dict(self, d, key, field=None):
+        v = self.get(d, key, field)
+        if not isinstance(v, dict):
+            self.fail(field or key, v, "an object")
+        return v
+
+    def list(self, d, key, field=None):
+        v = self.get(d, key, field)
+        if not isinstance(v, list):
+            self.fail(field or key, v, "a list")
+        return v
+
+    def integer(self, v, field, low=0, high=MAX_NUMEL):
+        if isinstance(v, bool) or not isinstance(v, int) or not low <= v <= high:
+            self.fail(field, v, f"an integer from {low} to {high}")
+        return v
+
+    def text(self, v, field, options=None):
+        if not isinstance(v, str) or (options is not None and v not in options):
+            self.fail(field, v, "one of " + ", ".join(map(repr, options)) if options else "a string")
+        return v
+
+    def name(self, v, field):
+        """A plain file name inside the checkpoint directory (no path, not hidden)."""
+        if not isinstance(v, str) or not v or "/" in v or "\\" in v or "\0" in v or v.startswith("."):
+            self.fail(field, v, "a plain file name inside the checkpoint directory")
+        return v
+
+
+def check_tag(tag, where):
+    if not isinstance(tag, str) or not tag or "/" in tag or "\0" in tag or tag.startswith(".") or tag == "latest":
+        raise CheckpointError(f"{where}: checkpoint tag {_short.repr(tag)} is not a plain name (no '/', not hidden, "
+                              "not 'latest'); pass the tag of a saved checkpoint")
+    return tag
+
+
+def read_meta(directory, tag=None):
+    """(tag, metadata) of a checkpoint directory, validated; tag defaults to the one in
+    `latest`."""
+    if not os.path.isdir(directory):
+        raise CheckpointError(f"{directory} is not a directory")
+    if tag is None:
+        latest = os.path.join(directory, "latest")
+        if not os.path.exists(latest):
+            raise CheckpointError(f"{directory} is not a zerort checkpoint directory (no 'latest' file); "
+                                  "pass tag= to load a specific checkpoint")
+        with open(latest, "rb") as f:
+            raw = f.read(4096)
+        try:
+            tag = raw.decode("utf-8").strip()
+        except UnicodeDecodeError:
+            raise CheckpointError(f"{latest}: not UTF-8 text; it should hold the tag of the latest checkpoint") from None
+        check_tag(tag, latest)
+    else:
+        check_tag(tag, directory)
+    path = os.path.join(directory, tag, "meta.json")
+    if not os.path.exists(path):
+        raise CheckpointError(f"{path} is missing: {os.path.join(directory, tag)} is not a complete checkpoint")
+    with open(path, "rb") as f:
+        raw = f.read()
+    try:
+        meta = json.loads(raw.decode("utf-8"))
+    except (ValueError, RecursionError) as e:  # bad JSON or UTF-8, a number too long, nesting too deep
+        raise CheckpointError(f"{path} is truncated or corrupt ({type(e).__name__}: {str(e)[:200]})") from None
+    return tag, validate_meta(meta, path)
+
+
+def validate_meta(meta, path):
+    """meta (parsed meta.json) checked field by field; returns it without its sha256."""
+    f = _Fields(path)
+    if not isinstance(meta, dict):
+        f.fail("(top level)", meta, "a JSON object")
+    meta = dict(meta)
+    digest = meta.pop("sha256", None)
+    if meta.get("format") != FORMAT:
+        raise CheckpointError(f"{path} is not zerort checkpoint metadata (format {_short.repr(meta.get('format'))}, "
+                              f"expected {FORMAT!r})")
+    if not (isinstance(digest, str) and len(digest) == 64 and all(c in "0123456789abcdef" for c in digest)):
+        f.fail("sha256", digest, "64 lowercase hex digits")
+    try:
+        actual = meta_digest(meta)
+    except ValueError as e:  # numbers too large to print
+        f.fail("(contents)", str(e)[:80], "JSON that can be hashed")
+    if digest != actual:
+        raise CheckpointError(f"checksum mismatch in {path}: the file was modified or damaged")
+    world = f.integer(f.get(meta, "world_size"), "world_size", 1, MAX_WORLD)
+    f.integer(f.get(meta, "stage"), "stage", 0, 3)
+    f.text(f.get(meta, "precision"), "precision", ("bf16", "fp16", "fp32"))
+    f.dict(meta, "config")
+    shards = f.list(meta, "shards")
+    if len(shards) != world:
+        f.fail("shards", shards, f"{world} file names, one per rank of world_size {world}")
+    for r, name in enumerate(shards):
+        f.name(name, f"shards[{r}]")
+    if len(set(shards)) != len(shards):
+        f.fail("shards", shards, "distinct file names")
+    params = f.dict(meta, "params")
+    used = [[] for _ in range(world)]  # per rank: (index, end, parameter)
+    for name, info in params.items():
+        _check_param(f, name, info, world, used)
+    for r, runs in enumerate(used):
+        runs.sort()
+        for (a, a_end, a_name), (b, _, b_name) in zip(runs, runs[1:]):
+            if b < a_end:
+                f.fail(f"params[{b_name!r}].segments", f"rank {r} shard elements from {b}",
+                       f"no overlap with {a_name!r}, which holds rank {r}'s elements {a} to {a_end - 1}")
+    aliases = f.dict(meta, "aliases")
+    for alias, target in aliases.items():
+        if alias in params or target not in params:
+            f.fail(f"aliases[{alias!r}]", target, "the name of a saved parameter, for a name that is not one itself")
+    extras = f.list(meta, "extras")
+    for i, name in enumerate(extras):
+        f.text(name, f"extras[{i}]")
+        if name in params or name in aliases:
+            f.fail(f"extras[{i}]", name, "a name that is not also a parameter or an alias")
+    if len(set(extras)) != len(extras):
+        f.fail("extras", extras, "distinct names")
+    return meta
+
+
+def _check_param(f, name, info, world, used):
+    field = f"params[{name!r}]"
+    if not name:
+        f.fail("params", name, "non-empty parameter names")
+    if not isinstance(info, dict):
+        f.fail(field, info, "an object with shape, dtype, compute_dtype and segments")
+    shape = f.list(info, "shape", f"{field}.shape")
+    numel = 1
+    for i, d in enumerate(shape):
+        numel *= f.integer(d, f"{field}.shape[{i}]")
+    if numel > MAX_NUMEL or len(shape) > 16:
+        f.fail(f"{field}.shape", shape, f"at most 16 dimensions and {MAX_NUMEL} elements")
+    f.text(f.get(info, "dtype", f"{field}.dtype"), f"{field}.dtype", ("float32",))
+    f.text(f.get(info, "compute_dtype", f"{field}.compute_dtype"), f"{field}.compute_dtype", COMPUTE_DTYPES)
+    segments = f.list(info, "segments", f"{field}.segments")
+    spans = []
+    for i, seg in enumerate(segments):
+        sf = f"{field}.segments[{i}]"
+        if not isinstance(seg, list) or len(seg) != 4:
+            f.fail(sf, seg, "[rank, shard index, parameter offset, length]")
+        rank = f.integer(seg[0], f"{sf}[0] (rank)", 0, world - 1)
+        index = f.integer(seg[1], f"{sf}[1] (shard index)")
+        offset = f.integer(seg[2], f"{sf}[2] (parameter offset)")
+        length = f.integer(seg[3], f"{sf}[3] (length)", 1)
+        spans.append((offset, offset + length, i))
+        used[rank].append((index, index + length, name))
+    spans.sort()
+    covered = 0
+    for offset, end, i in spans:
+        if offset != covered:
+            what = "overlaps the segment before it" if offset < covered else f"leaves elements {covered} to {offset - 1} in no segment"
+            f.fail(f"{field}.segments[{i}]", segments[i], f"segments that cover the {numel} elements of shape {shape} "
+                   f"exactly once (this one starts at {offset} and {what})")
+        covered = end
+    if covered != numel:
+        f.fail(f"{field}.segments", segments, f"segments covering exactly the {numel} elements of shape {shape} "
+               f"(they cover {covered})")
+
+
+def check_shard_payload(payload, path):
+    """The structure of a loaded shard file, before its checksum is computed over it."""
+    f = _Fields(path)
+    if not isinstance(payload, dict) or payload.get("format") != FORMAT:
+        raise CheckpointError(f"{path} is not a zerort checkpoint shard")
+    tensors = f.dict(payload, "tensors")
+    for k, t in tensors.items():
+        if not isinstance(k, str) or not isinstance(t, torch.Tensor):
+            f.fail(f"tensors[{k!r}]", type(t).__name__, "a tensor under a string name")
+    f.dict(payload, "meta")
+    digest = f.get(payload, "sha256")
+    if not isinstance(digest, str):
+        f.fail("sha256", digest, "a hex string")
+
+
+def check_shard_contents(payload, path, rank, meta):
+    """A checksum-verified shard against the metadata: whose it is, its counters, and
+    tensors long enough for every segment placed in it."""
+    f = _Fields(path)
+    smeta, tensors = payload["meta"], payload["tensors"]
+    if f.integer(f.get(smeta, "rank", "meta.rank"), "meta.rank", 0, MAX_WORLD) != rank:
+        f.fail("meta.rank", smeta["rank"], f"{rank}: this file is listed as rank {rank}'s shard in meta.json "
+               "(shard files swapped or copied from another checkpoint?)")
+    if f.integer(f.get(smeta, "world_size", "meta.world_size"), "meta.world_size", 1, MAX_WORLD) != meta["world_size"]:
+        f.fail("meta.world_size", smeta["world_size"], f"{meta['world_size']}, the world size in meta.json "
+               "(a shard from a checkpoint saved by another number of ranks?)")
+    state = f.dict(smeta, "state", "meta.state")
+    for key, low in COUNTERS.items():
+        f.integer(f.get(state, key, f"meta.state.{key}"), f"meta.state.{key}", low, 2 ** 62)
+    scale = f.get(state, "scale", "meta.state.scale")
+    if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not (math.isfinite(scale) and scale > 0):
+        f.fail("meta.state.scale", scale, "a finite number > 0")
+    need = max((seg[1] + seg[3] for info in meta["params"].values() for seg in info["segments"] if seg[0] == rank),
+               default=0)
+    lengths = set()
+    for key in STATE_TENSORS:
+        t = f.get(tensors, key, f"tensors[{key!r}]")
+        if t.dtype != torch.float32 or t.dim() != 1 or t.numel() < need:
+            f.fail(f"tensors[{key!r}]", f"{t.dtype} of shape {list(t.shape)}",
+                   f"a 1-D float32 tensor of at least {need} elements (the segments in meta.json reach that far)")
+        lengths.add(t.numel())
+    if len(lengths) != 1:
+        f.fail("tensors", sorted(lengths), "master, exp_avg and exp_avg_sq of one length")
+    if rank == 0:  # frozen parameters and buffers: exactly those meta.json lists
+        for name in meta["extras"]:
+            f.get(tensors, f"extra::{name}", f"tensors['extra::{name}']")
+        unlisted = sorted(k for k in tensors if k.startswith("extra::") and k[len("extra::"):] not in meta["extras"])
+        if unlisted:
+            f.fail(f"tensors[{unlisted[0]!r}]", "a saved tensor that meta.json's extras do not list",
+                   "every saved frozen parameter and buffer listed in meta.json's extras")
