@@ -38,6 +38,7 @@ OURS = {
     "comm.backend": ("mpi", ["tcp", 1, None]),
     "comm.timeout_s": (30, [0, 1e10, NAN, -1, "30"]),
     "fp32_modules": ([], ["LayerNorm", None, [None]]),
+    "max_consecutive_skips": (10, [0, True, 1.5, "10"]),
     "lr_schedule": (lambda step: 1e-3, [0.1, "cosine"]),
     "optimizer": ({}, SECTION_BAD),
     "loss_scale": ({}, SECTION_BAD),
