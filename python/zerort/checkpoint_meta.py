@@ -44,6 +44,9 @@ def meta_digest(meta):
     return hashlib.sha256(json.dumps(meta, sort_keys=True).encode()).hexdigest()
 
 
+_MISSING = object()
+
+
 class _Fields:
     """The one way a loader reads a field: typed, range-checked, or a CheckpointError that
     names the file, the field and what was expected."""
@@ -52,14 +55,15 @@ class _Fields:
         self.path = path
 
     def fail(self, field, got, expected):
-        raise CheckpointError(f"{self.path}: field {field}: got {_short.repr(got)}; expected {expected}. The file "
+        shown = "nothing (the field is missing)" if got is _MISSING else _short.repr(got)
+        raise CheckpointError(f"{self.path}: field {field}: got {shown}; expected {expected}. The file "
                               "is damaged or was not written by this zerort version: load an earlier checkpoint "
                               "or save this one again")
 
     def get(self, d, key, field=None):
         field = field or key
         if key not in d:
-            self.fail(field, "nothing (the field is missing)", "it to be present")
+            self.fail(field, _MISSING, "it to be present")
         return d[key]
 
     def dict(self, d, key, field=None):
