@@ -70,6 +70,9 @@ def run_zerort(stage, batch, steps, warmup, comm):
         engine.backward(loss_of(engine(x), y))
         engine.step()
     t = timed_steps(step, steps, warmup)
+    parts = {k: round(engine.stats.get(k, 0.0), 1) for k in ("forward_ms", "backward_ms", "reduce_ms",
+                                                              "optimizer_ms", "gather_ms")}
+    print(f"stage {stage}: last step's parts {parts}", flush=True)
     return t, torch.cuda.max_memory_allocated()
 
 

@@ -32,7 +32,12 @@ void check_device_supported(const c10::Device& device, const char* what) {
 void cast_from_f32_on(const c10::Device& device, const float* in, void* out, DType out_dtype, size_t n) {
   if (device.is_cpu()) return cast_from_f32(in, out, out_dtype, n);
 #if ZERORT_WITH_CUDA
-  cast_from_f32_cuda(in, out, out_dtype, n, on_device(device));
+  cudaStream_t stream = on_device(device);
+  if (out_dtype == DType::kFloat32) {  // FP32 modules: a plain copy
+    if (n > 0 && in != out) ZRT_CHECK_CUDA(cudaMemcpyAsync(out, in, n * sizeof(float), cudaMemcpyDeviceToDevice, stream));
+    return;
+  }
+  cast_from_f32_cuda(in, out, out_dtype, n, stream);
 #else
   check_device_supported(device, "cast_from_f32's buffer");
 #endif

@@ -7,7 +7,7 @@
 #include <cmath>
 
 #include "comm/error.h"
-#include "optim/grad_stats.h"
+#include "runtime/device_kernels.h"
 
 namespace zerort {
 
@@ -36,10 +36,11 @@ const OptimizerOptions& validated(const OptimizerOptions& o) {
 ShardOptimizer::ShardOptimizer(at::Tensor master, Communicator& comm, OptimizerOptions options)
     : comm_(comm), options_(validated(options)), scaler_(scaler_options(options)) {
   ZRT_CHECK(master.defined() && master.scalar_type() == at::kFloat && master.dim() == 1 &&
-                master.is_contiguous() && master.device().is_cpu(),
-            "ShardOptimizer: master must be a contiguous 1-D float32 CPU tensor");
+                master.is_contiguous(),
+            "ShardOptimizer: master must be a contiguous 1-D float32 tensor");
+  check_device_supported(master.device(), "ShardOptimizer's master");
   master_ = std::move(master);
-  const auto f32 = at::TensorOptions().dtype(at::kFloat);
+  const auto f32 = at::TensorOptions().dtype(at::kFloat).device(master_.device());
   exp_avg_ = at::zeros({master_.numel()}, f32);
   exp_avg_sq_ = at::zeros({master_.numel()}, f32);
   grad_shard_ = at::zeros({master_.numel()}, f32);
@@ -65,7 +66,8 @@ bool ShardOptimizer::step(const std::vector<OutputSegment>& outputs, StepStats& 
   ZRT_CHECK(std::isfinite(s.hyper.lr) && s.hyper.lr >= 0, "the learning rate for step ", s.step,
             " is ", s.hyper.lr, "; it must be a finite number >= 0 (check lr_schedule or set_lr)");
   const double denominator = scaler_.scale() * comm_.size() * options_.gradient_accumulation_steps;
-  GradStats local = unscale_and_check(grad_shard_.data_ptr<float>(), n, static_cast<float>(1.0 / denominator));
+  GradStats local = unscale_and_check_on(master_.device(), grad_shard_.data_ptr<float>(), n,
+                                         static_cast<float>(1.0 / denominator));
   double global[2] = {static_cast<double>(local.nonfinite), local.sum_squares};
   if (!options_.replicated) {
     comm_.all_reduce(global, 2, DType::kFloat64)->wait();  // the one decision, same on every rank
@@ -92,9 +94,10 @@ bool ShardOptimizer::step(const std::vector<OutputSegment>& outputs, StepStats& 
   size_t done = 0;
   auto run = [&](size_t lo, size_t count, void* out, DType dtype) {
     if (count == 0) return;
-    adamw_step({grad_shard_.data_ptr<float>() + lo, DType::kFloat32, master_.data_ptr<float>() + lo,
-                exp_avg_.data_ptr<float>() + lo, exp_avg_sq_.data_ptr<float>() + lo, out, dtype, count},
-               s);
+    adamw_step_on(master_.device(),
+                  {grad_shard_.data_ptr<float>() + lo, DType::kFloat32, master_.data_ptr<float>() + lo,
+                   exp_avg_.data_ptr<float>() + lo, exp_avg_sq_.data_ptr<float>() + lo, out, dtype, count},
+                  s);
   };
   for (const auto& seg : segs) {
     ZRT_CHECK(seg.offset >= done, "ShardOptimizer.step: output segments overlap at ", seg.offset);

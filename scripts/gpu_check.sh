@@ -44,8 +44,11 @@ step configure cmake -S . -B "$BUILD" -DPython3_EXECUTABLE="$(command -v "$PY")"
 step build cmake --build "$BUILD" -j "$(nproc)" --target _C zerort_cuda_tests
 # Each run is bounded, so one stuck step cannot eat the others' time.
 step cpp_cuda_kernels timeout 120 "$BUILD/tests/zerort_cuda_tests"
+step engine_smoke timeout 120 "$PY" -X faulthandler tests/gpu/gpu_engine_worker.py "$BUILD/smoke" mlp:1:bf16:1:3 \
+  mlp:2:fp16:1:3 mlp:3:bf16:1:3
 step py_cuda_kernels timeout 180 "$PY" -m pytest -q -rs tests/gpu/test_gpu_kernels.py
 step cuda_engine_nccl timeout 240 "$PY" -m pytest -q -rs -s tests/gpu/test_gpu_engine.py
+step nccl_timeout timeout 60 "$PY" -m pytest -q -rs tests/gpu/test_nccl_timeout.py
 step bench_kernels timeout 120 "$PY" bench/gpu_kernels.py
 step bench_gpt350m timeout 240 "$PY" bench/gpu_gpt.py
 

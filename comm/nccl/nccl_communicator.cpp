@@ -71,7 +71,10 @@ class NcclCommunicator final : public Communicator {
     config.blocking = 0;  // every call returns; settle() bounds the wait by the timeout
     ZRT_CHECK_NCCL(ncclCommInitRankConfig(&state_->comm, size, uid, rank, &config), nullptr);
     if (!state_->settle(deadline_after(options.timeout), "ncclCommInitRankConfig")) {
-      state_->abort("initialisation timed out");
+      // NCCL's own thread is still waiting for the missing peer. ncclCommAbort on a
+      // communicator in that state crashed the process (SIGSEGV, H200, scripts/gpu_check.sh),
+      // so the half-made communicator is left for the process's exit, which follows.
+      state_->comm = nullptr;
       ZRT_THROW("NCCL: rank ", rank, " of ", size, " could not create the communicator within ",
                 options.timeout.count(), " ms; a peer rank is missing or got a different unique id");
     }
@@ -176,9 +179,7 @@ class NcclCommunicator final : public Communicator {
   // timeout.
   WorkPtr staged(void* buf, const CollectiveDesc& d, bool reduce) {
     const size_t bytes = d.count * dtype_size(d.dtype);
-    void* pinned_raw = nullptr;
-    ZRT_CHECK_CUDA(cudaMallocHost(&pinned_raw, bytes));
-    std::shared_ptr<void> pinned(pinned_raw, [](void* p) { cudaFreeHost(p); });
+    std::shared_ptr<void> pinned = state_->pinned(bytes, state_);
     std::memcpy(pinned.get(), buf, bytes);
     WorkPtr w = enqueue(d, [&](ncclComm_t c, cudaStream_t s) {
       void* dev = nullptr;

@@ -14,7 +14,34 @@ void check_nccl(ncclResult_t result, const char* call, ncclComm_t comm, const ch
                                          (last && *last) ? detail::concat(" (", last, ")") : std::string()));
 }
 
+std::shared_ptr<void> NcclState::pinned(size_t bytes, const std::shared_ptr<NcclState>& self) {
+  if (bytes > kPinnedSlot) {
+    void* p = nullptr;
+    ZRT_CHECK_CUDA(cudaMallocHost(&p, bytes));
+    return std::shared_ptr<void>(p, [](void* q) { cudaFreeHost(q); });
+  }
+  void* p = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(pinned_mu);
+    if (!pinned_free.empty()) {
+      p = pinned_free.back();
+      pinned_free.pop_back();
+    }
+  }
+  if (!p) ZRT_CHECK_CUDA(cudaMallocHost(&p, kPinnedSlot));
+  std::weak_ptr<NcclState> owner = self;
+  return std::shared_ptr<void>(p, [owner](void* q) {
+    if (auto st = owner.lock()) {
+      std::lock_guard<std::mutex> lock(st->pinned_mu);
+      st->pinned_free.push_back(q);
+    } else {
+      cudaFreeHost(q);
+    }
+  });
+}
+
 NcclState::~NcclState() {
+  for (void* p : pinned_free) cudaFreeHost(p);
   // A communicator that timed out was aborted already; a healthy one is destroyed, unless
   // the CUDA runtime is already gone (interpreter shutdown), when the driver reclaims it.
   if (comm && !aborted.load() && cudaSetDevice(device) == cudaSuccess) ncclCommDestroy(comm);

@@ -10,7 +10,9 @@
 #include <atomic>
 #include <chrono>
 #include <mutex>
+#include <memory>
 #include <string>
+#include <vector>
 
 #include "comm/work.h"
 
@@ -30,6 +32,13 @@ struct NcclState {
   std::mutex mu;                   // one enqueue at a time
   std::atomic<bool> aborted{false};
   std::string abort_reason;
+
+  // Pinned host slots for staged control values (<= kPinnedSlot bytes): allocating and
+  // freeing pinned memory per call would synchronise the device every time.
+  static constexpr size_t kPinnedSlot = 4096;
+  std::vector<void*> pinned_free;
+  std::mutex pinned_mu;
+  std::shared_ptr<void> pinned(size_t bytes, const std::shared_ptr<NcclState>& self);
 
   ~NcclState();
   // Polls ncclCommGetAsyncError until the communicator is no longer in progress. Returns

@@ -17,6 +17,7 @@ outputs back to the compute dtype. All of this runs on CPU tensors.
 import contextlib
 import math
 import time
+import weakref
 
 import torch
 
@@ -24,7 +25,7 @@ from . import _C
 from . import comm as comm_mod
 from . import consistency, failfast, nonfinite
 from .config import ConfigError, parse
-from .stage3 import Stage3
+from .stage3 import Stage3, alive
 
 _DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
@@ -37,16 +38,33 @@ def initialize(model, config=None, comm=None):
     return Engine(model, parse(config), comm)
 
 
+def _model_device(model):
+    """The one device of every parameter and buffer (CPU for a model with none)."""
+    device = None
+    for name, t in list(model.named_parameters()) + list(model.named_buffers()):
+        if device is None:
+            device = t.device
+        elif t.device != device:
+            raise TypeError(f"zerort: {name!r} is on {t.device} but the model's first tensor is on {device}; "
+                            "move the whole model to one device (model.to(device)) first")
+    if device is not None and device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    return device or torch.device("cpu")
+
+
 class Engine:
     def __init__(self, model, config, comm=None):
         c = config
-        if c.comm_backend == "nccl":
-            raise ConfigError(["comm.backend: got 'nccl'; this build has no NCCL communicator yet "
-                               "(CPU tensors only): use 'auto', 'mpi' or 'gloo'"])
         self.module = model
         self.config = c
         self.dtype = _DTYPES[c.precision]
-        self.comm = comm if comm is not None else comm_mod.init(c.comm_backend, c.comm_timeout_s)
+        self.device = _model_device(model)
+        backend = "nccl" if self.device.type == "cuda" and c.comm_backend == "auto" else c.comm_backend
+        self.comm = comm if comm is not None else comm_mod.init(backend, c.comm_timeout_s)
+        if self.comm.device != self.device:
+            raise ConfigError([f"comm.backend: the model is on {self.device} but the '{self.comm.backend}' "
+                               f"communicator moves {self.comm.device} buffers; use 'nccl' (or 'auto') for CUDA "
+                               "models and 'mpi' or 'gloo' for CPU models"])
         failfast.install(self.comm.rank, self.comm.size)  # an uncaught error ends every rank
         consistency.check_model(self.comm, model)  # the same model on every rank, or an error
         fp32_ids = set()
@@ -62,9 +80,9 @@ class Engine:
             if id(p) in seen:
                 continue
             seen.add(id(p))
-            if p.dtype != torch.float32 or p.device.type != "cpu":
-                raise TypeError(f"zerort: parameter {name!r} is {p.dtype} on {p.device}; build the model "
-                                "with float32 CPU parameters (zerort keeps the FP32 master and casts itself)")
+            if p.dtype != torch.float32:
+                raise TypeError(f"zerort: parameter {name!r} is {p.dtype}; build the model with float32 "
+                                "parameters (zerort keeps the FP32 master and casts itself)")
             (params if p.requires_grad else frozen).append(p)
         # Frozen parameters take part in compute only: rank 0's values, in the working
         # precision. Their FP32 values are kept for full_state_dict(master=True).
@@ -98,9 +116,10 @@ class Engine:
                                    precision=c.precision, bucket=c.reduce_bucket_numel, **kwargs)
             # Each gradient, once complete, lets its bucket go to the comm thread while
             # backward continues.
+            ref = weakref.ref(self)  # the model's hooks must not keep the engine alive
             for g, group in enumerate(self._groups):
                 for i, p in enumerate(group):
-                    p.register_post_accumulate_grad_hook(lambda _p, g=g, i=i: self._impl.grad_ready(g, i))
+                    p.register_post_accumulate_grad_hook(lambda _p, g=g, i=i: alive(ref)._impl.grad_ready(g, i))
         micro, total = c.train_micro_batch_size_per_gpu, c.train_batch_size
         if micro is not None and total is not None and total != micro * c.gradient_accumulation_steps * self.world_size:
             raise ConfigError([f"train_batch_size: got {total}; it must equal train_micro_batch_size_per_gpu "

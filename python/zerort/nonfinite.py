@@ -13,6 +13,8 @@ skipped on every rank alike (runtime/shard_optimizer.h). This module adds:
   scaler's own error (an overflow with the scale already at its minimum) is raised as a
   NonFiniteError with the same details.
 """
+import weakref
+
 import torch
 
 from . import _C
@@ -42,7 +44,7 @@ class Guard:
         from .checkpoint import param_layout
         from .stage3 import Stage3
 
-        self.engine = engine
+        self.engine = weakref.proxy(engine)  # owned by the engine: no reference cycle
         self.limit = engine.config.max_consecutive_skips
         self.consecutive = 0
         impl = engine._impl

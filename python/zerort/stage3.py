@@ -21,6 +21,7 @@ All groups' shards are concatenated into one rank-local FP32 master, so one Shar
 """
 import contextlib
 import time
+import weakref
 
 import torch
 
@@ -136,15 +137,23 @@ class Stage3:
                 break
             self._start_gather(nxt)
 
+    # The model's hooks reach the engine through a weak reference (alive()): they must not
+    # keep it, and its device memory, alive after the user drops it.
     def _make_pre_forward(self, g):
+        ref = weakref.ref(self)
+
         def hook(module, args):
+            self = alive(ref)
             self._gather(g)
             if not self.in_backward:
                 self._prefetch(g, +1)
         return hook
 
     def _make_post_forward(self, g):
+        ref = weakref.ref(self)
+
         def hook(module, args, out):
+            self = alive(ref)
             if self.in_backward:  # a recomputation inside backward keeps the unit
                 return
             # Gather again when backward reaches this unit: a hook on every output tensor
@@ -157,14 +166,20 @@ class Stage3:
         return hook
 
     def _make_pre_backward(self, g):
+        ref = weakref.ref(self)
+
         def hook(grad):
+            self = alive(ref)
             self._gather(g)
             self._prefetch(g, -1)
         return hook
 
     # ---- gradients ------------------------------------------------------------------
     def _make_grad_hook(self, g):
+        ref = weakref.ref(self)
+
         def hook(p):
+            self = alive(ref)
             g.ready += 1
             if g.ready == g.expected:
                 self._reduce(g)
@@ -271,6 +286,16 @@ class Stage3:
         out = torch.empty(group.layout.padded_numel, dtype=group.dtype, device=self.device)
         self.comm.all_gather(group.lp_slice.clone(), out)
         return out
+
+
+def alive(ref):
+    """The engine behind a model hook's weak reference, or a clear error once it is gone."""
+    engine = ref()
+    if engine is None:
+        raise RuntimeError("zerort: the engine this model was wrapped by has been deleted, and its hooks "
+                           "(and at stage 3 its parameters) went with it; keep the engine alive while you "
+                           "use the model, or wrap the model again")
+    return engine
 
 
 def plan_units(model, params, fp32_ids, config):

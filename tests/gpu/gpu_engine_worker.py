@@ -40,7 +40,13 @@ def main():
     out, cases = sys.argv[1], sys.argv[2:]
     comm = zerort.comm.init("nccl", timeout_s=120)
     assert comm.backend == "nccl" and comm.device.type == "cuda", (comm.backend, comm.device)
-    torch.save({case: run_case(case, comm) for case in cases}, f"{out}.rank{comm.rank}.pt")
+    results = {}
+    for case in cases:
+        print(f"case {case} ...", flush=True)
+        results[case] = run_case(case, comm)
+        print(f"case {case} done: loss {results[case]['losses'][0]:.4f} -> {results[case]['losses'][-1]:.4f}",
+              flush=True)
+    torch.save(results, f"{out}.rank{comm.rank}.pt")
     print(f"GPU ENGINE WORKER OK rank {comm.rank}/{comm.size} on {comm.device}", flush=True)
 
 

@@ -21,8 +21,9 @@ def results(tmp_path_factory):
     out = str(tmp_path_factory.mktemp("gpu") / "run")
     torchrun = os.path.join(os.path.dirname(sys.executable), "torchrun")
     cmd = [torchrun, "--standalone", "--nproc_per_node", "1", os.path.join(HERE, "gpu_engine_worker.py"), out, *CASES]
-    p = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
-    assert p.returncode == 0, (p.stdout + p.stderr)[-6000:]
+    env = dict(os.environ, PYTHONFAULTHANDLER="1")  # a crash prints every thread's Python stack
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
+    assert p.returncode == 0, p.stdout[-3000:] + "\n--- stderr ---\n" + p.stderr[:5000]
     return torch.load(f"{out}.rank0.pt")
 
 
@@ -43,8 +44,8 @@ def test_nccl_bad_input_names_the_collective():
     import zerort
 
     comm = zerort.comm.init("nccl", timeout_s=10)  # one rank, no launcher: a local unique id
-    with pytest.raises(ValueError, match="expected cuda"):
-        comm.all_gather(torch.ones(4), torch.empty(4, device="cuda"))  # a CPU output buffer
+    with pytest.raises(ValueError, match="expected cuda"):  # gradients must be device memory
+        comm.reduce_scatter_accumulate(torch.ones(4, dtype=torch.bfloat16), torch.empty(4, device="cuda"))
     t = torch.arange(5, dtype=torch.float32, device="cuda")
     assert torch.equal(comm.all_reduce(t), torch.arange(5, dtype=torch.float32, device="cuda"))
     flag = torch.tensor([3], dtype=torch.int64)  # a CPU control value is staged and copied back

@@ -94,3 +94,28 @@ def test_deepspeed_batch_size_is_checked_against_world_and_accumulation():
         zerort.initialize(DictUnits(), dict(ds, train_batch_size=16), comm=zerort.comm.init("inprocess"))
     c = zerort.config.parse({"bf16": {"enabled": True}})
     assert (c.stage, c.weight_decay) == (0, 0.0)  # DeepSpeed's defaults
+
+
+@pytest.mark.parametrize("stage", [0, 1, 2, 3])
+def test_dropped_engine_is_freed_at_once_and_its_hooks_say_so(stage):
+    """The model's hooks hold the engine weakly: with the garbage collector off, dropping the
+    engine frees it (and its buffers, GPU memory on CUDA) at once, on the dropping thread.
+    Using the model afterwards raises a clear error instead of training a dead engine."""
+    import gc
+    import weakref
+
+    gc.disable()
+    try:
+        model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.LayerNorm(8), torch.nn.Linear(8, 3))
+        engine = zerort.initialize(model, {"stage": stage})
+        x = torch.randn(2, 4)
+        engine.backward(engine(x).sum())
+        engine.step()
+        ref = weakref.ref(engine)
+        del engine
+        assert ref() is None
+        if stage == 3:
+            with pytest.raises(RuntimeError, match="engine this model was wrapped by has been deleted"):
+                model(x)
+    finally:
+        gc.enable()

@@ -60,11 +60,13 @@ def launch(kind, nranks, cases, tmp_path):
     return [torch.load(f"{prefix}.rank{r}.pt") for r in range(nranks)]
 
 
-def reference(case, world):
+def reference(case, world, device="cpu"):
+    """Plain PyTorch on `device` (tests/gpu runs it on the GPU, so both sides share the
+    GPU's low-precision matmuls)."""
     name, stage, precision, gas, steps = case.split(":")[:5]
     gas, steps = int(gas), int(steps)
     dtype = DTYPES[precision]
-    model = make_model(name)
+    model = make_model(name).to(device)
     opt_cfg = CONFIG["optimizer"]
     params = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=opt_cfg["lr"], betas=tuple(opt_cfg["betas"]), eps=opt_cfg["eps"],
@@ -73,11 +75,11 @@ def reference(case, world):
     losses = []
     for step in range(steps):
         low = _low_precision_copy(model, dtype)
-        sums = [torch.zeros_like(p, dtype=torch.float64) for p in params]
+        sums = [torch.zeros_like(p, dtype=torch.float64) for p in params]  # on device
         total = 0.0
         for r in range(world):
             for micro in range(gas):
-                x, y = batch(name, step, r, micro)
+                x, y = (t.to(device) for t in batch(name, step, r, micro))
                 x = x.to(dtype) if x.is_floating_point() else x
                 loss = loss_fn(name, low(x), y)
                 low.zero_grad(set_to_none=True)
@@ -91,7 +93,7 @@ def reference(case, world):
             p.grad = (s / (scale * world * gas)).float()
         torch.nn.utils.clip_grad_norm_(params, CONFIG["gradient_clipping"])
         opt.step()
-    return losses, {k: v.detach().float() for k, v in model.named_parameters(remove_duplicate=False)}
+    return losses, {k: v.detach().float().cpu() for k, v in model.named_parameters(remove_duplicate=False)}
 
 
 def _low_precision_copy(model, dtype):
