@@ -72,7 +72,8 @@ def run_zerort(stage, batch, steps, warmup, comm):
     t = timed_steps(step, steps, warmup)
     parts = {k: round(engine.stats.get(k, 0.0), 1) for k in ("forward_ms", "backward_ms", "reduce_ms",
                                                               "optimizer_ms", "gather_ms")}
-    print(f"stage {stage}: last step's parts {parts}", flush=True)
+    print(f"stage {stage}: last step's parts {parts}; {engine.skipped_steps} of {engine.global_step} steps "
+          f"skipped", flush=True)
     return t, torch.cuda.max_memory_allocated()
 
 

@@ -1,5 +1,5 @@
-"""One rank of the CUDA engine tests (torchrun, NCCL): trains each case on the GPU and saves
-the losses and the gathered FP32 master for test_gpu_engine.py.
+"""One rank of the CUDA engine tests (alone or under torchrun; NCCL): trains each case on the
+GPU and saves the losses, skipped steps and the gathered FP32 master for test_gpu_engine.py.
 
     gpu_engine_worker.py OUT CASE [CASE ...]      CASE = model:stage:precision:gas:steps
 """
@@ -33,7 +33,7 @@ def run_case(case, comm):
             total += loss.item() / gas
         losses.append(total)
     master = {k: v.float().cpu() for k, v in engine.full_state_dict(master=True).items()}
-    return {"losses": losses, "master": master}
+    return {"losses": losses, "master": master, "skipped": engine.skipped_steps}
 
 
 def main():
@@ -44,7 +44,8 @@ def main():
     for case in cases:
         print(f"case {case} ...", flush=True)
         results[case] = run_case(case, comm)
-        print(f"case {case} done: loss {results[case]['losses'][0]:.4f} -> {results[case]['losses'][-1]:.4f}",
+        r = results[case]
+        print(f"case {case} done: loss {r['losses'][0]:.4f} -> {r['losses'][-1]:.4f}, {r['skipped']} skipped",
               flush=True)
     torch.save(results, f"{out}.rank{comm.rank}.pt")
     print(f"GPU ENGINE WORKER OK rank {comm.rank}/{comm.size} on {comm.device}", flush=True)

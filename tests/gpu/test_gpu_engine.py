@@ -1,6 +1,5 @@
-"""The Python engine on a CUDA model at W = 1 over NCCL (launched by torchrun, so the unique
-id goes through c10d's TCPStore), stages 1-3 in bf16 and fp16, against plain PyTorch on the
-same GPU (test_engine_parity.reference with device='cuda': the same low-precision matmuls,
+"""The Python engine on a CUDA model at W = 1 over NCCL, stages 1-3 in bf16 and fp16, against
+plain PyTorch on the same GPU (test_engine_parity.reference with device='cuda': the same low-precision matmuls,
 an FP64 gradient sum, torch.optim.AdamW). Bounds are test_engine_parity's."""
 import os
 import subprocess
@@ -16,15 +15,29 @@ STEPS = 20
 CASES = [f"{m}:{s}:{p}:1:{STEPS}" for m in ("mlp", "transformer") for s in (1, 2, 3) for p in ("bf16", "fp16")]
 
 
-@pytest.fixture(scope="module")
-def results(tmp_path_factory):
-    out = str(tmp_path_factory.mktemp("gpu") / "run")
-    torchrun = os.path.join(os.path.dirname(sys.executable), "torchrun")
-    cmd = [torchrun, "--standalone", "--nproc_per_node", "1", os.path.join(HERE, "gpu_engine_worker.py"), out, *CASES]
-    env = dict(os.environ, PYTHONFAULTHANDLER="1")  # a crash prints every thread's Python stack
+def run_worker(launcher, cases, out):
+    """The worker alone (NCCL with a local unique id) or under torchrun (the id through
+    c10d's TCPStore). A crash prints every thread's Python stack (faulthandler)."""
+    worker = os.path.join(HERE, "gpu_engine_worker.py")
+    cmd = [sys.executable, worker, out, *cases]
+    if launcher == "torchrun":
+        cmd = [os.path.join(os.path.dirname(sys.executable), "torchrun"), "--standalone", "--nproc_per_node", "1",
+               worker, out, *cases]
+    env = dict(os.environ, PYTHONFAULTHANDLER="1")
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
     assert p.returncode == 0, p.stdout[-3000:] + "\n--- stderr ---\n" + p.stderr[:5000]
+    assert "GPU ENGINE WORKER OK" in p.stdout
     return torch.load(f"{out}.rank0.pt")
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory):
+    return run_worker("none", CASES, str(tmp_path_factory.mktemp("gpu") / "run"))
+
+
+def test_torchrun_exchanges_the_unique_id_through_the_tcpstore(tmp_path):
+    out = run_worker("torchrun", ["mlp:2:bf16:1:3", "mlp:1:fp16:1:3"], str(tmp_path / "run"))
+    assert all(len(r["losses"]) == 3 for r in out.values())
 
 
 @pytest.mark.parametrize("case", CASES)
