@@ -61,6 +61,15 @@ __global__ void adamw_kernel(AdamWCoeffs c, const void* __restrict__ grad, bool 
   }
 }
 
+__device__ __forceinline__ void unscale_one(float& g, float inv_scale, double& acc, unsigned long long& nb) {
+  const float x = g * inv_scale;
+  g = x;
+  nb += (__float_as_uint(x) & 0x7f800000u) == 0x7f800000u;
+  acc += static_cast<double>(x) * static_cast<double>(x);
+}
+
+// 16-byte float4 loads and stores when the gradient is aligned (a scalar tail otherwise);
+// the multiply is float, the sum of squares FP64, both as on the CPU.
 __global__ void unscale_kernel(float* __restrict__ g, size_t n, float inv_scale,
                                double* __restrict__ block_sums, unsigned long long* __restrict__ block_bad) {
   __shared__ double sums[kThreads];
@@ -68,12 +77,17 @@ __global__ void unscale_kernel(float* __restrict__ g, size_t n, float inv_scale,
   double acc = 0;
   unsigned long long nb = 0;
   const size_t stride = static_cast<size_t>(gridDim.x) * blockDim.x;
-  for (size_t i = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
-    float x = g[i] * inv_scale;
-    g[i] = x;
-    nb += (__float_as_uint(x) & 0x7f800000u) == 0x7f800000u;
-    acc += static_cast<double>(x) * static_cast<double>(x);
+  const size_t first = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  const size_t vec_n = reinterpret_cast<uintptr_t>(g) % 16 == 0 ? n / 4 : 0;
+  for (size_t q = first; q < vec_n; q += stride) {
+    float4 v = reinterpret_cast<float4*>(g)[q];
+    unscale_one(v.x, inv_scale, acc, nb);
+    unscale_one(v.y, inv_scale, acc, nb);
+    unscale_one(v.z, inv_scale, acc, nb);
+    unscale_one(v.w, inv_scale, acc, nb);
+    reinterpret_cast<float4*>(g)[q] = v;
   }
+  for (size_t i = vec_n * 4 + first; i < n; i += stride) unscale_one(g[i], inv_scale, acc, nb);
   sums[threadIdx.x] = acc;
   bad[threadIdx.x] = nb;
   __syncthreads();

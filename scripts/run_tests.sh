@@ -10,7 +10,7 @@ export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 
 ctest --test-dir "$BUILD" --output-on-failure -j 2 2>&1 | tee "$log/ctest.txt"
 ctest_rc=${PIPESTATUS[0]}
-"$PY" -m pytest -q tests/python 2>&1 | tee "$log/pytest.txt"
+"$PY" -m pytest -q -rs tests/python tests/gpu 2>&1 | tee "$log/pytest.txt"
 pytest_rc=${PIPESTATUS[0]}
 
 echo

@@ -119,3 +119,15 @@ def test_dropped_engine_is_freed_at_once_and_its_hooks_say_so(stage):
                 model(x)
     finally:
         gc.enable()
+
+
+def test_nccl_on_a_machine_without_a_gpu_says_why():
+    """This build has NCCL when nvcc was found; without a visible GPU both the communicator
+    and an engine asked for it fail with an error that says what is missing."""
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is visible: tests/gpu covers NCCL here")
+    expected = "needs a CUDA device" if zerort._C.with_nccl else "not in this build"
+    with pytest.raises(RuntimeError, match=expected):
+        zerort.comm.init("nccl")
+    with pytest.raises(RuntimeError, match=expected):
+        zerort.initialize(nn.Linear(3, 2), {"comm": {"backend": "nccl"}})
