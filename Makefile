@@ -7,7 +7,7 @@ BUILD ?= build
 JOBS  ?= $(shell nproc)
 STAMPS := .stamps
 
-.PHONY: all deps venv configure build test demo demo-cpp bench bench-e2e clean
+.PHONY: all deps venv configure build test test-asan demo demo-cpp bench bench-e2e clean
 
 all: build
 
@@ -34,6 +34,10 @@ build: $(BUILD)/CMakeCache.txt
 
 test: build
 	BUILD=$(BUILD) PY=$(PY) bash scripts/run_tests.sh
+
+# The torch-free C++ tests under AddressSanitizer + UBSan, in their own build directory.
+test-asan: $(STAMPS)/deps $(VENV)/.installed
+	ASAN_BUILD=build-asan PY=$(PY) JOBS=$(JOBS) bash scripts/run_asan_tests.sh
 
 # The main job: the byte-level GPT on 2 ranks, ZeRO stage 3, bf16.
 demo: build

@@ -160,6 +160,8 @@ void InProcessGroup::execute(Op& op) {
   const size_t esize = d0.kind == Collective::kBarrier ? 0 : dtype_size(d0.dtype);
   const size_t chunk = d0.count * esize;
   const size_t world = static_cast<size_t>(world_);
+  // Nothing moves (a barrier, or count 0, where buffers may be null: memcpy must not see them).
+  if (chunk == 0) return;
   // Outputs go to scratch first: in-place calls alias inputs that other ranks still read.
   std::vector<std::vector<char>> results(world);
   for (size_t r = 0; r < world; ++r) results[r].resize(out_elems(d0) * esize);
