@@ -123,7 +123,7 @@ def main():
     import torch
 
     print(f"end-to-end, W=2 (torchrun + gloo), {os.cpu_count()} cores, OMP_NUM_THREADS=1 per rank, "
-          f"torch {torch.__version__}", flush=True)
+          f"torch {torch.__version__}; load average {os.getloadavg()[0]:.1f} at start", flush=True)
     curves = {}
     with tempfile.TemporaryDirectory() as tmp:
         for model in a.models:
@@ -133,7 +133,7 @@ def main():
                 curves[model].update(launch(model, [k], steps, os.path.join(tmp, f"{model}_{k}.json")))
             print("\n" + table(model, steps, curves[model]), flush=True)
     plot(curves, a.plot)
-    print(f"\nwrote {os.path.relpath(a.plot, ROOT)}")
+    print(f"\nwrote {os.path.relpath(a.plot, ROOT)}; load average {os.getloadavg()[0]:.1f} at the end")
     if a.json:
         with open(a.json, "w") as f:
             json.dump(curves, f)
