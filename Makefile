@@ -15,9 +15,11 @@ $(STAMPS)/deps: scripts/install_deps.sh
 	bash scripts/install_deps.sh
 	@mkdir -p $(STAMPS) && touch $@
 
-$(VENV)/.installed: requirements.txt
+$(VENV)/.installed: requirements.txt requirements-cuda.txt
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q -r requirements.txt
+	# nvcc on the machine means the CUDA target and the NCCL communicator are built: NCCL comes from its wheel.
+	if command -v nvcc >/dev/null || [ -x /usr/local/cuda/bin/nvcc ]; then $(PY) -m pip install -q -r requirements-cuda.txt; fi
 	$(PY) -c "import site; open(site.getsitepackages()[0] + '/zerort.pth', 'w').write('$(abspath python)\n')"
 	touch $@
 

@@ -60,6 +60,11 @@ class Engine:
         self.dtype = _DTYPES[c.precision]
         self.device = _model_device(model)
         backend = "nccl" if self.device.type == "cuda" and c.comm_backend == "auto" else c.comm_backend
+        wrong_side = (backend == "nccl") != (self.device.type == "cuda")
+        if comm is None and backend not in ("auto", "inprocess") and wrong_side:
+            raise ConfigError([f"comm.backend: got {backend!r} but the model is on {self.device}; nccl moves CUDA "
+                               "buffers and mpi/gloo CPU ones: move the model (model.cuda() / model.cpu()) or "
+                               "use 'auto'"])
         self.comm = comm if comm is not None else comm_mod.init(backend, c.comm_timeout_s)
         if self.comm.device != self.device:
             raise ConfigError([f"comm.backend: the model is on {self.device} but the '{self.comm.backend}' "

@@ -122,12 +122,13 @@ def test_dropped_engine_is_freed_at_once_and_its_hooks_say_so(stage):
 
 
 def test_nccl_on_a_machine_without_a_gpu_says_why():
-    """This build has NCCL when nvcc was found; without a visible GPU both the communicator
-    and an engine asked for it fail with an error that says what is missing."""
+    """This build has NCCL when nvcc was found; without a visible GPU the communicator fails
+    with an error that says what is missing, and an engine of a CPU model asked for nccl
+    names the config key before it tries."""
     if torch.cuda.is_available():
         pytest.skip("a GPU is visible: tests/gpu covers NCCL here")
     expected = "needs a CUDA device" if zerort._C.with_nccl else "not in this build"
     with pytest.raises(RuntimeError, match=expected):
         zerort.comm.init("nccl")
-    with pytest.raises(RuntimeError, match=expected):
+    with pytest.raises(ConfigError, match="comm.backend: got 'nccl' but the model is on cpu"):
         zerort.initialize(nn.Linear(3, 2), {"comm": {"backend": "nccl"}})
