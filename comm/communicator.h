@@ -1,4 +1,4 @@
-// Communicator: the one interface every backend (in-process, MPI, gloo, later NCCL)
+// Communicator: the one interface every backend (in-process, MPI, gloo, NCCL)
 // implements. Public calls pass one argument-check funnel and then reach the backend.
 #pragma once
 

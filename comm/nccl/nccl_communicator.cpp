@@ -212,12 +212,6 @@ class NcclCommunicator final : public Communicator {
   std::shared_ptr<NcclState> state_;
 };
 
-NcclCommunicator& as_nccl(const Communicator& comm) {
-  auto* n = dynamic_cast<const NcclCommunicator*>(&comm);
-  ZRT_CHECK(n, "expected an NCCL communicator, got the ", comm.backend_name(), " backend");
-  return const_cast<NcclCommunicator&>(*n);
-}
-
 }  // namespace
 
 std::string nccl_unique_id() {
@@ -252,13 +246,5 @@ std::unique_ptr<Communicator> make_nccl_communicator_mpi(int device, CommOptions
             "(make_nccl_communicator) or use zerort.comm.init(backend='nccl') under torchrun");
 #endif
 }
-
-void set_nccl_input_stream(Communicator& comm, cudaStream_t stream) {
-  NcclState& st = as_nccl(comm).state();
-  std::lock_guard<std::mutex> lock(st.mu);
-  st.input_stream = stream;
-}
-
-cudaStream_t nccl_stream(const Communicator& comm) { return as_nccl(comm).state().stream; }
 
 }  // namespace zerort

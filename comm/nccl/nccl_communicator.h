@@ -7,7 +7,7 @@
 // zerort.comm.init(backend="nccl") exchanges it through c10d's TCPStore.
 //
 // Collectives run on the communicator's own high-priority stream, after the work already
-// queued on the input stream (the default stream unless set_input_stream says otherwise),
+// queued on the legacy default stream (PyTorch's default stream, where the engine works),
 // and their Work waits on an event with the communicator's timeout: on timeout the
 // communicator is aborted and every later call throws, so nothing hangs. Buffers are
 // device memory on `device`; all_reduce and broadcast also take small host buffers
@@ -31,11 +31,5 @@ std::unique_ptr<Communicator> make_nccl_communicator(int rank, int size, int dev
 // Rank and world from MPI (mpi_communicator); rank 0's id reaches the others by MPI_Bcast.
 // device < 0 picks the local rank modulo the visible devices.
 std::unique_ptr<Communicator> make_nccl_communicator_mpi(int device, CommOptions options = {});
-
-// The stream NCCL collectives wait on before they start (default: the legacy default
-// stream, PyTorch's default stream). comm must be an NCCL communicator.
-void set_nccl_input_stream(Communicator& comm, cudaStream_t stream);
-// The NCCL communicator's own stream.
-cudaStream_t nccl_stream(const Communicator& comm);
 
 }  // namespace zerort

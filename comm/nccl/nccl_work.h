@@ -27,7 +27,7 @@ struct NcclState {
   ncclComm_t comm = nullptr;
   cudaStream_t stream = nullptr;  // the communicator's own stream
   cudaEvent_t input_ready = nullptr;
-  cudaStream_t input_stream = nullptr;  // collectives wait for work queued here (default stream)
+  cudaStream_t input_stream = nullptr;  // collectives wait for work queued here: the legacy default stream
   int device = 0;
   std::mutex mu;                   // one enqueue at a time
   std::atomic<bool> aborted{false};
