@@ -12,6 +12,8 @@ ctest --test-dir "$BUILD" --output-on-failure -j 2 2>&1 | tee "$log/ctest.txt"
 ctest_rc=${PIPESTATUS[0]}
 "$PY" -m pytest -q -rs tests/python tests/gpu 2>&1 | tee "$log/pytest.txt"
 pytest_rc=${PIPESTATUS[0]}
+# A run where every test skipped is a broken run (a hook or an import gone wrong), not a pass.
+grep -qE "[0-9]+ passed" "$log/pytest.txt" || { echo "pytest: no test passed"; pytest_rc=1; }
 
 echo
 echo "================ summary ================"
