@@ -1,5 +1,10 @@
 #include "runtime/shard_optimizer.h"
 
+#include <ATen/ops/cumsum.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/index_select.h>
+#include <ATen/ops/isfinite.h>
+#include <ATen/ops/logical_not.h>
 #include <ATen/ops/zeros.h>
 
 #include <algorithm>
@@ -126,13 +131,34 @@ void ShardOptimizer::set_watch_regions(std::vector<std::array<int64_t, 3>> regio
 }
 
 void ShardOptimizer::record_nonfinite() {
-  const at::Tensor host = grad_shard_.device().is_cpu() ? grad_shard_ : grad_shard_.cpu();  // skipped steps only
-  const float* g = host.data_ptr<float>();
-  for (const auto& r : watch_regions_) {
-    const float* begin = g + r[0];
-    if (std::any_of(begin, begin + r[1], [](float x) { return !std::isfinite(x); })) {
-      nonfinite_ids_.push_back(r[2]);
+  if (watch_regions_.empty()) return;
+  if (grad_shard_.device().is_cpu()) {
+    const float* g = grad_shard_.data_ptr<float>();
+    for (const auto& r : watch_regions_) {
+      const float* begin = g + r[0];
+      if (std::any_of(begin, begin + r[1], [](float x) { return !std::isfinite(x); })) {
+        nonfinite_ids_.push_back(r[2]);
+      }
     }
+    return;
+  }
+  // On the device: a prefix count of non-finite values, read at each region's two ends, so
+  // only 2 numbers per region come to the host, not the shard.
+  const at::Tensor prefix = at::cumsum(at::logical_not(at::isfinite(grad_shard_)), 0, at::kLong);
+  const int64_t k = static_cast<int64_t>(watch_regions_.size());
+  at::Tensor ends = at::empty({2 * k}, at::TensorOptions().dtype(at::kLong));
+  int64_t* e = ends.data_ptr<int64_t>();
+  for (int64_t i = 0; i < k; ++i) {  // inclusive prefix: count in [a, a+n) = P[a+n-1] - P[a-1]
+    const auto& r = watch_regions_[static_cast<size_t>(i)];
+    e[2 * i] = r[1] > 0 ? r[0] + r[1] - 1 : 0;
+    e[2 * i + 1] = r[0] > 0 ? r[0] - 1 : 0;
+  }
+  const at::Tensor at_ends = at::index_select(prefix, 0, ends.to(prefix.device())).cpu();
+  const int64_t* p = at_ends.data_ptr<int64_t>();
+  for (int64_t i = 0; i < k; ++i) {
+    const auto& r = watch_regions_[static_cast<size_t>(i)];
+    const int64_t hi = r[1] > 0 ? p[2 * i] : 0, lo = r[0] > 0 && r[1] > 0 ? p[2 * i + 1] : 0;
+    if (hi - lo > 0) nonfinite_ids_.push_back(r[2]);
   }
 }
 

@@ -36,14 +36,42 @@ ncclRedOp_t nccl_op(ReduceOp op) {
   return op == ReduceOp::kMax ? ncclMax : op == ReduceOp::kMin ? ncclMin : ncclSum;
 }
 
-bool is_device_pointer(const void* p) {
+// Memory of `device` (device or managed); false for host memory and for other GPUs.
+bool is_device_pointer(const void* p, int device) {
   cudaPointerAttributes attr{};
   if (cudaPointerGetAttributes(&attr, p) != cudaSuccess) {
-    cudaGetLastError();  // clear the sticky-free error of an unknown pointer
+    cudaGetLastError();  // clear the error of an unknown pointer
     return false;
   }
-  return attr.type == cudaMemoryTypeDevice || attr.type == cudaMemoryTypeManaged;
+  return (attr.type == cudaMemoryTypeDevice || attr.type == cudaMemoryTypeManaged) && attr.device == device;
 }
+
+// ncclGroupStart now; ncclGroupEnd on end() or, if an enqueue throws half way, on scope
+// exit, so this thread is never left inside a group.
+class NcclGroup {
+ public:
+  explicit NcclGroup(ncclComm_t comm) : comm_(comm) { ZRT_CHECK_NCCL(ncclGroupStart(), comm_); }
+  void end() {
+    ended_ = true;
+    ZRT_CHECK_NCCL(ncclGroupEnd(), comm_);
+  }
+  ~NcclGroup() {
+    if (!ended_) ncclGroupEnd();
+  }
+
+ private:
+  ncclComm_t comm_;
+  bool ended_ = false;
+};
+
+// One collective in three phases. NCCL may still be launching after its calls return (a
+// nonblocking communicator), and nothing else may go on its stream until it has settled,
+// so CUDA work that uses the result waits for `after`.
+struct Phases {
+  std::function<void(cudaStream_t)> before;            // CUDA work the collective reads
+  std::function<void(ncclComm_t, cudaStream_t)> nccl;  // NCCL calls only
+  std::function<void(cudaStream_t)> after;             // CUDA work on the collective's result
+};
 
 std::chrono::steady_clock::time_point deadline_after(std::chrono::milliseconds t) {
   return std::chrono::steady_clock::now() + t;
@@ -60,7 +88,7 @@ class NcclCommunicator final : public Communicator {
     ZRT_CHECK(device >= 0 && device < count, "NCCL: rank ", rank, " asked for CUDA device ", device, " but ",
               count, " are visible; set CUDA_VISIBLE_DEVICES or pass a device in [0, ", count, ")");
     state_->device = device;
-    ZRT_CHECK_CUDA(cudaSetDevice(device));
+    CudaDeviceGuard guard(device);
     int lo = 0, hi = 0;
     ZRT_CHECK_CUDA(cudaDeviceGetStreamPriorityRange(&lo, &hi));
     ZRT_CHECK_CUDA(cudaStreamCreateWithPriority(&state_->stream, cudaStreamNonBlocking, hi));
@@ -73,8 +101,10 @@ class NcclCommunicator final : public Communicator {
     if (!state_->settle(deadline_after(options.timeout), "ncclCommInitRankConfig")) {
       // NCCL's own thread is still waiting for the missing peer. ncclCommAbort on a
       // communicator in that state crashed the process (SIGSEGV, H200, scripts/gpu_check.sh),
-      // so the half-made communicator is left for the process's exit, which follows.
+      // so the half-made communicator, its stream and event are left to the process's exit.
       state_->comm = nullptr;
+      state_->stream = nullptr;
+      state_->input_ready = nullptr;
       ZRT_THROW("NCCL: rank ", rank, " of ", size, " could not create the communicator within ",
                 options.timeout.count(), " ms; a peer rank is missing or got a different unique id");
     }
@@ -85,32 +115,32 @@ class NcclCommunicator final : public Communicator {
 
  protected:
   WorkPtr do_all_reduce(void* buf, const CollectiveDesc& d) override {
-    if (!is_device_pointer(buf)) return staged(buf, d, true);
-    return enqueue(d, [&](ncclComm_t c, cudaStream_t s) {
+    if (!is_device_pointer(buf, state_->device)) return staged(buf, d, true);
+    return enqueue(d, {nullptr, [&](ncclComm_t c, cudaStream_t s) {
       ZRT_CHECK_NCCL(ncclAllReduce(buf, buf, d.count, nccl_type(d.dtype), nccl_op(d.op), c, s), c);
-    });
+    }, nullptr});
   }
   WorkPtr do_broadcast(void* buf, const CollectiveDesc& d) override {
-    if (!is_device_pointer(buf)) return staged(buf, d, false);
-    return enqueue(d, [&](ncclComm_t c, cudaStream_t s) {
+    if (!is_device_pointer(buf, state_->device)) return staged(buf, d, false);
+    return enqueue(d, {nullptr, [&](ncclComm_t c, cudaStream_t s) {
       ZRT_CHECK_NCCL(ncclBroadcast(buf, buf, d.count, nccl_type(d.dtype), d.root, c, s), c);
-    });
+    }, nullptr});
   }
   WorkPtr do_reduce_scatter(const void* in, void* out, const CollectiveDesc& d) override {
     require_device(d, {in, out});
-    return enqueue(d, [&](ncclComm_t c, cudaStream_t s) {
+    return enqueue(d, {nullptr, [&](ncclComm_t c, cudaStream_t s) {
       ZRT_CHECK_NCCL(ncclReduceScatter(in, out, d.count, nccl_type(d.dtype), nccl_op(d.op), c, s), c);
-    });
+    }, nullptr});
   }
   WorkPtr do_all_gather(const void* in, void* out, const CollectiveDesc& d) override {
     require_device(d, {in, out});
-    return enqueue(d, [&](ncclComm_t c, cudaStream_t s) {
+    return enqueue(d, {nullptr, [&](ncclComm_t c, cudaStream_t s) {
       ZRT_CHECK_NCCL(ncclAllGather(in, out, d.count, nccl_type(d.dtype), c, s), c);
-    });
+    }, nullptr});
   }
   WorkPtr do_all_to_all(const void* in, void* out, const CollectiveDesc& d) override {
     require_device(d, {in, out});
-    return enqueue(d, [&](ncclComm_t c, cudaStream_t s) { all_to_all(in, out, d, c, s); });
+    return enqueue(d, {nullptr, [&](ncclComm_t c, cudaStream_t s) { all_to_all(in, out, d, c, s); }, nullptr});
   }
   WorkPtr do_barrier(const CollectiveDesc& d) override {
     auto one = std::make_shared<int32_t>(1);
@@ -121,43 +151,50 @@ class NcclCommunicator final : public Communicator {
     w->keep_alive(one);
     return w;
   }
-  // All on the device: grouped send/recv into device scratch, then the FP64 local sum
-  // kernel on the same stream; the scratch is freed stream-ordered behind the kernel.
+  // All on the device: grouped send/recv into device scratch, then (once NCCL has
+  // settled) the FP64 local sum kernel on the same stream; the scratch is freed
+  // stream-ordered behind the kernel.
   WorkPtr do_reduce_scatter_accumulate(const void* in, float* out, bool accumulate,
                                        const CollectiveDesc& d) override {
     require_device(d, {in, out});
+    if (d.count == 0) return std::make_shared<CompletedWork>(d, options().timeout);
     const size_t world = static_cast<size_t>(size()), bytes = world * d.count * dtype_size(d.dtype);
     auto token = track_scratch(bytes);
-    WorkPtr w = enqueue(d, [&](ncclComm_t c, cudaStream_t s) {
-      void* chunks = nullptr;
-      ZRT_CHECK_CUDA(cudaMallocAsync(&chunks, bytes, s));
-      all_to_all(in, chunks, d, c, s);
-      sum_chunks_to_f32_cuda(chunks, d.dtype, world, d.count, out, accumulate, s);
-      ZRT_CHECK_CUDA(cudaFreeAsync(chunks, s));
-    });
+    void* chunks = nullptr;
+    WorkPtr w = enqueue(d, {[&](cudaStream_t s) { ZRT_CHECK_CUDA(cudaMallocAsync(&chunks, bytes, s)); },
+                            [&](ncclComm_t c, cudaStream_t s) { all_to_all(in, chunks, d, c, s); },
+                            [&](cudaStream_t s) {
+                              sum_chunks_to_f32_cuda(chunks, d.dtype, world, d.count, out, accumulate, s);
+                              ZRT_CHECK_CUDA(cudaFreeAsync(chunks, s));
+                            }});
     w->keep_alive(token);
     return w;
   }
 
  private:
-  using Enqueue = std::function<void(ncclComm_t, cudaStream_t)>;
-
-  // The one path to the device: order after the input stream, enqueue, settle the
-  // nonblocking communicator, record the completion event.
-  WorkPtr enqueue(const CollectiveDesc& d, const Enqueue& body) {
+  // The one path to the device: order after the input stream, the CUDA work before, the
+  // NCCL calls, settle the nonblocking communicator, the CUDA work after, the completion
+  // event.
+  WorkPtr enqueue(const CollectiveDesc& d, const Phases& phases) {
     NcclState& st = *state_;
     std::lock_guard<std::mutex> lock(st.mu);
     st.check_usable();
-    ZRT_CHECK_CUDA(cudaSetDevice(st.device));
+    CudaDeviceGuard guard(st.device);
     ZRT_CHECK_CUDA(cudaEventRecord(st.input_ready, st.input_stream));
     ZRT_CHECK_CUDA(cudaStreamWaitEvent(st.stream, st.input_ready, 0));
-    body(st.comm, st.stream);
+    if (phases.before) phases.before(st.stream);
+    {
+      std::lock_guard<std::mutex> calls(st.call_mu);
+      st.check_usable();
+      phases.nccl(st.comm, st.stream);
+    }
     if (!st.settle(deadline_after(options().timeout), collective_name(d.kind))) {
       st.abort(detail::concat(d.to_string(), " could not be enqueued"));
       throw TimeoutError(__FILE__, __LINE__,
                          detail::concat(d.to_string(), ": NCCL did not accept the collective within ",
                                         options().timeout.count(), " ms; a peer rank is missing or stuck"));
     }
+    if (phases.after) phases.after(st.stream);
     cudaEvent_t done = nullptr;
     ZRT_CHECK_CUDA(cudaEventCreateWithFlags(&done, cudaEventDisableTiming));
     ZRT_CHECK_CUDA(cudaEventRecord(done, st.stream));
@@ -166,33 +203,38 @@ class NcclCommunicator final : public Communicator {
 
   void all_to_all(const void* in, void* out, const CollectiveDesc& d, ncclComm_t c, cudaStream_t s) {
     const size_t bytes = d.count * dtype_size(d.dtype);
-    ZRT_CHECK_NCCL(ncclGroupStart(), c);
+    NcclGroup group(c);
     for (int r = 0; r < size(); ++r) {
       ZRT_CHECK_NCCL(ncclSend(static_cast<const char*>(in) + r * bytes, d.count, nccl_type(d.dtype), r, c, s), c);
       ZRT_CHECK_NCCL(ncclRecv(static_cast<char*>(out) + r * bytes, d.count, nccl_type(d.dtype), r, c, s), c);
     }
-    ZRT_CHECK_NCCL(ncclGroupEnd(), c);
+    group.end();
   }
 
   // A small host buffer through pinned memory and a device copy. The result reaches `buf`
   // on the waiting thread (Work::then), never by a blocking copy that could outlive the
   // timeout.
   WorkPtr staged(void* buf, const CollectiveDesc& d, bool reduce) {
+    if (d.count == 0) return std::make_shared<CompletedWork>(d, options().timeout);
     const size_t bytes = d.count * dtype_size(d.dtype);
     std::shared_ptr<void> pinned = state_->pinned(bytes, state_);
     std::memcpy(pinned.get(), buf, bytes);
-    WorkPtr w = enqueue(d, [&](ncclComm_t c, cudaStream_t s) {
-      void* dev = nullptr;
-      ZRT_CHECK_CUDA(cudaMallocAsync(&dev, bytes, s));
-      ZRT_CHECK_CUDA(cudaMemcpyAsync(dev, pinned.get(), bytes, cudaMemcpyHostToDevice, s));
-      if (reduce) {
-        ZRT_CHECK_NCCL(ncclAllReduce(dev, dev, d.count, nccl_type(d.dtype), nccl_op(d.op), c, s), c);
-      } else {
-        ZRT_CHECK_NCCL(ncclBroadcast(dev, dev, d.count, nccl_type(d.dtype), d.root, c, s), c);
-      }
-      ZRT_CHECK_CUDA(cudaMemcpyAsync(pinned.get(), dev, bytes, cudaMemcpyDeviceToHost, s));
-      ZRT_CHECK_CUDA(cudaFreeAsync(dev, s));
-    });
+    void* dev = nullptr;
+    WorkPtr w = enqueue(d, {[&](cudaStream_t s) {
+                              ZRT_CHECK_CUDA(cudaMallocAsync(&dev, bytes, s));
+                              ZRT_CHECK_CUDA(cudaMemcpyAsync(dev, pinned.get(), bytes, cudaMemcpyHostToDevice, s));
+                            },
+                            [&](ncclComm_t c, cudaStream_t s) {
+                              if (reduce) {
+                                ZRT_CHECK_NCCL(ncclAllReduce(dev, dev, d.count, nccl_type(d.dtype), nccl_op(d.op), c, s), c);
+                              } else {
+                                ZRT_CHECK_NCCL(ncclBroadcast(dev, dev, d.count, nccl_type(d.dtype), d.root, c, s), c);
+                              }
+                            },
+                            [&](cudaStream_t s) {
+                              ZRT_CHECK_CUDA(cudaMemcpyAsync(pinned.get(), dev, bytes, cudaMemcpyDeviceToHost, s));
+                              ZRT_CHECK_CUDA(cudaFreeAsync(dev, s));
+                            }});
     w->keep_alive(pinned);
     w->then([buf, pinned, bytes] { std::memcpy(buf, pinned.get(), bytes); });
     return w;
@@ -202,9 +244,9 @@ class NcclCommunicator final : public Communicator {
     if (d.count == 0) return;
     int index = 0;
     for (const void* p : buffers) {
-      ZRT_CHECK(is_device_pointer(p), d.to_string(), ": buffer argument ", index,
-                " is not CUDA device memory; the nccl backend moves device buffers (put the tensor on "
-                "cuda:", state_->device, ", or use the mpi or gloo backend for CPU tensors)");
+      ZRT_CHECK(is_device_pointer(p, state_->device), d.to_string(), ": buffer argument ", index,
+                " is not memory of this communicator's GPU; the nccl backend moves device buffers (put the "
+                "tensor on cuda:", state_->device, ", or use the mpi or gloo backend for CPU tensors)");
       ++index;
     }
   }

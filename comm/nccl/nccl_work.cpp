@@ -44,29 +44,53 @@ NcclState::~NcclState() {
   for (void* p : pinned_free) cudaFreeHost(p);
   // A communicator that timed out was aborted already; a healthy one is destroyed, unless
   // the CUDA runtime is already gone (interpreter shutdown), when the driver reclaims it.
-  if (comm && !aborted.load() && cudaSetDevice(device) == cudaSuccess) ncclCommDestroy(comm);
+  if (comm && !aborted.load() && cudaSetDevice(device) == cudaSuccess) {
+    // Nonblocking: finalize, give it a bounded time to flush, then destroy (or abort).
+    ncclResult_t state = ncclCommFinalize(comm);
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+    while (state == ncclInProgress && std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::sleep_for(std::chrono::microseconds(100));
+      if (ncclCommGetAsyncError(comm, &state) != ncclSuccess) break;
+    }
+    if (state == ncclSuccess) ncclCommDestroy(comm);
+    else ncclCommAbort(comm);
+  }
   if (input_ready) cudaEventDestroy(input_ready);
   if (stream) cudaStreamDestroy(stream);
 }
 
 bool NcclState::settle(std::chrono::steady_clock::time_point deadline, const char* what) {
   for (;;) {
-    ncclResult_t state = ncclInProgress;
-    ZRT_CHECK_NCCL(ncclCommGetAsyncError(comm, &state), comm);
+    const ncclResult_t state = async_error();
     if (state == ncclSuccess) return true;
     if (state != ncclInProgress) {
-      check_nccl(state, what, comm, __FILE__, __LINE__);
+      const std::string reason = detail::concat(what, ": ", ncclGetErrorString(state));
+      try {
+        check_nccl(state, what, comm, __FILE__, __LINE__);
+      } catch (...) {
+        abort(reason);
+        throw;
+      }
     }
     if (std::chrono::steady_clock::now() >= deadline) return false;
     std::this_thread::sleep_for(std::chrono::microseconds(50));
   }
 }
 
+ncclResult_t NcclState::async_error() {
+  std::lock_guard<std::mutex> lock(call_mu);
+  check_usable();
+  ncclResult_t state = ncclInProgress;
+  ZRT_CHECK_NCCL(ncclCommGetAsyncError(comm, &state), comm);
+  return state;
+}
+
 void NcclState::abort(const std::string& reason) {
-  bool expected = false;
-  if (!aborted.compare_exchange_strong(expected, true)) return;
+  std::lock_guard<std::mutex> lock(call_mu);
+  if (aborted.load()) return;
   abort_reason = reason;
-  ncclCommAbort(comm);  // frees the communicator; its kernels stop waiting for peers
+  aborted.store(true);
+  if (comm) ncclCommAbort(comm);  // frees the communicator; its kernels stop waiting for peers
 }
 
 void NcclState::check_usable() const {
@@ -79,9 +103,10 @@ NcclWork::NcclWork(CollectiveDesc desc, std::chrono::milliseconds timeout, std::
     : Work(std::move(desc), timeout), state_(std::move(state)), done_(done) {}
 
 NcclWork::~NcclWork() {
-  // An unfinished event is released by CUDA once it completes; buffers it guards were
-  // handed to retire_buffers() on timeout, or are still referenced by this Work's owner.
-  if (done_) cudaEventDestroy(done_);
+  // Dropped before its transfer finished (never waited, or it failed): the device may still
+  // write the buffers it keeps alive, so they are parked for the life of the process.
+  if (done_ && cudaEventQuery(done_) != cudaSuccess) retire_buffers();
+  if (done_) cudaEventDestroy(done_);  // CUDA releases an unfinished event once it completes
 }
 
 bool NcclWork::wait_until(std::chrono::steady_clock::time_point deadline) {
@@ -91,11 +116,12 @@ bool NcclWork::wait_until(std::chrono::steady_clock::time_point deadline) {
     if (q == cudaSuccess) return true;
     ZRT_CHECK(q == cudaErrorNotReady, desc().to_string(), ": cudaEventQuery failed: ", cudaGetErrorName(q), " (",
               cudaGetErrorString(q), ")");
-    ncclResult_t async = ncclSuccess;
-    ZRT_CHECK_NCCL(ncclCommGetAsyncError(state_->comm, &async), state_->comm);
+    const ncclResult_t async = state_->async_error();
     if (async != ncclSuccess && async != ncclInProgress) {
       const std::string what = detail::concat(desc().to_string(), ": NCCL reported an asynchronous error");
-      check_nccl(async, what.c_str(), state_->comm, __FILE__, __LINE__);
+      state_->abort(what);
+      retire_buffers();
+      check_nccl(async, what.c_str(), nullptr, __FILE__, __LINE__);
     }
     if (std::chrono::steady_clock::now() >= deadline) return false;
     std::this_thread::sleep_for(std::chrono::microseconds(20));

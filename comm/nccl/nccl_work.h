@@ -29,9 +29,10 @@ struct NcclState {
   cudaEvent_t input_ready = nullptr;
   cudaStream_t input_stream = nullptr;  // collectives wait for work queued here: the legacy default stream
   int device = 0;
-  std::mutex mu;                   // one enqueue at a time
+  std::mutex mu;       // one enqueue at a time (held while it settles)
+  std::mutex call_mu;  // every NCCL call, and abort: never held while sleeping
   std::atomic<bool> aborted{false};
-  std::string abort_reason;
+  std::string abort_reason;  // written under call_mu before `aborted` is set
 
   // Pinned host slots for staged control values (<= kPinnedSlot bytes): allocating and
   // freeing pinned memory per call would synchronise the device every time.
@@ -41,9 +42,14 @@ struct NcclState {
   std::shared_ptr<void> pinned(size_t bytes, const std::shared_ptr<NcclState>& self);
 
   ~NcclState();
-  // Polls ncclCommGetAsyncError until the communicator is no longer in progress. Returns
-  // false at the deadline; throws on an NCCL error.
+  // Polls ncclCommGetAsyncError until the communicator is no longer in progress (in
+  // nonblocking mode NCCL may still be launching on its own thread: nothing else may go on
+  // its stream before this returns true). Returns false at the deadline; on an NCCL error
+  // aborts the communicator and throws.
   bool settle(std::chrono::steady_clock::time_point deadline, const char* what);
+  // The communicator's async error (ncclSuccess, ncclInProgress or an error); throws if it
+  // was aborted.
+  ncclResult_t async_error();
   // ncclCommAbort, once: every later call on this communicator throws `reason`.
   void abort(const std::string& reason);
   void check_usable() const;
