@@ -15,10 +15,9 @@ namespace zerort {
 namespace {
 
 #if ZERORT_WITH_CUDA
-cudaStream_t on_device(const c10::Device& device) {
-  ZRT_CHECK_CUDA(cudaSetDevice(device.index() < 0 ? 0 : device.index()));
-  return nullptr;  // the legacy default stream: PyTorch's default stream
-}
+constexpr cudaStream_t kDefaultStream = nullptr;  // the legacy default stream: PyTorch's default stream
+
+int index_of(const c10::Device& device) { return device.index() < 0 ? 0 : device.index(); }
 #endif
 
 }  // namespace
@@ -32,7 +31,8 @@ void check_device_supported(const c10::Device& device, const char* what) {
 void cast_from_f32_on(const c10::Device& device, const float* in, void* out, DType out_dtype, size_t n) {
   if (device.is_cpu()) return cast_from_f32(in, out, out_dtype, n);
 #if ZERORT_WITH_CUDA
-  cudaStream_t stream = on_device(device);
+  CudaDeviceGuard guard(index_of(device));
+  const cudaStream_t stream = kDefaultStream;
   if (out_dtype == DType::kFloat32) {  // FP32 modules: a plain copy
     if (n > 0 && in != out) ZRT_CHECK_CUDA(cudaMemcpyAsync(out, in, n * sizeof(float), cudaMemcpyDeviceToDevice, stream));
     return;
@@ -46,7 +46,8 @@ void cast_from_f32_on(const c10::Device& device, const float* in, void* out, DTy
 void cast_to_f32_on(const c10::Device& device, const void* in, DType in_dtype, float* out, size_t n) {
   if (device.is_cpu()) return cast_to_f32(in, in_dtype, out, n);
 #if ZERORT_WITH_CUDA
-  cast_to_f32_cuda(in, in_dtype, out, n, on_device(device));
+  CudaDeviceGuard guard(index_of(device));
+  cast_to_f32_cuda(in, in_dtype, out, n, kDefaultStream);
 #else
   check_device_supported(device, "cast_to_f32's buffer");
 #endif
@@ -56,7 +57,8 @@ void sum_chunks_to_f32_on(const c10::Device& device, const void* chunks, DType d
                           float* out, bool accumulate) {
   if (device.is_cpu()) return sum_chunks_to_f32(chunks, dtype, world, n, out, accumulate);
 #if ZERORT_WITH_CUDA
-  sum_chunks_to_f32_cuda(chunks, dtype, world, n, out, accumulate, on_device(device));
+  CudaDeviceGuard guard(index_of(device));
+  sum_chunks_to_f32_cuda(chunks, dtype, world, n, out, accumulate, kDefaultStream);
 #else
   check_device_supported(device, "sum_chunks_to_f32's buffer");
 #endif
@@ -65,7 +67,8 @@ void sum_chunks_to_f32_on(const c10::Device& device, const void* chunks, DType d
 void adamw_step_on(const c10::Device& device, const AdamWBuffers& buffers, const AdamWStep& step) {
   if (device.is_cpu()) return adamw_step(buffers, step);
 #if ZERORT_WITH_CUDA
-  adamw_step_cuda(buffers, step, on_device(device));
+  CudaDeviceGuard guard(index_of(device));
+  adamw_step_cuda(buffers, step, kDefaultStream);
 #else
   check_device_supported(device, "the AdamW shard");
 #endif
@@ -74,7 +77,8 @@ void adamw_step_on(const c10::Device& device, const AdamWBuffers& buffers, const
 GradStats unscale_and_check_on(const c10::Device& device, float* grad, size_t n, float inv_scale) {
   if (device.is_cpu()) return unscale_and_check(grad, n, inv_scale);
 #if ZERORT_WITH_CUDA
-  return unscale_and_check_cuda(grad, n, inv_scale, on_device(device));
+  CudaDeviceGuard guard(index_of(device));
+  return unscale_and_check_cuda(grad, n, inv_scale, kDefaultStream);
 #else
   check_device_supported(device, "the gradient shard");
   return {};

@@ -178,3 +178,15 @@ class _Pending:
         if self._work is not None:
             self._work.wait()
             self._work, self._tensors = None, None
+
+    def __del__(self):
+        # Dropped unwaited (an exception between start and wait): the transfer may still
+        # write the tensors, so finish it first; if it cannot finish, keep them forever.
+        if self._work is not None:
+            try:
+                self._work.wait()
+            except Exception:
+                _PARKED.append(self._tensors)
+
+
+_PARKED = []  # tensors of transfers that failed unwaited: never freed under a live transfer
