@@ -87,8 +87,10 @@ def main():
     tokens = args.batch * SHAPE["seq"]
     comm = zerort.comm.init("nccl")
     rows = []
-    for name, fn in [("torch (autocast bf16, fused AdamW)", lambda: run_torch(args.batch, args.steps, args.warmup))] + [
-            (f"zerort stage {s}", lambda s=s: run_zerort(s, args.batch, args.steps, args.warmup, comm)) for s in range(4)]:
+    runtimes = [("torch (autocast bf16, fused AdamW)", lambda: run_torch(args.batch, args.steps, args.warmup))]
+    runtimes += [(f"zerort stage {s}", lambda s=s: run_zerort(s, args.batch, args.steps, args.warmup, comm))
+                 for s in range(4)]
+    for name, fn in runtimes:
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
         try:

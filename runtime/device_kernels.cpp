@@ -34,7 +34,9 @@ void cast_from_f32_on(const c10::Device& device, const float* in, void* out, DTy
   CudaDeviceGuard guard(index_of(device));
   const cudaStream_t stream = kDefaultStream;
   if (out_dtype == DType::kFloat32) {  // FP32 modules: a plain copy
-    if (n > 0 && in != out) ZRT_CHECK_CUDA(cudaMemcpyAsync(out, in, n * sizeof(float), cudaMemcpyDeviceToDevice, stream));
+    if (n > 0 && in != out) {
+      ZRT_CHECK_CUDA(cudaMemcpyAsync(out, in, n * sizeof(float), cudaMemcpyDeviceToDevice, stream));
+    }
     return;
   }
   cast_from_f32_cuda(in, out, out_dtype, n, stream);

@@ -225,10 +225,11 @@ class NcclCommunicator final : public Communicator {
                               ZRT_CHECK_CUDA(cudaMemcpyAsync(dev, pinned.get(), bytes, cudaMemcpyHostToDevice, s));
                             },
                             [&](ncclComm_t c, cudaStream_t s) {
+                              const ncclDataType_t type = nccl_type(d.dtype);
                               if (reduce) {
-                                ZRT_CHECK_NCCL(ncclAllReduce(dev, dev, d.count, nccl_type(d.dtype), nccl_op(d.op), c, s), c);
+                                ZRT_CHECK_NCCL(ncclAllReduce(dev, dev, d.count, type, nccl_op(d.op), c, s), c);
                               } else {
-                                ZRT_CHECK_NCCL(ncclBroadcast(dev, dev, d.count, nccl_type(d.dtype), d.root, c, s), c);
+                                ZRT_CHECK_NCCL(ncclBroadcast(dev, dev, d.count, type, d.root, c, s), c);
                               }
                             },
                             [&](cudaStream_t s) {
