@@ -23,8 +23,9 @@ def detect_launch_env():
 
 
 def init(backend="auto", timeout_s=600.0, check_consistency=True):
-    """Creates a Communicator. backend: 'auto', 'mpi', 'gloo' or 'inprocess' (one rank).
-    gloo initialises torch.distributed (env:// rendezvous on MASTER_ADDR/MASTER_PORT, with
+    """Creates a Communicator. backend: 'auto', 'mpi', 'gloo', 'nccl' (CUDA tensors on
+    cuda:LOCAL_RANK) or 'inprocess' (one rank). 'auto' picks by launcher: mpi under mpirun,
+    gloo under torchrun. gloo initialises torch.distributed (env:// rendezvous on MASTER_ADDR/MASTER_PORT, with
     timeout_s as the process group's timeout) unless it is already initialised. gloo's
     reduce_scatter honours only the process group's timeout, so when you initialise
     torch.distributed yourself, pass it the same timeout."""
