@@ -12,7 +12,8 @@ accumulates into, and each rank owns its shard of the FP32 master and Adam state
 all of it). Stage 3 is zerort/stage3.py over the same ShardOptimizer. Compute runs in bf16,
 fp16 or fp32; modules whose class is in fp32_modules (default: LayerNorm, RMSNorm,
 BatchNorm) keep FP32 parameters and compute, with their inputs cast to FP32 and their
-outputs back to the compute dtype. All of this runs on CPU tensors.
+outputs back to the compute dtype. Every buffer lives on the model's device: CPU (mpi or
+gloo communicators) or one CUDA device (nccl).
 """
 import contextlib
 import math
