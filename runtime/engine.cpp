@@ -243,12 +243,12 @@ at::Tensor Engine::gather_master(size_t g) const {
   at::Tensor out = at::empty({grp.flat_params.numel()}, at::TensorOptions().dtype(at::kFloat).device(device_));
   const float* master = optimizer_->master().data_ptr<float>();
   for (const Bucket& b : grp.buckets) {
-    float* dst = out.data_ptr<float>() + b.flat_offset;
-    if (options_.stage == 0) {
+    if (options_.stage == 0) {  // every rank holds it all
       out.narrow(0, static_cast<int64_t>(b.flat_offset), static_cast<int64_t>(b.opt_numel))
           .copy_(optimizer_->master().narrow(0, static_cast<int64_t>(b.opt_offset), static_cast<int64_t>(b.opt_numel)));
     } else {
-      comm_.all_gather(master + b.opt_offset, dst, b.opt_numel, DType::kFloat32)->wait();
+      comm_.all_gather(master + b.opt_offset, out.data_ptr<float>() + b.flat_offset, b.opt_numel,
+                       DType::kFloat32)->wait();
     }
   }
   return out;

@@ -180,7 +180,7 @@ class NcclCommunicator final : public Communicator {
     std::lock_guard<std::mutex> lock(st.mu);
     st.check_usable();
     CudaDeviceGuard guard(st.device);
-    ZRT_CHECK_CUDA(cudaEventRecord(st.input_ready, st.input_stream));
+    ZRT_CHECK_CUDA(cudaEventRecord(st.input_ready, cudaStreamLegacy));  // PyTorch's default stream
     ZRT_CHECK_CUDA(cudaStreamWaitEvent(st.stream, st.input_ready, 0));
     if (phases.before) phases.before(st.stream);
     {

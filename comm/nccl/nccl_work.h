@@ -26,8 +26,7 @@ void check_nccl(ncclResult_t result, const char* call, ncclComm_t comm, const ch
 struct NcclState {
   ncclComm_t comm = nullptr;
   cudaStream_t stream = nullptr;  // the communicator's own stream
-  cudaEvent_t input_ready = nullptr;
-  cudaStream_t input_stream = nullptr;  // collectives wait for work queued here: the legacy default stream
+  cudaEvent_t input_ready = nullptr;  // recorded on the legacy default stream before each collective
   int device = 0;
   std::mutex mu;       // one enqueue at a time (held while it settles)
   std::mutex call_mu;  // every NCCL call, and abort: never held while sleeping
