@@ -53,7 +53,7 @@ Communicator::Communicator(int rank, int size, CommOptions options)
 }
 
 CollectiveDesc Communicator::describe(Collective kind, size_t count, DType dtype, ReduceOp op,
-                                      int root) const {
+                                      int root, int64_t tag) const {
   CollectiveDesc d;
   d.kind = kind;
   d.rank = rank_;
@@ -62,6 +62,7 @@ CollectiveDesc Communicator::describe(Collective kind, size_t count, DType dtype
   d.dtype = dtype;
   d.op = op;
   d.root = root;
+  d.tag = tag;
   d.backend = backend_name();
   return d;
 }
@@ -89,46 +90,87 @@ void Communicator::check(const CollectiveDesc& d, std::initializer_list<const vo
   if (options_.check_consistency && size_ > 1) check_consistent_across_ranks(d);
 }
 
+namespace {
+
+constexpr size_t kProbeFields = 6;
+using ProbeFields = std::array<int64_t, kProbeFields>;
+
+ProbeFields probe_fields(const CollectiveDesc& d) {
+  return {static_cast<int64_t>(d.kind), static_cast<int64_t>(d.dtype), static_cast<int64_t>(d.op),
+          static_cast<int64_t>(d.count), static_cast<int64_t>(d.root), d.tag};
+}
+
+// One rank's call, rebuilt from its probe fields, for the mismatch message.
+std::string describe_fields(const int64_t* f, int rank, int world) {
+  CollectiveDesc d;
+  d.kind = static_cast<Collective>(f[0]);
+  d.dtype = static_cast<DType>(f[1]);
+  d.op = static_cast<ReduceOp>(f[2]);
+  d.count = static_cast<size_t>(f[3]);
+  d.root = static_cast<int>(f[4]);
+  d.tag = f[5];
+  d.rank = rank;
+  d.world = world;
+  return d.to_string();
+}
+
+}  // namespace
+
 void Communicator::check_consistent_across_ranks(const CollectiveDesc& d) {
   // Max over [x, -x] gives max and -min of every field in one all-reduce.
-  constexpr size_t kFields = 5;
-  const std::array<const char*, kFields> names = {"collective", "dtype", "op", "count", "root"};
-  std::array<int64_t, kFields> mine = {static_cast<int64_t>(d.kind), static_cast<int64_t>(d.dtype),
-                                       static_cast<int64_t>(d.op), static_cast<int64_t>(d.count),
-                                       static_cast<int64_t>(d.root)};
-  auto owned = std::make_shared<std::vector<int64_t>>(2 * kFields);  // outlives a timeout
+  const std::array<const char*, kProbeFields> names = {"collective", "dtype", "op", "count", "root", "tag"};
+  const ProbeFields mine = probe_fields(d);
+  auto owned = std::make_shared<std::vector<int64_t>>(2 * kProbeFields);  // outlives a timeout
   std::vector<int64_t>& buf = *owned;
-  for (size_t i = 0; i < kFields; ++i) {
+  for (size_t i = 0; i < kProbeFields; ++i) {
     buf[i] = mine[i];
-    buf[kFields + i] = -mine[i];
+    buf[kProbeFields + i] = -mine[i];
   }
+  auto wait_probe = [&](const WorkPtr& work, const char* what) {
+    try {
+      work->wait(options_.timeout);
+    } catch (const TimeoutError&) {
+      throw TimeoutError(__FILE__, __LINE__,
+                         detail::concat(d.to_string(), ": ", what, " did not finish within ",
+                                        options_.timeout.count(),
+                                        " ms; a peer rank is missing, stuck, or failed its own "
+                                        "argument check"));
+    } catch (const Error& e) {  // the backend failed: typically a peer process exited or crashed
+      throw Error(__FILE__, __LINE__,
+                  detail::concat(d.to_string(), ": ", what, " failed (", e.message(),
+                                 "); a peer rank probably exited or crashed: see its log"));
+    }
+  };
   CollectiveDesc probe = describe(Collective::kAllReduce, buf.size(), DType::kInt64, ReduceOp::kMax);
   auto work = do_all_reduce(buf.data(), probe);
   work->keep_alive(owned);
-  try {
-    work->wait(options_.timeout);
-  } catch (const TimeoutError&) {
-    throw TimeoutError(__FILE__, __LINE__,
-                       detail::concat(d.to_string(), ": the argument check did not finish within ",
-                                      options_.timeout.count(),
-                                      " ms; a peer rank is missing, stuck, or failed its own "
-                                      "argument check"));
-  } catch (const Error& e) {  // the backend failed: typically a peer process exited or crashed
-    throw Error(__FILE__, __LINE__,
-                detail::concat(d.to_string(), ": the argument check failed (", e.message(),
-                               "); a peer rank probably exited or crashed: see its log"));
+  wait_probe(work, "the argument check");
+  size_t first = kProbeFields;
+  for (size_t i = 0; i < kProbeFields && first == kProbeFields; ++i) {
+    if (buf[i] != -buf[kProbeFields + i]) first = i;
   }
-  for (size_t i = 0; i < kFields; ++i) {
-    int64_t hi = buf[i], lo = -buf[kFields + i];
-    if (hi == lo) continue;
-    if (i == 0) {
-      ZRT_THROW(d.to_string(), ": ranks called different collectives at the same point (codes ", lo,
-                "..", hi, "); every rank must issue the same collectives in the same order");
-    }
-    ZRT_THROW(d.to_string(), ": ", names[i], " differs across ranks: this rank passed ", mine[i],
-              ", the ranks passed values from ", lo, " to ", hi, "; every rank must pass the same ",
-              names[i]);
+  if (first == kProbeFields) return;
+  // Every rank saw the same max and min, so every rank is here: gather each rank's call so
+  // the error says who called what.
+  auto calls = std::make_shared<std::vector<int64_t>>(kProbeFields * static_cast<size_t>(size_));
+  auto sent = std::make_shared<ProbeFields>(mine);
+  auto gather = do_all_gather(sent->data(), calls->data(), describe(Collective::kAllGather, kProbeFields, DType::kInt64));
+  gather->keep_alive(calls);
+  gather->keep_alive(sent);
+  wait_probe(gather, "gathering every rank's call after a mismatch");
+  std::string who;
+  constexpr int kListed = 16;
+  for (int r = 0; r < size_ && r < kListed; ++r) {
+    who += detail::concat("\n  rank ", r, ": ", describe_fields(calls->data() + r * kProbeFields, r, size_));
   }
+  if (size_ > kListed) who += detail::concat("\n  (", size_ - kListed, " more ranks)");
+  if (first == 0) {
+    ZRT_THROW(d.to_string(), ": ranks called different collectives at the same point; every rank must "
+              "issue the same collectives in the same order. Each rank's call:", who);
+  }
+  ZRT_THROW(d.to_string(), ": ", names[first], " differs across ranks; every rank must pass the same ",
+            names[first], first == 5 ? " (the same bucket or unit: ranks took different paths through the model)" : "",
+            ". Each rank's call:", who);
 }
 
 WorkPtr Communicator::all_reduce(void* buf, size_t count, DType dtype, ReduceOp op) {
@@ -145,8 +187,8 @@ WorkPtr Communicator::reduce_scatter(const void* in, void* out, size_t recv_coun
 }
 
 WorkPtr Communicator::reduce_scatter_accumulate(const void* in, DType in_dtype, float* out,
-                                                size_t recv_count, bool accumulate) {
-  auto d = describe(Collective::kReduceScatterAccumulate, recv_count, in_dtype);
+                                                size_t recv_count, bool accumulate, int64_t tag) {
+  auto d = describe(Collective::kReduceScatterAccumulate, recv_count, in_dtype, ReduceOp::kSum, 0, tag);
   check(d, {in, out});
   return do_reduce_scatter_accumulate(in, out, accumulate, d);
 }
@@ -165,8 +207,8 @@ WorkPtr Communicator::do_reduce_scatter_accumulate(const void* in, float* out, b
   return work;
 }
 
-WorkPtr Communicator::all_gather(const void* in, void* out, size_t send_count, DType dtype) {
-  auto d = describe(Collective::kAllGather, send_count, dtype);
+WorkPtr Communicator::all_gather(const void* in, void* out, size_t send_count, DType dtype, int64_t tag) {
+  auto d = describe(Collective::kAllGather, send_count, dtype, ReduceOp::kSum, 0, tag);
   check(d, {in, out});
   return do_all_gather(in, out, d);
 }

@@ -15,9 +15,10 @@ namespace zerort {
 struct CommOptions {
   // Every Work::wait() without an explicit timeout uses this.
   std::chrono::milliseconds timeout{std::chrono::seconds(600)};
-  // Before each collective, one 5-value all-reduce checks that every rank called the same
-  // collective with the same dtype, op, count and root, so a mismatch raises instead of
-  // hanging or corrupting memory. Costs one small-message latency per call.
+  // Before each collective, one 12-value all-reduce checks that every rank called the same
+  // collective with the same dtype, op, count, root and tag, so a mismatch raises on every
+  // rank, naming what each rank called, instead of hanging or corrupting memory. Costs one
+  // small-message latency per call.
   bool check_consistency = true;
 };
 
@@ -40,11 +41,12 @@ class Communicator {
   // in: size()*recv_count bf16, f16 (or f32) elements. out: this rank's FP32 shard. An
   // all-to-all of the chunks as they are, then a local sum in rank order 0..W-1 (see
   // local_reduce.h). accumulate=true adds into out (gradient accumulation across micro-steps).
+  // tag: what the call serves (see CollectiveDesc::tag).
   WorkPtr reduce_scatter_accumulate(const void* in, DType in_dtype, float* out, size_t recv_count,
-                                    bool accumulate = false);
+                                    bool accumulate = false, int64_t tag = kNoTag);
   // out (size()*send_count elements) gets rank r's in at offset r*send_count. `in` may be
   // this rank's own chunk of `out` (in-place all-gather).
-  WorkPtr all_gather(const void* in, void* out, size_t send_count, DType dtype);
+  WorkPtr all_gather(const void* in, void* out, size_t send_count, DType dtype, int64_t tag = kNoTag);
   // in and out have size()*count elements; chunk r of in goes to rank r, chunk r of out
   // comes from rank r.
   WorkPtr all_to_all(const void* in, void* out, size_t count, DType dtype);
@@ -72,7 +74,7 @@ class Communicator {
                                                const CollectiveDesc& d);
 
   CollectiveDesc describe(Collective kind, size_t count, DType dtype, ReduceOp op = ReduceOp::kSum,
-                          int root = 0) const;
+                          int root = 0, int64_t tag = kNoTag) const;
   // Counts `bytes` of backend scratch as live (for scratch_peak_bytes) until the returned
   // token is released.
   std::shared_ptr<void> track_scratch(size_t bytes);

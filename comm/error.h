@@ -23,6 +23,13 @@ class TimeoutError : public Error {
   using Error::Error;
 };
 
+// The training loop called the engine in an order it cannot honour (step() without a
+// backward(), a second gradient outside engine.backward(), ...). Raised on every rank.
+class UsageError : public Error {
+ public:
+  using Error::Error;
+};
+
 namespace detail {
 template <typename... Args>
 std::string concat(const Args&... args) {

@@ -26,6 +26,7 @@ std::string CollectiveDesc::to_string() const {
     os << ", op=" << reduce_op_name(op);
   }
   if (kind == Collective::kBroadcast) os << ", root=" << root;
+  if (tag != kNoTag) os << ", tag=" << tag;
   os << ") on rank " << rank << " of " << world;
   if (!backend.empty()) os << " [" << backend << "]";
   return os.str();

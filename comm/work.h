@@ -24,6 +24,8 @@ enum class Collective : int32_t {
 };
 const char* collective_name(Collective kind);
 
+constexpr int64_t kNoTag = -1;
+
 // What a collective was asked to do; errors and timeouts are phrased from it.
 struct CollectiveDesc {
   Collective kind = Collective::kBarrier;
@@ -33,6 +35,10 @@ struct CollectiveDesc {
   DType dtype = DType::kFloat32;
   ReduceOp op = ReduceOp::kSum;
   int root = 0;
+  // What the collective serves, chosen by the caller (a reduce bucket's or a stage-3
+  // unit's index; kNoTag when none). The cross-rank check requires every rank to pass the
+  // same tag, so ranks that reduce or gather different buckets of equal size are caught.
+  int64_t tag = kNoTag;
   std::string backend;
 
   // "all_reduce(count=7, dtype=bf16, op=sum) on rank 1 of 4 [mpi]"

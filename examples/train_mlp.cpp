@@ -64,6 +64,7 @@ int main(int argc, char** argv) {
       at::Tensor x = at::randn({kBatch, kIn}, g);
       at::Tensor y = teacher.forward(x);
       at::Tensor loss = at::mse_loss(student.forward(x).to(at::kFloat), y);
+      engine.begin_backward();  // before every backward pass
       (loss * engine.loss_scale()).backward();
       StepStats s = engine.step();
       double mean_loss = loss.item<double>();

@@ -1,5 +1,7 @@
 #include "optim/adamw.h"
 
+#include <cmath>
+
 #include "comm/error.h"
 #include "optim/adamw_math.h"
 #include "optim/parallel_for.h"
@@ -74,6 +76,15 @@ Kernel pick(DType grad, DType param, bool write_param) {
 
 }  // namespace
 
+void check_adamw_hyper(const AdamWHyper& h, const char* who) {
+  ZRT_CHECK(h.beta1 >= 0 && h.beta1 < 1 && h.beta2 >= 0 && h.beta2 < 1, who, ": betas must be in [0, 1), got (",
+            h.beta1, ", ", h.beta2, ")");
+  ZRT_CHECK(h.lr >= 0 && h.weight_decay >= 0, who, ": lr (", h.lr, ") and weight_decay (", h.weight_decay,
+            ") must be >= 0");
+  ZRT_CHECK(std::isfinite(h.eps) && h.eps > 0, who, ": eps must be a finite number > 0 (e.g. 1e-8), got ", h.eps,
+            "; with eps = 0 a gradient and moments of 0 give the update 0 / 0 = NaN");
+}
+
 void adamw_step(const AdamWBuffers& b, const AdamWStep& s) {
   ZRT_CHECK(b.grad_dtype == DType::kFloat32 || b.grad_dtype == DType::kBFloat16,
             "adamw_step: gradient dtype must be f32 or bf16, got ", dtype_name(b.grad_dtype));
@@ -83,11 +94,7 @@ void adamw_step(const AdamWBuffers& b, const AdamWStep& s) {
   ZRT_CHECK(b.n == 0 || (b.grad && b.master && b.exp_avg && b.exp_avg_sq),
             "adamw_step: null gradient, master, exp_avg or exp_avg_sq buffer for ", b.n, " elements");
   ZRT_CHECK(s.step >= 1, "adamw_step: step count must be >= 1, got ", s.step);
-  const AdamWHyper& h = s.hyper;
-  ZRT_CHECK(h.beta1 >= 0 && h.beta1 < 1 && h.beta2 >= 0 && h.beta2 < 1,
-            "adamw_step: betas must be in [0, 1), got (", h.beta1, ", ", h.beta2, ")");
-  ZRT_CHECK(h.lr >= 0 && h.eps >= 0 && h.weight_decay >= 0, "adamw_step: lr (", h.lr, "), eps (",
-            h.eps, ") and weight_decay (", h.weight_decay, ") must be >= 0");
+  check_adamw_hyper(s.hyper, "adamw_step");
   const AdamWCoeffs c = AdamWCoeffs::from(s);
   const Kernel kernel = pick(b.grad_dtype, b.param_dtype, b.param != nullptr);
   const size_t gsize = dtype_size(b.grad_dtype);

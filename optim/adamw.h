@@ -39,6 +39,11 @@ struct AdamWBuffers {
   size_t n = 0;
 };
 
+// Throws zerort::Error, prefixed by `who`, unless betas are in [0, 1), lr and weight_decay
+// are >= 0, and eps is a finite number > 0: eps = 0 makes the update 0 / 0 = NaN wherever a
+// gradient and its moments are 0, turning the master weight into NaN.
+void check_adamw_hyper(const AdamWHyper& hyper, const char* who);
+
 // Checks the arguments (errors name the bad one), then runs the pass on all CPU threads.
 void adamw_step(const AdamWBuffers& buffers, const AdamWStep& step);
 

@@ -69,6 +69,7 @@ void sum_chunks_to_f32_on(const c10::Device& device, const void* chunks, DType d
 void adamw_step_on(const c10::Device& device, const AdamWBuffers& buffers, const AdamWStep& step) {
   if (device.is_cpu()) return adamw_step(buffers, step);
 #if ZERORT_WITH_CUDA
+  check_adamw_hyper(step.hyper, "adamw_step_cuda");  // adamw_step checks them on the CPU
   CudaDeviceGuard guard(index_of(device));
   adamw_step_cuda(buffers, step, kDefaultStream);
 #else

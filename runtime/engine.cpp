@@ -9,14 +9,26 @@
 #include <cmath>
 
 #include "comm/error.h"
+#include "runtime/backward_check.h"
 #include "runtime/device_kernels.h"
 #include "partition/bucket_plan.h"
+
+// pthread_exit unwinds a thread with a "forced unwind" that a catch (...) must rethrow:
+// swallowing it aborts the process. CPython ends a thread this way when it asks for the
+// GIL during interpreter shutdown.
+#if defined(__GLIBCXX__)
+#include <cxxabi.h>
+#define ZRT_RETHROW_FORCED_UNWIND catch (const abi::__forced_unwind&) { throw; }
+#else
+#define ZRT_RETHROW_FORCED_UNWIND
+#endif
 
 namespace zerort {
 
 // A run of consecutive parameters (in reduce order) with its own W-way shard layout.
 struct Engine::Bucket {
   size_t group = 0;
+  size_t index = 0;            // in buckets_: the reduce order, and the collectives' tag
   std::vector<size_t> params;  // indices into the group's params
   ShardLayout layout{{}, 1, 1};
   size_t flat_offset = 0;      // in the group's flat buffers
@@ -185,9 +197,11 @@ Engine::Engine(std::vector<at::Tensor> params, Communicator& comm, EngineOptions
   if (!fp32_params.empty()) add_group(std::move(fp32_params), DType::kFloat32, "fp32 parameter");
   size_t largest_pack = 0;
   for (auto& g : groups_) {
+    reported_.emplace_back(g->params.size(), false);
     for (Bucket& b : g->buckets) {
       b.waiting = b.params.size();
       b.packed.assign(b.params.size(), false);
+      b.index = buckets_.size();
       buckets_.push_back(&b);
       largest_pack = std::max(largest_pack, b.layout.padded_numel() * dtype_size(g->dtype));
     }
@@ -208,7 +222,21 @@ Engine::Engine(std::vector<at::Tensor> params, Communicator& comm, EngineOptions
     for (Bucket* b : buckets_) largest = std::max(largest, b->layout.shard_numel());
     stage0_scratch_ = at::empty({static_cast<int64_t>(largest)}, f32);
   }
-  comm_thread_ = std::thread([this] { comm_loop(); });
+  // Started last, so a constructor that throws never leaves a joinable thread behind. No
+  // exception leaves the thread: comm_loop keeps what a reduce throws for step() to
+  // rethrow; anything else (a failed lock or wait) is kept the same way and the loop goes
+  // on, so step() never waits for a thread that has died.
+  comm_thread_ = std::thread([this] {
+    for (;;) {
+      try {
+        comm_loop();
+        return;
+      } ZRT_RETHROW_FORCED_UNWIND catch (...) {
+        std::lock_guard<std::mutex> lock(mu_);
+        if (!comm_error_) comm_error_ = std::current_exception();
+      }
+    }
+  });
 }
 
 Engine::~Engine() {
@@ -217,7 +245,14 @@ Engine::~Engine() {
     stop_ = true;
   }
   cv_.notify_all();
-  comm_thread_.join();
+  // Never throws: the comm thread never owns the engine, so it is never the one joining.
+  // join returns once the bucket in hand, if any, is reduced or has timed out.
+  if (!comm_thread_.joinable()) return;
+  try {
+    comm_thread_.join();
+  } catch (...) {
+    comm_thread_.detach();
+  }
 }
 
 const Engine::Group& Engine::group(size_t g) const {
@@ -248,7 +283,7 @@ at::Tensor Engine::gather_master(size_t g) const {
           .copy_(optimizer_->master().narrow(0, static_cast<int64_t>(b.opt_offset), static_cast<int64_t>(b.opt_numel)));
     } else {
       comm_.all_gather(master + b.opt_offset, out.data_ptr<float>() + b.flat_offset, b.opt_numel,
-                       DType::kFloat32)->wait();
+                       DType::kFloat32, static_cast<int64_t>(b.index))->wait();
     }
   }
   return out;
@@ -262,7 +297,18 @@ void Engine::grad_ready(size_t g, size_t i) {
   ZRT_CHECK(g < groups_.size() && i < groups_[g]->params.size(), "Engine.grad_ready: no parameter ", i,
             " in group ", g);
   std::lock_guard<std::mutex> lock(mu_);
+  saw_backward_ = true;
   if (!reducing_now()) return;  // stage 0/1 between boundaries: autograd keeps accumulating
+  if (reported_[g][i]) {
+    throw UsageError(__FILE__, __LINE__,
+                     detail::concat("Engine: parameter ", i, " of group ", g, " got a second gradient in one "
+                                    "micro-step after its first was sent to be reduced: a backward pass ran "
+                                    "without engine.backward() (for example loss.backward() called directly). "
+                                    "Run every backward pass through engine.backward(loss), which lets several "
+                                    "passes per step add up"));
+  }
+  reported_[g][i] = true;
+  round_open_ = true;
   Bucket& b = groups_[g]->buckets[groups_[g]->param_bucket[i]];
   if (sharded_grads()) {
     // Stage 2: move the gradient into the bucket's pack buffer now, so autograd's copy is
@@ -327,7 +373,7 @@ void Engine::comm_loop() {
     lock.unlock();
     try {
       if (!comm_error_) reduce_bucket(*buckets_[index]);
-    } catch (...) {
+    } ZRT_RETHROW_FORCED_UNWIND catch (...) {
       lock.lock();
       if (!comm_error_) comm_error_ = std::current_exception();
       lock.unlock();
@@ -340,6 +386,7 @@ void Engine::comm_loop() {
 
 void Engine::reduce_bucket(Bucket& b) {
   Group& g = *groups_[b.group];
+  const int64_t tag = static_cast<int64_t>(b.index);
   const size_t shard = b.layout.shard_numel();
   float* grad = optimizer_->grad_shard().data_ptr<float>() + b.opt_offset;
   if (sharded_grads()) {
@@ -363,20 +410,23 @@ void Engine::reduce_bucket(Bucket& b) {
         b.overflow = at::Tensor();
       }
     } release{*this, b};
-    if (shard > 0) comm_.reduce_scatter_accumulate(pack_buffer(b), g.dtype, grad, shard, true)->wait();
+    if (shard > 0) comm_.reduce_scatter_accumulate(pack_buffer(b), g.dtype, grad, shard, true, tag)->wait();
     return;
   }
   if (shard == 0) return;
   const void* in = static_cast<const char*>(g.flat_grads.data_ptr()) + b.flat_offset * dtype_size(g.dtype);
   if (options_.stage != 0) {  // straight into this rank's FP32 gradient shard
-    comm_.reduce_scatter_accumulate(in, g.dtype, grad, shard, true)->wait();
+    comm_.reduce_scatter_accumulate(in, g.dtype, grad, shard, true, tag)->wait();
     return;
   }
-  // Stage 0: reduce-scatter into a scratch shard, then all-gather so every rank holds the
-  // whole summed gradient (accumulation happens in autograd's buffer until the boundary).
-  float* scratch = stage0_scratch_.data_ptr<float>();
-  comm_.reduce_scatter_accumulate(in, g.dtype, scratch, shard, false)->wait();
-  comm_.all_gather(scratch, grad, shard, DType::kFloat32)->wait();
+  // Stage 0: reduce-scatter into a scratch shard, add it to this rank's part of the
+  // replicated gradient, then all-gather that part in place so every rank holds the whole
+  // sum (a bucket can be reduced more than once per step: one per backward pass).
+  comm_.reduce_scatter_accumulate(in, g.dtype, stage0_scratch_.data_ptr<float>(), shard, false, tag)->wait();
+  const int64_t mine = static_cast<int64_t>(b.opt_offset + static_cast<size_t>(comm_.rank()) * shard);
+  at::Tensor part = optimizer_->grad_shard().narrow(0, mine, static_cast<int64_t>(shard));
+  part.add_(stage0_scratch_.narrow(0, 0, static_cast<int64_t>(shard)));
+  comm_.all_gather(part.data_ptr<float>(), grad, shard, DType::kFloat32, tag)->wait();
 }
 
 void Engine::drain() {
@@ -388,6 +438,8 @@ void Engine::drain() {
   comm_error_ = nullptr;
   reduced_ = 0;
   next_to_queue_ = 0;
+  round_open_ = false;
+  for (auto& r : reported_) r.assign(r.size(), false);
   for (Bucket* b : buckets_) {
     b->waiting = b->params.size();
     b->packed.assign(b->params.size(), false);
@@ -404,6 +456,18 @@ void Engine::drain() {
   }
 }
 
+void Engine::begin_backward() {
+  bool open;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    saw_backward_ = true;
+    open = round_open_;
+  }
+  // The previous pass's buckets are reduced (and at stages 0 and 1 its flat gradients
+  // zeroed) before this pass writes any gradient: passes add up and never race.
+  if (open) drain();
+}
+
 StepStats Engine::step() {
   StepStats stats;
   stats.loss_scale = optimizer_->loss_scale();
@@ -411,10 +475,31 @@ StepStats Engine::step() {
   const bool reduce = reducing_now();
   if (reduce) drain();  // buckets the hooks did not already send
   stats.reduce_ms = ms_since(t0);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!saw_backward_) ++missed_backward_;
+    saw_backward_ = false;
+  }
   ++micro_steps_;
   stats.boundary = micro_steps_ % options_.gradient_accumulation_steps == 0;
-  if (stats.boundary) update(stats);
+  if (stats.boundary) {
+    check_backward_calls();
+    update(stats);
+  }
   return stats;
+}
+
+void Engine::check_backward_calls() {
+  const int64_t missed = missed_backward_;
+  missed_backward_ = 0;
+  try {
+    zerort::check_backward_calls(comm_, missed, options_.gradient_accumulation_steps);
+  } catch (const UsageError&) {
+    // The window is dropped whole: its gradients, and its micro-steps in the count.
+    optimizer_->grad_shard().zero_();
+    micro_steps_ -= options_.gradient_accumulation_steps;
+    throw;
+  }
 }
 
 void Engine::update(StepStats& stats) {
@@ -438,7 +523,7 @@ void Engine::update(StepStats& stats) {
   for (auto& g : groups_) {
     for (const Bucket& b : g->buckets) {
       char* base = static_cast<char*>(g->flat_params.data_ptr()) + b.flat_offset * dtype_size(g->dtype);
-      comm_.all_gather(outputs[k++].out, base, b.layout.shard_numel(), g->dtype)->wait();
+      comm_.all_gather(outputs[k++].out, base, b.layout.shard_numel(), g->dtype, static_cast<int64_t>(b.index))->wait();
     }
   }
   stats.gather_ms = ms_since(t1);
@@ -471,7 +556,7 @@ void Engine::refresh_params() {
       char* base = static_cast<char*>(g->flat_params.data_ptr()) + b.flat_offset * esize;
       char* mine = replicated ? base : base + static_cast<size_t>(comm_.rank()) * b.layout.shard_numel() * esize;
       cast_from_f32_on(device_, master + b.opt_offset, mine, g->dtype, b.opt_numel);
-      if (!replicated) comm_.all_gather(mine, base, b.layout.shard_numel(), g->dtype)->wait();
+      if (!replicated) comm_.all_gather(mine, base, b.layout.shard_numel(), g->dtype, static_cast<int64_t>(b.index))->wait();
     }
   }
 }

@@ -2,10 +2,15 @@
 //
 //   Engine engine(params, comm, options);       // params become views of one flat bf16/f16 buffer
 //   for each micro-batch:
+//     engine.begin_backward();                  // before every backward pass
 //     (loss * engine.loss_scale()).backward();  // grads land in the flat low-precision grad buffer
 //     StepStats s = engine.step();              // reduce; at the accumulation boundary, update
 //
 // Gradients are averaged over ranks and micro-steps: do not divide the loss by either.
+// Several backward passes per micro-step add up, as in PyTorch: begin_backward() finishes
+// the reduces the previous pass started before the next one writes gradients. Every rank
+// must run at least one backward pass per micro-step; the step() that ends the
+// accumulation window throws UsageError on every rank, naming the ranks that did not.
 //
 // Stage 0 keeps the whole FP32 state on every rank (DDP); stage 1 shards it and reduces
 // once per accumulation boundary; stage 2 also reduces every micro-step into the FP32
@@ -81,6 +86,10 @@ class Engine {
   // Backward hook entry: parameter i of group g (0: params, 1: fp32_params) has its full
   // gradient for this micro-step. Thread-safe; returns quickly.
   void grad_ready(size_t group, size_t param);
+  // Before each backward pass (the Python engine's backward() calls it): waits for the
+  // reduces a previous pass of this micro-step started, so the next pass adds to what is
+  // left instead of racing with them.
+  void begin_backward();
 
   // Group 0 holds `params` (compute precision), group 1 `fp32_params` when there are any.
   struct Group;
@@ -122,6 +131,7 @@ class Engine {
   const Group& group(size_t g) const;
   void reduce_bucket(Bucket& b);  // its grads -> the FP32 gradient (accumulating)
   void drain();                   // queue every bucket not reduced yet; wait for all
+  void check_backward_calls();    // at a boundary: every rank ran backward in every micro-step
   void enqueue_ready_locked();
   void comm_loop();
   bool reducing_now() const;      // does this micro-step reduce (stage 2, or a boundary)?
@@ -144,13 +154,19 @@ class Engine {
   Bucket* slot_owner_[2] = {nullptr, nullptr};
   size_t overflow_peak_ = 0;                   // largest one-off pack buffer (out-of-order grads)
   int64_t micro_steps_ = 0, global_step_ = 0, skipped_steps_ = 0;
+  bool saw_backward_ = false;       // a backward pass ran in this micro-step
+  int64_t missed_backward_ = 0;     // micro-steps of this window without one
 
   // The comm thread and its queue of buckets (indices into buckets_).
   std::mutex mu_;
   std::condition_variable cv_;
   std::deque<size_t> queue_;
   size_t next_to_queue_ = 0;  // buckets are queued strictly in order, on every rank alike
-  size_t reduced_ = 0;        // buckets the comm thread finished this micro-step
+  size_t reduced_ = 0;        // buckets the comm thread finished this round
+  bool round_open_ = false;   // a backward pass of this micro-step started reducing
+  // Per group: parameters whose gradient this round already reported (a second report
+  // means a backward pass that did not go through begin_backward()).
+  std::vector<std::vector<bool>> reported_;
   bool stop_ = false;
   std::exception_ptr comm_error_;
   std::thread comm_thread_;

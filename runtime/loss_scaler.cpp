@@ -41,7 +41,11 @@ void LossScaler::update(bool overflow) {
     s.last_overflow_iteration = s.iteration;
   } else {
     if (options_.consecutive_hysteresis) s.hysteresis_left = options_.hysteresis;
-    if ((s.iteration - s.last_overflow_iteration) % options_.window == 0) {
+    // DeepSpeed >= 0.17.1 (PR #6976): stable is 0 on the first clean step after an overflow
+    // (and on the first step of training), so the scale first doubles on the
+    // (window + 1)-th clean step in a row, then every window clean steps.
+    const int64_t stable = s.iteration - s.last_overflow_iteration - 1;
+    if (stable > 0 && stable % options_.window == 0) {
       s.hysteresis_left = options_.hysteresis;
       s.scale *= options_.factor;
     }

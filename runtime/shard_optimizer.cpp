@@ -33,6 +33,7 @@ const OptimizerOptions& validated(const OptimizerOptions& o) {
             o.gradient_accumulation_steps);
   ZRT_CHECK(o.gradient_clipping >= 0 && std::isfinite(o.gradient_clipping),
             "gradient_clipping must be >= 0 (0 disables), got ", o.gradient_clipping);
+  check_adamw_hyper(o.adamw, "optimizer options (AdamWHyper)");  // at construction, not at the first step
   return o;
 }
 

@@ -13,7 +13,7 @@ import os
 
 import torch
 
-from . import _C
+from . import _C, lifecycle
 from ._tensor_args import buffer, dtype_name
 
 
@@ -26,9 +26,10 @@ def init(backend="auto", timeout_s=600.0, check_consistency=True):
     """Creates a Communicator. backend: 'auto', 'mpi', 'gloo', 'nccl' (CUDA tensors on
     cuda:LOCAL_RANK) or 'inprocess' (one rank). 'auto' picks by launcher: mpi under mpirun,
     gloo under torchrun. gloo initialises torch.distributed (env:// rendezvous on MASTER_ADDR/MASTER_PORT, with
-    timeout_s as the process group's timeout) unless it is already initialised. gloo's
-    reduce_scatter honours only the process group's timeout, so when you initialise
-    torch.distributed yourself, pass it the same timeout."""
+    timeout_s as the process group's timeout) unless it is already initialised; a group it
+    initialises it also destroys at exit (zerort.lifecycle). gloo's reduce_scatter honours
+    only the process group's timeout, so when you initialise torch.distributed yourself,
+    pass it the same timeout."""
     name = _C.resolve_backend(backend)
     if name == "nccl":
         return _init_nccl(timeout_s, check_consistency)
@@ -41,6 +42,7 @@ def init(backend="auto", timeout_s=600.0, check_consistency=True):
         dist.init_process_group("gloo", init_method="env://", rank=env["rank"],
                                 world_size=env["world_size"],
                                 timeout=datetime.timedelta(seconds=timeout_s))
+        lifecycle.created_process_group(dist.group.WORLD)
     group = dist.group.WORLD
     return Communicator(_C.make_gloo_communicator(group.group_name, timeout_s, check_consistency))
 
@@ -81,6 +83,13 @@ class Communicator:
     def __init__(self, impl, device="cpu"):
         self._c = impl
         self.device = torch.device(device)  # where this backend's buffers live
+        lifecycle.track_comm(self)  # closed at exit if still alive
+
+    def _close(self):
+        """Drops the C++ communicator now (zerort.lifecycle, at exit, after every engine that
+        used it): for gloo, its reference to c10d's backend goes while the interpreter is
+        whole. Unusable afterwards."""
+        self._c = None
 
     @property
     def rank(self):
@@ -122,28 +131,30 @@ class Communicator:
                                dtype_name(out, "out"), op)
         return out
 
-    def reduce_scatter_accumulate(self, inp, out, accumulate=False):
+    # tag (reduce_scatter_accumulate, all_gather): what the call serves, a bucket or unit
+    # index; the cross-rank check requires every rank to pass the same one (-1: none).
+    def reduce_scatter_accumulate(self, inp, out, accumulate=False, tag=-1):
         """inp: bf16/f16 with size*out.numel() elements; out: float32 shard."""
         n = out.numel()
         self._c.reduce_scatter_accumulate(self._ptr(inp, "inp", n * self.size), dtype_name(inp, "inp"),
-                                          self._ptr(out, "out", dtype=torch.float32), n, accumulate)
+                                          self._ptr(out, "out", dtype=torch.float32), n, accumulate, tag)
         return out
 
-    def all_gather(self, inp, out):
+    def all_gather(self, inp, out, tag=-1):
         if self._needs_staging(inp, out):
-            return self._staged(self.all_gather, inp, out)
+            return self._staged(lambda i, o: self.all_gather(i, o, tag), inp, out)
         n = inp.numel()
         self._c.all_gather(self._ptr(inp, "inp"), self._ptr(out, "out", n * self.size, inp.dtype), n,
-                           dtype_name(inp, "inp"))
+                           dtype_name(inp, "inp"), tag)
         return out
 
-    def all_gather_async(self, inp, out):
+    def all_gather_async(self, inp, out, tag=-1):
         """Starts an all_gather; returns a handle whose .wait() finishes it. Keep inp and out
         alive until then (the handle holds references). On CUDA it runs on the
         communicator's own stream, so it overlaps compute."""
         n = inp.numel()
         work = self._c.all_gather_async(self._ptr(inp, "inp"), self._ptr(out, "out", n * self.size, inp.dtype), n,
-                                        dtype_name(inp, "inp"))
+                                        dtype_name(inp, "inp"), tag)
         return _Pending(work, (inp, out))
 
     def all_to_all(self, inp, out):

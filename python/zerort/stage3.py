@@ -9,7 +9,7 @@ gather a unit just before its forward and again when backward reaches its output
 reduce-scattered at once into this rank's FP32 gradient shard. Parameters under
 stage3.persistence_threshold elements, parameters shared by several units (tied weights)
 and parameters on the root module itself stay whole in one persistent group, refreshed by
-an all-gather after every step; parameters of FP32 modules (config fp32_modules) likewise,
+an all-gather after every step; parameters of FP32 modules (norm layers: zerort.precision) likewise,
 in a persistent FP32 group. Frozen parameters stay whole in the working precision.
 
 Limits: call units (or the model), not a unit's submodules directly; and autograd keeps a
@@ -66,6 +66,7 @@ class Stage3:
         self.groups, self.unit_of = [], {}
         for name, module, ps, fp32, persistent in plan_units(model, params, fp32_ids, config):
             g = _Group(name, ps, W, torch.float32 if fp32 else dtype, persistent)
+            g.index = len(self.groups)  # the tag of its collectives: ranks must serve the same unit
             self.groups.append(g)
             if module is not None:
                 self.unit_of[module] = g
@@ -97,6 +98,8 @@ class Stage3:
         self.in_backward = False
         self._pinned = 0  # > 0 inside gathered(): nothing is freed
         self.micro_steps = self.global_step = self.skipped_steps = 0
+        self.saw_backward = False  # a backward pass ran in this micro-step
+        self.missed_backward = 0   # micro-steps of this window without one
 
     # ---- gather / free --------------------------------------------------------------
     def _start_gather(self, g):
@@ -105,7 +108,8 @@ class Stage3:
             if not g.persistent:
                 self.gathered_bytes += g.nbytes
                 self.gathered_peak = max(self.gathered_peak, self.gathered_bytes)
-            g.pending = self.comm.all_gather_async(g.lp_slice, g.full_buf)
+            with _naming(g, "gathering"):
+                g.pending = self.comm.all_gather_async(g.lp_slice, g.full_buf, tag=g.index)
 
     def _gather(self, g):
         t0 = time.perf_counter()
@@ -180,6 +184,7 @@ class Stage3:
 
         def hook(p):
             self = alive(ref)
+            self.saw_backward = True
             g.ready += 1
             if g.ready == g.expected:
                 self._reduce(g)
@@ -195,8 +200,9 @@ class Stage3:
             if p.grad is not None:
                 view.copy_(p.grad)
                 p.grad = None
-        self.comm.reduce_scatter_accumulate(packed, self.grad_shard[g.grad_off:g.grad_off + g.shard],
-                                            accumulate=True)
+        with _naming(g, "reducing the gradients of"):
+            self.comm.reduce_scatter_accumulate(packed, self.grad_shard[g.grad_off:g.grad_off + g.shard],
+                                                accumulate=True, tag=g.index)
         g.ready = 0
         self._free(g)
         self._reduce_s += time.perf_counter() - t0
@@ -209,17 +215,32 @@ class Stage3:
     def set_lr(self, lr):
         self.opt.set_lr(lr)
 
+    def begin_backward(self):
+        """Before each backward pass (_C.Engine's interface). Units reduce as each pass
+        ends, so passes add up without waiting here."""
+        self.saw_backward = True
+
     def step(self):
         for g in self.groups:  # params that got no gradient this micro-step
             if g.ready:
                 self._reduce(g)
+        self.missed_backward += not self.saw_backward
+        self.saw_backward = False
         self.micro_steps += 1
-        boundary = self.micro_steps % self.config.gradient_accumulation_steps == 0
+        window = self.config.gradient_accumulation_steps
+        boundary = self.micro_steps % window == 0
         stats = {"boundary": boundary, "skipped": False, "loss_scale": self.opt.loss_scale,
                  "reduce_ms": 1e3 * self._reduce_s, "gather_ms": 1e3 * self._gather_s}
         self._reduce_s = self._gather_s = 0.0
         if not boundary:
             return stats
+        missed, self.missed_backward = self.missed_backward, 0
+        try:
+            _C.check_backward_calls(self.comm._c, missed, window)
+        except _C.Error:
+            self.grad_shard.zero_()  # the window is dropped whole, as _C.Engine does
+            self.micro_steps -= window
+            raise
         self.global_step += 1
         s = self.opt.step([(g.grad_off, g.lp_slice) for g in self.groups])
         stats.update({k: v for k, v in s.items() if k not in ("reduce_ms", "gather_ms")})
@@ -286,6 +307,16 @@ class Stage3:
         out = torch.empty(group.layout.padded_numel, dtype=group.dtype, device=self.device)
         self.comm.all_gather(group.lp_slice.clone(), out)
         return out
+
+
+@contextlib.contextmanager
+def _naming(g, doing):
+    """A collective's error says which unit this rank was serving (ranks that take different
+    paths through the model gather or reduce different units)."""
+    try:
+        yield
+    except _C.Error as e:
+        raise type(e)(f"{e}\n(this rank was {doing} stage-3 unit {g.index}, {g.name!r})") from e
 
 
 def alive(ref):

@@ -69,8 +69,13 @@ EngineRun run_engine(Communicator& comm, const RunConfig& config) {
   const int64_t gas = config.options.gradient_accumulation_steps;
   for (int step = 0; step < config.steps; ++step) {
     for (int64_t micro = 0; micro < gas; ++micro) {
-      auto [x, y] = batch(step, comm.rank(), micro);
-      forward_backward(params, x, y, engine.loss_scale());
+      const bool skip = config.skip_backward && config.skip_backward(step, comm.rank(), micro);
+      for (int k = 0; k < config.passes && !skip; ++k) {
+        auto [x, y] = batch(step, comm.rank(), micro * config.passes + k);
+        engine.begin_backward();
+        forward_backward(params, x, y, engine.loss_scale());
+        for (size_t i = params.size(); config.report_grads && i-- > 0;) engine.grad_ready(0, i);
+      }
       if (config.after_backward) config.after_backward(params, step, comm.rank());
       run.stats.push_back(engine.step());
     }
@@ -116,16 +121,20 @@ Reference run_reference(int world, const RunConfig& config, const std::vector<do
         p.push_back(flat.narrow(0, off, numel).view(s).detach().clone().requires_grad_(true));
         off += numel;
       }
-      for (int64_t micro = 0; micro < gas; ++micro) {  // autograd sums micro-steps in lp (stage 1)
-        auto [x, y] = batch(step, r, micro);
-        if (o.stage == 2) for (auto& t : p) t.mutable_grad() = at::Tensor();  // fresh per micro-step
-        forward_backward(p, x, y, scale);
-        if (o.stage == 2 || micro == gas - 1) {
+      // Autograd sums micro-steps in low precision until the reducing one (stages 0, 1);
+      // stage 2 reduces every micro-step. Each pass of a reducing micro-step is reduced on
+      // its own (the engine's begin_backward()), so it is summed here in FP64.
+      for (int64_t micro = 0; micro < gas; ++micro) {
+        for (int pass = 0; pass < config.passes; ++pass) {
+          auto [x, y] = batch(step, r, micro * config.passes + pass);
+          forward_backward(p, x, y, scale);
+          if (o.stage != 2 && micro != gas - 1) continue;
           size_t k = 0;
           for (auto& t : p) {
             if (!t.grad().defined()) { k += static_cast<size_t>(t.numel()); continue; }
             auto g = t.grad().to(at::kDouble).contiguous();
             for (int64_t i = 0; i < g.numel(); ++i) grad[k++] += g.data_ptr<double>()[i];
+            t.mutable_grad() = at::Tensor();
           }
         }
       }

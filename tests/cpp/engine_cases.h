@@ -28,6 +28,12 @@ struct RunConfig {
   int steps = 20;  // optimizer boundaries
   // Called after backward, before step(): may corrupt this rank's gradients (params[i].grad()).
   std::function<void(std::vector<at::Tensor>& params, int step, int rank)> after_backward;
+  int passes = 1;  // backward passes per micro-step, each on its own micro-batch; they add up
+  // After each pass, report every gradient to grad_ready() in backward's order, as the
+  // Python engine's post-accumulate-grad hooks do (buckets then reduce during backward).
+  bool report_grads = false;
+  // When it returns true, this rank runs no backward pass in that micro-step.
+  std::function<bool(int step, int rank, int64_t micro)> skip_backward;
 };
 
 EngineOptions default_options(int stage, DType precision);

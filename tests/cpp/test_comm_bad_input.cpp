@@ -29,7 +29,10 @@ TEST(CommBadInput, CountMismatchAcrossRanksRaisesOnEveryRank) {
   for (int r = 0; r < 3; ++r) {
     EXPECT_NE(errors[r].find("count differs across ranks"), std::string::npos) << errors[r];
     EXPECT_NE(errors[r].find("all_reduce"), std::string::npos) << errors[r];
-    EXPECT_NE(errors[r].find("from 7 to 8"), std::string::npos) << errors[r];
+    // Every rank's error lists what each rank called.
+    EXPECT_NE(errors[r].find("rank 0: all_reduce(count=7"), std::string::npos) << errors[r];
+    EXPECT_NE(errors[r].find("rank 1: all_reduce(count=8"), std::string::npos) << errors[r];
+    EXPECT_NE(errors[r].find("rank 2: all_reduce(count=7"), std::string::npos) << errors[r];
   }
 }
 
@@ -48,6 +51,20 @@ TEST(CommBadInput, DifferentCollectivesRaise) {
     else comm.broadcast(&x, 1, DType::kFloat32, 0)->wait();
   });
   for (const auto& e : errors) EXPECT_NE(e.find("different collectives"), std::string::npos) << e;
+}
+
+// Same collective, count and dtype, but for different buckets or units (ranks that took
+// different paths through a model): the tag differs, and every rank's error lists each call.
+TEST(CommBadInput, TagMismatchAcrossRanksRaisesOnEveryRank) {
+  auto errors = run_ranks(2, [&](Communicator& comm) {
+    std::vector<float> in(4, 1.0f), out(8);
+    comm.all_gather(in.data(), out.data(), 4, DType::kFloat32, comm.rank() == 0 ? 3 : 4)->wait();
+  });
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_NE(errors[r].find("tag differs across ranks"), std::string::npos) << errors[r];
+    EXPECT_NE(errors[r].find("rank 0: all_gather(count=4, dtype=f32, tag=3)"), std::string::npos) << errors[r];
+    EXPECT_NE(errors[r].find("rank 1: all_gather(count=4, dtype=f32, tag=4)"), std::string::npos) << errors[r];
+  }
 }
 
 TEST(CommBadInput, NullBufferNamesTheCall) {

@@ -10,8 +10,10 @@
 #include <limits>
 #include <memory>
 #include <random>
+#include <string>
 #include <vector>
 
+#include "comm/error.h"
 #include "optim/adamw.h"
 #include "optim/cast.h"
 #include "optim/grad_stats.h"
@@ -142,6 +144,34 @@ TEST_P(OptimKernels, AdamWMatchesDoubleReferenceAndWritesBf16Params) {
     ASSERT_NEAR(master[i], rp[i], 1e-5 * (1 + std::fabs(rp[i]))) << "element " << i;
     ASSERT_EQ(param[i], ref_bf16(master[i])) << "element " << i;
   }
+}
+
+// eps = 0 made the update 0 / 0 = NaN where a gradient and its moments are 0; eps must be a
+// finite number > 0, as must every other hyperparameter be in range, before anything moves.
+TEST(AdamWHyperCheck, EpsMustBeFiniteAndPositive) {
+  for (double eps : {0.0, -1e-8, std::numeric_limits<double>::quiet_NaN(), std::numeric_limits<double>::infinity()}) {
+    AdamWHyper h{1e-3, 0.9, 0.999, eps, 0.0};
+    try {
+      check_adamw_hyper(h, "test");
+      ADD_FAILURE() << "eps " << eps << " was accepted";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("test: eps must be a finite number > 0 (e.g. 1e-8)"), std::string::npos)
+          << e.what();
+    }
+    const size_t n = 3;
+    auto g = exact(std::vector<float>(n, 0.0f));
+    auto master = exact(std::vector<float>{1.0f, 2.0f, 3.0f});
+    auto m = exact(std::vector<float>(n, 0.0f));
+    auto v = exact(std::vector<float>(n, 0.0f));
+    AdamWStep s;
+    s.hyper = h;
+    EXPECT_THROW(adamw_step({g.get(), DType::kFloat32, master.get(), m.get(), v.get(), nullptr, DType::kBFloat16, n}, s),
+                 Error);
+    EXPECT_EQ(master[0], 1.0f);  // nothing moved
+  }
+  check_adamw_hyper(AdamWHyper{1e-3, 0.9, 0.999, 1e-30, 0.0}, "test");  // any positive eps is taken
+  AdamWHyper bad_betas{1e-3, 1.0, 0.999, 1e-8, 0.0};
+  EXPECT_THROW(check_adamw_hyper(bad_betas, "test"), Error);
 }
 
 INSTANTIATE_TEST_SUITE_P(Counts, OptimKernels,
