@@ -145,9 +145,10 @@ void Communicator::check_consistent_across_ranks(const CollectiveDesc& d) {
   auto work = do_all_reduce(buf.data(), probe);
   work->keep_alive(owned);
   wait_probe(work, "the argument check");
+  // The first field that differs, the collective and the tag (what it serves) first.
   size_t first = kProbeFields;
-  for (size_t i = 0; i < kProbeFields && first == kProbeFields; ++i) {
-    if (buf[i] != -buf[kProbeFields + i]) first = i;
+  for (size_t i : {0, 5, 1, 2, 3, 4}) {
+    if (first == kProbeFields && buf[i] != -buf[kProbeFields + i]) first = i;
   }
   if (first == kProbeFields) return;
   // Every rank saw the same max and min, so every rank is here: gather each rank's call so

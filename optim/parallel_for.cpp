@@ -4,7 +4,6 @@
 #include <atomic>
 #include <cstdlib>
 #include <exception>
-#include <system_error>
 #include <thread>
 #include <vector>
 
@@ -38,11 +37,18 @@ void parallel_for(size_t n, size_t block, const std::function<void(size_t, size_
       }
     }
   };
+  // Every thread started is joined before this returns: `work` never throws, and the
+  // vector never reallocates once a thread runs (a failed reallocation would destroy
+  // joinable threads, which ends the process).
   std::vector<std::thread> threads;
-  for (size_t t = 1; t < workers; ++t) {
+  try {
+    threads.reserve(workers - 1);
+  } catch (...) {  // no memory for the handles: the caller's thread does every block
+  }
+  for (size_t t = 1; t < workers && threads.size() < threads.capacity(); ++t) {
     try {
       threads.emplace_back(work);
-    } catch (const std::system_error&) {
+    } catch (...) {
       break;  // out of threads: the caller's thread and those started do all the blocks
     }
   }

@@ -16,6 +16,7 @@
 #include "runtime/device_kernels.h"
 #include "partition/bucket_plan.h"
 #include "partition/shard_layout.h"
+#include "python/without_gil.h"
 #include "zerort/config.h"
 #if ZERORT_WITH_NCCL
 #include "comm/nccl/nccl_communicator.h"
@@ -25,6 +26,7 @@ namespace py = pybind11;
 using namespace zerort;
 
 void bind_engine(py::module_& m);  // engine_bindings.cpp
+void bind_allocator(py::module_& m);  // allocator_bindings.cpp
 
 namespace {
 
@@ -64,11 +66,14 @@ PYBIND11_MODULE(_C, m) {
   m.doc() = "zerort C++ core";
   static py::exception<Error> error(m, "Error", PyExc_RuntimeError);
   static py::exception<TimeoutError> timeout_error(m, "CommTimeoutError", error.ptr());
+  static py::exception<UsageError> usage_error(m, "UsageError", error.ptr());
   py::register_exception_translator([](std::exception_ptr p) {
     try {
       if (p) std::rethrow_exception(p);
     } catch (const TimeoutError& e) {
       py::set_error(timeout_error, e.what());
+    } catch (const UsageError& e) {
+      py::set_error(usage_error, e.what());
     } catch (const Error& e) {
       py::set_error(error, e.what());
     }
@@ -76,6 +81,7 @@ PYBIND11_MODULE(_C, m) {
 
   m.attr("__version__") = ZERORT_VERSION;
   bind_engine(m);
+  bind_allocator(m);
   m.attr("with_mpi") = static_cast<bool>(ZERORT_WITH_MPI);
   m.attr("with_cuda") = static_cast<bool>(ZERORT_WITH_CUDA);
   m.attr("with_nccl") = static_cast<bool>(ZERORT_WITH_NCCL);
@@ -101,7 +107,9 @@ PYBIND11_MODULE(_C, m) {
         w.wait();
       });
 
-  py::class_<Communicator>(m, "Communicator")
+  // Deleted without the GIL (python/without_gil.h): a gloo communicator's last reference to
+  // c10d's backend joins gloo's worker threads.
+  py::class_<Communicator, std::shared_ptr<Communicator>>(m, "Communicator")
       .def_property_readonly("rank", &Communicator::rank)
       .def_property_readonly("size", &Communicator::size)
       .def_property_readonly("backend", &Communicator::backend_name)
@@ -116,20 +124,22 @@ PYBIND11_MODULE(_C, m) {
         run([&] { return c.reduce_scatter(ptr(in), ptr(out), n, parse_dtype(dt), parse_op(op)); });
       })
       .def("reduce_scatter_accumulate", [](Communicator& c, uintptr_t in, const std::string& dt,
-                                           uintptr_t out, size_t n, bool accumulate) {
+                                           uintptr_t out, size_t n, bool accumulate, int64_t tag) {
         run([&] {
           return c.reduce_scatter_accumulate(ptr(in), parse_dtype(dt), static_cast<float*>(ptr(out)),
-                                             n, accumulate);
+                                             n, accumulate, tag);
         });
-      })
+      }, py::arg("inp"), py::arg("dtype"), py::arg("out"), py::arg("n"), py::arg("accumulate"),
+         py::arg("tag") = kNoTag)
       .def("all_gather", [](Communicator& c, uintptr_t in, uintptr_t out, size_t n,
-                            const std::string& dt) {
-        run([&] { return c.all_gather(ptr(in), ptr(out), n, parse_dtype(dt)); });
-      })
+                            const std::string& dt, int64_t tag) {
+        run([&] { return c.all_gather(ptr(in), ptr(out), n, parse_dtype(dt), tag); });
+      }, py::arg("inp"), py::arg("out"), py::arg("n"), py::arg("dtype"), py::arg("tag") = kNoTag)
       .def("all_gather_async", [](Communicator& c, uintptr_t in, uintptr_t out, size_t n,
-                                  const std::string& dt) {
-        return c.all_gather(ptr(in), ptr(out), n, parse_dtype(dt));  // may block in the arg check
-      }, py::call_guard<py::gil_scoped_release>())
+                                  const std::string& dt, int64_t tag) {
+        return c.all_gather(ptr(in), ptr(out), n, parse_dtype(dt), tag);  // may block in the arg check
+      }, py::arg("inp"), py::arg("out"), py::arg("n"), py::arg("dtype"), py::arg("tag") = kNoTag,
+         py::call_guard<py::gil_scoped_release>())
       .def("all_to_all", [](Communicator& c, uintptr_t in, uintptr_t out, size_t n,
                             const std::string& dt) {
         run([&] { return c.all_to_all(ptr(in), ptr(out), n, parse_dtype(dt)); });
@@ -141,10 +151,10 @@ PYBIND11_MODULE(_C, m) {
 
   m.def("make_communicator", [](const std::string& backend, double timeout_s, bool check) {
     py::gil_scoped_release release;  // MPI_Init may take a while
-    return make_communicator(backend, detect_launch_env(), comm_options(timeout_s, check));
+    return owned_without_gil(make_communicator(backend, detect_launch_env(), comm_options(timeout_s, check)));
   }, py::arg("backend"), py::arg("timeout_s"), py::arg("check_consistency"));
   m.def("make_gloo_communicator", [](const std::string& group_name, double timeout_s, bool check) {
-    return make_gloo_communicator(group_name, comm_options(timeout_s, check));
+    return owned_without_gil(make_gloo_communicator(group_name, comm_options(timeout_s, check)));
   }, py::arg("group_name"), py::arg("timeout_s"), py::arg("check_consistency"));
 
 #if ZERORT_WITH_NCCL
@@ -152,7 +162,7 @@ PYBIND11_MODULE(_C, m) {
   m.def("make_nccl_communicator", [](int rank, int size, int device, py::bytes id, double timeout_s, bool check) {
     std::string raw = id;
     py::gil_scoped_release release;  // waits for every rank to join
-    return make_nccl_communicator(rank, size, device, raw, comm_options(timeout_s, check));
+    return owned_without_gil(make_nccl_communicator(rank, size, device, raw, comm_options(timeout_s, check)));
   }, py::arg("rank"), py::arg("size"), py::arg("device"), py::arg("unique_id"), py::arg("timeout_s"),
      py::arg("check_consistency"));
 #endif

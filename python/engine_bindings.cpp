@@ -6,6 +6,8 @@
 #include <iterator>
 
 #include "comm/error.h"
+#include "python/without_gil.h"
+#include "runtime/backward_check.h"
 #include "runtime/engine.h"
 #include "runtime/shard_optimizer.h"
 
@@ -96,6 +98,9 @@ EngineOptions engine_options(const py::kwargs& kw) {
 }  // namespace
 
 void bind_engine(py::module_& m) {
+  m.def("check_backward_calls", [](Communicator& comm, int64_t missed, int64_t window) {
+    check_backward_calls(comm, missed, window);  // stage 3 (python/zerort/stage3.py)
+  }, py::arg("comm"), py::arg("missed"), py::arg("window"), py::call_guard<py::gil_scoped_release>());
   py::class_<ShardOptimizer>(m, "ShardOptimizer")
       .def(py::init([](at::Tensor master, Communicator& comm, const py::kwargs& kw) {
              return std::make_unique<ShardOptimizer>(std::move(master), comm, optimizer_options(engine_options(kw)));
@@ -133,15 +138,20 @@ void bind_engine(py::module_& m) {
       .def("state", [](const ShardOptimizer& o) { return state_dict(o.scaler_state(), o.adam_steps()); })
       .def("load_state", [](ShardOptimizer& o, py::dict d) { o.load_state(scaler_state(d), d["adam_steps"].cast<int64_t>()); });
 
-  py::class_<Engine>(m, "Engine")
+  // Deleted without the GIL (python/without_gil.h): ~Engine joins the comm thread.
+  py::class_<Engine, std::shared_ptr<Engine>>(m, "Engine")
       .def(py::init([](std::vector<at::Tensor> params, std::vector<at::Tensor> fp32_params, Communicator& comm,
-                       const py::kwargs& kw) {
+                       std::vector<std::pair<std::vector<size_t>, bool>> units, const py::kwargs& kw) {
              EngineOptions o = engine_options(kw);
+             std::vector<UnitSpec> specs;  // stage 3: (parameter indices, persistent)
+             for (auto& [ps, persistent] : units) specs.push_back({std::move(ps), persistent});
              py::gil_scoped_release release;  // the initial broadcast is a collective
-             return std::make_unique<Engine>(std::move(params), comm, o, std::move(fp32_params));
+             return owned_without_gil(
+                 std::make_unique<Engine>(std::move(params), comm, o, std::move(fp32_params), std::move(specs)));
            }),
            py::keep_alive<1, 4>(),  // the engine holds the communicator by reference
-           py::arg("params"), py::arg("fp32_params"), py::arg("comm"))
+           py::arg("params"), py::arg("fp32_params"), py::arg("comm"),
+           py::arg("units") = std::vector<std::pair<std::vector<size_t>, bool>>{})
       .def("step", [](Engine& e) {
         StepStats s;
         {
@@ -161,6 +171,19 @@ void bind_engine(py::module_& m) {
       .def_property_readonly("adam_steps", &Engine::adam_steps)
       .def_property_readonly("num_groups", &Engine::num_groups)
       .def("grad_ready", &Engine::grad_ready)  // from post-accumulate-grad hooks
+      .def("begin_backward", &Engine::begin_backward, py::call_guard<py::gil_scoped_release>())
+      // Stage 3's units (from python/zerort/stage3.py's module hooks). gather and
+      // hold_gathered wait for the comm thread; release may wait for a gather in flight.
+      .def("prefetch", &Engine::prefetch, py::call_guard<py::gil_scoped_release>())
+      .def("gather", &Engine::gather, py::call_guard<py::gil_scoped_release>())
+      .def("release", &Engine::release, py::call_guard<py::gil_scoped_release>())
+      .def("hold_gathered", &Engine::hold_gathered, py::call_guard<py::gil_scoped_release>())
+      .def_property_readonly("num_buckets", &Engine::num_buckets)
+      .def_property_readonly("gathered_bytes", &Engine::gathered_bytes)
+      .def_property_readonly("gathered_peak", &Engine::gathered_peak)
+      .def("reset_gathered_peak", &Engine::reset_gathered_peak)
+      .def_property_readonly("resident_param_bytes", &Engine::resident_param_bytes)
+      .def_property_readonly("stage", [](const Engine& e) { return e.options().stage; })
       .def("param_offset", &Engine::param_offset)
       .def("gather_master", [](const Engine& e, size_t g) {
         py::gil_scoped_release release;  // a collective

@@ -11,6 +11,7 @@
 #include "comm/error.h"
 #include "runtime/backward_check.h"
 #include "runtime/device_kernels.h"
+#include "runtime/engine_parts.h"
 #include "partition/bucket_plan.h"
 
 // pthread_exit unwinds a thread with a "forced unwind" that a catch (...) must rethrow:
@@ -24,34 +25,6 @@
 #endif
 
 namespace zerort {
-
-// A run of consecutive parameters (in reduce order) with its own W-way shard layout.
-struct Engine::Bucket {
-  size_t group = 0;
-  size_t index = 0;            // in buckets_: the reduce order, and the collectives' tag
-  std::vector<size_t> params;  // indices into the group's params
-  ShardLayout layout{{}, 1, 1};
-  size_t flat_offset = 0;      // in the group's flat buffers
-  size_t opt_offset = 0;       // in the optimizer's master
-  size_t opt_numel = 0;        // shard_numel (stages 1, 2) or padded_numel (stage 0)
-  size_t waiting = 0;          // parameters whose gradient is not complete yet
-  // Stage 2: the pack buffer holding this bucket's low-precision gradients (a pool slot,
-  // or -1), and which parameters' gradients were already copied into it.
-  int slot = -1;
-  at::Tensor overflow;  // a one-off buffer when both slots are taken by later buckets
-  std::vector<bool> packed;
-};
-
-struct Engine::Group {
-  DType dtype;
-  std::vector<at::Tensor> params;
-  std::vector<size_t> param_offset;  // in the flat buffers
-  std::vector<size_t> param_bucket;  // index into buckets
-  std::vector<Bucket> buckets;
-  size_t numel = 0;
-  at::Tensor flat_params, flat_grads;
-  size_t opt_offset = 0, opt_numel = 0;
-};
 
 namespace {
 
@@ -97,10 +70,29 @@ c10::Device common_device(const std::vector<at::Tensor>& a, const std::vector<at
 }
 
 const EngineOptions& validated(const EngineOptions& o) {
-  ZRT_CHECK(o.stage >= 0 && o.stage <= 2, "stage must be 0, 1 or 2 in this engine, got ", o.stage,
-            " (stage 3 lives in the Python package: zerort.initialize)");
+  ZRT_CHECK(o.stage >= 0 && o.stage <= 3, "stage must be 0, 1, 2 or 3, got ", o.stage);
   ZRT_CHECK(o.reduce_bucket_numel >= 1, "reduce_bucket_numel must be >= 1, got ", o.reduce_bucket_numel);
   return o;
+}
+
+// Stage 3: the units as bucket plans, after checking they cover every parameter once.
+std::vector<BucketPlan> unit_plans(const std::vector<UnitSpec>& units, const std::vector<size_t>& sizes,
+                                   int world, size_t alignment) {
+  std::vector<int> seen(sizes.size(), 0);
+  std::vector<BucketPlan> plans;
+  for (size_t u = 0; u < units.size(); ++u) {
+    std::vector<size_t> numels;
+    for (size_t i : units[u].params) {
+      ZRT_CHECK(i < sizes.size(), "Engine: unit ", u, " names parameter ", i, " but there are ", sizes.size());
+      ZRT_CHECK(seen[i]++ == 0, "Engine: parameter ", i, " is in more than one unit");
+      numels.push_back(sizes[i]);
+    }
+    plans.push_back({units[u].params, ShardLayout(numels, world, alignment)});
+  }
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    ZRT_CHECK(seen[i] == 1, "Engine: parameter ", i, " is in no unit; stage 3's units must cover every parameter");
+  }
+  return plans;
 }
 
 double ms_since(std::chrono::steady_clock::time_point t0) {
@@ -122,14 +114,15 @@ OptimizerOptions optimizer_options(const EngineOptions& e) {
 }
 
 Engine::Engine(std::vector<at::Tensor> params, Communicator& comm, EngineOptions options,
-               std::vector<at::Tensor> fp32_params)
+               std::vector<at::Tensor> fp32_params, std::vector<UnitSpec> units)
     : comm_(comm), options_(validated(options)), device_(common_device(params, fp32_params, comm)) {
-  const bool replicated = options_.stage == 0;
+  const bool replicated = options_.stage == 0, stage3 = options_.stage == 3;
+  ZRT_CHECK(stage3 || units.empty(), "Engine: units are for stage 3; stages 0-2 plan their buckets by size");
   const auto f32 = at::TensorOptions().dtype(at::kFloat).device(device_);
   const int64_t rank = comm_.rank();
   std::vector<at::Tensor> master_parts;
   size_t opt_total = 0;
-  auto add_group = [&](std::vector<at::Tensor> ps, DType dtype, const char* what) {
+  auto add_group = [&](std::vector<at::Tensor> ps, DType dtype, const char* what, const std::vector<UnitSpec>& plan) {
     check_params(ps, what);
     auto g = std::make_unique<Group>();
     g->dtype = dtype;
@@ -137,15 +130,23 @@ Engine::Engine(std::vector<at::Tensor> params, Communicator& comm, EngineOptions
     const size_t n = g->params.size();
     g->param_offset.resize(n);
     g->param_bucket.resize(n);
-    // Buckets in reverse parameter order: the order backward completes gradients.
+    // Buckets in reverse parameter order: the order backward completes gradients. At
+    // stage 3 the caller's units instead, in its order.
     std::vector<size_t> sizes;
-    for (const auto& p : g->params) sizes.push_back(static_cast<size_t>(p.numel()));
+    for (const auto& p : g->params) {
+      sizes.push_back(static_cast<size_t>(p.numel()));
+      g->shapes.push_back(p.sizes().vec());
+    }
     size_t flat = 0;
-    for (BucketPlan& plan : plan_buckets(sizes, comm_.size(), options_.reduce_bucket_numel, options_.alignment)) {
+    const std::vector<BucketPlan> plans =
+        plan.empty() ? plan_buckets(sizes, comm_.size(), options_.reduce_bucket_numel, options_.alignment)
+                     : unit_plans(plan, sizes, comm_.size(), options_.alignment);
+    for (size_t u = 0; u < plans.size(); ++u) {
       Bucket b;
       b.group = groups_.size();
-      b.params = std::move(plan.params);
-      b.layout = std::move(plan.layout);
+      b.params = plans[u].params;
+      b.layout = plans[u].layout;
+      b.persistent = plan.empty() || plan[u].persistent;
       b.flat_offset = flat;
       b.opt_offset = opt_total;
       b.opt_numel = replicated ? b.layout.padded_numel() : b.layout.shard_numel();
@@ -171,8 +172,21 @@ Engine::Engine(std::vector<at::Tensor> params, Communicator& comm, EngineOptions
                       DType::kFloat32, 0)->wait();
     }
     const auto opts = at::TensorOptions().dtype(scalar_type(dtype)).device(device_);
-    g->flat_params = at::empty({padded}, opts);
-    cast_from_f32_on(device_, flat32.data_ptr<float>(), g->flat_params.data_ptr(), dtype, static_cast<size_t>(padded));
+    if (!stage3) {
+      g->flat_params = at::empty({padded}, opts);
+      cast_from_f32_on(device_, flat32.data_ptr<float>(), g->flat_params.data_ptr(), dtype, static_cast<size_t>(padded));
+    }
+    for (Bucket& b : g->buckets) {
+      const int64_t bn = static_cast<int64_t>(b.layout.padded_numel()), bo = static_cast<int64_t>(b.flat_offset);
+      if (!stage3) {
+        b.full = g->flat_params.narrow(0, bo, bn);
+        continue;
+      }
+      b.full = at::empty({bn}, opts);  // stage 3: its own storage, emptied while released
+      if (b.persistent) {
+        cast_from_f32_on(device_, flat32.data_ptr<float>() + bo, b.full.data_ptr(), dtype, static_cast<size_t>(bn));
+      }
+    }
     if (!sharded_grads()) g->flat_grads = at::zeros({padded}, opts);  // stages 0, 1: whole
     g->opt_offset = g->buckets.empty() ? opt_total : g->buckets.front().opt_offset;
     g->opt_numel = opt_total - g->opt_offset;
@@ -181,20 +195,31 @@ Engine::Engine(std::vector<at::Tensor> params, Communicator& comm, EngineOptions
       master_parts.push_back(replicated ? flat32.narrow(0, static_cast<int64_t>(b.flat_offset), shard * comm_.size())
                                         : flat32.narrow(0, static_cast<int64_t>(b.flat_offset) + rank * shard, shard));
     }
-    // Parameters become views of the flat buffer. At stages 0 and 1 their grads are views
-    // of the flat grad buffer, which autograd accumulates into in place; at stage 2
-    // autograd's own grads are packed bucket by bucket and freed.
+    // Parameters become views of their bucket's buffer. At stages 0 and 1 their grads are
+    // views of the flat grad buffer, which autograd accumulates into in place; at stages 2
+    // and 3 autograd's own grads are packed bucket by bucket and freed.
     c10::AutoGradMode no_grad(false);
-    for (size_t i = 0; i < n; ++i) {
-      at::Tensor& p = g->params[i];
-      const int64_t off = static_cast<int64_t>(g->param_offset[i]);
-      p.set_data(g->flat_params.narrow(0, off, p.numel()).view(p.sizes()));
-      if (!sharded_grads()) p.mutable_grad() = g->flat_grads.narrow(0, off, p.numel()).view(p.sizes());
-    }
     groups_.push_back(std::move(g));
+    Group& grp = *groups_.back();
+    for (Bucket& b : grp.buckets) {
+      if (stage3 && !b.persistent) b.state = Bucket::State::kGathering;  // released below
+      set_views(b, true);
+    }
+    for (size_t i = 0; i < n && !sharded_grads(); ++i) {
+      at::Tensor& p = grp.params[i];
+      const int64_t off = static_cast<int64_t>(grp.param_offset[i]);
+      p.mutable_grad() = grp.flat_grads.narrow(0, off, p.numel()).view(p.sizes());
+    }
   };
-  add_group(std::move(params), options_.precision, "parameter");
-  if (!fp32_params.empty()) add_group(std::move(fp32_params), DType::kFloat32, "fp32 parameter");
+  add_group(std::move(params), options_.precision, "parameter", units);
+  ZRT_CHECK(!stage3 || !units.empty() || groups_[0]->params.empty(),
+            "Engine: stage 3 needs units (UnitSpec) covering the parameters");
+  std::vector<UnitSpec> fp32_units;  // stage 3: FP32-module parameters stay whole
+  if (stage3 && !fp32_params.empty()) {
+    fp32_units.push_back({{}, true});
+    for (size_t i = 0; i < fp32_params.size(); ++i) fp32_units[0].params.push_back(i);
+  }
+  if (!fp32_params.empty()) add_group(std::move(fp32_params), DType::kFloat32, "fp32 parameter", fp32_units);
   size_t largest_pack = 0;
   for (auto& g : groups_) {
     reported_.emplace_back(g->params.size(), false);
@@ -206,7 +231,7 @@ Engine::Engine(std::vector<at::Tensor> params, Communicator& comm, EngineOptions
       largest_pack = std::max(largest_pack, b.layout.padded_numel() * dtype_size(g->dtype));
     }
   }
-  if (sharded_grads()) {  // two pack buffers: one filling while the other is reduced
+  if (options_.stage == 2) {  // two pack buffers: one filling while the other is reduced
     for (auto& slot : pack_pool_) slot = at::empty({static_cast<int64_t>(largest_pack)}, bytes_options());
   }
 
@@ -237,6 +262,15 @@ Engine::Engine(std::vector<at::Tensor> params, Communicator& comm, EngineOptions
       }
     }
   });
+  // Stage 3: every unit starts released; its first use gathers it from the master.
+  std::unique_lock<std::mutex> lock(mu_);
+  for (Bucket* b : buckets_) {
+    if (b->state != Bucket::State::kGathering) continue;
+    b->state = Bucket::State::kGathered;
+    gathered_bytes_ += static_cast<size_t>(b->full.nbytes());
+    release_locked(lock, *b);
+  }
+  gathered_peak_ = 0;
 }
 
 Engine::~Engine() {
@@ -246,7 +280,7 @@ Engine::~Engine() {
   }
   cv_.notify_all();
   // Never throws: the comm thread never owns the engine, so it is never the one joining.
-  // join returns once the bucket in hand, if any, is reduced or has timed out.
+  // join returns once the queued reduces and gathers are done (or have failed or timed out).
   if (!comm_thread_.joinable()) return;
   try {
     comm_thread_.join();
@@ -275,7 +309,9 @@ at::Tensor Engine::exp_avg_sq(size_t g) const { return optimizer_slice(optimizer
 
 at::Tensor Engine::gather_master(size_t g) const {
   const Group& grp = group(g);
-  at::Tensor out = at::empty({grp.flat_params.numel()}, at::TensorOptions().dtype(at::kFloat).device(device_));
+  const int64_t padded = grp.buckets.empty() ? 0 : static_cast<int64_t>(grp.buckets.back().flat_offset +
+                                                                        grp.buckets.back().layout.padded_numel());
+  at::Tensor out = at::empty({padded}, at::TensorOptions().dtype(at::kFloat).device(device_));
   const float* master = optimizer_->master().data_ptr<float>();
   for (const Bucket& b : grp.buckets) {
     if (options_.stage == 0) {  // every rank holds it all
@@ -290,13 +326,13 @@ at::Tensor Engine::gather_master(size_t g) const {
 }
 
 bool Engine::reducing_now() const {
-  return options_.stage == 2 || (micro_steps_ + 1) % options_.gradient_accumulation_steps == 0;
+  return options_.stage >= 2 || (micro_steps_ + 1) % options_.gradient_accumulation_steps == 0;
 }
 
 void Engine::grad_ready(size_t g, size_t i) {
   ZRT_CHECK(g < groups_.size() && i < groups_[g]->params.size(), "Engine.grad_ready: no parameter ", i,
             " in group ", g);
-  std::lock_guard<std::mutex> lock(mu_);
+  std::unique_lock<std::mutex> lock(mu_);
   saw_backward_ = true;
   if (!reducing_now()) return;  // stage 0/1 between boundaries: autograd keeps accumulating
   if (reported_[g][i]) {
@@ -310,18 +346,33 @@ void Engine::grad_ready(size_t g, size_t i) {
   reported_[g][i] = true;
   round_open_ = true;
   Bucket& b = groups_[g]->buckets[groups_[g]->param_bucket[i]];
-  if (sharded_grads()) {
+  if (options_.stage == 2) {
     // Stage 2: move the gradient into the bucket's pack buffer now, so autograd's copy is
     // freed during backward. With no free buffer it stays put and is packed later.
     if (b.slot < 0) b.slot = acquire_slot_locked(b);
     if (b.slot >= 0) pack_locked(b, i);
+  } else if (options_.stage == 3) {  // a unit's own pack buffer, until its reduce is done
+    ensure_pack_buffer_locked(b);
+    pack_locked(b, i);
   }
   if (b.waiting > 0) --b.waiting;
+  // Stage 3: a unit whose gradients are all in is not needed by this backward any more.
+  if (options_.stage == 3 && b.waiting == 0) release_locked(lock, b);
   enqueue_ready_locked();
 }
 
+void Engine::ensure_pack_buffer_locked(Bucket& b) {
+  if (b.slot >= 0 || b.overflow.defined()) return;
+  b.slot = acquire_slot_locked(b);
+  if (b.slot >= 0) return;
+  // Stage 3, or stage 2 with gradients out of bucket order (never wait for a later bucket).
+  const size_t bytes = b.layout.padded_numel() * dtype_size(groups_[b.group]->dtype);
+  b.overflow = at::zeros({static_cast<int64_t>(bytes)}, bytes_options());
+  overflow_peak_ = std::max(overflow_peak_, bytes);
+}
+
 int Engine::acquire_slot_locked(Bucket& b) {
-  for (int s = 0; s < 2; ++s) {
+  for (int s = 0; s < 2 && pack_pool_[0].defined(); ++s) {
     if (slot_owner_[s] == nullptr) {
       slot_owner_[s] = &b;
       const size_t bytes = b.layout.padded_numel() * dtype_size(groups_[b.group]->dtype);
@@ -356,9 +407,21 @@ void Engine::pack_locked(Bucket& b, size_t param) {
 }
 
 void Engine::enqueue_ready_locked() {
-  // Strictly in bucket order, so every rank issues the same collectives in the same order.
-  while (next_to_queue_ < buckets_.size() && buckets_[next_to_queue_]->waiting == 0) {
-    queue_.push_back(next_to_queue_++);
+  // Stages 0-2: strictly in bucket order, so every rank issues the same collectives in the
+  // same order. Stage 3: a unit as soon as it is complete (backward's order, the same on
+  // every rank; the cross-rank check compares each collective's unit).
+  if (options_.stage == 3) {
+    for (Bucket* b : buckets_) {
+      if (b->waiting == 0 && !b->queued) {
+        b->queued = true;
+        queue_.push_back({Op::kReduce, b->index});
+      }
+    }
+  } else {
+    while (next_to_queue_ < buckets_.size() && buckets_[next_to_queue_]->waiting == 0) {
+      buckets_[next_to_queue_]->queued = true;
+      queue_.push_back({Op::kReduce, next_to_queue_++});
+    }
   }
   cv_.notify_all();
 }
@@ -367,19 +430,27 @@ void Engine::comm_loop() {
   std::unique_lock<std::mutex> lock(mu_);
   for (;;) {
     cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
-    if (stop_) return;
-    size_t index = queue_.front();
+    // Stopping (the engine is dropped) finishes what is queued first: every rank queued the
+    // same collectives, so a peer is never left waiting in one this rank skipped.
+    if (stop_ && queue_.empty()) return;
+    const auto [op, index] = queue_.front();
     queue_.pop_front();
+    busy_ = true;
     lock.unlock();
     try {
-      if (!comm_error_) reduce_bucket(*buckets_[index]);
+      if (!comm_error_) {
+        if (op == Op::kReduce) reduce_bucket(*buckets_[index]);
+        else gather_on_comm_thread(*buckets_[index]);
+      }
     } ZRT_RETHROW_FORCED_UNWIND catch (...) {
       lock.lock();
       if (!comm_error_) comm_error_ = std::current_exception();
       lock.unlock();
     }
     lock.lock();
-    ++reduced_;
+    busy_ = false;
+    if (op == Op::kReduce) ++reduced_;
+    else buckets_[index]->state = Bucket::State::kGathered;  // gather() rethrows a failure
     cv_.notify_all();
   }
 }
@@ -392,12 +463,7 @@ void Engine::reduce_bucket(Bucket& b) {
   if (sharded_grads()) {
     {
       std::lock_guard<std::mutex> lock(mu_);  // complete: no hook touches it any more
-      if (b.slot < 0) b.slot = acquire_slot_locked(b);
-      if (b.slot < 0) {  // gradients came out of bucket order: never wait for a later bucket
-        const size_t bytes = b.layout.padded_numel() * dtype_size(g.dtype);
-        b.overflow = at::zeros({static_cast<int64_t>(bytes)}, bytes_options());
-        overflow_peak_ = std::max(overflow_peak_, bytes);
-      }
+      ensure_pack_buffer_locked(b);
       for (size_t param : b.params) pack_locked(b, param);
     }
     struct Release {  // the buffer goes back whatever happens
@@ -433,7 +499,7 @@ void Engine::drain() {
   std::unique_lock<std::mutex> lock(mu_);
   for (Bucket* b : buckets_) b->waiting = 0;  // parameters that got no gradient this micro-step
   enqueue_ready_locked();
-  cv_.wait(lock, [&] { return reduced_ == buckets_.size(); });
+  cv_.wait(lock, [&] { return reduced_ == buckets_.size() && queue_.empty() && !busy_; });
   std::exception_ptr error = comm_error_;
   comm_error_ = nullptr;
   reduced_ = 0;
@@ -443,6 +509,8 @@ void Engine::drain() {
   for (Bucket* b : buckets_) {
     b->waiting = b->params.size();
     b->packed.assign(b->params.size(), false);
+    b->queued = false;
+    if (options_.stage == 3) release_locked(lock, *b);  // units no pass reached
   }
   lock.unlock();
   for (auto& g : groups_) {
@@ -502,29 +570,36 @@ void Engine::check_backward_calls() {
   }
 }
 
+char* Engine::own_chunk(const Bucket& b) const {
+  const size_t esize = dtype_size(groups_[b.group]->dtype);
+  char* base = static_cast<char*>(b.full.data_ptr());
+  return options_.stage == 0 ? base : base + static_cast<size_t>(comm_.rank()) * b.layout.shard_numel() * esize;
+}
+
+std::vector<Engine::Bucket*> Engine::whole_buckets() const {
+  // Buckets whose working copy is held: all of them at stages 0-2; at stage 3 the
+  // persistent ones and units held by hold_gathered (after drain, none is in flight).
+  std::vector<Bucket*> out;
+  for (Bucket* b : buckets_) {
+    if (b->state == Bucket::State::kGathered) out.push_back(b);
+  }
+  return out;
+}
+
 void Engine::update(StepStats& stats) {
   ++global_step_;
-  const bool replicated = options_.stage == 0;
-  std::vector<OutputSegment> outputs;
-  for (auto& g : groups_) {
-    for (const Bucket& b : g->buckets) {
-      char* base = static_cast<char*>(g->flat_params.data_ptr()) + b.flat_offset * dtype_size(g->dtype);
-      char* out = replicated ? base : base + static_cast<size_t>(comm_.rank()) * b.layout.shard_numel() * dtype_size(g->dtype);
-      outputs.push_back({b.opt_offset, b.opt_numel, out, g->dtype});
-    }
-  }
+  std::vector<Bucket*> whole = whole_buckets();
+  std::vector<OutputSegment> outputs;  // AdamW writes the new low-precision shard there
+  for (Bucket* b : whole) outputs.push_back({b->opt_offset, b->opt_numel, own_chunk(*b), groups_[b->group]->dtype});
   if (!optimizer_->step(outputs, stats)) {
     ++skipped_steps_;
     return;
   }
-  if (replicated) return;  // every rank updated all of its weights itself
+  if (options_.stage == 0) return;  // every rank updated all of its weights itself
   auto t1 = std::chrono::steady_clock::now();
-  size_t k = 0;
-  for (auto& g : groups_) {
-    for (const Bucket& b : g->buckets) {
-      char* base = static_cast<char*>(g->flat_params.data_ptr()) + b.flat_offset * dtype_size(g->dtype);
-      comm_.all_gather(outputs[k++].out, base, b.layout.shard_numel(), g->dtype, static_cast<int64_t>(b.index))->wait();
-    }
+  for (Bucket* b : whole) {
+    comm_.all_gather(own_chunk(*b), b->full.data_ptr(), b->layout.shard_numel(), groups_[b->group]->dtype,
+                     static_cast<int64_t>(b->index))->wait();
   }
   stats.gather_ms = ms_since(t1);
 }
@@ -548,15 +623,13 @@ void Engine::load_counters(const Counters& c) {
 }
 
 void Engine::refresh_params() {
-  const bool replicated = options_.stage == 0;
   const float* master = optimizer_->master().data_ptr<float>();
-  for (auto& g : groups_) {
-    const size_t esize = dtype_size(g->dtype);
-    for (const Bucket& b : g->buckets) {
-      char* base = static_cast<char*>(g->flat_params.data_ptr()) + b.flat_offset * esize;
-      char* mine = replicated ? base : base + static_cast<size_t>(comm_.rank()) * b.layout.shard_numel() * esize;
-      cast_from_f32_on(device_, master + b.opt_offset, mine, g->dtype, b.opt_numel);
-      if (!replicated) comm_.all_gather(mine, base, b.layout.shard_numel(), g->dtype, static_cast<int64_t>(b.index))->wait();
+  for (Bucket* b : whole_buckets()) {  // released units are cast from the master when gathered
+    const DType dtype = groups_[b->group]->dtype;
+    cast_from_f32_on(device_, master + b->opt_offset, own_chunk(*b), dtype, b->opt_numel);
+    if (options_.stage != 0) {
+      comm_.all_gather(own_chunk(*b), b->full.data_ptr(), b->layout.shard_numel(), dtype,
+                       static_cast<int64_t>(b->index))->wait();
     }
   }
 }

@@ -1,4 +1,4 @@
-// Engine: ZeRO stages 0, 1 and 2 over a list of LibTorch parameters, without Python.
+// Engine: ZeRO stages 0-3 over a list of LibTorch parameters, without Python.
 //
 //   Engine engine(params, comm, options);       // params become views of one flat bf16/f16 buffer
 //   for each micro-batch:
@@ -22,6 +22,14 @@
 // own. Call grad_ready(group, i) when parameter i's gradient is complete (a
 // post-accumulate-grad hook does this from Python): a full bucket is then reduce-scattered
 // on the engine's comm thread while backward goes on. step() reduces whatever is left.
+//
+// Stage 3 keeps only shards. Its buckets are the units the caller plans (UnitSpec): each
+// unit's low-precision copy is cast from this rank's FP32 master and all-gathered on the
+// comm thread when the caller asks (gather / prefetch, from module hooks), and its memory
+// is returned by release(): the storage is resized to zero, so even the views autograd
+// saved for backward hold nothing until the unit is gathered again into the same storage.
+// A unit whose gradients are all reported is reduce-scattered on the comm thread and
+// released. Persistent units (small, shared or root parameters) stay gathered.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -46,7 +54,7 @@
 namespace zerort {
 
 struct EngineOptions {
-  int stage = 2;                       // 0, 1 or 2
+  int stage = 2;                       // 0, 1, 2 or 3
   DType precision = DType::kBFloat16;  // compute precision of `params`: bf16, f16 or f32
   AdamWHyper adamw;
   std::function<double(int64_t)> lr_schedule;  // optional: lr for Adam step n (1-based)
@@ -60,13 +68,22 @@ struct EngineOptions {
 // The optimizer half of these options (stage 0 makes it replicated).
 OptimizerOptions optimizer_options(const EngineOptions& options);
 
+// Stage 3: one unit of `params` (indices into it), gathered and released as one. A
+// persistent unit is gathered once and kept (parameters too small or too shared to shard
+// by use). The units of a stage-3 engine cover every parameter exactly once.
+struct UnitSpec {
+  std::vector<size_t> params;
+  bool persistent = false;
+};
+
 class Engine {
  public:
   // params, fp32_params: defined float32 leaf tensors that require grad, all on one device
   // (CPU, or CUDA with an nccl communicator); the same lists, shapes and order on every rank.
   // Rank 0's values are broadcast. Errors name the index. Buffers live on that device.
+  // units: stage 3 only, required there (fp32_params form persistent buckets of their own).
   Engine(std::vector<at::Tensor> params, Communicator& comm, EngineOptions options,
-         std::vector<at::Tensor> fp32_params = {});
+         std::vector<at::Tensor> fp32_params = {}, std::vector<UnitSpec> units = {});
   ~Engine();
   Engine(const Engine&) = delete;
   Engine& operator=(const Engine&) = delete;
@@ -91,13 +108,23 @@ class Engine {
   // left instead of racing with them.
   void begin_backward();
 
+  // Stage 3 (bucket b is unit b of the constructor's units; fp32 buckets follow).
+  size_t num_buckets() const { return buckets_.size(); }
+  void prefetch(size_t bucket);  // start gathering b on the comm thread, if it is not
+  void gather(size_t bucket);    // b is whole when this returns: its parameters view it
+  void release(size_t bucket);   // return b's memory (not persistent, not held)
+  void hold_gathered(bool hold);  // while held (a counter), nothing is released
+  size_t gathered_bytes() const;  // working memory of non-persistent units now held
+  size_t gathered_peak() const;   // ... and the most at once since the last reset
+  void reset_gathered_peak();
+
   // Group 0 holds `params` (compute precision), group 1 `fp32_params` when there are any.
   struct Group;
   struct Bucket;
   size_t num_groups() const { return groups_.size(); }
   size_t numel(size_t group = 0) const;                   // parameter elements (no padding)
   size_t param_offset(size_t group, size_t param) const;  // in the group's flat buffers
-  const at::Tensor& flat_params(size_t group = 0) const;  // padded, the group's dtype
+  const at::Tensor& flat_params(size_t group = 0) const;  // padded, the group's dtype (undefined at stage 3)
   const at::Tensor& flat_grads(size_t group = 0) const;  // stages 0, 1 (undefined at stage 2)
   // This rank's FP32 state for the group: its shards (stages 1, 2) or all of it (stage 0).
   at::Tensor master(size_t group = 0) const;
@@ -118,29 +145,38 @@ class Engine {
   // (flat_offset, padded_numel, shard_numel, opt_offset) of each bucket of the group.
   std::vector<std::array<size_t, 4>> bucket_layout(size_t group) const;
 
-  // For the memory report: the FP32 gradient (every group), stage 0's reduce scratch and
-  // stage 2's two gradient pack buffers.
+  // For the memory report: the FP32 gradient (every group), stage 0's reduce scratch,
+  // the gradient pack buffers (stage 2's two, plus the largest one-off buffer; stage 3's
+  // per-unit ones) and the low-precision parameters held for good (stages 0-2: the flat
+  // buffers; stage 3: the persistent units).
   const at::Tensor& grad_shard() const { return optimizer_->grad_shard(); }
   const at::Tensor& stage0_scratch() const { return stage0_scratch_; }
-  size_t pack_buffer_bytes() const {
-    return pack_pool_[0].defined() ? static_cast<size_t>(pack_pool_[0].numel() + pack_pool_[1].numel()) + overflow_peak_
-                                   : 0;
-  }
+  size_t pack_buffer_bytes() const;
+  size_t resident_param_bytes() const;
 
  private:
   const Group& group(size_t g) const;
   void reduce_bucket(Bucket& b);  // its grads -> the FP32 gradient (accumulating)
   void drain();                   // queue every bucket not reduced yet; wait for all
+  void start_gather_locked(Bucket& b);
+  void release_locked(std::unique_lock<std::mutex>& lock, Bucket& b);
+  void gather_on_comm_thread(Bucket& b);
+  void set_views(Bucket& b, bool whole);  // the parameters view b's storage, or are empty
+  Bucket& unit(size_t index, const char* what);  // bucket `index`, checked, at stage 3
+  void wait_gathered_locked(std::unique_lock<std::mutex>& lock, Bucket& b);
   void check_backward_calls();    // at a boundary: every rank ran backward in every micro-step
   void enqueue_ready_locked();
   void comm_loop();
   bool reducing_now() const;      // does this micro-step reduce (stage 2, or a boundary)?
-  bool sharded_grads() const { return options_.stage == 2; }  // no whole low-precision grads
+  bool sharded_grads() const { return options_.stage >= 2; }  // no whole low-precision grads
   int acquire_slot_locked(Bucket& b);             // a free pack buffer for b, or -1 (mu_ held)
+  void ensure_pack_buffer_locked(Bucket& b);      // a pool slot, else a one-off buffer
   void* pack_buffer(Bucket& b);
   at::TensorOptions bytes_options() const;        // uint8 on the model's device
   void pack_locked(Bucket& b, size_t param);      // param's grad into b's pack buffer; frees it
   void update(StepStats& stats);
+  char* own_chunk(const Bucket& b) const;      // this rank's part of b's working copy
+  std::vector<Bucket*> whole_buckets() const;  // buckets whose working copy is held
   at::Tensor optimizer_slice(const at::Tensor& t, size_t group) const;
 
   Communicator& comm_;
@@ -157,10 +193,15 @@ class Engine {
   bool saw_backward_ = false;       // a backward pass ran in this micro-step
   int64_t missed_backward_ = 0;     // micro-steps of this window without one
 
-  // The comm thread and its queue of buckets (indices into buckets_).
-  std::mutex mu_;
+  // The comm thread and its queue of work: reduce or (stage 3) gather a bucket (an index
+  // into buckets_). Every collective is issued from that queue, in the order queued.
+  enum class Op { kReduce, kGather };
+  mutable std::mutex mu_;
   std::condition_variable cv_;
-  std::deque<size_t> queue_;
+  std::deque<std::pair<Op, size_t>> queue_;
+  bool busy_ = false;         // the comm thread is running an op
+  int held_ = 0;              // hold_gathered() depth
+  size_t gathered_bytes_ = 0, gathered_peak_ = 0;
   size_t next_to_queue_ = 0;  // buckets are queued strictly in order, on every rank alike
   size_t reduced_ = 0;        // buckets the comm thread finished this round
   bool round_open_ = false;   // a backward pass of this micro-step started reducing

@@ -21,7 +21,7 @@ def _preload_mpi():
 _preload_mpi()
 
 from . import _C  # noqa: E402
-from ._C import CommTimeoutError, Error, ShardLayout  # noqa: E402,F401
+from ._C import CommTimeoutError, Error, ShardLayout, UsageError  # noqa: E402,F401
 
 __version__ = _C.__version__
 

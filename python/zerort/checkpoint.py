@@ -9,20 +9,46 @@ metadata records, for every parameter, which rank holds which run of its element
 offset, so a checkpoint loads at another world size or stage: loading assembles each
 parameter's FP32 master, m and v and writes the part this rank owns in the new layout.
 
-Every file is written to a temporary name, fsync'ed and renamed; `latest` moves to a new
-tag only after every rank has finished, behind a barrier, so a crash mid-save leaves the
-previous checkpoint loadable.
+A save writes into a fresh hidden folder `.{tag}.{save id}` (every file to a temporary
+name, fsync'ed and renamed); once every rank has finished, rank 0 switches the name `tag`
+(a symlink) to it and then `latest`, so a crash mid-save leaves the previous checkpoint
+loadable. Rules:
+
+- A save deletes only what it created: on failure, each rank removes the files it wrote
+  and the hidden folder; after success, the hidden folder that an earlier save of the same
+  tag made, unless another link in the directory still names it. A tag that is a link to
+  anything else (`ln -s step2 best`, a link out of the directory) has only the link
+  replaced, never its target; a tag that is a real file or directory is refused.
+- Rank 0 holds an exclusive lock (flock on `.zerort-save.lock` in the directory) for the
+  whole save; a second save into the same directory meanwhile fails at once, on every
+  rank, without writing anything. Every rank writes its shard into the folder by name, so
+  the directory must be one that every rank sees (shared storage), or be copied whole.
+- meta.json binds its shards: a random save id that every shard carries, and each shard's
+  SHA-256. A load checks both, and checks collectively that every rank resolved the same
+  tag of the same save; each step that can fail on one rank (resolving the tag, checking
+  every shard, writing a shard, publishing) ends with an exchange of outcomes, so a failure
+  is raised on every rank, naming the failing rank's file, never a hang in a collective.
+  Nothing of the engine's state changes until every rank has checked every shard.
+- A full disk names the file and the bytes it needs; the save's folder is removed.
 """
+import errno
+import fcntl
 import hashlib
 import json
+import math
 import os
+import re
 import shutil
-import time
+import stat
 
 import torch
 
-from .checkpoint_meta import (FORMAT, STATE_TENSORS, CheckpointError, check_shard_contents,  # noqa: F401
-                              check_shard_payload, check_tag, meta_digest, read_meta)
+from .checkpoint_meta import (FORMAT, SAVE_ID_DIGITS, STATE_TENSORS, CheckpointError,  # noqa: F401
+                              check_shard_contents, check_shard_payload, check_tag, file_kind, meta_digest,
+                              open_regular, read_meta)
+from .consistency import _ranks, gather_if_different
+
+LOCK_NAME = ".zerort-save.lock"  # hidden: no tag can take the name
 
 
 # ---- files ------------------------------------------------------------------------------
@@ -35,14 +61,93 @@ def _fsync_dir(path):
         os.close(fd)
 
 
-def _atomic_write(path, write):
-    tmp = f"{path}.tmp.{os.getpid()}"
-    with open(tmp, "wb") as f:
-        write(f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    _fsync_dir(os.path.dirname(path) or ".")
+def _size(n):
+    return f"{n} bytes ({n / 2 ** 20:.1f} MiB)"
+
+
+class _Sink:
+    """The file object a writer writes into. It keeps the first OSError, since torch.save
+    reports a failed write as a RuntimeError without errno, and counts the bytes."""
+
+    def __init__(self, f):
+        self.f, self.written, self.error = f, 0, None
+
+    def write(self, data):
+        try:
+            n = self.f.write(data)
+        except OSError as e:
+            self.error = self.error or e
+            raise
+        self.written += n
+        return n
+
+    def flush(self):
+        try:
+            self.f.flush()
+        except OSError as e:
+            self.error = self.error or e
+            raise
+
+
+def write_new_file(path, write, needed, shown=None):
+    """Creates path (never through an existing file or link: O_EXCL | O_NOFOLLOW), lets
+    write(f) fill it, fsyncs it. On any error the file is removed; a full disk or another
+    OSError is a CheckpointError naming `shown` (the file the user asked for; default path)
+    and, for a full disk, the bytes it needs (`needed`, an estimate) and the bytes free."""
+    shown = shown or path
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0), 0o644)
+    except OSError as e:
+        raise _write_error(e, shown, path, needed) from None
+    sink = _Sink(os.fdopen(fd, "wb"))
+    try:
+        try:
+            write(sink)
+            sink.flush()
+            os.fsync(fd)
+        finally:
+            sink.f.close()  # may raise too (a delayed write error)
+    except BaseException as e:
+        _remove(path)
+        error = sink.error or (e if isinstance(e, OSError) else None)
+        if error is None or not isinstance(e, Exception):
+            raise
+        raise _write_error(error, shown, path, needed) from None
+
+
+def _write_error(e, shown, path, needed):
+    if e.errno in (errno.ENOSPC, errno.EDQUOT):
+        try:
+            st = os.statvfs(os.path.dirname(path) or ".")
+            free = f"{_size(st.f_bavail * st.f_frsize)} are free there"
+        except OSError:
+            free = "the free space is unknown"
+        what = "no space left on device" if e.errno == errno.ENOSPC else "disk quota exceeded"
+        return CheckpointError(f"{what} while writing {shown}: it needs about {_size(needed)} and {free}; nothing "
+                               "of this save is kept (its temporary files are removed) and an earlier checkpoint is "
+                               "untouched: free some space or save elsewhere")
+    return CheckpointError(f"cannot write {shown}: {e.strerror or e}")
+
+
+def _remove(path):
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+
+
+def _atomic_write(path, write, needed=1 << 16, tmp_id="tmp"):
+    """path written whole or not at all: a hidden temporary file next to it, renamed over it
+    (a link at path is replaced, never followed)."""
+    folder, name = os.path.split(path)
+    tmp = os.path.join(folder, f".{name}.{tmp_id}.{os.getpid()}")
+    write_new_file(tmp, write, needed, shown=path)
+    try:
+        os.replace(tmp, path)
+    except OSError as e:
+        _remove(tmp)
+        raise CheckpointError(f"cannot write {path}: {e.strerror}") from None
+    _fsync_dir(folder or ".")
 
 
 def _digest(tensors, meta):
@@ -56,20 +161,19 @@ def _digest(tensors, meta):
 
 
 def write_shard(path, tensors, meta):
-    payload = {"format": FORMAT, "meta": meta, "tensors": tensors, "sha256": _digest(tensors, meta)}
-    _atomic_write(path, lambda f: torch.save(payload, f))
+    """Writes a shard file; returns its SHA-256 (the one meta.json records for it)."""
+    digest = _digest(tensors, meta)
+    payload = {"format": FORMAT, "meta": meta, "tensors": tensors, "sha256": digest}
+    needed = sum(t.numel() * t.element_size() + 4096 for t in tensors.values()) + len(json.dumps(meta)) + (1 << 16)
+    _atomic_write(path, lambda f: torch.save(payload, f), needed, tmp_id=meta.get("save_id", "tmp"))
+    return digest
 
 
 def read_shard(path, rank, meta):
     """(tensors, meta) of rank's shard file, memory-mapped; checks its structure, checksum
     and agreement with the checkpoint's metadata (zerort.checkpoint_meta)."""
-    if not os.path.exists(path):
-        raise CheckpointError(f"missing shard file {path}: the checkpoint is incomplete or was "
-                              "saved by more ranks than this directory holds")
-    try:
-        payload = torch.load(path, mmap=True, weights_only=True)
-    except Exception as e:  # a truncated zip, or not a torch file at all
-        raise CheckpointError(f"shard file {path} is truncated or corrupt ({type(e).__name__}: {e})") from None
+    payload = _load_payload(path, f"missing shard file {path}: the checkpoint is incomplete or was saved by more "
+                                  "ranks than this directory holds")
     check_shard_payload(payload, path)
     try:
         digest = _digest(payload["tensors"], payload["meta"])
@@ -79,6 +183,18 @@ def read_shard(path, rank, meta):
         raise CheckpointError(f"checksum mismatch in {path}: the file was modified or damaged")
     check_shard_contents(payload, path, rank, meta)
     return payload["tensors"], payload["meta"]
+
+
+def _load_payload(path, missing):
+    """torch.load of a regular file, memory-mapped. On Linux it maps the file opened and
+    checked here (/proc/self/fd), so nothing swapped in after the check is read."""
+    with open_regular(path, missing) as f:
+        proc = f"/proc/self/fd/{f.fileno()}"
+        try:
+            return torch.load(proc if os.path.exists(proc) else path, mmap=True, weights_only=True)
+        except Exception as e:  # a truncated zip, or not a torch file at all
+            raise CheckpointError(f"shard file {path} is truncated or corrupt ({type(e).__name__}: "
+                                  f"{str(e)[:300]})") from None
 
 
 # ---- where each parameter's elements live -----------------------------------------------
@@ -99,23 +215,14 @@ def _pieces(a, n, flat_offset, shard, opt_offset, world, replicated):
 
 def param_layout(engine):
     """{name: {"shape", "segments"}} for every trainable parameter of the engine."""
-    from .stage3 import Stage3
-
     impl, w = engine._impl, engine.world_size
     where = {}  # id(param) -> segments
-    if isinstance(impl, Stage3):
-        for g in impl.groups:
-            off = 0
-            for p, n in zip(g.params, g.numels):
-                where[id(p)] = _pieces(off, n, 0, g.shard, g.grad_off, w, False)
-                off += n
-    else:
-        for gi, params in enumerate(engine._groups):
-            buckets = impl.bucket_layout(gi) if params else []
-            for i, p in enumerate(params):
-                a = impl.param_offset(gi, i)
-                f, padded, shard, opt = next(b for b in buckets if b[0] <= a < b[0] + b[1] or p.numel() == 0)
-                where[id(p)] = _pieces(a, p.numel(), f, shard, opt, w, engine.config.stage == 0)
+    for gi, params in enumerate(engine._groups):
+        buckets = impl.bucket_layout(gi) if params else []
+        for i, p in enumerate(params):
+            a, n = impl.param_offset(gi, i), math.prod(engine._shapes[id(p)])  # stage 3 empties params
+            f, padded, shard, opt = next(b for b in buckets if b[0] <= a < b[0] + b[1] or n == 0)
+            where[id(p)] = _pieces(a, n, f, shard, opt, w, engine.config.stage == 0)
     out, seen = {}, set()
     for name, p in engine.module.named_parameters():
         if id(p) in where and id(p) not in seen:
@@ -127,11 +234,7 @@ def param_layout(engine):
 
 
 def _optimizer_tensors(engine):
-    from .stage3 import Stage3
-
     impl = engine._impl
-    if isinstance(impl, Stage3):
-        return {"master": impl.opt.master, "exp_avg": impl.opt.exp_avg, "exp_avg_sq": impl.opt.exp_avg_sq}
     n = impl.num_groups
     return {"master": [impl.master(g) for g in range(n)], "exp_avg": [impl.exp_avg(g) for g in range(n)],
             "exp_avg_sq": [impl.exp_avg_sq(g) for g in range(n)]}
@@ -143,75 +246,233 @@ def _flat(t):
 
 # ---- save / load -----------------------------------------------------------------------
 
-def _collective_step(comm, what, fn):
-    """Runs fn on every rank; if it fails on any rank, every rank raises (none is left
-    waiting for the others in a barrier)."""
-    error = None
+class _Steps:
+    """Runs the steps of a save or a load on every rank. A step that may fail on some ranks
+    only ends with an exchange of outcomes (one all-gather of a digest when they agree), so
+    that a failure is raised on every rank: the failing rank raises its own error, the
+    others a CheckpointError quoting it. None is left waiting in a collective."""
+
+    def __init__(self, comm, what):
+        self.comm, self.what = comm, what
+        self.failed_together = False  # a step failed and every rank knows it
+
+    def run(self, step, fn):
+        result, error = None, None
+        try:
+            result = fn()
+        except Exception as e:  # reported to every rank below
+            error = e
+        mine = "" if error is None else (str(error) if isinstance(error, CheckpointError)
+                                         else f"{type(error).__name__}: {error}")[:4000]
+        texts = gather_if_different(self.comm, mine.encode())
+        if error is None and texts is None:
+            return result
+        self.failed_together = True
+        if error is not None:
+            raise error
+        failed = {}
+        for r, t in enumerate(texts):
+            if t:
+                failed.setdefault(t.decode("utf-8", "replace"), []).append(r)
+        raise CheckpointError(f"{self.what} failed while {step} on {_ranks(sum(failed.values(), []))} of "
+                              f"{self.comm.size} (this is rank {self.comm.rank}): "
+                              + "; ".join(f"{_ranks(rs)}: {t}" for t, rs in failed.items()))
+
+
+class _SaveLock:
+    """Rank 0's exclusive lock on a checkpoint directory for one save (flock on a hidden
+    file inside it, which stays: removing a lock file races with its next user)."""
+
+    def __init__(self, directory):
+        self.fd = None
+        path = os.path.join(directory, LOCK_NAME)
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0), 0o644)
+        except OSError as e:
+            raise CheckpointError(f"cannot take the save lock {path}: {e.strerror}") from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise CheckpointError(f"{directory}: another save is writing into this checkpoint directory right now (it "
+                                  f"holds {path}); zerort saves one checkpoint at a time per directory: save after it "
+                                  "has finished, or into another directory") from None
+        self.fd = fd
+
+    def release(self):
+        if self.fd is not None:
+            os.close(self.fd)  # releases the flock
+            self.fd = None
+
+
+def _prepare(directory, tag, rank, holder):
+    """Every rank: the tag. Rank 0: the directory, the lock, and that `tag` and `latest`
+    are names a save may replace (absent, a link, or for `latest` a regular file)."""
+    check_tag(tag, f"save_checkpoint into {directory}")
+    if rank != 0:
+        return
     try:
-        fn()
-    except Exception as e:  # reported to every rank below
-        error = e
-    ok = torch.tensor([0 if error else 1], dtype=torch.int64)
-    comm.all_reduce(ok, "min")
-    if error is not None:
-        raise error
-    if ok.item() == 0:
-        raise CheckpointError(f"{what} failed on another rank; see that rank's error")
+        os.makedirs(directory, exist_ok=True)
+    except OSError as e:
+        raise CheckpointError(f"cannot create the checkpoint directory {directory}: {e.strerror}") from None
+    holder.append(_SaveLock(directory))
+    for name, allowed in ((tag, "a link made by an earlier save"), ("latest", "a regular file")):
+        path = os.path.join(directory, name)
+        try:
+            mode = os.lstat(path).st_mode
+        except FileNotFoundError:
+            continue
+        if stat.S_ISLNK(mode) or (name == "latest" and stat.S_ISREG(mode)):
+            continue
+        raise CheckpointError(f"{path} is {file_kind(mode)}, not {allowed}: a save replaces only what zerort wrote; "
+                              + ("choose another tag" if name == tag else "move it away"))
+
+
+def _earlier_folder(directory, tag, target, mine):
+    """The folder that the link `tag` named before this save, when an earlier save of this
+    tag created it (a hidden `.{tag}.{save id}` folder right in the directory) and no other
+    link in the directory names it or a file in it; else None (it stays)."""
+    if target == mine or not re.fullmatch(rf"\.{re.escape(tag)}\.[0-9a-f]{{{SAVE_ID_DIGITS}}}", target):
+        return None
+    path = os.path.join(directory, target)
+    try:
+        if not stat.S_ISDIR(os.lstat(path).st_mode):
+            return None
+    except OSError:
+        return None
+    real = os.path.realpath(path)
+    for entry in os.scandir(directory):
+        if entry.name != tag and entry.is_symlink():
+            other = os.path.realpath(entry.path)
+            if other == real or other.startswith(real + os.sep):
+                return None
+    return path
+
+
+def _new_save_id(comm, rank):
+    """64 random bits from rank 0, as 16 hex digits, on every rank."""
+    x = torch.tensor([int.from_bytes(os.urandom(8), "little", signed=True) if rank == 0 else 0], dtype=torch.int64)
+    comm.broadcast(x, 0)
+    return f"{x.item() & (2 ** 64 - 1):0{SAVE_ID_DIGITS}x}"
+
+
+def _gather_digests(comm, digest):
+    """Every rank's shard SHA-256 (hex), indexed by rank."""
+    mine = torch.frombuffer(bytearray(bytes.fromhex(digest)), dtype=torch.int64)
+    out = comm.all_gather(mine, torch.empty(comm.size * mine.numel(), dtype=torch.int64))
+    raw = out.view(torch.uint8).view(comm.size, -1)
+    return [bytes(raw[r].tolist()).hex() for r in range(comm.size)]
 
 
 def save(engine, directory, tag=None):
-    """Writes into a fresh directory `.{tag}.{id}`; once complete, the name `tag` (a symlink)
-    is switched to it atomically and `latest` updated. A crash at any point leaves `tag`
-    and `latest` on the previous complete checkpoint."""
+    """Writes into a fresh directory `.{tag}.{save id}`; once complete, the name `tag` (a
+    symlink) is switched to it atomically and `latest` updated. A crash at any point leaves
+    `tag` and `latest` on the previous complete checkpoint. See the module docstring."""
     from .config import to_dict
-    from .stage3 import Stage3
 
     comm, rank = engine.comm, engine.rank
-    tag = tag or f"step{engine.global_step}"
-    check_tag(tag, directory)
-    save_id = torch.tensor([time.time_ns() if rank == 0 else 0], dtype=torch.int64)
-    comm.broadcast(save_id, 0)  # one fresh directory name on every rank
-    work = os.path.join(directory, f".{tag}.{save_id.item()}")
-    extras = {}  # rank 0: frozen parameters (FP32) and buffers, so the state_dict is complete
+    tag = f"step{engine.global_step}" if tag is None else tag
+    steps = _Steps(comm, f"save_checkpoint({directory!r}, tag={str(tag)[:100]!r})")
+    lock, created, committed = [], [], [False]  # this rank's files, for the cleanup of a failed save
+    work = None
+    try:
+        steps.run("checking the tag and the directory", lambda: _prepare(directory, tag, rank, lock))
+        texts = gather_if_different(comm, repr(tag).encode())  # every rank saves the same tag
+        if texts is not None:
+            raise CheckpointError(f"{steps.what} on rank {rank} of {comm.size}: the ranks passed different tags: "
+                                  + "; ".join(f"rank {r}: {t.decode()}" for r, t in enumerate(texts)))
+        save_id = _new_save_id(comm, rank)
+        work = os.path.join(directory, f".{tag}.{save_id}")
+        extras = {}  # rank 0: frozen parameters (FP32) and buffers, so the state_dict is complete
 
-    def write_my_shard():
-        os.makedirs(work, exist_ok=True)
-        tensors = {k: _flat(v).clone() for k, v in _optimizer_tensors(engine).items()}
-        if isinstance(engine._impl, Stage3):
-            tensors["lp_shard"] = torch.cat([g.lp_slice.float() for g in engine._impl.groups])
-        if rank == 0:
-            extras.update(_extras(engine))
-        tensors.update({f"extra::{k}": v for k, v in extras.items()})
-        write_shard(os.path.join(work, f"shard_{rank:05d}.pt"), tensors,
-                    {"rank": rank, "world_size": engine.world_size, "state": engine._impl.state()})
+        def write_my_shard():
+            try:
+                os.makedirs(work, exist_ok=True)
+            except OSError as e:
+                raise _write_error(e, work, work, 4096) from None
+            tensors = {k: _flat(v).clone() for k, v in _optimizer_tensors(engine).items()}
+            if rank == 0:
+                extras.update(_extras(engine))
+            tensors.update({f"extra::{k}": v for k, v in extras.items()})
+            path = os.path.join(work, f"shard_{rank:05d}.pt")
+            digest = write_shard(path, tensors, {"rank": rank, "world_size": engine.world_size,
+                                                 "save_id": save_id, "state": engine._impl.state()})
+            created.append(path)
+            return digest
 
-    def publish():
-        if rank != 0:
-            return
-        meta = {"format": FORMAT, "zerort_version": _version(), "world_size": engine.world_size,
-                "stage": engine.config.stage, "precision": engine.config.precision,
-                "config": to_dict(engine.config), "params": param_layout(engine),
-                "aliases": _aliases(engine), "extras": sorted(extras),
-                "shards": [f"shard_{r:05d}.pt" for r in range(engine.world_size)]}
-        meta["sha256"] = meta_digest(meta)
-        _atomic_write(os.path.join(work, "meta.json"), lambda f: f.write(json.dumps(meta, indent=1).encode()))
-        link = os.path.join(directory, tag)
-        old = os.path.realpath(link) if os.path.islink(link) else None
-        if os.path.exists(link) and not os.path.islink(link):
-            raise CheckpointError(f"{link} exists and is not a zerort checkpoint link; choose another tag")
-        tmp_link = os.path.join(directory, f".{tag}.link")
-        if os.path.lexists(tmp_link):
-            os.remove(tmp_link)
-        os.symlink(os.path.basename(work), tmp_link)
-        os.replace(tmp_link, link)  # atomic: `tag` now names the new, complete checkpoint
-        _atomic_write(os.path.join(directory, "latest"), lambda f: f.write(tag.encode()))
-        _fsync_dir(directory)
-        if old and old != os.path.realpath(work):
-            shutil.rmtree(old, ignore_errors=True)
+        digest = steps.run("writing the shards", write_my_shard)
+        digests = _gather_digests(comm, digest)
 
-    _collective_step(comm, f"writing a shard of checkpoint {tag!r}", write_my_shard)
-    _collective_step(comm, f"publishing checkpoint {tag!r}", publish)
+        def publish():
+            if rank != 0:
+                return
+            meta = {"format": FORMAT, "zerort_version": _version(), "world_size": engine.world_size,
+                    "stage": engine.config.stage, "precision": engine.config.precision,
+                    "config": to_dict(engine.config), "params": param_layout(engine),
+                    "aliases": _aliases(engine), "extras": sorted(extras), "save_id": save_id,
+                    "shards": [f"shard_{r:05d}.pt" for r in range(engine.world_size)], "shard_sha256": digests}
+            meta["sha256"] = meta_digest(meta)
+            body = json.dumps(meta, indent=1).encode()
+            path = os.path.join(work, "meta.json")
+            _atomic_write(path, lambda f: f.write(body), len(body), save_id)
+            created.append(path)
+            link = os.path.join(directory, tag)
+            old = os.readlink(link) if os.path.islink(link) else None
+            # Everything that takes space first, then two renames: `tag`, then `latest`.
+            tmp_link = os.path.join(directory, f".{tag}.{save_id}.link")
+            try:
+                os.symlink(os.path.basename(work), tmp_link)
+            except OSError as e:
+                raise _write_error(e, link, tmp_link, 4096) from None
+            created.append(tmp_link)
+            latest = os.path.join(directory, "latest")
+            latest_tmp = os.path.join(directory, f".latest.{save_id}")
+            write_new_file(latest_tmp, lambda f: f.write(tag.encode()), len(tag.encode()), shown=latest)
+            created.append(latest_tmp)
+            try:
+                os.replace(tmp_link, link)  # atomic: `tag` now names the new, complete checkpoint
+            except OSError as e:
+                raise CheckpointError(f"cannot replace {link}: {e.strerror}") from None
+            committed[0] = True
+            created.remove(tmp_link)
+            os.replace(latest_tmp, latest)
+            created.remove(latest_tmp)
+            _fsync_dir(directory)
+            earlier = old and _earlier_folder(directory, tag, old, os.path.basename(work))
+            if earlier:
+                shutil.rmtree(earlier, ignore_errors=True)
+
+        steps.run("publishing the checkpoint", publish)
+    except BaseException:
+        if work is not None and steps.failed_together:
+            try:
+                _clean_up(comm, rank, work, created, committed)
+            except Exception:  # noqa: BLE001 - the save's own error is the one to report
+                pass
+        raise
+    finally:
+        for held in lock:
+            held.release()
     return os.path.join(directory, tag)
+
+
+def _clean_up(comm, rank, work, created, committed):
+    """After a save failed on some rank (every rank knows): unless rank 0 had already
+    switched the tag to the new folder, each rank removes the files it created and then
+    the folder, which the last rank to get there finds empty."""
+    flag = torch.tensor([1 if committed[0] else 0], dtype=torch.int64)
+    comm.broadcast(flag, 0)
+    if flag.item():
+        for path in created:  # only the temporary names; the checkpoint itself is complete
+            if os.path.basename(path).startswith("."):
+                _remove(path)
+        return
+    for path in created:
+        _remove(path)
+    try:
+        os.rmdir(work)
+    except OSError:
+        pass  # another rank's files are still there, or it is gone already
 
 
 def _aliases(engine):
@@ -242,17 +503,24 @@ def _extras(engine):
     return out
 
 
+def _check_extras(engine, meta, tensors):
+    """Frozen parameters and buffers: the saved ones are this model's, with its shapes."""
+    live = engine.module.state_dict(keep_vars=True)
+    for name in meta.get("extras", []):
+        if name not in live:
+            raise CheckpointError(f"checkpoint has state {name!r} that this model lacks: saved from another model")
+        saved, t = tensors[f"extra::{name}"], live[name]
+        if tuple(saved.shape) != tuple(t.shape):
+            raise CheckpointError(f"{name!r} has shape {list(t.shape)} here but {list(saved.shape)} in the "
+                                  "checkpoint: saved from another model")
+
+
 def _restore_extras(engine, meta, tensors):
     """Frozen parameters and buffers: rank 0's saved values, in this engine's dtypes."""
     live = engine.module.state_dict(keep_vars=True)
     with torch.no_grad():
         for name in meta.get("extras", []):
-            if name not in live:
-                raise CheckpointError(f"checkpoint has state {name!r} that this model lacks: saved from another model")
             saved, t = tensors[f"extra::{name}"], live[name]
-            if tuple(saved.shape) != tuple(t.shape):
-                raise CheckpointError(f"{name!r} has shape {list(t.shape)} here but {list(saved.shape)} in the "
-                                      "checkpoint: saved from another model")
             if id(t) in engine._frozen_fp32:
                 engine._frozen_fp32[id(t)].copy_(saved)
             t.data.copy_(saved)  # cast to the working dtype
@@ -279,7 +547,7 @@ class ShardReader:
             self._rank, self._data = None, None  # unmap the previous shard first
             path = os.path.join(self.dir, self.meta["shards"][rank])
             if rank in self._verified:
-                payload = torch.load(path, mmap=True, weights_only=True)
+                payload = _load_payload(path, f"shard file {path} disappeared during the load")
                 self._data = (payload["tensors"], payload["meta"])
             else:
                 self._data = read_shard(path, rank, self.meta)
@@ -300,11 +568,27 @@ class ShardReader:
         return out.reshape(info["shape"])
 
 
-def load(engine, directory, tag=None):
-    from .stage3 import Stage3
+def _same_checkpoint(comm, directory, tag, meta):
+    """Every rank resolved the same tag of the same save, or a CheckpointError on every rank
+    naming which rank saw which."""
+    mine = f"tag {tag!r}, save {meta['save_id']}, meta.json sha256 {meta_digest(meta)[:16]}..."
+    texts = gather_if_different(comm, mine.encode())
+    if texts is None:
+        return
+    groups = {}
+    for r, t in enumerate(texts):
+        groups.setdefault(t.decode(), []).append(r)
+    tags = {t.split(", save ")[0] for t in groups}
+    what = "different tags" if len(tags) > 1 else f"the same {next(iter(tags))} of different saves"
+    raise CheckpointError(f"load_checkpoint({directory!r}) on rank {comm.rank} of {comm.size}: the ranks resolved "
+                          f"{what}: " + "; ".join(f"{_ranks(rs)}: {t}" for t, rs in groups.items())
+                          + ". Every rank must load the same save: keep the checkpoint directory on storage that all "
+                          "ranks share, or copy the same files to every host")
 
-    tag, meta = read_meta(directory, tag)
-    mine = param_layout(engine)
+
+def _check_model(engine, directory, tag, meta, mine, reader):
+    """The same model (names, shapes; frozen parameters and buffers), and every shard
+    present, whole and bound to meta.json: all before anything changes."""
     saved = meta["params"]
     for name, info in mine.items():  # the same model: names and shapes
         if name not in saved:
@@ -316,8 +600,25 @@ def load(engine, directory, tag=None):
     extra = sorted(set(saved) - set(mine))
     if extra:
         raise CheckpointError(f"checkpoint {directory}/{tag} has parameters this model lacks, first {extra[0]!r}")
+    reader.check_all()
+    _check_extras(engine, meta, reader.shard(0)[0])
+
+
+def load(engine, directory, tag=None):
+    """Loads a checkpoint on every rank (a collective), or raises on every rank. See the
+    module docstring."""
+    comm = engine.comm
+    steps = _Steps(comm, f"load_checkpoint({directory!r})")
+    tag, meta = steps.run("reading the checkpoint's meta.json", lambda: read_meta(directory, tag))
+    _same_checkpoint(comm, directory, tag, meta)
+    mine = param_layout(engine)
     reader = ShardReader(directory, tag, meta)
-    reader.check_all()  # every shard present, whole and intact before anything changes
+    steps.run("checking the shards", lambda: _check_model(engine, directory, tag, meta, mine, reader))
+    steps.run("restoring the state", lambda: _restore(engine, meta, mine, reader))
+    return tag
+
+
+def _restore(engine, meta, mine, reader):
     targets = {k: _flat(v) if not isinstance(v, list) else v for k, v in _optimizer_tensors(engine).items()}
     rank, stage0 = engine.rank, engine.config.stage == 0
     with torch.no_grad():
@@ -337,9 +638,4 @@ def load(engine, directory, tag=None):
                     off += v.numel()
     _restore_extras(engine, meta, reader.shard(0)[0])
     engine._impl.load_state(reader.shard(0)[1]["state"])
-    if isinstance(engine._impl, Stage3):
-        engine._impl.refresh_from_master()
-    else:
-        engine._impl.refresh_params()
-    engine.comm.barrier()
-    return tag
+    engine._impl.refresh_params()

@@ -5,31 +5,46 @@ a damaged, truncated, hand-edited or foreign file raises CheckpointError naming 
 the field and what was expected, never a KeyError/TypeError/IndexError from deep inside
 the loader, and never loads wrong values silently. Checked:
 
+- the files themselves: only regular files are opened (a directory, FIFO, socket or device
+  in a checkpoint's place is named, and a FIFO is never opened for reading, so a load never
+  hangs on one); a symlink loop or a dangling link is named as such.
+- a tag (check_tag, the same rule for save and load): a plain file name.
 - meta.json: UTF-8 JSON object, format, SHA-256 (64 hex digits, matching), world_size,
-  stage, precision, shard file names (plain, one per rank, distinct), every parameter's
+  stage, precision, the save id and each shard's SHA-256 (which bind the shards to this
+  meta.json), shard file names (plain, one per rank, distinct), every parameter's
   shape, dtypes and segments [rank, index, offset, length]: ranks in range, offsets and
   lengths non-negative, the segments cover the parameter's elements exactly once, and no
   two segments of one rank share shard elements; aliases point at saved parameters; extras
   are distinct names.
 - a shard: its payload's structure (before the checksum is computed over it), its rank and
-  world size against the metadata, its counters, and tensors long enough for every segment
-  the metadata places in it.
+  world size against the metadata, its counters, tensors long enough for every segment
+  the metadata places in it, and last that it is the very shard this meta.json was saved
+  with: the same save id, and the SHA-256 that meta.json records for it.
+
+Format 1 (before shards were bound to meta.json) is not read: it never left this
+repository, so there is nothing to migrate; such a directory is named with its format.
 """
+import errno
 import hashlib
 import json
 import math
 import os
+import re
 import reprlib
+import stat
+import unicodedata
 
 import torch
 
-FORMAT = "zerort-checkpoint-1"
+FORMAT = "zerort-checkpoint-2"
 STATE_TENSORS = ("master", "exp_avg", "exp_avg_sq")
 MAX_NUMEL = 2 ** 48  # elements in one parameter or shard; more is a damaged number
 MAX_WORLD = 2 ** 20
 COUNTERS = {"global_step": 0, "skipped_steps": 0, "micro_steps": 0, "adam_steps": 0, "iteration": 0,
             "last_overflow_iteration": -1, "overflows": 0, "hysteresis_left": 0}  # name: lowest value
 COMPUTE_DTYPES = ("bfloat16", "float16", "float32")
+MAX_TAG_BYTES = 200  # a tag's hidden save folder ".{tag}.{save id}.link" stays within NAME_MAX (255)
+SAVE_ID_DIGITS = 16  # hex digits of a save id (64 random bits)
 
 _short = reprlib.Repr()
 _short.maxstring, _short.maxother, _short.maxlist, _short.maxdict, _short.maxlong = 60, 60, 6, 4, 40
@@ -88,6 +103,11 @@ class _Fields:
             self.fail(field, v, "one of " + ", ".join(map(repr, options)) if options else "a string")
         return v
 
+    def hex(self, v, field, digits):
+        if not (isinstance(v, str) and re.fullmatch(f"[0-9a-f]{{{digits}}}", v)):
+            self.fail(field, v, f"{digits} lowercase hex digits")
+        return v
+
     def name(self, v, field):
         """A plain file name inside the checkpoint directory (no path, not hidden)."""
         if not isinstance(v, str) or not v or "/" in v or "\\" in v or "\0" in v or v.startswith("."):
@@ -95,36 +115,118 @@ class _Fields:
         return v
 
 
+def _tag_problem(tag):
+    """Why tag cannot name a checkpoint, or None."""
+    if not isinstance(tag, str):
+        return f"it is {type(tag).__name__}, not a string"
+    if not tag:
+        return "it is empty"
+    if tag != tag.strip():
+        return "it has leading or trailing whitespace"
+    bad = next((c for c in tag if unicodedata.category(c) in ("Cc", "Cf", "Cs", "Zl", "Zp")), None)
+    if bad is not None:
+        return f"it holds the control or invisible character {bad!r}"
+    if "/" in tag or "\\" in tag:
+        return "it holds a path separator"
+    if tag.startswith("."):
+        return "it starts with '.' (hidden names are zerort's own temporary folders)"
+    if tag == "latest":
+        return "'latest' is the file that names the latest tag"
+    if len(tag.encode()) > MAX_TAG_BYTES:
+        return f"it is {len(tag.encode())} bytes long"
+    return None
+
+
 def check_tag(tag, where):
-    if not isinstance(tag, str) or not tag or "/" in tag or "\0" in tag or tag.startswith(".") or tag == "latest":
-        raise CheckpointError(f"{where}: checkpoint tag {_short.repr(tag)} is not a plain name (no '/', not hidden, "
-                              "not 'latest'); pass the tag of a saved checkpoint")
+    """The one rule for a tag, at save and at load: a plain file name of at most 200 bytes,
+    without path separators, control or invisible characters, leading or trailing
+    whitespace or a leading '.', and not 'latest'."""
+    problem = _tag_problem(tag)
+    if problem:
+        raise CheckpointError(f"{where}: checkpoint tag {_short.repr(tag)} is not a plain name: {problem}. A tag is a "
+                              f"file name of at most {MAX_TAG_BYTES} bytes without '/', '\\', control characters, "
+                              "leading or trailing whitespace or a leading '.', and not 'latest'")
     return tag
+
+
+_KINDS = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISSOCK, "a socket"),
+          (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"), (stat.S_ISREG, "a regular file"))
+
+
+def file_kind(mode):
+    """'a directory', 'a FIFO (named pipe)', ... for an st_mode."""
+    return next((name for test, name in _KINDS if test(mode)), "a special file")
+
+
+def stat_or_none(path):
+    """os.stat(path) (links followed); None when nothing is there; a CheckpointError for a
+    symlink loop or a dangling link, which are not 'missing'."""
+    try:
+        return os.stat(path)
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise CheckpointError(f"{path} is a symlink loop: following its links never reaches a file") from None
+        if e.errno in (errno.ENOENT, errno.ENOTDIR):
+            if os.path.islink(path):
+                raise CheckpointError(f"{path} is a symlink to {_short.repr(os.readlink(path))}, which does not "
+                                      "exist") from None
+            return None
+        raise CheckpointError(f"{path}: {e.strerror}") from None
+
+
+def open_regular(path, missing):
+    """path opened for reading as an unbuffered file object, if it is a regular file (links
+    followed); else a CheckpointError: `missing` when nothing is there, otherwise what is
+    there. A FIFO is never opened: its type is checked first, and the open itself does not
+    block (O_NONBLOCK) should one be swapped in between; the opened file is checked again."""
+    st = stat_or_none(path)
+    if st is None:
+        raise CheckpointError(missing)
+    if not stat.S_ISREG(st.st_mode):
+        raise CheckpointError(f"{path} is {file_kind(st.st_mode)}, not a regular file: a checkpoint holds only "
+                              "regular files here")
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    except OSError as e:
+        raise CheckpointError(f"{path}: cannot be opened ({e.strerror})") from None
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):
+        os.close(fd)
+        raise CheckpointError(f"{path} is {file_kind(st.st_mode)}, not a regular file")
+    return os.fdopen(fd, "rb", buffering=0)
+
+
+def check_directory(path, missing):
+    """A CheckpointError unless path is a directory (links followed)."""
+    st = stat_or_none(path)
+    if st is None:
+        raise CheckpointError(missing)
+    if not stat.S_ISDIR(st.st_mode):
+        raise CheckpointError(f"{path} is {file_kind(st.st_mode)}, not a directory")
+
+
+def _read_latest(directory):
+    latest = os.path.join(directory, "latest")
+    with open_regular(latest, f"{directory} is not a zerort checkpoint directory (no 'latest' file); "
+                              "pass tag= to load a specific checkpoint") as f:
+        raw = f.read(4096)
+    try:
+        tag = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise CheckpointError(f"{latest}: not UTF-8 text; it should hold the tag of the latest checkpoint") from None
+    tag = tag[:-1] if tag.endswith("\n") else tag  # one line break, as `echo step4 > latest` writes; nothing else
+    return check_tag(tag, latest)
 
 
 def read_meta(directory, tag=None):
     """(tag, metadata) of a checkpoint directory, validated; tag defaults to the one in
     `latest`."""
-    if not os.path.isdir(directory):
-        raise CheckpointError(f"{directory} is not a directory")
-    if tag is None:
-        latest = os.path.join(directory, "latest")
-        if not os.path.exists(latest):
-            raise CheckpointError(f"{directory} is not a zerort checkpoint directory (no 'latest' file); "
-                                  "pass tag= to load a specific checkpoint")
-        with open(latest, "rb") as f:
-            raw = f.read(4096)
-        try:
-            tag = raw.decode("utf-8").strip()
-        except UnicodeDecodeError:
-            raise CheckpointError(f"{latest}: not UTF-8 text; it should hold the tag of the latest checkpoint") from None
-        check_tag(tag, latest)
-    else:
-        check_tag(tag, directory)
-    path = os.path.join(directory, tag, "meta.json")
-    if not os.path.exists(path):
-        raise CheckpointError(f"{path} is missing: {os.path.join(directory, tag)} is not a complete checkpoint")
-    with open(path, "rb") as f:
+    check_directory(directory, f"{directory} is missing: there is no checkpoint directory there")
+    tag = _read_latest(directory) if tag is None else check_tag(tag, directory)
+    folder = os.path.join(directory, tag)
+    check_directory(folder, f"checkpoint {folder} is missing: {directory} has no tag {tag!r}")
+    path = os.path.join(folder, "meta.json")
+    with open_regular(path, f"{path} is missing: {folder} is not a complete checkpoint") as f:
         raw = f.read()
     try:
         meta = json.loads(raw.decode("utf-8"))
@@ -140,11 +242,13 @@ def validate_meta(meta, path):
         f.fail("(top level)", meta, "a JSON object")
     meta = dict(meta)
     digest = meta.pop("sha256", None)
+    if meta.get("format") == "zerort-checkpoint-1":
+        raise CheckpointError(f"{path} is in format 'zerort-checkpoint-1', which did not bind its shards to "
+                              f"meta.json; this zerort reads only {FORMAT!r}: save the checkpoint again")
     if meta.get("format") != FORMAT:
         raise CheckpointError(f"{path} is not zerort checkpoint metadata (format {_short.repr(meta.get('format'))}, "
                               f"expected {FORMAT!r})")
-    if not (isinstance(digest, str) and len(digest) == 64 and all(c in "0123456789abcdef" for c in digest)):
-        f.fail("sha256", digest, "64 lowercase hex digits")
+    f.hex(digest, "sha256", 64)
     try:
         actual = meta_digest(meta)
     except ValueError as e:  # numbers too large to print
@@ -162,6 +266,12 @@ def validate_meta(meta, path):
         f.name(name, f"shards[{r}]")
     if len(set(shards)) != len(shards):
         f.fail("shards", shards, "distinct file names")
+    f.hex(f.get(meta, "save_id"), "save_id", SAVE_ID_DIGITS)
+    digests = f.list(meta, "shard_sha256")
+    if len(digests) != world:
+        f.fail("shard_sha256", digests, f"{world} SHA-256 digests, one per shard")
+    for r, d in enumerate(digests):
+        f.hex(d, f"shard_sha256[{r}]", 64)
     params = f.dict(meta, "params")
     used = [[] for _ in range(world)]  # per rank: (index, end, parameter)
     for name, info in params.items():
@@ -275,3 +385,14 @@ def check_shard_contents(payload, path, rank, meta):
         if unlisted:
             f.fail(f"tensors[{unlisted[0]!r}]", "a saved tensor that meta.json's extras do not list",
                    "every saved frozen parameter and buffer listed in meta.json's extras")
+    # Last: the very shard this meta.json was saved with (a valid shard of another save of
+    # the same run passes every check above).
+    save_id = f.text(f.get(smeta, "save_id", "meta.save_id"), "meta.save_id")
+    if save_id != meta["save_id"]:
+        raise CheckpointError(f"{path} belongs to another save: its save id is {_short.repr(save_id)} but meta.json's "
+                              f"is {meta['save_id']!r} (a shard copied from another checkpoint, or left by a save "
+                              "that did not finish?); put back this checkpoint's own shard or load another checkpoint")
+    if payload["sha256"] != meta["shard_sha256"][rank]:
+        raise CheckpointError(f"{path}: its SHA-256 {payload['sha256'][:16]}... is not the "
+                              f"{meta['shard_sha256'][rank][:16]}... that meta.json records for rank {rank}'s shard: "
+                              "the file was replaced or rewritten after the save")

@@ -8,12 +8,17 @@ one ConfigError, each naming the key, the value it got and what is allowed. An u
 is named with the closest known one; rules that join keys (fp16 and bf16 both on, a
 minimum loss scale above the initial one, a batch size that does not divide) are checked
 after every key has been read.
+
+A config is at most MAX_DEPTH levels deep (a deeper one, or one too deep for the JSON
+parser, is a ConfigError), and messages show values cut short (show()): a 60 MB value
+under an unknown key is named in a line, not repeated.
 """
 import dataclasses
 import difflib
 import json
 import math
 import os
+import reprlib
 from dataclasses import dataclass
 from typing import Callable, Optional
 
@@ -49,13 +54,52 @@ class Config:
     comm_backend: str = "auto"
     comm_timeout_s: float = 600.0
     max_consecutive_skips: int = 100  # skipped (non-finite) steps in a row before training stops
-    fp32_modules: tuple = ("LayerNorm", "RMSNorm", "BatchNorm1d", "BatchNorm2d", "BatchNorm3d")
+    fp32_modules: tuple = ()  # changes to the norm rule of zerort.precision: "Name" adds a class, "-Name" removes it
     train_micro_batch_size_per_gpu: Optional[int] = None  # checked against train_batch_size
     train_batch_size: Optional[int] = None
 
 
 DEEPSPEED_MARKERS = {"zero_optimization", "bf16", "fp16", "train_batch_size"}
 MAX_INT = 2 ** 62  # counts and sizes travel to C++ as int64 / size_t
+MAX_DEPTH = 64  # levels of nested objects and lists; a real config has 4
+SHOWN_CHARS = 200  # of a value in a message
+
+_repr = reprlib.Repr()  # walks at most a few levels and items of a value
+_repr.maxlevel, _repr.maxstring, _repr.maxother, _repr.maxlong = 4, 80, SHOWN_CHARS, SHOWN_CHARS
+_repr.maxlist = _repr.maxtuple = _repr.maxdict = _repr.maxset = _repr.maxfrozenset = 8
+
+
+def show(v):
+    """repr(v) for a message, cut short: a long string to its first 200 characters and
+    '...(N chars)', a long list or object to its first items and '(... of N items)'."""
+    if isinstance(v, (str, bytes)) and len(v) > SHOWN_CHARS:
+        return f"{v[:SHOWN_CHARS]!r}...({len(v)} {'chars' if isinstance(v, str) else 'bytes'})"
+    r = _repr.repr(v)
+    if isinstance(v, (list, tuple, dict, set, frozenset)) and len(v) > 8:
+        r += f" ({_kind(v)} of {len(v)} items)"
+    return r if len(r) <= 2 * SHOWN_CHARS else r[:SHOWN_CHARS] + f"...({len(r)} chars shown in part)"
+
+
+def _key_name(k):
+    """A key for a key path, cut short ('…', not '...': a '.' separates sections)."""
+    k = str(k) if not isinstance(k, str) else k
+    return k if len(k) <= SHOWN_CHARS else f"{k[:SHOWN_CHARS]}…({len(k)} chars)"
+
+
+def _depth_problem(config, where):
+    """A problem line when config nests deeper than MAX_DEPTH (walked without recursion;
+    a shared or cyclic part is walked once), else None."""
+    stack, seen = [(config, 1)], {id(config)}
+    while stack:
+        v, depth = stack.pop()
+        if depth > MAX_DEPTH:
+            return (f"{where}: nested more than {MAX_DEPTH} levels deep; allowed: at most {MAX_DEPTH} levels of objects "
+                    "and lists (a zerort or DeepSpeed config needs 4)")
+        for child in (v.values() if isinstance(v, dict) else v):
+            if isinstance(child, (dict, list, tuple)) and id(child) not in seen:
+                seen.add(id(child))
+                stack.append((child, depth + 1))
+    return None
 
 
 def _kind(v):
@@ -76,7 +120,7 @@ class _Problems:
     def finish(self):
         """Unknown keys, each with the closest known key; then the list of all problems."""
         for path, value, what in self.unknown:
-            line = f"{path}: {what} (got {value!r})"
+            line = f"{path}: {what} (got {show(value)})"
             hint = _closest(path, self.known)
             if hint:
                 line += f"; did you mean {hint!r}?"
@@ -111,14 +155,15 @@ class _Reader:
 
     def bad(self, name, value, allowed, wrong_type=False):
         kind = f" ({_kind(value)})" if wrong_type else ""
-        self.problems.lines.append(f"{self.key(name)}: got {value!r}{kind}; allowed: {allowed}")
+        self.problems.lines.append(f"{self.key(name)}: got {show(value)}{kind}; allowed: {allowed}")
 
     def _take(self, d, name):
         """(present, value) of d[name]; records name as a known key."""
         self.problems.known.append(self.key(name))
         return (True, d.pop(name)) if name in d else (False, None)
 
-    def number(self, d, name, default, *, integer=False, low=None, high=None, low_open=False, integral_float=False):
+    def number(self, d, name, default, *, integer=False, low=None, high=None, low_open=False, integral_float=False,
+               example=None):
         present, v = self._take(d, name)
         if not present:
             return default
@@ -126,7 +171,7 @@ class _Reader:
             high = MAX_INT
         lo = "" if low is None else (f"> {low}" if low_open else f">= {low}")
         hi = "" if high is None else "<= 2**62" if high == MAX_INT else f"<= {high:g}"
-        limits = " and ".join(x for x in (lo, hi) if x)
+        limits = " and ".join(x for x in (lo, hi) if x) + (f" (e.g. {example})" if example else "")
         given = v
         if integral_float and isinstance(v, float) and math.isfinite(v) and v.is_integer():
             v = int(v)
@@ -186,7 +231,7 @@ class _Reader:
 
     def leftover(self, d, what="unknown or unsupported key"):
         for k in sorted(d, key=str):
-            self.problems.unknown.append((self.key(k), d[k], what))
+            self.problems.unknown.append((self.key(_key_name(k)), d[k], what))
 
 
 def _betas(r, d, default):
@@ -201,10 +246,30 @@ def _betas(r, d, default):
     return (float(v[0]), float(v[1]))
 
 
+def _fp32_modules(r, d, default):
+    """Class names to add to the FP32 modules ("MyGate") or remove from them ("-BatchNorm2d")."""
+    present, v = r._take(d, "fp32_modules")
+    if not present:
+        return default
+    allowed = ("a list of module class names, each added to the FP32 modules (\"MyGate\") or removed from them "
+               "with a leading \"-\" (\"-BatchNorm2d\")")
+    if not isinstance(v, (list, tuple)) or not all(isinstance(x, str) and x.removeprefix("-").isidentifier()
+                                                   for x in v):
+        r.bad("fp32_modules", v, allowed + "; a class name is its bare name, not a dotted path",
+              not isinstance(v, (list, tuple)))
+        return default
+    both = sorted({x for x in v if not x.startswith("-") and "-" + x in v})
+    if both:
+        r.bad("fp32_modules", v, f"each class added or removed, not both: {', '.join(both)}")
+        return default
+    return tuple(v)
+
+
 def _optimizer_params(r, d, c):
     c.lr = r.number(d, "lr", c.lr, low=0)
     c.betas = _betas(r, d, c.betas)
-    c.eps = r.number(d, "eps", c.eps, low=0)
+    # eps = 0 turns the update into 0 / 0 = NaN wherever a gradient and its moments are 0.
+    c.eps = r.number(d, "eps", c.eps, low=0, low_open=True, example="1e-8")
     c.weight_decay = r.number(d, "weight_decay", c.weight_decay, low=0)
 
 
@@ -239,7 +304,6 @@ def _parse_ours(cfg, problems):
     c.comm_backend = rc.choice(cm, "backend", c.comm_backend, ("auto", "mpi", "gloo", "nccl", "inprocess"))
     c.comm_timeout_s = rc.number(cm, "timeout_s", c.comm_timeout_s, low=1e-3, high=1e9)  # as the C++ comm
     rc.leftover(cm)
-    c.fp32_modules = r.names(cfg, "fp32_modules", c.fp32_modules)
     c.max_consecutive_skips = r.number(cfg, "max_consecutive_skips", c.max_consecutive_skips, integer=True, low=1)
     present, v = r._take(cfg, "lr_schedule")
     if present:
@@ -258,6 +322,7 @@ def _common(r, cfg, c):
     c.reduce_bucket_numel = r.number(cfg, "reduce_bucket_numel", c.reduce_bucket_numel, integer=True, low=1)
     c.train_micro_batch_size_per_gpu = r.number(cfg, "train_micro_batch_size_per_gpu",
                                                 c.train_micro_batch_size_per_gpu, integer=True, low=1)
+    c.fp32_modules = _fp32_modules(r, cfg, c.fp32_modules)
 
 
 def _parse_deepspeed(cfg, problems):
@@ -329,6 +394,12 @@ def _read_json(path):
         raise ConfigError([f"config file {name!r}: not UTF-8 text (byte {e.start}); save it as UTF-8 JSON"]) from None
     except json.JSONDecodeError as e:
         raise ConfigError([f"config file {name!r}: not valid JSON ({e})"]) from None
+    except RecursionError:  # the JSON parser's own limit, near 1000 levels
+        raise ConfigError([f"config file {name!r}: nested too deep for the JSON parser; allowed: at most {MAX_DEPTH} "
+                           "levels of objects and lists (a zerort or DeepSpeed config needs 4)"]) from None
+    deep = _depth_problem(config, f"config file {name!r}")
+    if deep:
+        raise ConfigError([deep])
     if not isinstance(config, dict):
         raise ConfigError([f"config file {name!r}: got {_kind(config)}; allowed: a JSON object of keys"])
     return config, [f"{k}: given twice in one object of config file {name!r}; allowed: once (JSON keeps the last)"
@@ -346,6 +417,9 @@ def parse(config):
         config, problems.lines = _read_json(config)
     if not isinstance(config, dict):
         raise ConfigError([f"config: got {_kind(config)}; allowed: a dict, a JSON file path or a zerort.config.Config"])
+    deep = _depth_problem(config, "config")
+    if deep:
+        raise ConfigError([deep])
     cfg = dict(config)
     deepspeed = bool(DEEPSPEED_MARKERS & cfg.keys()) or isinstance(cfg.get("optimizer"), dict) and "type" in cfg["optimizer"]
     c, scale_keys, precision_key = (_parse_deepspeed if deepspeed else _parse_ours)(cfg, problems)

@@ -30,10 +30,10 @@ def describe(model):
     return out
 
 
-def _digest(entries):
-    h = hashlib.sha256(json.dumps(entries).encode()).digest()
+def _digest(data):
+    h = hashlib.sha256(data).digest()
     words = [int.from_bytes(h[8 * i:8 * i + 8], "little", signed=True) for i in range(DIGEST_WORDS)]
-    return torch.tensor(words + [len(entries)], dtype=torch.int64)
+    return torch.tensor(words + [len(data)], dtype=torch.int64)
 
 
 def _gather_bytes(comm, data):
@@ -47,6 +47,20 @@ def _gather_bytes(comm, data):
     out = comm.all_gather(mine.view(torch.int64), torch.empty(w * words, dtype=torch.int64))
     raw = out.view(torch.uint8).view(w, words * 8)
     return [bytes(raw[r, :int(lens[r])].tolist()) for r in range(w)]
+
+
+def gather_if_different(comm, data):
+    """None when every rank holds the same bytes (one all-gather of a 5-word digest);
+    otherwise every rank's bytes, indexed by rank. A collective: every rank gets the same
+    answer."""
+    if comm.size == 1:
+        return None
+    digest = _digest(data)
+    everyone = comm.all_gather(digest, torch.empty(comm.size * digest.numel(), dtype=torch.int64))
+    everyone = everyone.view(comm.size, -1)
+    if bool((everyone == everyone[0]).all()):
+        return None
+    return _gather_bytes(comm, data)
 
 
 def _ranks(rs):
@@ -87,15 +101,11 @@ def check_model(comm, model):
     """Raises ModelMismatchError on every rank when the ranks' models differ in a parameter's
     or floating buffer's name, shape or dtype, in which parameters train, or in how many
     there are. A collective: one all-gather of 5 int64 when the models agree."""
-    if comm.size == 1:
-        return
     entries = describe(model)
-    digest = _digest(entries)
-    everyone = comm.all_gather(digest, torch.empty(comm.size * digest.numel(), dtype=torch.int64))
-    everyone = everyone.view(comm.size, -1)
-    if bool((everyone == everyone[0]).all()):
+    gathered = gather_if_different(comm, json.dumps(entries).encode())
+    if gathered is None:
         return
-    lists = [json.loads(b.decode()) for b in _gather_bytes(comm, json.dumps(entries).encode())]
+    lists = [json.loads(b.decode()) for b in gathered]
     what = first_difference(lists) or "the descriptions hash differently"
     raise ModelMismatchError(
         f"zerort.initialize on rank {comm.rank} of {comm.size}: the model differs across ranks; {what}. "

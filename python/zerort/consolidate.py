@@ -8,17 +8,21 @@ Needs no process group. Parameters are assembled one at a time from memory-mappe
 and streamed to a .safetensors file, so peak memory stays near the largest parameter plus
 the shard pages being read. A .pt output is written from that streamed file, memory-mapped.
 The original model loads the result with model.load_state_dict(torch.load(OUT)).
+
+OUT is written to a hidden temporary file next to it and renamed at the end, so it is
+whole or absent. A missing, read-only or full output folder is a CheckpointError that
+names OUT (and for a full disk the bytes needed); nothing is left behind.
 """
 import argparse
 import json
 import os
 import struct
 import sys
-import tempfile
 
 import torch
 
-from .checkpoint import CheckpointError, ShardReader, read_meta
+from .checkpoint import CheckpointError, ShardReader, read_meta, write_new_file
+from .checkpoint_meta import file_kind, stat_or_none
 
 
 def _progress(i, n, name):
@@ -53,8 +57,9 @@ def _dtype(reader, pname, key):
     return reader.shard(0)[0][key].dtype if key.startswith("extra::") else torch.float32
 
 
-def stream_safetensors(reader, entries, path):
-    """entries: [(output name, param name, state key)]; writes them one tensor at a time."""
+def stream_safetensors(reader, entries, path, shown=None):
+    """entries: [(output name, param name, state key)]; writes them one tensor at a time
+    into a new file at path (a CheckpointError naming `shown` if that fails)."""
     header, offset = {}, 0
     for out_name, pname, key in entries:
         shape, dtype = _shape(reader, pname, key), _dtype(reader, pname, key)
@@ -66,7 +71,8 @@ def stream_safetensors(reader, entries, path):
         offset += nbytes
     blob = json.dumps(header, separators=(",", ":")).encode()
     blob += b" " * (-len(blob) % 8)
-    with open(path, "wb") as f:
+
+    def write(f):
         f.write(struct.pack("<Q", len(blob)))
         f.write(blob)
         for i, (out_name, pname, key) in enumerate(entries, 1):
@@ -75,8 +81,26 @@ def stream_safetensors(reader, entries, path):
             del t
             _progress(i, len(entries), out_name)
 
+    write_new_file(path, write, 8 + len(blob) + offset, shown=shown)
+    return 8 + len(blob) + offset
+
+
+def _output_folder(out):
+    """The folder OUT goes into, checked before any work: it exists, is a folder, and OUT
+    is not a directory."""
+    folder = os.path.dirname(os.path.abspath(out))
+    st = stat_or_none(folder)
+    if st is None:
+        raise CheckpointError(f"cannot write {out}: its folder {folder} does not exist; create it first")
+    if not os.path.isdir(folder):
+        raise CheckpointError(f"cannot write {out}: {folder} is {file_kind(st.st_mode)}, not a folder")
+    if os.path.isdir(out):
+        raise CheckpointError(f"cannot write {out}: it is a directory")
+    return folder
+
 
 def consolidate(directory, out, tag=None, safetensors=False, adam=False):
+    folder = _output_folder(out)
     tag, meta = read_meta(directory, tag)
     reader = ShardReader(directory, tag, meta)
     reader.check_all()
@@ -86,15 +110,26 @@ def consolidate(directory, out, tag=None, safetensors=False, adam=False):
     entries += [(n, n, f"extra::{n}") for n in meta.get("extras", [])]  # frozen params, buffers
     if adam:
         entries += [(f"{n}.exp_avg", n, "exp_avg") for n in names] + [(f"{n}.exp_avg_sq", n, "exp_avg_sq") for n in names]
-    if safetensors:
-        stream_safetensors(reader, entries, out)
-        return out
-    with tempfile.TemporaryDirectory(dir=os.path.dirname(os.path.abspath(out))) as tmp:
-        st = os.path.join(tmp, "full.safetensors")
-        stream_safetensors(reader, entries, st)
-        from safetensors.torch import load_file
+    base = os.path.join(folder, f".{os.path.basename(out)}.{os.getpid()}")
+    st, pt = base + ".safetensors.tmp", base + ".pt.tmp"  # hidden, next to OUT
+    try:
+        size = stream_safetensors(reader, entries, st, shown=out)
+        if not safetensors:
+            from safetensors.torch import load_file
 
-        torch.save(load_file(st), out)  # tensors memory-mapped from the streamed file
+            tensors = load_file(st)  # memory-mapped from the streamed file
+            write_new_file(pt, lambda f: torch.save(tensors, f), size + 64 * len(entries) + (1 << 16), shown=out)
+            del tensors
+        try:
+            os.replace(st if safetensors else pt, out)
+        except OSError as e:
+            raise CheckpointError(f"cannot write {out}: {e.strerror}") from None
+    finally:
+        for path in (st, pt):
+            try:
+                os.unlink(path)
+            except OSError:  # never made (a read-only folder), or renamed to OUT
+                pass
     return out
 
 

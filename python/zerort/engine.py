@@ -9,11 +9,17 @@
 Stages 0, 1 and 2 go through the C++ Engine (runtime/engine.h): parameters become views of
 one flat buffer per dtype, their grads views of a flat grad buffer that autograd
 accumulates into, and each rank owns its shard of the FP32 master and Adam states (stage 0:
-all of it). Stage 3 is zerort/stage3.py over the same ShardOptimizer. Compute runs in bf16,
-fp16 or fp32; modules whose class is in fp32_modules (default: LayerNorm, RMSNorm,
-BatchNorm) keep FP32 parameters and compute, with their inputs cast to FP32 and their
-outputs back to the compute dtype. Every buffer lives on the model's device: CPU (mpi or
-gloo communicators) or one CUDA device (nccl).
+all of it). Stage 3 is the same Engine with units (zerort/stage3.py plans them and holds
+the module hooks that gather and release them). Compute runs in bf16,
+fp16 or fp32. Under bf16 and fp16, FP32 modules keep FP32 parameters and compute, with their
+inputs cast to FP32 and their outputs back to the compute dtype: norm layers, by what they
+are (torch's norm classes and any class whose name ends in "Norm", such as HuggingFace's
+LlamaRMSNorm), with config fp32_modules adding ("Name") or removing ("-Name") classes. Float
+buffers keep the dtype the model gave them (rotary inv_freq, BatchNorm's running
+statistics) except in modules with parameters in the compute dtype, whose forward mixes
+the two: there they are cast to it. A module without parameters that holds float buffers
+computes in FP32 like an FP32 module. The rule is zerort.precision's. Every buffer lives on
+the model's device: CPU (mpi or gloo communicators) or one CUDA device (nccl).
 """
 import contextlib
 import math
@@ -24,9 +30,9 @@ import torch
 
 from . import _C
 from . import comm as comm_mod
-from . import consistency, failfast, nonfinite
+from . import consistency, failfast, lifecycle, nonfinite, precision
 from .config import ConfigError, parse
-from .stage3 import Stage3, alive
+from . import stage3
 
 _DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
@@ -72,20 +78,19 @@ class Engine:
                                f"communicator moves {self.comm.device} buffers; use 'nccl' (or 'auto') for CUDA "
                                "models and 'mpi' or 'gloo' for CPU models"])
         failfast.install(self.comm.rank, self.comm.size)  # an uncaught error ends every rank
+        lifecycle.track_engine(self)  # closed at exit if still alive (its comm thread joined)
         consistency.check_model(self.comm, model)  # the same model on every rank, or an error
-        fp32_ids = set()
-        if self.dtype != torch.float32:
-            for m in model.modules():
-                if type(m).__name__ in c.fp32_modules:
-                    fp32_ids.update(id(p) for p in m.parameters(recurse=False))
-                    m.register_forward_pre_hook(_cast_inputs(torch.float32))
-                    m.register_forward_hook(_cast_outputs(self.dtype))
+        plan = precision.plan(model, c.fp32_modules) if self.dtype != torch.float32 else precision.Plan()
+        fp32_ids = plan.fp32_ids
+        for m in plan.fp32_modules:
+            m.register_forward_pre_hook(_cast_inputs(torch.float32), with_kwargs=True)
+            m.register_forward_hook(_cast_outputs(self.dtype))
         params, frozen = [], []
-        seen = set()
+        self._names = {}  # id(param) -> its first name, for errors
         for name, p in model.named_parameters():  # named_parameters() yields a tied tensor once
-            if id(p) in seen:
+            if id(p) in self._names:
                 continue
-            seen.add(id(p))
+            self._names[id(p)] = name
             if p.dtype != torch.float32:
                 raise TypeError(f"zerort: parameter {name!r} is {p.dtype}; build the model with float32 "
                                 "parameters (zerort keeps the FP32 master and casts itself)")
@@ -99,33 +104,34 @@ class Engine:
                 self._frozen_fp32[id(p)] = p.data.clone()
                 if id(p) not in fp32_ids:
                     p.data = p.data.to(self.dtype)
-            for m in model.modules():  # rank 0's buffers; cast like their module's params
-                keep_fp32 = self.dtype == torch.float32 or type(m).__name__ in c.fp32_modules
+            for m in model.modules():  # rank 0's buffers; cast only where zerort.precision says
                 for name, b in m.named_buffers(recurse=False):
                     if b is not None and b.is_floating_point():
                         self.comm.broadcast(b, 0)
-                        if not keep_fp32:
+                        if (id(m), name) in plan.cast_buffers:
                             setattr(m, name, b.to(self.dtype))
         self._groups = [[p for p in params if id(p) not in fp32_ids], [p for p in params if id(p) in fp32_ids]]
         self._shapes = {id(p): tuple(p.shape) for p in params}  # stage 3 empties the params
         self._params = params  # every trainable parameter, each once
+        self._frozen = frozen
         self.comm._c.reset_scratch_peak()  # the memory report measures from here
         kwargs = dict(lr=c.lr, beta1=c.betas[0], beta2=c.betas[1], eps=c.eps, weight_decay=c.weight_decay,
                       initial_scale_power=c.initial_scale_power if c.precision == "fp16" else 0,
                       window=c.loss_scale_window, hysteresis=c.hysteresis, min_scale=c.min_loss_scale,
                       consecutive_hysteresis=c.consecutive_hysteresis, clip=c.gradient_clipping,
                       accumulation=c.gradient_accumulation_steps, lr_schedule=c.lr_schedule)
-        if c.stage == 3:
-            self._impl = Stage3(model, c, self.comm, self.dtype, params, fp32_ids, kwargs)
-        else:
-            self._impl = _C.Engine(self._groups[0], self._groups[1], self.comm._c, stage=c.stage,
-                                   precision=c.precision, bucket=c.reduce_bucket_numel, **kwargs)
-            # Each gradient, once complete, lets its bucket go to the comm thread while
-            # backward continues.
-            ref = weakref.ref(self)  # the model's hooks must not keep the engine alive
-            for g, group in enumerate(self._groups):
-                for i, p in enumerate(group):
-                    p.register_post_accumulate_grad_hook(lambda _p, g=g, i=i: alive(ref)._impl.grad_ready(g, i))
+        units = stage3.UnitPlan(model, params, fp32_ids, c) if c.stage == 3 else None
+        self._impl = _C.Engine(self._groups[0], self._groups[1], self.comm._c, units=units.specs if units else [],
+                               stage=c.stage, precision=c.precision, bucket=c.reduce_bucket_numel, **kwargs)
+        self._unit_plan = units
+        self.unit_names = units.names if units else []  # stage 3: Engine unit i's module
+        self._units = stage3.UnitHooks(self, model, units, c.prefetch) if units else None
+        # Each gradient, once complete, lets its bucket go to the comm thread while backward
+        # continues (at stage 3 it also lets a finished unit be released).
+        ref = weakref.ref(self)  # the model's hooks must not keep the engine alive
+        for g, group in enumerate(self._groups):
+            for i, p in enumerate(group):
+                p.register_post_accumulate_grad_hook(lambda _p, g=g, i=i: alive(ref)._impl.grad_ready(g, i))
         micro, total = c.train_micro_batch_size_per_gpu, c.train_batch_size
         if micro is not None and total is not None and total != micro * c.gradient_accumulation_steps * self.world_size:
             raise ConfigError([f"train_batch_size: got {total}; it must equal train_micro_batch_size_per_gpu "
@@ -146,27 +152,48 @@ class Engine:
 
     def backward(self, loss):
         """loss.backward() with the loss scaled by the current loss scale (in FP32). The
-        engine averages over ranks and micro-steps itself: pass the plain mean loss."""
+        engine averages over ranks and micro-steps itself: pass the plain mean loss.
+        Several backward() calls before one step() add up, as in PyTorch. Works under
+        torch.no_grad() too."""
+        self._check_requires_grad()
         t0 = time.perf_counter()
-        stage3 = isinstance(self._impl, Stage3)
-        if stage3:
-            self._impl.in_backward = True  # recomputed forwards keep their units
+        self._impl.begin_backward()  # a previous pass's reduces finish first
+        if self._units:
+            self._units.in_backward = True  # recomputed forwards keep their units
         try:
-            (loss.float() * self._impl.loss_scale).backward()
+            with torch.enable_grad():  # the scaling multiply must be part of the graph
+                (loss.float() * self._impl.loss_scale).backward()
         finally:
-            if stage3:
-                self._impl.in_backward = False
+            if self._units:
+                self._units.in_backward = False
         self._t_backward = time.perf_counter() - t0
 
     def step(self):
         """Reduces this micro-step's gradients; at the accumulation boundary, updates the
-        parameters (or skips on non-finite gradients) and zeroes the gradients."""
+        parameters (or skips on non-finite gradients) and zeroes the gradients. Every rank
+        must have run backward() since its previous step(): otherwise the step() that ends
+        the accumulation window raises zerort.UsageError on every rank, naming the ranks,
+        and applies nothing."""
+        self._check_requires_grad()
         s = self._nonfinite.step(self._impl.step)
         if s["boundary"]:
             s["forward_ms"] = 1e3 * getattr(self, "_t_forward", 0.0)
             s["backward_ms"] = 1e3 * getattr(self, "_t_backward", 0.0)
             self.stats = s
         return s
+
+    def _check_requires_grad(self):
+        """The trainable set is planned at initialize: a later requires_grad change is an
+        error naming the parameter (raised before any collective, so on every rank that
+        made the change)."""
+        for ps, was in ((self._params, True), (self._frozen, False)):
+            for p in ps:
+                if p.requires_grad != was:
+                    raise _C.UsageError(
+                        f"zerort: parameter {self._names[id(p)]!r} was {'trainable' if was else 'frozen'} at "
+                        f"initialize and now has requires_grad={p.requires_grad}; zerort lays out its shards and "
+                        "optimizer state at initialize, so set requires_grad before zerort.initialize (freeze "
+                        "or unfreeze, then wrap the model again, or restore requires_grad)")
 
     # ---- properties ----------------------------------------------------------------
     @property
@@ -199,22 +226,28 @@ class Engine:
             raise ValueError(f"set_lr: lr must be a finite number >= 0, got {lr!r}")
         self._impl.set_lr(float(lr))
 
+    def _close(self):
+        """Drops the C++ engine (or the stage-3 one) now, whatever else refers to this object:
+        zerort.lifecycle calls it at exit, so the comm thread is joined while the interpreter
+        is whole. Unusable afterwards."""
+        self._impl = None
+        self._nonfinite = None
+
     # ---- state ---------------------------------------------------------------------
     def full_state_dict(self, master=False):
         """The full parameters on every rank, at every stage: the low-precision working
         copy, or with master=True the FP32 master weights gathered from every shard."""
+        if not master and self._units:
+            with self.gathered_parameters():  # stage 3: whole while inside
+                return {k: t.detach().clone() for k, t in self.module.state_dict(keep_vars=True).items()}
         values = {}  # id(param) -> full tensor
-        if isinstance(self._impl, Stage3):
-            for g in self._impl.groups:
-                flat = self._impl.full_flat(g, master)
-                for p, view in g.views(flat):
-                    values[id(p)] = view.clone()
-        elif master:
+        if master:
             for g in range(self._impl.num_groups):
                 full = self._impl.gather_master(g)
                 for i, p in enumerate(self._groups[g]):
                     off = self._impl.param_offset(g, i)
-                    values[id(p)] = full[off:off + p.numel()].view(p.shape).clone()
+                    shape = self._shapes[id(p)]  # stage 3 empties released parameters
+                    values[id(p)] = full[off:off + math.prod(shape)].view(shape).clone()
         out = {}
         for name, t in self.module.state_dict(keep_vars=True).items():
             if id(t) in values:
@@ -254,11 +287,21 @@ class Engine:
     def gathered_parameters(self):
         """Inside, every parameter of engine.module is whole (stage 3 gathers them; stages
         1 and 2 always hold them whole). For evaluation and export."""
-        if isinstance(self._impl, Stage3):
-            with self._impl.gathered():
+        if self._units:
+            with stage3.gathered(self._impl):
                 yield
         else:
             yield
+
+
+def alive(ref):
+    """The engine behind a model hook's weak reference, or a clear error once it is gone."""
+    engine = ref()
+    if engine is None:
+        raise RuntimeError("zerort: the engine this model was wrapped by has been deleted, and its hooks "
+                           "(and at stage 3 its parameters) went with it; keep the engine alive while you "
+                           "use the model, or wrap the model again")
+    return engine
 
 
 def _cast(x, dtype):
@@ -268,8 +311,8 @@ def _cast(x, dtype):
 
 
 def _cast_inputs(dtype):
-    def hook(module, args):
-        return _cast(args, dtype)
+    def hook(module, args, kwargs):
+        return _cast((args, kwargs), dtype)
     return hook
 
 

@@ -9,10 +9,12 @@ Two columns per category: the ZeRO paper's formula (stage 0: 16Ψ; 1: 4Ψ+12Ψ/W
 3: 16Ψ/W) and the exact bytes of our layout, with the padding of every bucket or unit to
 W x 16 elements, the FP32 gradient shard our design adds, the reduce scratch and the
 gathered stage-3 units. engine.memory_report() puts what the run allocated beside it.
+Phases (zerort/phases.py) measures the allocator's peak per phase: forward, backward, step.
 """
 import argparse
 import dataclasses
 import json
+import math
 import resource
 import sys
 
@@ -20,6 +22,9 @@ import torch
 
 from . import _C
 from .config import Config
+from .precision import plan as fp32_plan
+from .phases import (PHASES, PhaseMemory, Phases, allocated, install_counting_allocator,  # noqa: F401
+                     reset_peak)
 
 ALIGN = 16
 CATEGORIES = [
@@ -86,7 +91,7 @@ def exact(groups, world_size, stage, reduce_bucket_numel=1 << 24, prefetch=1):
     for g in groups:
         layout = _C.ShardLayout(g.numels, w, ALIGN)
         full = layout.padded_numel * g.element_bytes
-        out["lp_params"] += layout.shard_numel * g.element_bytes + (full if g.persistent else 0)
+        out["lp_params"] += full if g.persistent else 0  # units are cast from the master when gathered
         out["lp_grads"] = max(out["lp_grads"], full)      # the pack buffer of one unit
         out["comm_buffers"] = max(out["comm_buffers"], full)  # its reduce scratch
         for k in ("master", "adam_m", "adam_v", "grad_shard"):
@@ -100,15 +105,11 @@ def exact(groups, world_size, stage, reduce_bucket_numel=1 << 24, prefetch=1):
 
 def model_groups(model, stage, precision="bf16", config=None):
     """The parameter groups zerort.initialize would build for this model."""
-    from .stage3 import plan_units
+    from .stage3 import UnitPlan
 
     c = config or Config(stage=stage, precision=precision)
     lp = _BYTES[precision]
-    fp32_ids = set()
-    if precision != "fp32":
-        for m in model.modules():
-            if type(m).__name__ in c.fp32_modules:
-                fp32_ids.update(id(p) for p in m.parameters(recurse=False))
+    fp32_ids = fp32_plan(model, c.fp32_modules).fp32_ids if precision != "fp32" else set()
     seen, params = set(), []
     for p in model.parameters():  # shared parameters count once
         if id(p) not in seen and p.requires_grad:
@@ -118,8 +119,14 @@ def model_groups(model, stage, precision="bf16", config=None):
         groups = [Group([p.numel() for p in params if id(p) not in fp32_ids], lp),
                   Group([p.numel() for p in params if id(p) in fp32_ids], 4)]
         return [g for g in groups if g.numels]
-    return [Group([p.numel() for p in ps], 4 if fp32 else lp, persistent)
-            for _, _, ps, fp32, persistent in plan_units(model, params, fp32_ids, c)]
+    return _unit_groups(UnitPlan(model, params, fp32_ids, c), [p.numel() for p in params if id(p) not in fp32_ids],
+                        [p.numel() for p in params if id(p) in fp32_ids], lp)
+
+
+def _unit_groups(plan, numels, fp32_numels, lp):
+    """Stage 3's groups: one per Engine unit (in its order), then the FP32 group."""
+    groups = [Group([numels[i] for i in ps], lp, persistent) for ps, persistent in plan.specs]
+    return groups + ([Group(fp32_numels, 4, True)] if fp32_numels else [])
 
 
 def count_groups(numel, stage, precision="bf16", reduce_bucket_numel=1 << 24, unit_numel=None):
@@ -189,29 +196,18 @@ class MemoryReport:
 
 def measure(engine):
     """Bytes the engine's runtime allocated on this rank, per category."""
-    from .stage3 import Stage3
-
     nbytes = lambda t: t.numel() * t.element_size()
     impl, out = engine._impl, dict.fromkeys((k for k, _ in CATEGORIES), 0)
     scratch = engine.comm._c.scratch_peak_bytes
-    if isinstance(impl, Stage3):
-        for g in impl.groups:
-            out["lp_params"] += nbytes(g.lp_slice) + (nbytes(g.full_buf) if g.persistent and g.full_buf is not None else 0)
-        out["lp_grads"] = impl.pack_peak
-        opt = impl.opt
-        out["master"], out["adam_m"], out["adam_v"] = nbytes(opt.master), nbytes(opt.exp_avg), nbytes(opt.exp_avg_sq)
-        out["grad_shard"] = nbytes(opt.grad_shard)
-        out["comm_buffers"] = scratch
-        out["gathered_units"] = impl.gathered_peak
-        return out
+    out["lp_params"] = impl.resident_param_bytes  # stage 3: the persistent units
+    out["gathered_units"] = impl.gathered_peak
     for g in range(impl.num_groups):
-        out["lp_params"] += nbytes(impl.flat_params(g))
         flat_grads = impl.flat_grads(g)
         out["lp_grads"] += nbytes(flat_grads) if flat_grads is not None else 0
         out["master"] += nbytes(impl.master(g))
         out["adam_m"] += nbytes(impl.exp_avg(g))
         out["adam_v"] += nbytes(impl.exp_avg_sq(g))
-    out["lp_grads"] += impl.pack_buffer_bytes  # stage 2
+    out["lp_grads"] += impl.pack_buffer_bytes  # stages 2, 3
     out["grad_shard"] = nbytes(impl.grad_shard)
     out["comm_buffers"] = scratch + (nbytes(impl.stage0_scratch) if impl.stage0_scratch is not None else 0)
     return out
@@ -219,8 +215,6 @@ def measure(engine):
 
 def report(engine):
     """The MemoryReport of a running engine (a collective: call it on every rank)."""
-    from .stage3 import Stage3
-
     c = engine.config
     measured = measure(engine)
     keys = [k for k, _ in CATEGORIES]
@@ -231,9 +225,10 @@ def report(engine):
     engine.comm.all_reduce(tot, "sum")
     across = {k: (int(lo[i]), int(hi[i]), int(tot[i])) for i, k in enumerate(keys)}
     lp = _BYTES[c.precision]
-    if isinstance(engine._impl, Stage3):
-        groups = [Group(g.numels, torch.empty(0, dtype=g.dtype).element_size(), g.persistent)
-                  for g in engine._impl.groups]
+    if engine._unit_plan is not None:
+        numel = lambda p: math.prod(engine._shapes[id(p)])  # stage 3 empties released parameters
+        groups = _unit_groups(engine._unit_plan, [numel(p) for p in engine._groups[0]],
+                              [numel(p) for p in engine._groups[1]], lp)
     else:
         groups = [Group([p.numel() for p in ps], lp if i == 0 else 4) for i, ps in enumerate(engine._groups) if ps]
     est = exact(groups, engine.world_size, c.stage, c.reduce_bucket_numel, c.prefetch)

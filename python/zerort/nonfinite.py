@@ -42,13 +42,11 @@ class Guard:
 
     def __init__(self, engine):
         from .checkpoint import param_layout
-        from .stage3 import Stage3
 
         self.engine = weakref.proxy(engine)  # owned by the engine: no reference cycle
         self.limit = engine.config.max_consecutive_skips
         self.consecutive = 0
-        impl = engine._impl
-        self.target = impl.opt if isinstance(impl, Stage3) else impl  # has set_watch_regions
+        self.target = engine._impl  # has set_watch_regions
         layout = param_layout(engine)  # trainable parameters, named_parameters() order
         self.names = list(layout)
         replicated = engine.config.stage == 0  # every rank holds the whole gradient

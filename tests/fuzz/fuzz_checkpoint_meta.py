@@ -263,6 +263,8 @@ def corpus(seed):
     add("latest not UTF-8", lambda c: write_bytes(os.path.join(c, "latest"), b"\xff\xfe\x00"), L, "not UTF-8")
     add("latest points outside", lambda c: write_bytes(os.path.join(c, "latest"), b"../elsewhere"), L, "plain name")
     add("latest empty", lambda c: write_bytes(os.path.join(c, "latest"), b""), L, "plain name")
+    add("latest with a trailing space", lambda c: write_bytes(os.path.join(c, "latest"), open(os.path.join(
+        c, "latest"), "rb").read().strip() + b" \n"), L, "plain name", "whitespace")
     add("latest names a missing tag", lambda c: write_bytes(os.path.join(c, "latest"), b"step999"),
         "step999", "is missing")
     # shard files: structure, counters, tensors (re-signed unless said)
@@ -294,7 +296,59 @@ def corpus(seed):
     add("extra tensor missing", _shard_edit(0, lambda p: p["tensors"].pop(f"extra::{extra}")), S0, f"extra::{extra}")
     add("shard tensor flipped, not re-signed", _shard_edit(1, lambda p: p["tensors"]["master"].__setitem__(0, 7.0),
                                                            resign=False), S1, "checksum mismatch")
+    # the binding of shards to meta.json: a save id and each shard's SHA-256
+    add("format 1 (shards not bound)", _meta_edit(_set(["format"], "zerort-checkpoint-1")), M, "zerort-checkpoint-1",
+        "save the checkpoint again")
+    for bad in (None, 5, "xyz", "0" * 15, "0" * 17, "A" * 16):
+        add(f"save_id = {bad!r}", _meta_edit(_set(["save_id"], bad)), M, "field save_id", "16 lowercase hex")
+    add("save_id missing", _meta_edit(_delete(["save_id"])), M, "field save_id", "missing")
+    add("shard_sha256 missing", _meta_edit(_delete(["shard_sha256"])), M, "field shard_sha256", "missing")
+    add("shard_sha256 one digest", _meta_edit(lambda m: m["shard_sha256"].pop()), M, "field shard_sha256",
+        "one per shard")
+    add("shard_sha256 a string", _meta_edit(_set(["shard_sha256"], "0" * 64)), M, "field shard_sha256", "a list")
+    add("shard_sha256[1] too short", _meta_edit(_set(["shard_sha256", 1], "ab")), M, "field shard_sha256[1]")
+    add("shard of another save (re-signed)", _shard_edit(1, lambda p: p["meta"].update(save_id="0123456789abcdef")),
+        S1, "belongs to another save", "'0123456789abcdef'")
+    add("shard rewritten after the save (re-signed)", _shard_edit(1, lambda p: p["tensors"]["master"].__setitem__(
+        0, 7.0)), S1, "SHA-256", "records for rank 1's shard")
+    add("save id in meta.json changed (re-signed)", _meta_edit(_set(["save_id"], "fedcba9876543210")), S0,
+        "belongs to another save")
+    add("shard digest in meta.json changed (re-signed)", _meta_edit(_set(["shard_sha256", 0], "1" * 64)), S0,
+        "records for rank 0's shard")
+    # odd files in a checkpoint's place: named, never opened (a FIFO would block), never 'missing'
+    add("meta.json a directory", lambda c: _replace(meta_path(c), os.mkdir), M, "is a directory, not a regular file")
+    add("meta.json a FIFO", lambda c: _replace(meta_path(c), os.mkfifo), M, "a FIFO")
+    add("latest a directory", lambda c: _replace(os.path.join(c, L), os.mkdir), L, "is a directory")
+    add("latest a FIFO", lambda c: _replace(os.path.join(c, L), os.mkfifo), L, "a FIFO")
+    add("shard a FIFO", lambda c: _replace(os.path.join(tag_dir(c), S1), os.mkfifo), S1, "a FIFO")
+    add("shard a directory", lambda c: _replace(os.path.join(tag_dir(c), S0), os.mkdir), S0, "a directory")
+    add("meta.json a symlink loop", lambda c: _replace(meta_path(c), _loop), M, "a symlink loop")
+    add("shard a symlink loop", lambda c: _replace(os.path.join(tag_dir(c), S1), _loop), S1, "a symlink loop")
+    add("latest a symlink loop", lambda c: _replace(os.path.join(c, L), _loop), L, "a symlink loop")
+    add("tag a symlink loop", _tag_loop, "a symlink loop")
+    add("tag a dangling link", lambda c: _replace(tag_dir(c), lambda p: os.symlink(".gone", p)), "does not exist")
+    add("tag a regular file", lambda c: _replace(tag_dir(c), lambda p: open(p, "w").close()), "not a directory")
+    add("shard a dangling link", lambda c: _replace(os.path.join(tag_dir(c), S0), lambda p: os.symlink("gone", p)),
+        S0, "does not exist")
     return cases
+
+
+def _replace(path, make):
+    """Removes the file or link at path (not what a link points to) and makes another thing there."""
+    os.unlink(path)
+    make(path)
+
+
+def _loop(path):
+    """path -> path.b -> path: a symlink loop."""
+    os.symlink(os.path.basename(path) + ".b", path)
+    os.symlink(os.path.basename(path), path + ".b")
+
+
+def _tag_loop(ckpt):
+    with open(os.path.join(ckpt, "latest")) as f:
+        tag = f.read().strip()
+    _replace(os.path.join(ckpt, tag), _loop)
 
 
 NEUTRAL = [  # edits that change nothing a loader uses: the load must give the same values

@@ -14,7 +14,7 @@ sys.path.insert(0, os.path.join(HERE, "..", "..", "python"))
 import torch  # noqa: E402
 
 import zerort  # noqa: E402
-from engine_models import CONFIG, batch, loss_fn, make_model  # noqa: E402
+from engine_models import CONFIG, batch, loss_fn, make_model, model_config  # noqa: E402
 
 
 def run_case(case, comm):
@@ -23,7 +23,7 @@ def run_case(case, comm):
     flags = parts[5:]
     inject = next((int(f.split("@")[1]) for f in flags if f.startswith("inf@")), -1)
     model = make_model(name)
-    cfg = dict(CONFIG, stage=stage, precision=precision, gradient_accumulation_steps=gas)
+    cfg = dict(CONFIG, **model_config(name), stage=stage, precision=precision, gradient_accumulation_steps=gas)
     if "noclip" in flags:
         cfg["gradient_clipping"] = 0.0
     engine = zerort.initialize(model, cfg, comm=comm)

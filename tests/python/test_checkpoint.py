@@ -140,7 +140,7 @@ e.save_checkpoint({d!r}, tag="good")
 torch.save(e.full_state_dict(master=True), {d!r} + "/good_master.pt")
 step(1)
 real = ck._atomic_write
-def slow(path, write):  # the second save stops half-way through its first file
+def slow(path, write, *args, **kwargs):  # the second save stops half-way through its first file
     tmp = path + ".tmp"
     with open(tmp, "wb") as f:
         f.write(b"partial")

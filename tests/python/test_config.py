@@ -61,3 +61,16 @@ def test_bad_files(tmp_path):
     bad = tmp_path / "bad.json"
     bad.write_text("{not json")
     assert "not valid JSON" in problems(str(bad))[0]
+
+
+def test_fp32_modules_adds_and_removes_in_both_spellings():
+    assert parse({}).fp32_modules == ()  # the norm rule alone (zerort.precision)
+    change = ["MoEGate", "-BatchNorm2d"]
+    assert parse({"fp32_modules": change}).fp32_modules == ("MoEGate", "-BatchNorm2d")
+    assert parse({"bf16": {"enabled": True}, "fp32_modules": change}).fp32_modules == ("MoEGate", "-BatchNorm2d")
+    (line,) = problems({"zero_optimization": {"stage": 2}, "fp32_modules": ["LayerNorm", "-LayerNorm"]})
+    assert line == ("fp32_modules: got ['LayerNorm', '-LayerNorm']; allowed: each class added or removed, not both: "
+                    "LayerNorm")
+    (line,) = problems({"fp32_modules": ["torch.nn.LayerNorm"]})
+    assert line.startswith("fp32_modules: got ['torch.nn.LayerNorm']; allowed: a list of module class names")
+    assert "not a dotted path" in line

@@ -21,7 +21,7 @@ OURS = {
     "precision": ("fp16", ["int8", 16, None, "BF16"]),
     "optimizer.lr": (1e-4, [-1.0, NAN, INF, "1e-3", True]),
     "optimizer.betas": ([0.8, 0.9], [[0.9], [0.9, 1.0], [NAN, 0.9], "0.9,0.99", [True, 0.9], [0.9, 0.9, 0.9]]),
-    "optimizer.eps": (1e-6, [-1e-8, INF, "1e-8"]),
+    "optimizer.eps": (1e-6, [0, 0.0, -1e-8, INF, NAN, "1e-8"]),
     "optimizer.weight_decay": (0.1, [-0.1, NAN, False]),
     "loss_scale.initial_scale_power": (8, [61, -1, 8.0, True]),
     "loss_scale.window": (10, [0, 2 ** 63, 1.5, "10"]),
@@ -37,7 +37,8 @@ OURS = {
     "stage3.unit_modules": (["Block"], ["Block", [1], [""], {"Block": 1}]),
     "comm.backend": ("mpi", ["tcp", 1, None]),
     "comm.timeout_s": (30, [0, 1e10, NAN, -1, "30"]),
-    "fp32_modules": ([], ["LayerNorm", None, [None]]),
+    "fp32_modules": (["MyGate", "-BatchNorm2d"], ["LayerNorm", None, [None], [""], ["-"], ["--X"],
+                                                  ["torch.nn.LayerNorm"], ["LayerNorm", "-LayerNorm"]]),
     "max_consecutive_skips": (10, [0, True, 1.5, "10"]),
     "lr_schedule": (lambda step: 1e-3, [0.1, "cosine"]),
     "optimizer": ({}, SECTION_BAD),
@@ -65,12 +66,13 @@ DEEPSPEED = {
     "optimizer.params": ({}, SECTION_BAD),
     "optimizer.params.lr": (1e-4, [-1, NAN]),
     "optimizer.params.betas": ([0.9, 0.95], [[1.5, 0.9]]),
-    "optimizer.params.eps": (1e-8, [-1]),
+    "optimizer.params.eps": (1e-8, [-1, 0, NAN]),
     "optimizer.params.weight_decay": (0.0, [INF]),
     "gradient_clipping": (1.0, [-0.5]),
     "gradient_accumulation_steps": (1, [0, True]),
     "reduce_bucket_numel": (64, [0]),
     "train_micro_batch_size_per_gpu": (1, [0]),
+    "fp32_modules": (["-LayerNorm"], [["X", "-X"], "X"]),
 }
 
 
@@ -137,7 +139,7 @@ def test_many_errors_in_one_config_all_in_one_message():
                 "reduce_bucket_numel: got 0; allowed: >= 1 and <= 2**62",
                 "optimizer.lr: got inf; allowed: a finite number >= 0",
                 "optimizer.betas: got [0.9, 1.2]; allowed: a list of two numbers, each >= 0 and < 1",
-                "optimizer.eps: got -1; allowed: >= 0",
+                "optimizer.eps: got -1; allowed: > 0 (e.g. 1e-8)",
                 "optimizer.momentum: unknown or unsupported key (got 0.9); known keys in optimizer: lr, betas, eps,",
                 "loss_scale.window: got 0; allowed: >= 1 and <= 2**62",
                 "loss_scale.hysteresis: got 1.5 (a float); allowed: an integer >= 1",
@@ -153,6 +155,19 @@ def test_many_errors_in_one_config_all_in_one_message():
     for want in expected:
         assert want in text, f"{want!r} missing from:\n{text}"
     assert len(e.value.problems) == len(expected)
+
+
+def test_eps_must_be_positive_in_both_spellings():
+    # eps = 0 passed before and made a master weight NaN at the first bf16 step (0 / 0 where a
+    # gradient and its moments are 0), after which every step was skipped.
+    assert problems({"optimizer": {"eps": 0}}) == ["optimizer.eps: got 0; allowed: > 0 (e.g. 1e-8)"]
+    assert problems({"zero_optimization": {}, "optimizer": {"type": "AdamW", "params": {"eps": 0.0}}}) == [
+        "optimizer.params.eps: got 0.0; allowed: > 0 (e.g. 1e-8)"]
+    assert problems({"optimizer": {"eps": INF}}) == ["optimizer.eps: got inf; allowed: a finite number > 0 (e.g. 1e-8)"]
+    assert problems({"bf16": {"enabled": True}, "optimizer": {"params": {"eps": NAN}}}) == [
+        "optimizer.params.eps: got nan; allowed: a finite number > 0 (e.g. 1e-8)"]
+    assert parse({"optimizer": {"eps": 5e-324}}).eps == 5e-324  # any positive number is taken
+    assert parse({"fp16": {"enabled": True}, "optimizer": {"params": {"eps": 1e-6}}}).eps == 1e-6
 
 
 def test_unknown_keys_suggest_the_closest_known_key():
@@ -206,3 +221,48 @@ def test_json_files_name_the_file(tmp_path):
 
 def test_a_config_that_is_not_a_mapping():
     assert problems([("stage", 1)]) == ["config: got a list; allowed: a dict, a JSON file path or a zerort.config.Config"]
+
+
+# ---- configs that cannot crash the parser (issue 14) ---------------------------------------
+
+def test_deep_nesting_is_a_config_error_not_a_recursion_error(tmp_path):
+    from zerort.config import MAX_DEPTH
+
+    deep = tmp_path / "deep.json"
+    deep.write_text("[" * 100_000 + "]" * 100_000)  # past the JSON parser's own limit
+    assert problems(str(deep)) == [f"config file {str(deep)!r}: nested too deep for the JSON parser; allowed: at most "
+                                   f"{MAX_DEPTH} levels of objects and lists (a zerort or DeepSpeed config needs 4)"]
+    deep.write_text('{"stage3": ' + '{"a": ' * 100 + "1" + "}" * 101)  # parses, but deeper than MAX_DEPTH
+    (line,) = problems(str(deep))
+    assert line.startswith(f"config file {str(deep)!r}: nested more than {MAX_DEPTH} levels deep"), line
+    cfg = d = {}
+    for _ in range(100_000):  # the same as a dict
+        d["x"] = {}
+        d = d["x"]
+    (line,) = problems(cfg)
+    assert line.startswith(f"config: nested more than {MAX_DEPTH} levels deep"), line
+    ok = v = {}
+    for _ in range(MAX_DEPTH - 2):  # with the config around it and the innermost {}: MAX_DEPTH levels
+        v["x"] = {}
+        v = v["x"]
+    (line,) = problems({"bogus": ok})  # at the limit: parsed, and the unknown key is shown short
+    assert line.startswith("bogus: unknown or unsupported key (got {'x': {'x': {'x': {'x': {...}}}}})"), line
+    loop = {"a": 1}
+    loop["self"] = loop  # a cycle under an unknown key: shown, not walked forever
+    (line,) = problems({"bogus": loop})
+    assert line.startswith("bogus: unknown or unsupported key (got {'a': 1, 'self': {'a': 1, 'self': {'a': 1, "
+                           "'self': {'a': 1, 'self': {...}}}}})"), line  # four levels shown
+
+
+def test_messages_show_values_cut_short(tmp_path):
+    big = [0] * 7_750_000  # 62 MB of list
+    (line,) = problems({"bogus": big})
+    assert "(got [0, 0, 0, 0, 0, 0, 0, 0, ...] (a list of 7750000 items))" in line and len(line) < 600, line[:700]
+    (line,) = problems({"stage": "9" * 1_000_000})
+    assert line == f"stage: got {'9' * 200!r}...(1000000 chars) (a str); allowed: an integer >= 0 and <= 3"
+    (line,) = problems({"k" * 100_000: 1})
+    assert line.startswith("k" * 200 + "…(100000 chars): unknown or unsupported key (got 1); known keys: stage"), line[:300]
+    f = tmp_path / "big.json"
+    f.write_text(json.dumps({"bogus": list(range(1_000_000)), "optimizer": {"lr": "x" * 500_000}}))
+    text = "\n".join(problems(str(f)))
+    assert len(text) < 1500 and "(a list of 1000000 items)" in text and "...(500000 chars)" in text, text[:2000]

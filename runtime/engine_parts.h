@@ -1,0 +1,49 @@
+// Engine's inner parts (buckets and groups), shared by engine.cpp and engine_units.cpp only.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <vector>
+
+#include "runtime/engine.h"
+
+namespace zerort {
+
+// A run of consecutive parameters (in reduce order) with its own W-way shard layout; at
+// stage 3, a unit.
+struct Engine::Bucket {
+  size_t group = 0;
+  size_t index = 0;            // in buckets_: the reduce order, and the collectives' tag
+  std::vector<size_t> params;  // indices into the group's params
+  ShardLayout layout{{}, 1, 1};
+  size_t flat_offset = 0;      // in the group's flat buffers
+  size_t opt_offset = 0;       // in the optimizer's master
+  size_t opt_numel = 0;        // shard_numel (stages 1-3) or padded_numel (stage 0)
+  // The low-precision working copy: a view of the group's flat buffer (stages 0-2), or a
+  // tensor of its own whose storage is emptied while the unit is released (stage 3).
+  at::Tensor full;
+  bool persistent = true;      // stage 3: false for a unit gathered on use
+  enum class State { kReleased, kGathering, kGathered } state = State::kGathered;
+  bool queued = false;         // its reduce is queued this round
+  bool viewed = true;          // its parameters view `full` (stage 3: false while released)
+  size_t waiting = 0;          // parameters whose gradient is not complete yet
+  // Stage 2: the pack buffer holding this bucket's low-precision gradients (a pool slot,
+  // or -1), and which parameters' gradients were already copied into it.
+  int slot = -1;
+  at::Tensor overflow;  // a one-off buffer when both slots are taken by later buckets
+  std::vector<bool> packed;
+};
+
+struct Engine::Group {
+  DType dtype;
+  std::vector<at::Tensor> params;
+  std::vector<std::vector<int64_t>> shapes;  // stage 3 empties released parameters
+  std::vector<size_t> param_offset;  // in the flat buffers
+  std::vector<size_t> param_bucket;  // index into buckets
+  std::vector<Bucket> buckets;
+  size_t numel = 0;
+  at::Tensor flat_params, flat_grads;
+  size_t opt_offset = 0, opt_numel = 0;
+};
+
+}  // namespace zerort
