@@ -57,7 +57,8 @@ LossScaler::State scaler_state(const py::dict& d) {
 EngineOptions engine_options(const py::kwargs& kw) {
   static const char* const kKeys[] = {"stage", "precision", "lr", "beta1", "beta2", "eps", "weight_decay",
                                       "initial_scale_power", "window", "hysteresis", "min_scale",
-                                      "consecutive_hysteresis", "clip", "accumulation", "bucket", "lr_schedule"};
+                                      "consecutive_hysteresis", "clip", "accumulation", "bucket", "lr_schedule",
+                                      "materialize"};
   for (auto item : kw) {
     const auto key = item.first.cast<std::string>();
     ZRT_CHECK(std::find(std::begin(kKeys), std::end(kKeys), key) != std::end(kKeys),
@@ -90,6 +91,17 @@ EngineOptions engine_options(const py::kwargs& kw) {
     o.lr_schedule = [fn](int64_t step) {
       py::gil_scoped_acquire gil;  // step() runs without the GIL
       return (*fn)(step).cast<double>();
+    };
+  }
+  py::object materialize = kw.contains("materialize") ? py::object(kw["materialize"]) : py::none();
+  if (!materialize.is_none()) {  // a meta-device model: (group, [param index]) -> [tensor]
+    std::shared_ptr<py::object> fn(new py::object(materialize), [](py::object* p) {
+      py::gil_scoped_acquire gil;
+      delete p;
+    });
+    o.materialize = [fn](size_t group, const std::vector<size_t>& params) {
+      py::gil_scoped_acquire gil;  // the constructor runs without the GIL
+      return (*fn)(group, params).cast<std::vector<at::Tensor>>();
     };
   }
   return o;

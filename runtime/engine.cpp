@@ -44,8 +44,8 @@ void check_params(const std::vector<at::Tensor>& params, const char* what) {
   }
 }
 
-// The one device of every parameter (CPU when there are none), and a communicator that
-// moves that device's memory.
+// The one device of every parameter not on the meta device (CPU when there are none), and
+// a communicator that moves that device's memory.
 c10::Device common_device(const std::vector<at::Tensor>& a, const std::vector<at::Tensor>& b,
                           const Communicator& comm) {
   c10::Device device(c10::kCPU);
@@ -53,7 +53,7 @@ c10::Device common_device(const std::vector<at::Tensor>& a, const std::vector<at
   for (const auto* list : {&a, &b}) {
     for (size_t i = 0; i < list->size(); ++i) {
       const at::Tensor& p = (*list)[i];
-      if (!p.defined()) continue;
+      if (!p.defined() || p.is_meta()) continue;  // meta: materialized on the model's device
       if (first) device = p.device();
       first = false;
       ZRT_CHECK(p.device() == device, "Engine: ", list == &a ? "parameter " : "fp32 parameter ", i, " is on ",
@@ -119,8 +119,6 @@ Engine::Engine(std::vector<at::Tensor> params, Communicator& comm, EngineOptions
   const bool replicated = options_.stage == 0, stage3 = options_.stage == 3;
   ZRT_CHECK(stage3 || units.empty(), "Engine: units are for stage 3; stages 0-2 plan their buckets by size");
   const auto f32 = at::TensorOptions().dtype(at::kFloat).device(device_);
-  const int64_t rank = comm_.rank();
-  std::vector<at::Tensor> master_parts;
   size_t opt_total = 0;
   auto add_group = [&](std::vector<at::Tensor> ps, DType dtype, const char* what, const std::vector<UnitSpec>& plan) {
     check_params(ps, what);
@@ -159,57 +157,23 @@ Engine::Engine(std::vector<at::Tensor> params, Communicator& comm, EngineOptions
       g->numel += b.layout.numel();
       g->buckets.push_back(std::move(b));
     }
-    // Every rank starts from rank 0's FP32 values.
     const int64_t padded = static_cast<int64_t>(flat);
-    at::Tensor flat32 = at::zeros({padded}, f32);
-    for (size_t i = 0; i < n; ++i) {
-      flat32.narrow(0, static_cast<int64_t>(g->param_offset[i]), g->params[i].numel())
-          .copy_(g->params[i].detach().reshape({-1}));
-    }
-    constexpr int64_t kPiece = int64_t{1} << 30;  // MPI counts are int: broadcast in pieces
-    for (int64_t off = 0; off < padded; off += kPiece) {
-      comm_.broadcast(flat32.data_ptr<float>() + off, static_cast<size_t>(std::min(kPiece, padded - off)),
-                      DType::kFloat32, 0)->wait();
-    }
     const auto opts = at::TensorOptions().dtype(scalar_type(dtype)).device(device_);
-    if (!stage3) {
-      g->flat_params = at::empty({padded}, opts);
-      cast_from_f32_on(device_, flat32.data_ptr<float>(), g->flat_params.data_ptr(), dtype, static_cast<size_t>(padded));
-    }
-    for (Bucket& b : g->buckets) {
-      const int64_t bn = static_cast<int64_t>(b.layout.padded_numel()), bo = static_cast<int64_t>(b.flat_offset);
-      if (!stage3) {
-        b.full = g->flat_params.narrow(0, bo, bn);
-        continue;
-      }
-      b.full = at::empty({bn}, opts);  // stage 3: its own storage, emptied while released
-      if (b.persistent) {
-        cast_from_f32_on(device_, flat32.data_ptr<float>() + bo, b.full.data_ptr(), dtype, static_cast<size_t>(bn));
+    if (!stage3) g->flat_params = at::empty({padded}, opts);
+    for (Bucket& b : g->buckets) {  // stage 3: storage of its own, emptied while released
+      b.full = stage3 ? at::empty({static_cast<int64_t>(b.layout.padded_numel())}, opts)
+                      : g->flat_params.narrow(0, static_cast<int64_t>(b.flat_offset),
+                                              static_cast<int64_t>(b.layout.padded_numel()));
+      if (stage3 && !b.persistent) {  // units start released: gathered from the master on use
+        set_storage_bytes(b.full, 0);
+        b.state = Bucket::State::kReleased;
+        b.viewed = false;
       }
     }
     if (!sharded_grads()) g->flat_grads = at::zeros({padded}, opts);  // stages 0, 1: whole
     g->opt_offset = g->buckets.empty() ? opt_total : g->buckets.front().opt_offset;
     g->opt_numel = opt_total - g->opt_offset;
-    for (const Bucket& b : g->buckets) {  // this rank's FP32 part of each bucket
-      const int64_t shard = static_cast<int64_t>(b.layout.shard_numel());
-      master_parts.push_back(replicated ? flat32.narrow(0, static_cast<int64_t>(b.flat_offset), shard * comm_.size())
-                                        : flat32.narrow(0, static_cast<int64_t>(b.flat_offset) + rank * shard, shard));
-    }
-    // Parameters become views of their bucket's buffer. At stages 0 and 1 their grads are
-    // views of the flat grad buffer, which autograd accumulates into in place; at stages 2
-    // and 3 autograd's own grads are packed bucket by bucket and freed.
-    c10::AutoGradMode no_grad(false);
     groups_.push_back(std::move(g));
-    Group& grp = *groups_.back();
-    for (Bucket& b : grp.buckets) {
-      if (stage3 && !b.persistent) b.state = Bucket::State::kGathering;  // released below
-      set_views(b, true);
-    }
-    for (size_t i = 0; i < n && !sharded_grads(); ++i) {
-      at::Tensor& p = grp.params[i];
-      const int64_t off = static_cast<int64_t>(grp.param_offset[i]);
-      p.mutable_grad() = grp.flat_grads.narrow(0, off, p.numel()).view(p.sizes());
-    }
   };
   add_group(std::move(params), options_.precision, "parameter", units);
   ZRT_CHECK(!stage3 || !units.empty() || groups_[0]->params.empty(),
@@ -220,6 +184,15 @@ Engine::Engine(std::vector<at::Tensor> params, Communicator& comm, EngineOptions
     for (size_t i = 0; i < fp32_params.size(); ++i) fp32_units[0].params.push_back(i);
   }
   if (!fp32_params.empty()) add_group(std::move(fp32_params), DType::kFloat32, "fp32 parameter", fp32_units);
+  at::Tensor master = at::empty({static_cast<int64_t>(opt_total)}, f32);
+  for (auto& g : groups_) {
+    for (Bucket& b : g->buckets) fill_bucket(*g, b, master);
+    for (size_t i = 0; i < g->params.size() && !sharded_grads(); ++i) {
+      at::Tensor& p = g->params[i];
+      const int64_t off = static_cast<int64_t>(g->param_offset[i]);
+      p.mutable_grad() = g->flat_grads.narrow(0, off, p.numel()).view(p.sizes());
+    }
+  }
   size_t largest_pack = 0;
   for (auto& g : groups_) {
     reported_.emplace_back(g->params.size(), false);
@@ -235,12 +208,6 @@ Engine::Engine(std::vector<at::Tensor> params, Communicator& comm, EngineOptions
     for (auto& slot : pack_pool_) slot = at::empty({static_cast<int64_t>(largest_pack)}, bytes_options());
   }
 
-  at::Tensor master = at::empty({static_cast<int64_t>(opt_total)}, f32);
-  size_t off = 0;
-  for (auto& part : master_parts) {
-    master.narrow(0, static_cast<int64_t>(off), part.numel()).copy_(part);
-    off += static_cast<size_t>(part.numel());
-  }
   optimizer_ = std::make_unique<ShardOptimizer>(master, comm_, optimizer_options(options_));
   if (replicated) {  // stage 0 reduces each bucket into this scratch shard first
     size_t largest = 0;
@@ -262,15 +229,51 @@ Engine::Engine(std::vector<at::Tensor> params, Communicator& comm, EngineOptions
       }
     }
   });
-  // Stage 3: every unit starts released; its first use gathers it from the master.
-  std::unique_lock<std::mutex> lock(mu_);
-  for (Bucket* b : buckets_) {
-    if (b->state != Bucket::State::kGathering) continue;
-    b->state = Bucket::State::kGathered;
-    gathered_bytes_ += static_cast<size_t>(b->full.nbytes());
-    release_locked(lock, *b);
+}
+
+// One bucket's starting values, one bucket at a time so that no rank ever holds more than
+// one bucket in FP32 beside its shards: its parameters are materialized if the model was
+// built on the meta device, every rank takes rank 0's FP32 values, this rank keeps its part
+// as master, the working copy is cast from them, and the parameters become views of it.
+void Engine::fill_bucket(Group& g, Bucket& b, at::Tensor& master) {
+  if (options_.materialize) {
+    std::vector<size_t> pending;
+    for (size_t i : b.params) {
+      if (g.params[i].is_meta()) pending.push_back(i);
+    }
+    if (!pending.empty()) {
+      std::vector<at::Tensor> real = options_.materialize(b.group, pending);
+      ZRT_CHECK(real.size() == pending.size(), "Engine: materialize returned ", real.size(), " tensors for ",
+                pending.size(), " parameters");
+      for (size_t k = 0; k < pending.size(); ++k) {
+        const at::Tensor& t = real[k];
+        ZRT_CHECK(t.defined() && t.device() == device_ && t.scalar_type() == at::kFloat &&
+                      t.sizes() == g.params[pending[k]].sizes() && t.requires_grad() && t.is_leaf(),
+                  "Engine: materialize gave parameter ", pending[k], " of group ", b.group,
+                  " a tensor that is not a float32 leaf requiring grad of its shape on ", device_.str());
+        g.params[pending[k]] = t;
+      }
+    }
   }
-  gathered_peak_ = 0;
+  const int64_t bn = static_cast<int64_t>(b.layout.padded_numel());
+  at::Tensor f = at::zeros({bn}, at::TensorOptions().dtype(at::kFloat).device(device_));
+  for (size_t j = 0; j < b.params.size(); ++j) {
+    const at::Tensor& p = g.params[b.params[j]];
+    ZRT_CHECK(!p.is_meta(), "Engine: parameter ", b.params[j], " of group ", b.group,
+              " is on the meta device and nothing materializes it");
+    f.narrow(0, static_cast<int64_t>(b.layout.param_offset(j)), p.numel()).copy_(p.detach().reshape({-1}));
+  }
+  constexpr int64_t kPiece = int64_t{1} << 30;  // MPI counts are int: broadcast in pieces
+  for (int64_t off = 0; off < bn; off += kPiece) {
+    comm_.broadcast(f.data_ptr<float>() + off, static_cast<size_t>(std::min(kPiece, bn - off)), DType::kFloat32, 0)
+        ->wait();
+  }
+  const int64_t shard = static_cast<int64_t>(b.layout.shard_numel());
+  master.narrow(0, static_cast<int64_t>(b.opt_offset), static_cast<int64_t>(b.opt_numel))
+      .copy_(options_.stage == 0 ? f : f.narrow(0, comm_.rank() * shard, shard));
+  const bool whole = b.state == Bucket::State::kGathered;  // stage-3 units start released
+  if (whole) cast_from_f32_on(device_, f.data_ptr<float>(), b.full.data_ptr(), g.dtype, static_cast<size_t>(bn));
+  set_views(b, whole);  // the parameters' own (or materialized) values are freed here
 }
 
 Engine::~Engine() {

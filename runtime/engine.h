@@ -58,6 +58,10 @@ struct EngineOptions {
   DType precision = DType::kBFloat16;  // compute precision of `params`: bf16, f16 or f32
   AdamWHyper adamw;
   std::function<double(int64_t)> lr_schedule;  // optional: lr for Adam step n (1-based)
+  // Optional, for a model built on the meta device: real tensors (float32 leaves that
+  // require grad, on the engine's device, initialized) for these parameters of a group.
+  // Called bucket by bucket, so at most about one bucket exists in FP32 at a time.
+  std::function<std::vector<at::Tensor>(size_t group, const std::vector<size_t>& params)> materialize;
   LossScalerOptions loss_scale;        // f16 only; bf16 and f32 use a static scale of 1
   double gradient_clipping = 0.0;      // max global L2 norm; 0 disables
   int64_t gradient_accumulation_steps = 1;
@@ -162,6 +166,7 @@ class Engine {
   void release_locked(std::unique_lock<std::mutex>& lock, Bucket& b);
   void gather_on_comm_thread(Bucket& b);
   void set_views(Bucket& b, bool whole);  // the parameters view b's storage, or are empty
+  void fill_bucket(Group& g, Bucket& b, at::Tensor& master);  // starting values (constructor)
   Bucket& unit(size_t index, const char* what);  // bucket `index`, checked, at stage 3
   void wait_gathered_locked(std::unique_lock<std::mutex>& lock, Bucket& b);
   void check_backward_calls();    // at a boundary: every rank ran backward in every micro-step

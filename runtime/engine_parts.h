@@ -46,4 +46,8 @@ struct Engine::Group {
   size_t opt_offset = 0, opt_numel = 0;
 };
 
+// Frees (nbytes 0) or allocates the storage behind t, keeping the StorageImpl that every
+// view of t shares (engine_units.cpp).
+void set_storage_bytes(const at::Tensor& t, size_t nbytes);
+
 }  // namespace zerort

@@ -16,10 +16,7 @@
 #include "runtime/engine_parts.h"
 
 namespace zerort {
-namespace {
 
-// Frees (0) or allocates the storage behind t, keeping the StorageImpl that every view
-// of t shares.
 void set_storage_bytes(const at::Tensor& t, size_t nbytes) {
   c10::StorageImpl* s = t.storage().unsafeGetStorageImpl();
   if (nbytes == 0) {
@@ -30,8 +27,6 @@ void set_storage_bytes(const at::Tensor& t, size_t nbytes) {
   }
   s->set_nbytes(nbytes);
 }
-
-}  // namespace
 
 Engine::Bucket& Engine::unit(size_t index, const char* what) {
   ZRT_CHECK(options_.stage == 3, "Engine.", what, ": units are gathered and released at stage 3 only");

@@ -30,7 +30,7 @@ import torch
 
 from . import _C
 from . import comm as comm_mod
-from . import consistency, failfast, lifecycle, nonfinite, precision
+from . import consistency, failfast, lifecycle, meta_init, nonfinite, phases, precision
 from .config import ConfigError, parse
 from . import stage3
 
@@ -41,14 +41,25 @@ def initialize(model, config=None, comm=None):
     """Wraps model (a torch.nn.Module with float32 parameters, the same on every rank; rank
     0's values win) for ZeRO training. config: a dict, a JSON path (our keys or DeepSpeed's
     schema) or a zerort.config.Config. comm: a zerort.comm.Communicator (default: created
-    from config's comm.backend and comm.timeout_s)."""
-    return Engine(model, parse(config), comm)
+    from config's comm.backend and comm.timeout_s).
+
+    Memory: before the engine allocates anything this installs zerort's counting CPU
+    allocator (zerort.phases), and notes what is allocated; engine.memory_report() then
+    shows what the engine holds and each phase's peak as the allocator (on CUDA: torch's
+    memory statistics) saw them."""
+    config = parse(config)
+    token = phases.EngineMemory.begin_initialize(model)
+    engine = Engine(model, config, comm)
+    engine._memory = phases.EngineMemory.end_initialize(token, engine)
+    return engine
 
 
 def _model_device(model):
     """The one device of every parameter and buffer (CPU for a model with none)."""
     device = None
     for name, t in list(model.named_parameters()) + list(model.named_buffers()):
+        if t.is_meta:  # built on the meta device: made real on the model's device (zerort.meta_init)
+            continue
         if device is None:
             device = t.device
         elif t.device != device:
@@ -95,6 +106,11 @@ class Engine:
                 raise TypeError(f"zerort: parameter {name!r} is {p.dtype}; build the model with float32 "
                                 "parameters (zerort keeps the FP32 master and casts itself)")
             (params if p.requires_grad else frozen).append(p)
+        materialize = None
+        if meta_init.is_meta_model(model):  # made real bucket by bucket inside the Engine
+            meta_init.check_buffers(model)
+            materialize = meta_init.Materializer(model, self.device)
+            frozen = materialize(frozen)  # frozen parameters stay whole: real from the start
         # Frozen parameters take part in compute only: rank 0's values, in the working
         # precision. Their FP32 values are kept for full_state_dict(master=True).
         self._frozen_fp32 = {}
@@ -121,8 +137,16 @@ class Engine:
                       consecutive_hysteresis=c.consecutive_hysteresis, clip=c.gradient_clipping,
                       accumulation=c.gradient_accumulation_steps, lr_schedule=c.lr_schedule)
         units = stage3.UnitPlan(model, params, fp32_ids, c) if c.stage == 3 else None
+        if materialize is not None:
+            kwargs["materialize"] = lambda g, idx: materialize([self._groups[g][i] for i in idx])
         self._impl = _C.Engine(self._groups[0], self._groups[1], self.comm._c, units=units.specs if units else [],
                                stage=c.stage, precision=c.precision, bucket=c.reduce_bucket_numel, **kwargs)
+        if materialize is not None:  # the real parameters replace the meta ones everywhere
+            real = lambda ps: [materialize.replaced.get(id(p), p) for p in ps]
+            self._groups = [real(g) for g in self._groups]
+            self._params = real(self._params)
+            self._shapes = {id(p): self._shapes[id(q)] for p, q in zip(self._params, params)}
+            self._names = {id(p): n for n, p in reversed(list(model.named_parameters()))}
         self._unit_plan = units
         self.unit_names = units.names if units else []  # stage 3: Engine unit i's module
         self._units = stage3.UnitHooks(self, model, units, c.prefetch) if units else None
@@ -144,10 +168,11 @@ class Engine:
     # ---- training loop -------------------------------------------------------------
     def __call__(self, *args, **kwargs):
         """Forward. Floating-point tensor arguments are cast to the compute dtype."""
-        args, kwargs = _cast((args, kwargs), self.dtype)
-        t0 = time.perf_counter()
-        out = self.module(*args, **kwargs)
-        self._t_forward = time.perf_counter() - t0
+        with self._phase("forward"):
+            args, kwargs = _cast((args, kwargs), self.dtype)
+            t0 = time.perf_counter()
+            out = self.module(*args, **kwargs)
+            self._t_forward = time.perf_counter() - t0
         return out
 
     def backward(self, loss):
@@ -156,17 +181,18 @@ class Engine:
         Several backward() calls before one step() add up, as in PyTorch. Works under
         torch.no_grad() too."""
         self._check_requires_grad()
-        t0 = time.perf_counter()
-        self._impl.begin_backward()  # a previous pass's reduces finish first
-        if self._units:
-            self._units.in_backward = True  # recomputed forwards keep their units
-        try:
-            with torch.enable_grad():  # the scaling multiply must be part of the graph
-                (loss.float() * self._impl.loss_scale).backward()
-        finally:
+        with self._phase("backward"):
+            t0 = time.perf_counter()
+            self._impl.begin_backward()  # a previous pass's reduces finish first
             if self._units:
-                self._units.in_backward = False
-        self._t_backward = time.perf_counter() - t0
+                self._units.in_backward = True  # recomputed forwards keep their units
+            try:
+                with torch.enable_grad():  # the scaling multiply must be part of the graph
+                    (loss.float() * self._impl.loss_scale).backward()
+            finally:
+                if self._units:
+                    self._units.in_backward = False
+            self._t_backward = time.perf_counter() - t0
 
     def step(self):
         """Reduces this micro-step's gradients; at the accumulation boundary, updates the
@@ -175,12 +201,26 @@ class Engine:
         the accumulation window raises zerort.UsageError on every rank, naming the ranks,
         and applies nothing."""
         self._check_requires_grad()
-        s = self._nonfinite.step(self._impl.step)
+        with self._phase("step"):
+            s = self._nonfinite.step(self._impl.step)
         if s["boundary"]:
             s["forward_ms"] = 1e3 * getattr(self, "_t_forward", 0.0)
             s["backward_ms"] = 1e3 * getattr(self, "_t_backward", 0.0)
             self.stats = s
         return s
+
+    @contextlib.contextmanager
+    def _phase(self, name):
+        """The allocator's peak over one phase (zerort.phases.EngineMemory), for the memory
+        report."""
+        mem = getattr(self, "_memory", None)
+        if mem is None:  # made as zerort.Engine(...), not by zerort.initialize
+            mem = self._memory = phases.EngineMemory(self.device)
+        mem.begin(name, self._impl)
+        try:
+            yield
+        finally:
+            mem.end(name, self._impl)
 
     def _check_requires_grad(self):
         """The trainable set is planned at initialize: a later requires_grad change is an
@@ -277,8 +317,10 @@ class Engine:
         return checkpoint.load(self, directory, tag)
 
     def memory_report(self):
-        """Bytes this run allocated per category on every rank, beside our exact estimate
-        (zerort.memory). A collective: call it on every rank."""
+        """What this run allocated on every rank, beside our exact estimate
+        (zerort.memory.MemoryReport): the allocator's figures first (what initialize left
+        allocated, each phase's peak growth), then the engine's own counters per category.
+        A collective: call it on every rank."""
         from . import memory
 
         return memory.report(self)
