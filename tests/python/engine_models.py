@@ -40,7 +40,6 @@ class TinyTransformer(nn.Module):
 
 HF_MODELS = ("gpt2", "llama", "qwen2")
 HF_VOCAB, HF_SEQ = 96, 16
-HF_BLOCKS = {"gpt2": "GPT2Block", "llama": "LlamaDecoderLayer", "qwen2": "Qwen2DecoderLayer"}
 
 
 def hf_model(name):
@@ -71,8 +70,9 @@ def make_model(name):
 
 
 def model_config(name):
-    """Config keys a model adds to CONFIG: stage 3 units are the HuggingFace models' blocks."""
-    return {"stage3": {"unit_modules": [HF_BLOCKS[name]]}} if name in HF_MODELS else {}
+    """Config keys a model adds to CONFIG: none. At stage 3 the HuggingFace models get one
+    unit per block from the default config (their _no_split_modules; tests/python/test_units.py)."""
+    return {}
 
 
 def batch(name, step, rank, micro, size=8):

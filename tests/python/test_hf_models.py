@@ -158,10 +158,11 @@ def test_hf_training_matches_torch_w2_mpirun(mpirun2, case):
 
 
 @pytest.mark.parametrize("name", HF_MODELS)
-def test_hf_stage1_equals_stage2_bitwise(mpirun2, name):
-    one, two = (mpirun2[0][f"{name}:{s}:bf16:1:{STEPS}"]["master"] for s in (1, 2))
+def test_hf_stages_1_2_3_are_bitwise_identical(mpirun2, name):
+    one, two, three = (mpirun2[0][f"{name}:{s}:bf16:1:{STEPS}"]["master"] for s in (1, 2, 3))
     for k in one:
         assert torch.equal(one[k], two[k]), k
+        assert torch.equal(one[k], three[k]), k
 
 
 def test_hf_memory_report_equals_exact_estimate(mpirun2):
