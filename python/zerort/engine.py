@@ -37,11 +37,14 @@ from . import stage3
 _DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
 
-def initialize(model, config=None, comm=None):
+def initialize(model, config=None, comm=None, weights=None):
     """Wraps model (a torch.nn.Module with float32 parameters, the same on every rank; rank
     0's values win) for ZeRO training. config: a dict, a JSON path (our keys or DeepSpeed's
     schema) or a zerort.config.Config. comm: a zerort.comm.Communicator (default: created
-    from config's comm.backend and comm.timeout_s).
+    from config's comm.backend and comm.timeout_s). weights: for a model built on the meta
+    device, its starting values instead of its modules' own initialization: a state dict, a
+    .safetensors file, or a folder of safetensors files (HuggingFace's, with or without its
+    index JSON), read one unit at a time (zerort.meta_init).
 
     Memory: before the engine allocates anything this installs zerort's counting CPU
     allocator (zerort.phases), and notes what is allocated; engine.memory_report() then
@@ -49,7 +52,7 @@ def initialize(model, config=None, comm=None):
     memory statistics) saw them."""
     config = parse(config)
     token = phases.EngineMemory.begin_initialize(model)
-    engine = Engine(model, config, comm)
+    engine = Engine(model, config, comm, weights)
     engine._memory = phases.EngineMemory.end_initialize(token, engine)
     return engine
 
@@ -71,7 +74,7 @@ def _model_device(model):
 
 
 class Engine:
-    def __init__(self, model, config, comm=None):
+    def __init__(self, model, config, comm=None, weights=None):
         c = config
         self.module = model
         self.config = c
@@ -107,9 +110,12 @@ class Engine:
                                 "parameters (zerort keeps the FP32 master and casts itself)")
             (params if p.requires_grad else frozen).append(p)
         materialize = None
+        if weights is not None and not meta_init.is_meta_model(model):
+            raise ValueError("zerort.initialize: weights= is for a model built on the meta device (with "
+                             "torch.device('meta'): ...); this model's parameters already hold values")
         if meta_init.is_meta_model(model):  # made real bucket by bucket inside the Engine
             meta_init.check_buffers(model)
-            materialize = meta_init.Materializer(model, self.device)
+            materialize = meta_init.Materializer(model, self.device, weights)
             frozen = materialize(frozen)  # frozen parameters stay whole: real from the start
         # Frozen parameters take part in compute only: rank 0's values, in the working
         # precision. Their FP32 values are kept for full_state_dict(master=True).

@@ -15,7 +15,15 @@ the same seed gives the same model at any world size and stage, whatever order t
 are initialized in. Parameters tied
 between modules are replaced everywhere they appear. Buffers cannot be recomputed from
 nothing: a float buffer on the meta device is an error that says how to keep buffers real.
+
+With `weights` (a state dict, a .safetensors file, or a folder of safetensors files with or
+without HuggingFace's model.safetensors.index.json), a module's parameters are read from
+there instead, one tensor at a time, under any of the names the parameter has (a tied
+weight is often saved once); a parameter found under none of them is an error naming it.
 """
+import json
+import os
+
 import torch
 
 
@@ -35,8 +43,10 @@ def check_buffers(model):
 class Materializer:
     """Makes meta parameters real, module by module, on `device`."""
 
-    def __init__(self, model, device):
+    def __init__(self, model, device, weights=None):
         self.model, self.device = model, device
+        self.weights = None if weights is None else Weights(weights)
+        self.path = {id(m): p for p, m in model.named_modules()}
         self.holders = {}  # id(meta parameter) -> [(module, name)] (tied parameters: several)
         self.owner = {}    # id(meta parameter) -> its first module
         for m in model.modules():
@@ -59,11 +69,12 @@ class Materializer:
     def _materialize(self, module):
         olds = [p for p in module.parameters(recurse=False) if p.is_meta and id(p) not in self.replaced]
         for old in olds:
-            new = torch.nn.Parameter(torch.empty(old.shape, dtype=torch.float32, device=self.device),
-                                     requires_grad=old.requires_grad)
+            new = torch.nn.Parameter(self._values(old), requires_grad=old.requires_grad)
             for m, name in self.holders[id(old)]:
                 m._parameters[name] = new
             self.replaced[id(old)] = new
+        if self.weights is not None:
+            return  # the values came from the weights
         devices = [self.device] if self.device.type == "cuda" else []
         with torch.no_grad(), torch.random.fork_rng(devices=devices):
             torch.manual_seed(self.base + self.index[id(module)])
@@ -76,3 +87,58 @@ class Materializer:
                 raise TypeError(f"zerort: {type(module).__name__} holds parameters {names} built on the meta device "
                                 "but has no reset_parameters() to initialize them; give it one, or build the model "
                                 "on a real device")
+
+    def _values(self, old):
+        if self.weights is None:
+            return torch.empty(old.shape, dtype=torch.float32, device=self.device)
+        names = [f"{self.path[id(m)]}.{n}".lstrip(".") for m, n in self.holders[id(old)]]
+        t = self.weights.get(names)
+        if tuple(t.shape) != tuple(old.shape):
+            raise ValueError(f"zerort: weights {self.weights.source}: {names[0]!r} has shape {tuple(t.shape)} but "
+                             f"the model's parameter has shape {tuple(old.shape)}")
+        return t.to(device=self.device, dtype=torch.float32)
+
+
+class Weights:
+    """Named tensors read one at a time from a state dict or safetensors files."""
+
+    def __init__(self, source):
+        self.source = source if not isinstance(source, dict) else "the state dict"
+        if isinstance(source, dict):
+            self.where, self.dict = {k: None for k in source}, source
+            return
+        self.dict = None
+        if os.path.isdir(source):
+            index = os.path.join(source, "model.safetensors.index.json")
+            if os.path.exists(index):
+                with open(index) as f:
+                    files = {k: os.path.join(source, v) for k, v in json.load(f)["weight_map"].items()}
+            else:
+                files = {}
+                for name in sorted(os.listdir(source)):
+                    if name.endswith(".safetensors"):
+                        files.update(dict.fromkeys(_keys(os.path.join(source, name)), os.path.join(source, name)))
+            self.where = files
+        elif os.path.isfile(source):
+            self.where = dict.fromkeys(_keys(source), source)
+        else:
+            raise FileNotFoundError(f"zerort: weights {source!r} is neither a file nor a folder")
+
+    def get(self, names):
+        for n in names:
+            if n in self.where:
+                if self.dict is not None:
+                    return self.dict[n].detach()
+                from safetensors import safe_open
+
+                with safe_open(self.where[n], framework="pt") as f:
+                    return f.get_tensor(n)
+        raise KeyError(f"zerort: weights {self.source}: no tensor named {' or '.join(map(repr, names))}; the file "
+                       "must hold every parameter of the model (under any of its names, for tied weights)")
+
+
+def _keys(path):
+    from safetensors import safe_open
+
+    with safe_open(path, framework="pt") as f:
+        return list(f.keys())

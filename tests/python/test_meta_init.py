@@ -14,6 +14,7 @@ instrument sees that too.
 Values: the same seed gives bit-identical initial master weights at W = 1, 2 and 4, and at
 stages 2 and 3 (each module initialized from its own seed, rank 0's values broadcast).
 """
+import json
 import os
 import shutil
 import subprocess
@@ -77,3 +78,61 @@ def test_a_meta_buffer_is_a_clear_error():
         m = WithBuffer()
     with pytest.raises(TypeError, match=r"buffer 'scale' is on the meta device.*include_buffers=False"):
         zerort.initialize(m, {"stage": 3, "comm": {"backend": "inprocess"}})
+
+
+def _tied():
+    class Tied(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb = torch.nn.Embedding(11, 6)
+            self.blocks = torch.nn.ModuleList(torch.nn.Linear(6, 6) for _ in range(3))
+            self.head = torch.nn.Linear(6, 11, bias=False)
+            self.head.weight = self.emb.weight
+
+        def forward(self, x):
+            h = self.emb(x)
+            for b in self.blocks:
+                h = torch.tanh(b(h))
+            return self.head(h)
+    return Tied
+
+
+@pytest.mark.parametrize("form", ["file", "folder_with_index", "state_dict"])
+def test_weights_from_safetensors_or_a_state_dict_load_bit_for_bit(tmp_path, form):
+    from safetensors.torch import save_file
+
+    Tied = _tied()
+    torch.manual_seed(7)
+    src = {k: v.clone() for k, v in Tied().state_dict().items() if k != "head.weight"}  # tied: saved once
+    if form == "file":
+        weights = str(tmp_path / "model.safetensors")
+        save_file(src, weights)
+    elif form == "folder_with_index":  # HuggingFace's sharded layout
+        names = sorted(src)
+        parts = {"model-00001-of-00002.safetensors": names[:3], "model-00002-of-00002.safetensors": names[3:]}
+        for file, keys in parts.items():
+            save_file({k: src[k] for k in keys}, str(tmp_path / file))
+        with open(tmp_path / "model.safetensors.index.json", "w") as f:
+            json.dump({"weight_map": {k: file for file, keys in parts.items() for k in keys}}, f)
+        weights = str(tmp_path)
+    else:
+        weights = src
+    with torch.device("meta"):
+        model = Tied()
+    engine = zerort.initialize(model, {"stage": 3, "precision": "bf16", "comm": {"backend": "inprocess"}},
+                               weights=weights)
+    got = engine.full_state_dict(master=True)
+    for k, v in src.items():
+        assert torch.equal(got[k], v), k
+    assert torch.equal(got["head.weight"], src["emb.weight"])
+    engine.backward(engine(torch.tensor([[1, 2, 3]])).float().sum())  # it trains
+    assert not engine.step()["skipped"]
+
+
+def test_weights_missing_a_parameter_name_it(tmp_path):
+    Tied = _tied()
+    src = {k: v for k, v in Tied().state_dict().items() if k not in ("head.weight", "blocks.1.bias")}
+    with torch.device("meta"):
+        model = Tied()
+    with pytest.raises(KeyError, match="no tensor named 'blocks.1.bias'"):
+        zerort.initialize(model, {"stage": 3, "comm": {"backend": "inprocess"}}, weights=src)
