@@ -1,6 +1,6 @@
 // zerort._C's counting CPU allocator (runtime/counting_allocator.h): install it, read it,
-// start a new peak window. zerort/memory.py's Phases is the Python side.
-#include <pybind11/pybind11.h>
+// start a new peak window, mark a generation. zerort/phases.py is the Python side.
+#include <torch/extension.h>
 
 #include "comm/error.h"
 #include "runtime/counting_allocator.h"
@@ -32,6 +32,15 @@ void bind_allocator(py::module_& m) {
     return d;
   }, "Bytes of CPU memory the counting allocator has handed out: {'current': live now, 'peak': "
      "the most since the last reset_allocator_peak()}.");
+  m.def("mark_allocator", [] { installed().mark(); },
+        "Starts a new generation: allocator_since_mark() counts from 0 the bytes allocated after "
+        "this call that are still live; freeing older memory does not change it.");
+  m.def("allocator_since_mark", [] { return installed().stats().since_mark; },
+        "Bytes allocated since the last mark_allocator() and still live.");
+  m.def("allocated_since_mark", [](const at::Tensor& t) {
+    return t.has_storage() && installed().allocated_since_mark(t.storage().data_ptr());
+  }, "Whether the tensor's storage was allocated by the counting allocator after the last "
+     "mark_allocator().");
   m.def("reset_allocator_peak", [] { installed().reset_peak(); },
         "Starts a new peak window: peak := current.");
 }

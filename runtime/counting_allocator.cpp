@@ -15,6 +15,7 @@ namespace {
 // Sits in the kHeaderBytes in front of the data of every counted allocation.
 struct Header {
   size_t nbytes;
+  uint64_t generation;
   CountingAllocator* owner;
   void* inner_context;
   c10::DeleterFnPtr inner_deleter;
@@ -43,7 +44,8 @@ c10::DataPtr CountingAllocator::allocate(size_t n) {
   char* base = static_cast<char*>(inner.get());
   const c10::DeleterFnPtr inner_deleter = inner.get_deleter();
   void* inner_context = inner.release_context();  // from here on the header owns it
-  new (base) Header{n, this, inner_context, inner_deleter};
+  new (base) Header{n, generation_.load(), this, inner_context, inner_deleter};
+  since_mark_.fetch_add(static_cast<int64_t>(n));
   const int64_t now = current_.fetch_add(static_cast<int64_t>(n)) + static_cast<int64_t>(n);
   raise_peak(now);
   void* data = base + kHeaderBytes;
@@ -54,6 +56,7 @@ void CountingAllocator::free_counted(void* data) {
   if (data == nullptr) return;
   const Header h = *header_of(data);
   h.owner->current_.fetch_sub(static_cast<int64_t>(h.nbytes));
+  if (h.generation == h.owner->generation_.load()) h.owner->since_mark_.fetch_sub(static_cast<int64_t>(h.nbytes));
   if (h.inner_deleter != nullptr) h.inner_deleter(h.inner_context);
 }
 
@@ -73,7 +76,19 @@ AllocatorStats CountingAllocator::stats() const {
   AllocatorStats s;
   s.current = current_.load();
   s.peak = peak_.load();
+  s.since_mark = since_mark_.load();
   return s;
+}
+
+void CountingAllocator::mark() {
+  generation_.fetch_add(1);
+  since_mark_.store(0);
+}
+
+bool CountingAllocator::allocated_since_mark(const c10::DataPtr& data) const {
+  if (data.get() == nullptr || data.get_deleter() != &free_counted) return false;
+  const Header* h = header_of(data.get());
+  return h->owner == this && h->generation == generation_.load();
 }
 
 void CountingAllocator::reset_peak() {

@@ -14,10 +14,12 @@ namespace zerort {
 struct AllocatorStats {
   int64_t current = 0;  // bytes of live allocations made through this allocator
   int64_t peak = 0;     // the most `current` has been since construction or reset_peak()
+  int64_t since_mark = 0;  // of `current`, the bytes allocated since the last mark()
 };
 
 // Each allocation of n bytes takes n + kHeaderBytes from the wrapped allocator; the header in
-// front of the data records n, the owner and the wrapped allocation's context and deleter.
+// front of the data records n, the owner, the generation (mark()) it was made in and the
+// wrapped allocation's context and deleter.
 // So the data pointer is its own context (raw_allocate/raw_deallocate work), the counts are
 // exactly the requested bytes (the header is not counted), and memory that this allocator
 // did not allocate (tensors made before installation) never touches its counters: their
@@ -39,6 +41,16 @@ class CountingAllocator final : public c10::Allocator {
   AllocatorStats stats() const;
   // Starts a new measurement window: peak := current.
   void reset_peak();
+  // Starts a new generation: since_mark := 0, and from now on it counts the bytes allocated
+  // after this call that are still live. Freeing memory allocated before the mark leaves it
+  // alone, so it measures what a piece of code allocated and kept, whatever older memory
+  // that code let go of (zerort.initialize: what the engine holds, though the model's
+  // FP32 parameters it replaced are freed). Call it while no other thread allocates: an
+  // allocation racing with the mark may be counted in the new generation and freed as old.
+  void mark();
+  // Whether `data` is memory this allocator handed out after the last mark() (an empty or
+  // foreign DataPtr: false).
+  bool allocated_since_mark(const c10::DataPtr& data) const;
 
   c10::Allocator* inner() const { return inner_; }
 
@@ -49,6 +61,8 @@ class CountingAllocator final : public c10::Allocator {
   c10::Allocator* inner_;
   std::atomic<int64_t> current_{0};
   std::atomic<int64_t> peak_{0};
+  std::atomic<uint64_t> generation_{0};
+  std::atomic<int64_t> since_mark_{0};
 };
 
 constexpr uint8_t kCountingAllocatorPriority = 100;  // torch's default CPU allocator has 0

@@ -112,6 +112,32 @@ TEST(CountingAllocator, ConcurrentAllocationsBalance) {
   EXPECT_LE(s.peak, int64_t{kThreads} * 9 * 4096);
 }
 
+TEST(CountingAllocator, MarkCountsWhatIsAllocatedAfterItAndKept) {
+  SpyAllocator spy;
+  CountingAllocator counting(&spy);
+  c10::DataPtr old = counting.allocate(1000);
+  EXPECT_EQ(counting.stats().since_mark, 1000);  // no mark yet: counted from construction
+  counting.mark();
+  EXPECT_EQ(counting.stats().since_mark, 0);
+  c10::DataPtr kept = counting.allocate(300);
+  {
+    c10::DataPtr temporary = counting.allocate(50);
+    EXPECT_EQ(counting.stats().since_mark, 350);
+  }
+  old.clear();  // freeing what was allocated before the mark does not lower it
+  EXPECT_EQ(counting.stats().since_mark, 300);
+  EXPECT_EQ(counting.stats().current, 300);
+  EXPECT_TRUE(counting.allocated_since_mark(kept));
+  counting.mark();  // a second mark: `kept` is old now
+  c10::DataPtr fresh = counting.allocate(7);
+  EXPECT_FALSE(counting.allocated_since_mark(kept));
+  EXPECT_TRUE(counting.allocated_since_mark(fresh));
+  EXPECT_FALSE(counting.allocated_since_mark(c10::DataPtr()));
+  kept.clear();
+  EXPECT_EQ(counting.stats().since_mark, 7);
+  EXPECT_EQ(counting.stats().current, 7);
+}
+
 TEST(CountingAllocator, InstalledCountsTorchTensorsOnly) {
   at::Tensor before = at::empty({1000}, at::kFloat);  // freed through the old allocator
   ASSERT_TRUE(install_counting_allocator());

@@ -48,12 +48,17 @@ def run_case(case, comm):
             "memory": engine.memory_report().to_dict()}
 
 
-def main():
-    out_prefix, cases = sys.argv[1], sys.argv[2:]
-    comm = zerort.comm.init("auto", timeout_s=120)
-    results = {case: run_case(case, comm) for case in cases}
+def run_cases(run, out_prefix, cases, label, timeout_s=120):
+    """Every case through run(case, comm) on one communicator; the results saved per rank
+    as OUT_PREFIX.rankR.pt, then a line saying the rank is done."""
+    comm = zerort.comm.init("auto", timeout_s=timeout_s)
+    results = {case: run(case, comm) for case in cases}
     torch.save(results, f"{out_prefix}.rank{comm.rank}.pt")
-    print(f"ENGINE WORKER OK rank {comm.rank}/{comm.size} {comm.backend}", flush=True)
+    print(f"{label} OK rank {comm.rank}/{comm.size} {comm.backend}", flush=True)
+
+
+def main():
+    run_cases(run_case, sys.argv[1], sys.argv[2:], "ENGINE WORKER")
 
 
 if __name__ == "__main__":

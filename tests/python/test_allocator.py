@@ -92,6 +92,23 @@ def test_saved_weight_freed_by_resize_and_refilled_for_backward():
     torch.testing.assert_close(lin.weight.grad, torch.ones(8, 256).t() @ x.detach())
 
 
+def test_mark_counts_what_is_allocated_after_it_and_kept():
+    """What zerort.initialize measures the engine's holdings with: the model's tensors it
+    frees do not hide what it allocates."""
+    old = torch.empty(4 * MIB, dtype=torch.uint8)
+    _C.mark_allocator()
+    assert _C.allocator_since_mark() == 0
+    kept = torch.empty(MIB, dtype=torch.uint8)
+    tmp = torch.empty(2 * MIB, dtype=torch.uint8)
+    del tmp, old
+    assert _C.allocator_since_mark() == MIB
+    assert _C.allocated_since_mark(kept) and _C.allocated_since_mark(kept[1:].view(-1, 3))
+    _C.mark_allocator()
+    assert not _C.allocated_since_mark(kept) and not _C.allocated_since_mark(torch.empty(0))
+    del kept
+    assert _C.allocator_since_mark() == 0
+
+
 def mlp_step(seed):
     torch.manual_seed(seed)
     model = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.GELU(), torch.nn.Linear(128, 10))
