@@ -16,10 +16,12 @@ same run. A runtime that fails keeps its row, with its error.
 import argparse
 import json
 import os
+import signal
 import statistics
 import subprocess
 import sys
 import tempfile
+import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -31,21 +33,129 @@ STEPS = {"tiny": 50, "demo": 50, "50m": 8}
 MIB = 1 << 20
 
 
+def torchrun(nproc, python=None):
+    """The torchrun command line for nproc ranks on this machine (python: another
+    interpreter's `-m torch.distributed.run`, for a venv without a torchrun script)."""
+    if python:
+        return [python, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc)]
+    return [os.path.join(os.path.dirname(sys.executable), "torchrun"), "--standalone", "--nproc_per_node", str(nproc)]
+
+
+def mpirun(nproc):
+    return ["mpirun", "--oversubscribe", "-np", str(nproc), "-x", "OMP_NUM_THREADS", sys.executable]
+
+
+def _descendants(pid):
+    """pid and every process below it (mpirun puts its ranks in process groups of their own)."""
+    children = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, ValueError, IndexError):
+                continue
+            children.setdefault(ppid, []).append(int(entry))
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        out.append(p)
+        todo.extend(children.get(p, []))
+    return out
+
+
+def _tree_rss(pid):
+    """Total RSS in bytes of pid and its descendants."""
+    total = 0
+    for p in _descendants(pid):
+        try:
+            with open(f"/proc/{p}/statm") as f:
+                total += int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+        except (OSError, ValueError, IndexError):
+            continue
+    return total
+
+
+def _kill_tree(pid):
+    """SIGKILL to pid and its descendants; returns once they are gone (10 s at most), so
+    that their memory is free before the next launch."""
+    procs = _descendants(pid)
+    for p in reversed(procs):
+        try:
+            os.kill(p, signal.SIGKILL)
+        except OSError:
+            pass
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and any(os.path.exists(f"/proc/{p}") and _state(p) != "Z" for p in procs[1:]):
+        time.sleep(0.1)
+
+
+def _state(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return "X"
+
+
+def _mem_available():
+    with open("/proc/meminfo") as f:
+        for line in f:
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    return None
+
+
+def run_job(cmd, out, runtimes, timeout=1800, env=None, min_available=None, max_rss=None):
+    """Runs one launch (its own session); returns the results it wrote to `out`, or
+    one error row per runtime when it fails. Guard: when the machine's MemAvailable falls
+    below min_available bytes, or the launch's processes together pass max_rss bytes, the
+    whole launch is killed at once (a rank that runs the machine out of memory may take it
+    down) and its rows say so. Every row also gets `launch_rss`, the high-water mark of the
+    total RSS of the launch's process tree, and `min_available`, the lowest MemAvailable
+    seen (both sampled every 0.5 s)."""
+    env = dict(os.environ, OMP_NUM_THREADS="1", OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
+               **(env or {}))
+    with tempfile.TemporaryFile("w+") as log:
+        p = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+        t0, killed, high, low = time.monotonic(), None, 0, None
+        while p.poll() is None:
+            time.sleep(0.5)
+            rss = _tree_rss(p.pid)
+            high = max(high, rss)
+            avail = _mem_available()
+            low = avail if low is None else min(low, avail if avail is not None else low)
+            if min_available and avail is not None and avail < min_available:
+                killed = (f"killed by the memory guard: MemAvailable {avail / MIB:.0f} MiB < "
+                          f"{min_available / MIB:.0f} MiB")
+            elif max_rss and rss > max_rss:
+                killed = f"killed by the memory guard: launch RSS {rss / MIB:.0f} MiB > {max_rss / MIB:.0f} MiB"
+            elif time.monotonic() - t0 > timeout:
+                killed = f"killed after the {timeout} s timeout"
+            if killed:
+                _kill_tree(p.pid)
+                p.wait()
+                break
+        log.seek(0)
+        text = log.read()
+    if not killed and p.returncode == 0 and os.path.exists(out):
+        with open(out) as f:
+            results = json.load(f)["results"]
+        for r in results.values():
+            r["launch_rss"], r["min_available"] = high, low
+        return results
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    why = [ln for ln in lines if any(w in ln for w in ("Error", "error:", "Signal", "terminate", "Abort", "Killed"))]
+    why = list(dict.fromkeys(why))[:3] or lines[-3:]
+    head = killed or f"launch failed (exit {p.returncode})"
+    return {r: {"error": f"{head}: " + " | ".join(why), "launch_rss": high, "min_available": low} for r in runtimes}
+
+
 def launch(model, runtimes, steps, out):
     """Runs the worker under torchrun; returns its results, or one error row per runtime
     when the launch itself fails."""
-    torchrun = os.path.join(os.path.dirname(sys.executable), "torchrun")
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-    cmd = [torchrun, "--standalone", "--nproc_per_node", "2", WORKER, out, "--model", model, "--steps", str(steps),
-           "--runtimes", *runtimes]
-    p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=1800)
-    if p.returncode == 0 and os.path.exists(out):
-        with open(out) as f:
-            return json.load(f)["results"]
-    lines = [ln.strip() for ln in (p.stderr + p.stdout).splitlines() if ln.strip()]
-    why = [ln for ln in lines if any(w in ln for w in ("Error", "error:", "Signal", "terminate", "Abort"))]
-    why = list(dict.fromkeys(why))[:3] or lines[-3:]
-    return {r: {"error": f"launch failed (exit {p.returncode}): " + " | ".join(why)} for r in runtimes}
+    cmd = torchrun(2) + [WORKER, out, "--model", model, "--steps", str(steps), "--runtimes", *runtimes]
+    return run_job(cmd, out, runtimes)
 
 
 def summarize(res):

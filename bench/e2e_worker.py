@@ -66,7 +66,8 @@ def torch_state_bytes(model, opt):
 class TorchRuntime:
     """DDP with autocast, or FSDP2 with a mixed-precision policy; FP32 AdamW on top."""
 
-    def __init__(self, kind, model):
+    def __init__(self, kind, model, blocks=None):
+        """blocks: the modules FSDP2 shards one by one before the root (default: model.blocks)."""
         self.kind = kind
         if kind == "ddp":
             self.model = torch.nn.parallel.DistributedDataParallel(model, gradient_as_bucket_view=True)
@@ -76,7 +77,7 @@ class TorchRuntime:
 
             mesh = init_device_mesh("cpu", (dist.get_world_size(),))
             mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
-            for blk in model.blocks:
+            for blk in (model.blocks if blocks is None else blocks):
                 fully_shard(blk, mesh=mesh, mp_policy=mp)
             self.model = fully_shard(model, mesh=mesh, mp_policy=mp)
         self.opt = torch.optim.AdamW(self.model.parameters(), **OPT)
@@ -98,20 +99,21 @@ class TorchRuntime:
 
 
 class ZerortRuntime:
-    def __init__(self, stage, model):
+    def __init__(self, stage, model, extra=None):
+        """extra: more config keys (e.g. {"stage3": {"prefetch": 0}})."""
         import zerort
 
         self.engine = zerort.initialize(model, {
             "stage": stage, "precision": "bf16", "gradient_clipping": CLIP,
             "optimizer": {"lr": OPT["lr"], "betas": list(OPT["betas"]), "eps": OPT["eps"],
                           "weight_decay": OPT["weight_decay"]},
-            "comm": {"backend": "auto", "timeout_s": 300}})
+            "comm": {"backend": "auto", "timeout_s": 300}, **(extra or {})})
 
     def forward(self, x):
         return self.engine(x)
 
     def train_step(self, x, y, last):
-        loss = loss_fn(self.engine(x), y)
+        loss = loss_fn(self.forward(x), y)
         self.engine.backward(loss)
         self.engine.step()
         state = self.engine.memory_report().to_dict()["total_measured"] if last else None  # a collective
