@@ -29,14 +29,16 @@ def main():
     if mode == "memory":  # from before the model is built, on the meta device and for comparison on the CPU
         phases.install_counting_allocator()
         for device in ("meta", "cpu"):
-            before = zerort._C.allocator_stats()["current"]
-            phases.reset_peak("cpu")
+            window = phases.Phases("cpu")  # its peak survives the engine's own phase windows
+            window.begin("init")
             with torch.device(device):
                 model = torch.nn.Sequential(*[torch.nn.Linear(4096, 4096, bias=False) for _ in range(8)])
+            built = zerort._C.allocator_stats()["current"]
             engine = zerort.initialize(model, {"stage": 3, "precision": "bf16"}, comm=comm)
             del model
-            stats = zerort._C.allocator_stats()
-            r = {"before": before, "peak": stats["peak"], "after": stats["current"], "units": engine.unit_names,
+            window.end("init")
+            m = window.result["init"]
+            r = {"before": m.start, "built": built, "peak": m.peak, "after": m.end, "units": engine.unit_names,
                  "unit_fp32_bytes": 4096 * 4096 * 4, "master_bytes": engine._impl.master(0).numel() * 4}
             x = torch.randn(4, 4096)
             engine.backward(engine(x).float().pow(2).mean())  # it trains
