@@ -56,11 +56,11 @@ def _descendants(pid):
             except (OSError, ValueError, IndexError):
                 continue
             children.setdefault(ppid, []).append(int(entry))
-    out, todo = [], [pid]
-    while todo:
-        p = todo.pop()
+    out, stack = [], [pid]  # depth-first walk of the process tree
+    while stack:
+        p = stack.pop()
         out.append(p)
-        todo.extend(children.get(p, []))
+        stack.extend(children.get(p, []))
     return out
 
 

@@ -72,7 +72,7 @@ class UnitHooks:
         self.names = plan.names
         self.in_backward = False  # set by Engine.backward: a recomputed forward keeps its unit
         self.depth = [0] * len(plan.modules)  # forwards of the unit running now
-        self.order = list(range(len(plan.modules)))
+        self.units = len(plan.modules)  # Engine units 0..units-1 in forward order; the persistent one follows
         ref = weakref.ref(engine)
         for u, unit in enumerate(plan.modules):
             mine = {id(p) for p in unit.parameters()}
@@ -96,7 +96,7 @@ class UnitHooks:
                 with self._naming():
                     impl.gather(u)
                     for k in range(1, self.prefetch + 1):
-                        if u + k < len(self.order):
+                        if u + k < self.units:
                             impl.prefetch(u + k)
             self.depth[u] += 1
         return hook

@@ -293,8 +293,10 @@ def test_consolidate_on_a_full_disk_names_the_output_and_leaves_nothing(small_ck
     assert tree_digest(small_ckpt) == before
 
 
+ATTEMPTS = 10
 RACER = r"""
 import os, sys, time
+ATTEMPTS = {attempts}
 sys.path.insert(0, {here!r})
 import zerort
 from engine_models import CONFIG, make_model
@@ -304,32 +306,35 @@ open({ready!r} + sys.argv[1], "w").close()
 while len([n for n in os.listdir({start!r}) if n.startswith("ready")]) < 2:  # both jobs start together
     time.sleep(0.005)
 ok = refused = 0
-while ok < 5 and refused < 2000:
+for attempt in range(ATTEMPTS):  # no retry: each attempt saves, or is refused by the lock
     try:
         e.save_checkpoint({d!r}, tag="shared")
         ok += 1
     except CheckpointError as err:
         assert "another save is writing into this checkpoint directory" in str(err), err
         refused += 1
-        time.sleep(0.002)
 print("RACER", ok, refused)
 """
 
 
 def test_two_jobs_saving_one_tag_race_cleanly(tmp_path):
-    """Two jobs save one tag into one directory, 5 times each, retrying when refused: each
-    refusal is the lock's CheckpointError, and what is left is one complete checkpoint."""
+    """Two jobs save one tag into one directory, ATTEMPTS times each at once, with no retry:
+    each attempt either saves or is refused with the lock's CheckpointError, at least one
+    save lands, and what is left is one complete checkpoint with no orphans. (A refusal
+    happening at all is test_a_save_while_another_holds_the_directory_fails_and_leaves_nothing's
+    job, which holds the lock on purpose.)"""
     d = tmp_path / "ckpt"
     user_files(tmp_path)
     before = tree_digest(tmp_path / "outside")
-    code = RACER.format(here=HERE, d=str(d), ready=str(tmp_path / "ready"), start=str(tmp_path))
+    code = RACER.format(here=HERE, d=str(d), ready=str(tmp_path / "ready"), start=str(tmp_path), attempts=ATTEMPTS)
     procs = [subprocess.Popen([sys.executable, "-c", code, str(i)], env=ENV, stdout=subprocess.PIPE,
                               stderr=subprocess.STDOUT, text=True) for i in range(2)]
     outs = [p.communicate(timeout=HANG)[0] for p in procs]
     assert all(p.returncode == 0 for p in procs), outs
     counts = [tuple(map(int, o.split("RACER")[1].split())) for o in outs]
     print("racing saves (saved, refused) per job:", counts)
-    assert all(ok == 5 for ok, _ in counts), counts
+    assert all(ok + refused == ATTEMPTS for ok, refused in counts), counts
+    assert sum(ok for ok, _ in counts) >= 1, counts
     names = sorted(os.listdir(d))
     hidden = [n for n in names if n.startswith(".") and n != ck.LOCK_NAME]
     assert names == sorted([ck.LOCK_NAME, "latest", "shared"] + hidden) and len(hidden) == 1, names  # no orphans
