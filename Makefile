@@ -7,7 +7,7 @@ BUILD ?= build
 JOBS  ?= $(shell nproc)
 STAMPS := .stamps
 
-.PHONY: all deps venv configure build test test-asan demo demo-cpp bench bench-e2e clean
+.PHONY: all deps venv configure build test test-asan demo demo-cpp bench bench-e2e bench-ds clean
 
 all: build
 
@@ -53,9 +53,20 @@ demo-cpp: build
 bench: build
 	bash bench/run_benchmarks.sh
 
-# zerort stages 1-3 vs PyTorch DDP and FSDP2: same GPT, data and steps, W=2 (a few minutes).
-bench-e2e: build
+# zerort stages 1-3 vs PyTorch DDP, FSDP2 and DeepSpeed ZeRO-2/3: same GPT, data and steps,
+# W=2 (about 15 minutes).
+bench-e2e: build bench-ds
 	$(PY) bench/e2e.py
+
+# DeepSpeed for the benchmarks only, in a venv of its own against the pinned CPU torch: no
+# compiled ops (DS_BUILD_OPS=0), no build isolation (pip would fetch another torch).
+DS_VENV := .venv-ds
+bench-ds: $(DS_VENV)/.installed
+$(DS_VENV)/.installed: bench/requirements-ds.txt
+	test -x $(DS_VENV)/bin/python || python3 -m venv $(DS_VENV)
+	$(DS_VENV)/bin/python -m pip install -q torch==2.13.0 setuptools wheel
+	DS_BUILD_OPS=0 $(DS_VENV)/bin/python -m pip install -q --no-build-isolation -r bench/requirements-ds.txt
+	touch $@
 
 clean:
 	rm -rf $(BUILD) $(STAMPS)

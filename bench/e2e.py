@@ -1,5 +1,6 @@
 """End-to-end: the same model, data, seed and step count under zerort stages 1-3, PyTorch
-DDP and FSDP2, at W = 2 on CPU.
+DDP and FSDP2, and DeepSpeed ZeRO-2 and ZeRO-3 when a Python with deepspeed is at hand
+(--ds-python, default .venv-ds from make bench-ds), at W = 2 on CPU.
 
     .venv/bin/python bench/e2e.py                       (make bench-e2e; a few minutes)
     .venv/bin/python bench/e2e.py --models demo --steps 20 --plot /tmp/curves.png
@@ -8,7 +9,8 @@ Each (model, runtime) is its own `torchrun --standalone --nproc_per_node 2` laun
 bench/e2e_worker.py (gloo for torch's collectives and for zerort's, OMP_NUM_THREADS=1 per
 rank), so peak RSS belongs to that runtime alone. Models (examples/gpt.py's GPT): `demo`
 (6 layers, d=256, 8x128 tokens per rank per step) and `50m` (10 layers, d=640, 2x128).
-One table per model: median step time over steps 2..N (the slowest rank's time per step),
+One table per model: median, p90 and max step time over steps 3..N (the slowest rank's time
+per step; the first two are left out: DDP's are 3-5x its others),
 tokens/s, peak RSS per rank, measured model-state bytes per rank, the mean training loss
 at step N and the loss on a held-out batch after N steps; ratios are against DDP in the
 same run. A runtime that fails keeps its row, with its error.
@@ -26,10 +28,13 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 WORKER = os.path.join(HERE, "e2e_worker.py")
-ORDER = ["ddp", "fsdp2", "zerort1", "zerort2", "zerort3"]
+ORDER = ["ddp", "fsdp2", "ds2", "ds3", "zerort1", "zerort2", "zerort3"]
 LABELS = {"ddp": "DDP (autocast bf16, FP32 AdamW)", "fsdp2": "FSDP2 (bf16 params, fp32 reduce)",
+          "ds2": "DeepSpeed ZeRO-2 (bf16)", "ds3": "DeepSpeed ZeRO-3 (bf16)",
           "zerort1": "zerort stage 1", "zerort2": "zerort stage 2", "zerort3": "zerort stage 3"}
-STEPS = {"tiny": 50, "demo": 50, "50m": 8}
+STEPS = {"tiny": 50, "demo": 50, "50m": 18}
+WARMUP = 2  # steps left out of the timing figures (DDP's first two are 3-5x its others)
+DS_PYTHON = os.path.join(ROOT, ".venv-ds", "bin", "python")  # make bench-ds installs it
 MIB = 1 << 20
 
 
@@ -151,18 +156,25 @@ def run_job(cmd, out, runtimes, timeout=1800, env=None, min_available=None, max_
     return {r: {"error": f"{head}: " + " | ".join(why), "launch_rss": high, "min_available": low} for r in runtimes}
 
 
-def launch(model, runtimes, steps, out):
-    """Runs the worker under torchrun; returns its results, or one error row per runtime
-    when the launch itself fails."""
-    cmd = torchrun(2) + [WORKER, out, "--model", model, "--steps", str(steps), "--runtimes", *runtimes]
-    return run_job(cmd, out, runtimes)
+def launch(model, runtimes, steps, out, python=None):
+    """Runs the worker under torchrun (python: another interpreter's, for DeepSpeed); returns
+    its results, or one error row per runtime when the launch itself fails."""
+    cmd = torchrun(2, python) + [WORKER, out, "--model", model, "--steps", str(steps), "--runtimes", *runtimes]
+    return run_job(cmd, out, runtimes, env={"DS_ACCELERATOR": "cpu"} if python else None)
+
+
+def pct(values, q):
+    """The q-quantile (nearest rank) of values."""
+    v = sorted(values)
+    return v[min(len(v) - 1, max(0, round(q * (len(v) - 1))))]
 
 
 def summarize(res):
-    """The table's numbers for one runtime's results."""
-    times = res["step_s"][1:] or res["step_s"]  # step 1 warms up
+    """The table's numbers for one runtime's results: step times over steps WARMUP+1..N."""
+    times = res["step_s"][WARMUP:] or res["step_s"]
     t = statistics.median(times)
-    return {"step_ms": 1e3 * t, "tokens_s": res["tokens_per_step"] / t, "rss": max(res["peak_rss"]),
+    return {"step_ms": 1e3 * t, "p90_ms": 1e3 * pct(times, 0.9), "max_ms": 1e3 * max(times), "timed": len(times),
+            "tokens_s": res["tokens_per_step"] / t, "rss": max(res["peak_rss"]),
             "state": max(res["state_bytes"]), "loss": res["losses"][-1], "held_out": res["held_out_loss"]}
 
 
@@ -172,20 +184,21 @@ def table(model, steps, results):
     first = next(iter(r for r in results.values() if not r.get("error")), None)
     ratio = lambda k, key: f"{ok[k][key] / ref[key]:.2f}" if ref else "n/a"
     lines = [f"model {model}: {first['numel'] / 1e6:.2f}M parameters, W=2, {first['tokens_per_step']} tokens per step, "
-             f"{steps} steps" if first else f"model {model}: every runtime failed",
-             "| runtime | step ms (median) | tokens/s | tokens/s vs DDP | peak RSS MiB/rank | vs DDP "
-             "| model states MiB/rank | vs DDP | loss at step N | held-out loss after N |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             f"{steps} steps (times: steps {WARMUP + 1}..{steps})" if first else f"model {model}: every runtime failed",
+             "| runtime | step ms (median) | p90 | max | p90/median | tokens/s | tokens/s vs DDP | peak RSS MiB/rank "
+             "| vs DDP | model states MiB/rank | vs DDP | loss at step N | held-out loss after N |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     errors = []
     for k in ORDER:
         if k not in results:
             continue
         if results[k].get("error"):
-            lines.append(f"| {LABELS[k]} | failed: see below | | | | | | | | |")
+            lines.append(f"| {LABELS[k]} | failed: see below | | | | | | | | | | | |")
             errors.append(f"{LABELS[k]}: {results[k]['error']}")
             continue
         s = ok[k]
-        lines.append(f"| {LABELS[k]} | {s['step_ms']:.0f} | {s['tokens_s']:.0f} | {ratio(k, 'tokens_s')} "
+        lines.append(f"| {LABELS[k]} | {s['step_ms']:.0f} | {s['p90_ms']:.0f} | {s['max_ms']:.0f} "
+                     f"| {s['p90_ms'] / s['step_ms']:.2f} | {s['tokens_s']:.0f} | {ratio(k, 'tokens_s')} "
                      f"| {s['rss'] / MIB:.0f} | {ratio(k, 'rss')} | {s['state'] / MIB:.2f} | {ratio(k, 'state')} "
                      f"| {s['loss']:.4f} | {s['held_out']:.4f} |")
     return "\n".join(lines + errors)
@@ -229,6 +242,9 @@ def main():
     ap.add_argument("--runtimes", nargs="+", default=ORDER, choices=ORDER)
     ap.add_argument("--plot", default=os.path.join(ROOT, "docs", "e2e_loss_curves.png"))
     ap.add_argument("--json", help="also write every run's raw results here")
+    ap.add_argument("--ds-python", default=os.environ.get("DS_PYTHON", DS_PYTHON),
+                    help="a Python with deepspeed installed against this torch (default: .venv-ds, from make "
+                         "bench-ds); without one the DeepSpeed rows say so")
     a = ap.parse_args()
     import torch
 
@@ -240,7 +256,11 @@ def main():
             steps = a.steps or STEPS[model]
             curves[model] = {}
             for k in a.runtimes:  # one launch per runtime: its own peak RSS
-                curves[model].update(launch(model, [k], steps, os.path.join(tmp, f"{model}_{k}.json")))
+                if k.startswith("ds") and not os.path.exists(a.ds_python):
+                    curves[model][k] = {"error": f"skipped: no DeepSpeed Python at {a.ds_python} (make bench-ds)"}
+                    continue
+                python = a.ds_python if k.startswith("ds") else None
+                curves[model].update(launch(model, [k], steps, os.path.join(tmp, f"{model}_{k}.json"), python))
             print("\n" + table(model, steps, curves[model]), flush=True)
     plot(curves, a.plot)
     print(f"\nwrote {os.path.relpath(a.plot, ROOT)}; load average {os.getloadavg()[0]:.1f} at the end")

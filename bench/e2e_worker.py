@@ -10,7 +10,9 @@ AdamW (the same lr, betas, eps, weight decay), gradient clipping at 1.0, bf16 co
 - ddp: DistributedDataParallel(gradient_as_bucket_view=True), torch.autocast(bf16) on CPU,
   FP32 torch.optim.AdamW, clip_grad_norm_;
 - fsdp2: fully_shard on every block, then the root, with
-  MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32), torch.optim.AdamW, clip_grad_norm_.
+  MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32), torch.optim.AdamW, clip_grad_norm_;
+- ds2/ds3: DeepSpeed ZeRO-2/3, bf16, torch's AdamW inside its optimizer, clipping in its config
+  (run from a Python that has deepspeed: e2e.py --ds-python).
 The runtimes in one launch run one after another in the same processes (so peak RSS is
 meaningful only for a launch of one runtime). Rank 0 writes OUT.json: per runtime the mean
 loss over ranks at every step, every step's time (the slowest rank's), each rank's peak
@@ -41,7 +43,7 @@ MODELS = {  # name: GPT kwargs, sequences per rank per step
 }
 OPT = dict(lr=1e-3, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1)
 CLIP = 1.0
-RUNTIMES = ("ddp", "fsdp2", "zerort1", "zerort2", "zerort3")
+RUNTIMES = ("ddp", "fsdp2", "ds2", "ds3", "zerort1", "zerort2", "zerort3")
 
 
 def storage_bytes(tensors):
@@ -120,12 +122,59 @@ class ZerortRuntime:
         return loss.item(), state
 
 
+class DeepSpeedRuntime:
+    """DeepSpeed ZeRO-2 or ZeRO-3 in bf16 with torch's AdamW (no compiled ops: DS_BUILD_OPS=0),
+    clipping in its config, its CPU accelerator (DS_ACCELERATOR=cpu) over gloo."""
+
+    def __init__(self, stage, model, micro, prefetch=True):
+        import deepspeed
+
+        zero = {"stage": stage, "reduce_bucket_size": 1 << 24}  # zerort's bucket; DS's 5e8 is a 954 MiB buffer
+        if stage == 3 and not prefetch:
+            zero["stage3_prefetch_bucket_size"] = 0
+        cfg = {"train_micro_batch_size_per_gpu": micro, "gradient_accumulation_steps": 1, "bf16": {"enabled": True},
+               "gradient_clipping": CLIP, "zero_optimization": zero, "steps_per_print": 1 << 30,
+               "optimizer": {"type": "AdamW", "params": {"lr": OPT["lr"], "betas": list(OPT["betas"]), "eps": OPT["eps"],
+                                                         "weight_decay": OPT["weight_decay"], "torch_adam": True}}}
+        self.engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=cfg)
+
+    def forward(self, x):
+        return self.engine(x.to(torch.bfloat16) if x.is_floating_point() else x)
+
+    def train_step(self, x, y, last):
+        loss = loss_fn(self.forward(x), y)
+        self.engine.backward(loss)
+        self.engine.step()
+        return loss.item(), ds_state_bytes(self.engine) if last else None
+
+
+def ds_state_bytes(engine):
+    """What DeepSpeed's optimizer holds for this rank after a step: the bf16 parameters (ZeRO-3:
+    each one's ds_tensor partition), its FP32 master partitions, Adam's m and v, and the
+    gradient partitions it keeps (ZeRO-2 frees them after the step; ZeRO-3 keeps its flat
+    fp32 gradient partition)."""
+    opt = engine.optimizer
+    held = [getattr(p, "ds_tensor", p) for p in engine.module.parameters()]
+    for name in ("single_partition_of_fp32_groups", "fp32_partitioned_groups_flat"):
+        held += [t for t in getattr(opt, name, None) or [] if isinstance(t, torch.Tensor)]
+    inner = opt.optimizer
+    held += [v for st in inner.state.values() for v in st.values() if isinstance(v, torch.Tensor) and v.dim() > 0]
+    flat = getattr(opt, "grad_partitions_flat_buffer", None)
+    if isinstance(flat, torch.Tensor):
+        held.append(flat)
+    return storage_bytes(held)
+
+
 def loss_fn(logits, y):
     return F.cross_entropy(logits.float().view(-1, logits.shape[-1]), y.view(-1))
 
 
-def make_runtime(kind, model):
-    return ZerortRuntime(int(kind[-1]), model) if kind.startswith("zerort") else TorchRuntime(kind, model)
+def make_runtime(kind, model, micro):
+    if kind.startswith("zerort"):
+        return ZerortRuntime(int(kind[-1]), model)
+    if kind.startswith("ds"):
+        return DeepSpeedRuntime(int(kind[-1]), model, micro)
+    return TorchRuntime(kind, model)
 
 
 def reduce(values, op):
@@ -140,7 +189,7 @@ def run(kind, model_name, steps, data):
     torch.manual_seed(0)
     model = GPT(**kwargs)
     numel = sum(p.numel() for p in set(model.parameters()))
-    rt = make_runtime(kind, model)
+    rt = make_runtime(kind, model, micro)
     losses, times, state = [], [], None
     for step in range(steps):
         x, y = batch(data, step, rank, 0, micro, kwargs["seq"])

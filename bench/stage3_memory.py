@@ -5,7 +5,7 @@ rank before the model is created.
 
     .venv/bin/python bench/stage3_memory.py                          # both models, every runtime
     .venv/bin/python bench/stage3_memory.py --models linear8 --runtimes zerort3p1 fsdp2
-    .venv/bin/python bench/stage3_memory.py --ds-python /tmp/dsvenv/bin/python   # DeepSpeed rows
+    .venv/bin/python bench/stage3_memory.py --ds-python /tmp/dsvenv/bin/python   # DeepSpeed rows (default: .venv-ds)
 
 Models: `linear8` = 8 x nn.Linear(4096, 4096, bias=False) (134M parameters, 32 MiB of bf16
 weight per layer; input 4 x 4096, cross-entropy over the 4096 outputs) and `50m`, the 49.5M
@@ -82,37 +82,6 @@ def build(model_name):
     return model, list(model.blocks), micro, lambda step, rank: batch(text, step, rank, 0, micro, kwargs["seq"])
 
 
-class DeepSpeedRuntime:
-    """DeepSpeed ZeRO-3 in bf16 with torch's AdamW (no compiled ops), clipping in its config."""
-
-    def __init__(self, model, micro, prefetch):
-        import deepspeed
-        import e2e_worker
-
-        o = e2e_worker.OPT
-        zero = {"stage": 3, "reduce_bucket_size": 1 << 24}  # zerort's bucket; DS's 5e8 is a 954 MiB buffer
-        if not prefetch:
-            zero["stage3_prefetch_bucket_size"] = 0
-        cfg = {"train_micro_batch_size_per_gpu": micro, "gradient_accumulation_steps": 1, "bf16": {"enabled": True},
-               "gradient_clipping": e2e_worker.CLIP, "zero_optimization": zero, "steps_per_print": 1 << 30,
-               "optimizer": {"type": "AdamW", "params": {"lr": o["lr"], "betas": list(o["betas"]), "eps": o["eps"],
-                                                         "weight_decay": o["weight_decay"], "torch_adam": True}}}
-        self.engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=cfg)
-
-    def forward(self, x):
-        import torch
-
-        return self.engine(x.to(torch.bfloat16) if x.is_floating_point() else x)
-
-    def train_step(self, x, y, last):
-        import e2e_worker
-
-        loss = e2e_worker.loss_fn(self.forward(x), y)
-        self.engine.backward(loss)
-        self.engine.step()
-        return loss.item(), None
-
-
 def make(kind, model_name):
     """Builds the model (on the meta device for zerort3meta) and the runtime around it."""
     import torch
@@ -130,7 +99,7 @@ def make(kind, model_name):
         extra = {"stage3": {"prefetch": 0 if kind == "zerort3p0" else 1}} if stage == 3 else None
         rt = e2e_worker.ZerortRuntime(stage, model, extra)
     elif kind.startswith("ds3"):
-        rt = DeepSpeedRuntime(model, micro, prefetch=kind == "ds3")
+        rt = e2e_worker.DeepSpeedRuntime(3, model, micro, prefetch=kind == "ds3")
     else:
         rt = e2e_worker.TorchRuntime(kind, model, blocks)
     return rt, numel, micro, data
@@ -253,7 +222,7 @@ def main():
     ap.add_argument("--models", nargs="+", default=["linear8", "50m"], choices=sorted(STEPS))
     ap.add_argument("--runtimes", nargs="+", choices=ORDER, help="default: every runtime that applies to the model")
     ap.add_argument("--steps", type=int, help="steps per run (default: linear8 10, 50m 20)")
-    ap.add_argument("--ds-python", default=os.environ.get("DS_PYTHON"),
+    ap.add_argument("--ds-python", default=os.environ.get("DS_PYTHON", e2e.DS_PYTHON if os.path.exists(e2e.DS_PYTHON) else None),
                     help="a Python with deepspeed installed against this torch (without it the ds3 rows are skipped)")
     ap.add_argument("--timeout", type=int, default=600, help="seconds per launch")
     ap.add_argument("--json", help="also write every run's raw results here")

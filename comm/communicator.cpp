@@ -4,6 +4,8 @@
 #include <array>
 #include <mutex>
 #include <cstdint>
+#include <cstring>
+#include <tuple>
 #include <vector>
 
 #include "comm/error.h"
@@ -87,39 +89,20 @@ void Communicator::check(const CollectiveDesc& d, std::initializer_list<const vo
       ++index;
     }
   }
-  if (options_.check_consistency && size_ > 1) check_consistent_across_ranks(d);
+  calls_.record(d);
+  if (options_.debug && size_ > 1) check_consistent_across_ranks(d);
 }
 
 namespace {
 
-constexpr size_t kProbeFields = 6;
-using ProbeFields = std::array<int64_t, kProbeFields>;
-
-ProbeFields probe_fields(const CollectiveDesc& d) {
-  return {static_cast<int64_t>(d.kind), static_cast<int64_t>(d.dtype), static_cast<int64_t>(d.op),
-          static_cast<int64_t>(d.count), static_cast<int64_t>(d.root), d.tag};
-}
-
-// One rank's call, rebuilt from its probe fields, for the mismatch message.
-std::string describe_fields(const int64_t* f, int rank, int world) {
-  CollectiveDesc d;
-  d.kind = static_cast<Collective>(f[0]);
-  d.dtype = static_cast<DType>(f[1]);
-  d.op = static_cast<ReduceOp>(f[2]);
-  d.count = static_cast<size_t>(f[3]);
-  d.root = static_cast<int>(f[4]);
-  d.tag = f[5];
-  d.rank = rank;
-  d.world = world;
-  return d.to_string();
-}
+constexpr size_t kProbeFields = std::tuple_size<CallFields>::value;
 
 }  // namespace
 
 void Communicator::check_consistent_across_ranks(const CollectiveDesc& d) {
   // Max over [x, -x] gives max and -min of every field in one all-reduce.
   const std::array<const char*, kProbeFields> names = {"collective", "dtype", "op", "count", "root", "tag"};
-  const ProbeFields mine = probe_fields(d);
+  const CallFields mine = call_fields(d);
   auto owned = std::make_shared<std::vector<int64_t>>(2 * kProbeFields);  // outlives a timeout
   std::vector<int64_t>& buf = *owned;
   for (size_t i = 0; i < kProbeFields; ++i) {
@@ -142,6 +125,7 @@ void Communicator::check_consistent_across_ranks(const CollectiveDesc& d) {
     }
   };
   CollectiveDesc probe = describe(Collective::kAllReduce, buf.size(), DType::kInt64, ReduceOp::kMax);
+  ++backend_calls_;
   auto work = do_all_reduce(buf.data(), probe);
   work->keep_alive(owned);
   wait_probe(work, "the argument check");
@@ -154,7 +138,8 @@ void Communicator::check_consistent_across_ranks(const CollectiveDesc& d) {
   // Every rank saw the same max and min, so every rank is here: gather each rank's call so
   // the error says who called what.
   auto calls = std::make_shared<std::vector<int64_t>>(kProbeFields * static_cast<size_t>(size_));
-  auto sent = std::make_shared<ProbeFields>(mine);
+  auto sent = std::make_shared<CallFields>(mine);
+  ++backend_calls_;
   auto gather = do_all_gather(sent->data(), calls->data(), describe(Collective::kAllGather, kProbeFields, DType::kInt64));
   gather->keep_alive(calls);
   gather->keep_alive(sent);
@@ -162,36 +147,43 @@ void Communicator::check_consistent_across_ranks(const CollectiveDesc& d) {
   std::string who;
   constexpr int kListed = 16;
   for (int r = 0; r < size_ && r < kListed; ++r) {
-    who += detail::concat("\n  rank ", r, ": ", describe_fields(calls->data() + r * kProbeFields, r, size_));
+    CallFields f;
+    std::copy_n(calls->data() + r * kProbeFields, kProbeFields, f.begin());
+    who += detail::concat("\n  rank ", r, ": ", describe_call(f, r, size_));
   }
   if (size_ > kListed) who += detail::concat("\n  (", size_ - kListed, " more ranks)");
   if (first == 0) {
-    ZRT_THROW(d.to_string(), ": ranks called different collectives at the same point; every rank must "
-              "issue the same collectives in the same order. Each rank's call:", who);
+    throw CollectiveMismatchError(__FILE__, __LINE__, detail::concat(
+        d.to_string(), ": ranks called different collectives at the same point; every rank must "
+        "issue the same collectives in the same order. Each rank's call:", who));
   }
-  ZRT_THROW(d.to_string(), ": ", names[first], " differs across ranks; every rank must pass the same ",
-            names[first], first == 5 ? " (the same bucket or unit: ranks took different paths through the model)" : "",
-            ". Each rank's call:", who);
+  throw CollectiveMismatchError(__FILE__, __LINE__, detail::concat(
+      d.to_string(), ": ", names[first], " differs across ranks; every rank must pass the same ",
+      names[first], first == 5 ? " (the same bucket or unit: ranks took different paths through the model)" : "",
+      ". Each rank's call:", who));
 }
 
-WorkPtr Communicator::all_reduce(void* buf, size_t count, DType dtype, ReduceOp op) {
-  auto d = describe(Collective::kAllReduce, count, dtype, op);
+WorkPtr Communicator::all_reduce(void* buf, size_t count, DType dtype, ReduceOp op, int64_t tag) {
+  auto d = describe(Collective::kAllReduce, count, dtype, op, 0, tag);
   check(d, {buf});
-  return do_all_reduce(buf, d);
+  if (size_ == 1) return done(d);
+  return issue([&] { return do_all_reduce(buf, d); });
 }
 
 WorkPtr Communicator::reduce_scatter(const void* in, void* out, size_t recv_count, DType dtype,
                                      ReduceOp op) {
   auto d = describe(Collective::kReduceScatter, recv_count, dtype, op);
   check(d, {in, out});
-  return do_reduce_scatter(in, out, d);
+  if (size_ == 1) return local_copy(in, out, d);
+  return issue([&] { return do_reduce_scatter(in, out, d); });
 }
 
 WorkPtr Communicator::reduce_scatter_accumulate(const void* in, DType in_dtype, float* out,
                                                 size_t recv_count, bool accumulate, int64_t tag) {
   auto d = describe(Collective::kReduceScatterAccumulate, recv_count, in_dtype, ReduceOp::kSum, 0, tag);
   check(d, {in, out});
-  return do_reduce_scatter_accumulate(in, out, accumulate, d);
+  if (size_ == 1) return local_reduce_scatter_accumulate(in, out, accumulate, d);
+  return issue([&] { return do_reduce_scatter_accumulate(in, out, accumulate, d); });
 }
 
 WorkPtr Communicator::do_reduce_scatter_accumulate(const void* in, float* out, bool accumulate,
@@ -208,28 +200,47 @@ WorkPtr Communicator::do_reduce_scatter_accumulate(const void* in, float* out, b
   return work;
 }
 
+WorkPtr Communicator::done(const CollectiveDesc& d) const {
+  return std::make_shared<CompletedWork>(d, options_.timeout);
+}
+
+WorkPtr Communicator::local_copy(const void* in, void* out, const CollectiveDesc& d) {
+  if (in != out && d.count > 0) std::memcpy(out, in, d.count * dtype_size(d.dtype));
+  return done(d);
+}
+
+WorkPtr Communicator::local_reduce_scatter_accumulate(const void* in, float* out, bool accumulate,
+                                                      const CollectiveDesc& d) {
+  sum_chunks_to_f32(in, d.dtype, 1, d.count, out, accumulate);
+  return done(d);
+}
+
 WorkPtr Communicator::all_gather(const void* in, void* out, size_t send_count, DType dtype, int64_t tag) {
   auto d = describe(Collective::kAllGather, send_count, dtype, ReduceOp::kSum, 0, tag);
   check(d, {in, out});
-  return do_all_gather(in, out, d);
+  if (size_ == 1) return local_copy(in, out, d);
+  return issue([&] { return do_all_gather(in, out, d); });
 }
 
 WorkPtr Communicator::all_to_all(const void* in, void* out, size_t count, DType dtype) {
   auto d = describe(Collective::kAllToAll, count, dtype);
   check(d, {in, out});
-  return do_all_to_all(in, out, d);
+  if (size_ == 1) return local_copy(in, out, d);
+  return issue([&] { return do_all_to_all(in, out, d); });
 }
 
 WorkPtr Communicator::broadcast(void* buf, size_t count, DType dtype, int root) {
   auto d = describe(Collective::kBroadcast, count, dtype, ReduceOp::kSum, root);
   check(d, {buf});
-  return do_broadcast(buf, d);
+  if (size_ == 1) return done(d);
+  return issue([&] { return do_broadcast(buf, d); });
 }
 
 WorkPtr Communicator::barrier() {
   auto d = describe(Collective::kBarrier, 0, DType::kFloat32);
   check(d, {});
-  return do_barrier(d);
+  if (size_ == 1) return done(d);
+  return issue([&] { return do_barrier(d); });
 }
 
 }  // namespace zerort

@@ -2,11 +2,13 @@
 // implements. Public calls pass one argument-check funnel and then reach the backend.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <cstddef>
 #include <memory>
 #include <string>
 
+#include "comm/call_log.h"
 #include "comm/dtype.h"
 #include "comm/work.h"
 
@@ -15,11 +17,13 @@ namespace zerort {
 struct CommOptions {
   // Every Work::wait() without an explicit timeout uses this.
   std::chrono::milliseconds timeout{std::chrono::seconds(600)};
-  // Before each collective, one 12-value all-reduce checks that every rank called the same
-  // collective with the same dtype, op, count, root and tag, so a mismatch raises on every
-  // rank, naming what each rank called, instead of hanging or corrupting memory. Costs one
-  // small-message latency per call.
-  bool check_consistency = true;
+  // comm.debug: before each collective, one 12-value all-reduce checks that every rank
+  // called the same collective with the same dtype, op, count, root and tag, so a mismatch
+  // raises at the call on every rank, naming what each rank called. Costs one blocking
+  // small-message round-trip per call, so it is off by default: without it every call is
+  // recorded in calls() and the step's decision exchange compares the records
+  // (runtime/step_decision.h), naming the first call that differs.
+  bool debug = false;
 };
 
 class Communicator {
@@ -34,7 +38,8 @@ class Communicator {
   virtual const char* backend_name() const = 0;
 
   // In place: buf (count elements) becomes op over all ranks' buf.
-  WorkPtr all_reduce(void* buf, size_t count, DType dtype, ReduceOp op = ReduceOp::kSum);
+  WorkPtr all_reduce(void* buf, size_t count, DType dtype, ReduceOp op = ReduceOp::kSum,
+                     int64_t tag = kNoTag);
   // in has size()*recv_count elements; out gets this rank's recv_count-element chunk.
   WorkPtr reduce_scatter(const void* in, void* out, size_t recv_count, DType dtype,
                          ReduceOp op = ReduceOp::kSum);
@@ -52,6 +57,12 @@ class Communicator {
   WorkPtr all_to_all(const void* in, void* out, size_t count, DType dtype);
   WorkPtr broadcast(void* buf, size_t count, DType dtype, int root);
   WorkPtr barrier();
+
+  // Every collective called since the step's last decision exchange (all of them, at any W).
+  CallLog& calls() { return calls_; }
+  // Collectives handed to the backend so far. At W = 1 none are: each call is the local
+  // copy or conversion it amounts to (or nothing).
+  int64_t backend_calls() const { return backend_calls_.load(); }
 
   // The most bytes of internal scratch (reduce_scatter_accumulate's received chunks) that
   // were alive at once; the memory report counts them as communication buffers.
@@ -73,6 +84,12 @@ class Communicator {
   virtual WorkPtr do_reduce_scatter_accumulate(const void* in, float* out, bool accumulate,
                                                const CollectiveDesc& d);
 
+  // W = 1: the memory a collective to itself writes, without a collective (host memory
+  // here; device backends override them to stay on the device).
+  virtual WorkPtr local_copy(const void* in, void* out, const CollectiveDesc& d);
+  virtual WorkPtr local_reduce_scatter_accumulate(const void* in, float* out, bool accumulate,
+                                                  const CollectiveDesc& d);
+
   CollectiveDesc describe(Collective kind, size_t count, DType dtype, ReduceOp op = ReduceOp::kSum,
                           int root = 0, int64_t tag = kNoTag) const;
   // Counts `bytes` of backend scratch as live (for scratch_peak_bytes) until the returned
@@ -83,6 +100,12 @@ class Communicator {
   // The funnel: local checks (dtype, op, root, null buffers), then the cross-rank check.
   void check(const CollectiveDesc& d, std::initializer_list<const void*> buffers);
   void check_consistent_across_ranks(const CollectiveDesc& d);
+  template <typename Launch>
+  WorkPtr issue(Launch&& launch) {
+    ++backend_calls_;
+    return launch();
+  }
+  WorkPtr done(const CollectiveDesc& d) const;  // a collective with nothing to do
 
   struct ScratchCounter;
   std::shared_ptr<char[]> allocate_scratch(size_t bytes);
@@ -91,6 +114,8 @@ class Communicator {
   int size_;
   CommOptions options_;
   std::shared_ptr<ScratchCounter> scratch_;
+  CallLog calls_;
+  std::atomic<int64_t> backend_calls_{0};
 };
 
 }  // namespace zerort

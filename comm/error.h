@@ -23,6 +23,13 @@ class TimeoutError : public Error {
   using Error::Error;
 };
 
+// comm.debug's check at the call: ranks called different collectives (or the same one
+// with different arguments). Raised on every rank, listing each rank's call.
+class CollectiveMismatchError : public Error {
+ public:
+  using Error::Error;
+};
+
 // The training loop called the engine in an order it cannot honour (step() without a
 // backward(), a second gradient outside engine.backward(), ...). Raised on every rank.
 class UsageError : public Error {

@@ -50,7 +50,8 @@ void Work::wait(std::chrono::milliseconds timeout) {
     timeout_message_ = detail::concat(
         desc_.to_string(), " did not finish within ", timeout.count(),
         " ms. A peer rank is missing, stuck, failed its own argument check, or called a "
-        "different collective; raise comm.timeout_s if the peers are just slow");
+        "different collective (comm.debug: true checks every call across ranks and names each "
+        "rank's); raise comm.timeout_s if the peers are just slow");
     on_timeout();
     retire_buffers();
     throw TimeoutError(__FILE__, __LINE__, timeout_message_);

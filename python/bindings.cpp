@@ -37,12 +37,12 @@ c10::Device device_of(int index) {
   return index < 0 ? c10::Device(c10::kCPU) : c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(index));
 }
 
-CommOptions comm_options(double timeout_s, bool check_consistency) {
+CommOptions comm_options(double timeout_s, bool debug) {
   ZRT_CHECK(timeout_s >= 1e-3 && timeout_s <= 1e9, "comm.timeout_s must be between 0.001 and 1e9 "
             "seconds, got ", timeout_s);
   CommOptions o;
   o.timeout = std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000.0));
-  o.check_consistency = check_consistency;
+  o.debug = debug;
   return o;
 }
 
@@ -114,6 +114,8 @@ PYBIND11_MODULE(_C, m) {
       .def_property_readonly("size", &Communicator::size)
       .def_property_readonly("backend", &Communicator::backend_name)
       .def_property_readonly("scratch_peak_bytes", &Communicator::scratch_peak_bytes)
+      .def_property_readonly("backend_calls", &Communicator::backend_calls)
+      .def_property_readonly("calls_since_step", [](Communicator& c) { return c.calls().summary().calls; })
       .def("reset_scratch_peak", &Communicator::reset_scratch_peak)
       .def("all_reduce", [](Communicator& c, uintptr_t buf, size_t n, const std::string& dt,
                             const std::string& op) {
@@ -152,10 +154,10 @@ PYBIND11_MODULE(_C, m) {
   m.def("make_communicator", [](const std::string& backend, double timeout_s, bool check) {
     py::gil_scoped_release release;  // MPI_Init may take a while
     return owned_without_gil(make_communicator(backend, detect_launch_env(), comm_options(timeout_s, check)));
-  }, py::arg("backend"), py::arg("timeout_s"), py::arg("check_consistency"));
+  }, py::arg("backend"), py::arg("timeout_s"), py::arg("debug"));
   m.def("make_gloo_communicator", [](const std::string& group_name, double timeout_s, bool check) {
     return owned_without_gil(make_gloo_communicator(group_name, comm_options(timeout_s, check)));
-  }, py::arg("group_name"), py::arg("timeout_s"), py::arg("check_consistency"));
+  }, py::arg("group_name"), py::arg("timeout_s"), py::arg("debug"));
 
 #if ZERORT_WITH_NCCL
   m.def("nccl_unique_id", [] { return py::bytes(nccl_unique_id()); });
@@ -164,7 +166,7 @@ PYBIND11_MODULE(_C, m) {
     py::gil_scoped_release release;  // waits for every rank to join
     return owned_without_gil(make_nccl_communicator(rank, size, device, raw, comm_options(timeout_s, check)));
   }, py::arg("rank"), py::arg("size"), py::arg("device"), py::arg("unique_id"), py::arg("timeout_s"),
-     py::arg("check_consistency"));
+     py::arg("debug"));
 #endif
 
   m.def("cast_from_f32", [](uintptr_t in, uintptr_t out, const std::string& dt, size_t n, int device) {

@@ -7,7 +7,6 @@
 
 #include "comm/error.h"
 #include "python/without_gil.h"
-#include "runtime/backward_check.h"
 #include "runtime/engine.h"
 #include "runtime/shard_optimizer.h"
 
@@ -110,9 +109,6 @@ EngineOptions engine_options(const py::kwargs& kw) {
 }  // namespace
 
 void bind_engine(py::module_& m) {
-  m.def("check_backward_calls", [](Communicator& comm, int64_t missed, int64_t window) {
-    check_backward_calls(comm, missed, window);  // stage 3 (python/zerort/stage3.py)
-  }, py::arg("comm"), py::arg("missed"), py::arg("window"), py::call_guard<py::gil_scoped_release>());
   py::class_<ShardOptimizer>(m, "ShardOptimizer")
       .def(py::init([](at::Tensor master, Communicator& comm, const py::kwargs& kw) {
              return std::make_unique<ShardOptimizer>(std::move(master), comm, optimizer_options(engine_options(kw)));

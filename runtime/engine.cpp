@@ -9,7 +9,6 @@
 #include <cmath>
 
 #include "comm/error.h"
-#include "runtime/backward_check.h"
 #include "runtime/device_kernels.h"
 #include "runtime/engine_parts.h"
 #include "partition/bucket_plan.h"
@@ -553,24 +552,8 @@ StepStats Engine::step() {
   }
   ++micro_steps_;
   stats.boundary = micro_steps_ % options_.gradient_accumulation_steps == 0;
-  if (stats.boundary) {
-    check_backward_calls();
-    update(stats);
-  }
+  if (stats.boundary) update(stats);
   return stats;
-}
-
-void Engine::check_backward_calls() {
-  const int64_t missed = missed_backward_;
-  missed_backward_ = 0;
-  try {
-    zerort::check_backward_calls(comm_, missed, options_.gradient_accumulation_steps);
-  } catch (const UsageError&) {
-    // The window is dropped whole: its gradients, and its micro-steps in the count.
-    optimizer_->grad_shard().zero_();
-    micro_steps_ -= options_.gradient_accumulation_steps;
-    throw;
-  }
 }
 
 char* Engine::own_chunk(const Bucket& b) const {
@@ -594,7 +577,17 @@ void Engine::update(StepStats& stats) {
   std::vector<Bucket*> whole = whole_buckets();
   std::vector<OutputSegment> outputs;  // AdamW writes the new low-precision shard there
   for (Bucket* b : whole) outputs.push_back({b->opt_offset, b->opt_numel, own_chunk(*b), groups_[b->group]->dtype});
-  if (!optimizer_->step(outputs, stats)) {
+  const int64_t missed = missed_backward_;
+  missed_backward_ = 0;
+  bool applied;
+  try {
+    applied = optimizer_->step(outputs, stats, missed);
+  } catch (const UsageError&) {
+    micro_steps_ -= options_.gradient_accumulation_steps;  // the window is dropped whole
+    --global_step_;
+    throw;
+  }
+  if (!applied) {
     ++skipped_steps_;
     return;
   }

@@ -169,7 +169,6 @@ class Engine {
   void fill_bucket(Group& g, Bucket& b, at::Tensor& master);  // starting values (constructor)
   Bucket& unit(size_t index, const char* what);  // bucket `index`, checked, at stage 3
   void wait_gathered_locked(std::unique_lock<std::mutex>& lock, Bucket& b);
-  void check_backward_calls();    // at a boundary: every rank ran backward in every micro-step
   void enqueue_ready_locked();
   void comm_loop();
   bool reducing_now() const;      // does this micro-step reduce (stage 2, or a boundary)?

@@ -13,6 +13,7 @@
 
 #include "comm/error.h"
 #include "runtime/device_kernels.h"
+#include "runtime/step_decision.h"
 
 namespace zerort {
 
@@ -52,7 +53,7 @@ ShardOptimizer::ShardOptimizer(at::Tensor master, Communicator& comm, OptimizerO
   grad_shard_ = at::zeros({master_.numel()}, f32);
 }
 
-bool ShardOptimizer::step(const std::vector<OutputSegment>& outputs, StepStats& stats) {
+bool ShardOptimizer::step(const std::vector<OutputSegment>& outputs, StepStats& stats, int64_t missed_backward) {
   for (const auto& seg : outputs) {
     ZRT_CHECK(seg.offset + seg.numel <= static_cast<size_t>(master_.numel()) && (seg.out || seg.numel == 0),
               "ShardOptimizer.step: output segment [", seg.offset, ", ", seg.offset + seg.numel,
@@ -74,14 +75,18 @@ bool ShardOptimizer::step(const std::vector<OutputSegment>& outputs, StepStats& 
   const double denominator = scaler_.scale() * comm_.size() * options_.gradient_accumulation_steps;
   GradStats local = unscale_and_check_on(master_.device(), grad_shard_.data_ptr<float>(), n,
                                          static_cast<float>(1.0 / denominator));
-  double global[2] = {static_cast<double>(local.nonfinite), local.sum_squares};
-  if (!options_.replicated) {
-    comm_.all_reduce(global, 2, DType::kFloat64)->wait();  // the one decision, same on every rank
+  Decision global;
+  try {  // the one decision, the same on every rank
+    global = decide_step(comm_, {static_cast<int64_t>(local.nonfinite), local.sum_squares, missed_backward},
+                         options_.replicated, options_.gradient_accumulation_steps);
+  } catch (...) {
+    grad_shard_.zero_();  // the window is dropped on every rank alike
+    throw;
   }
-  stats.nonfinite = static_cast<int64_t>(global[0]);
+  stats.nonfinite = global.nonfinite;
   nonfinite_ids_.clear();
-  stats.grad_norm = std::sqrt(global[1]);
-  if (stats.nonfinite > 0 || !std::isfinite(global[1])) {
+  stats.grad_norm = std::sqrt(global.sum_squares);
+  if (stats.nonfinite > 0 || !std::isfinite(global.sum_squares)) {
     stats.skipped = true;
     record_nonfinite();
     grad_shard_.zero_();

@@ -1,6 +1,6 @@
 // ShardOptimizer: the optimizer half of every ZeRO stage. Owns this rank's FP32 master,
 // Adam m and v and FP32 gradient shard, and the loss scaler. One step: the fused unscale /
-// non-finite / sum-of-squares pass, one 2-value all-reduce so every rank takes the same
+// non-finite / sum-of-squares pass, the step's decision exchange so every rank takes the same
 // skip-or-clip decision, the fused AdamW that also writes the low-precision shard.
 #pragma once
 
@@ -60,8 +60,12 @@ class ShardOptimizer {
 
   // One optimizer step from grad_shard(); writes the new weights to the output segments
   // (which must lie inside the master) and zeroes grad_shard(). Returns false when the
-  // step was skipped. Fills stats' skip/scale/norm/clip/optimizer_ms.
-  bool step(const std::vector<OutputSegment>& outputs, StepStats& stats);
+  // step was skipped. Fills stats' skip/scale/norm/clip/optimizer_ms. Its one collective is
+  // the step's decision (runtime/step_decision.h), which also checks that every rank called
+  // the same collectives since the last step and had no micro-step without backward
+  // (missed_backward: this rank's count); it throws UsageError on every rank, with the
+  // window's gradients dropped, when not.
+  bool step(const std::vector<OutputSegment>& outputs, StepStats& stats, int64_t missed_backward = 0);
 
   double loss_scale() const { return scaler_.scale(); }
   int64_t adam_steps() const { return adam_steps_; }

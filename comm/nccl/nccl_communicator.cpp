@@ -69,7 +69,7 @@ class NcclGroup {
 // so CUDA work that uses the result waits for `after`.
 struct Phases {
   std::function<void(cudaStream_t)> before;            // CUDA work the collective reads
-  std::function<void(ncclComm_t, cudaStream_t)> nccl;  // NCCL calls only
+  std::function<void(ncclComm_t, cudaStream_t)> nccl;  // NCCL calls only (none at W = 1)
   std::function<void(cudaStream_t)> after;             // CUDA work on the collective's result
 };
 
@@ -151,6 +151,20 @@ class NcclCommunicator final : public Communicator {
     w->keep_alive(one);
     return w;
   }
+  // W = 1: a copy or the FP64 sum kernel on the communicator's stream, no NCCL call.
+  WorkPtr local_copy(const void* in, void* out, const CollectiveDesc& d) override {
+    if (in == out || d.count == 0) return std::make_shared<CompletedWork>(d, options().timeout);
+    return enqueue(d, {[&](cudaStream_t s) {
+                         ZRT_CHECK_CUDA(cudaMemcpyAsync(out, in, d.count * dtype_size(d.dtype), cudaMemcpyDefault, s));
+                       }, nullptr, nullptr});
+  }
+  WorkPtr local_reduce_scatter_accumulate(const void* in, float* out, bool accumulate,
+                                          const CollectiveDesc& d) override {
+    require_device(d, {in, out});
+    if (d.count == 0) return std::make_shared<CompletedWork>(d, options().timeout);
+    return enqueue(d, {[&](cudaStream_t s) { sum_chunks_to_f32_cuda(in, d.dtype, 1, d.count, out, accumulate, s); },
+                       nullptr, nullptr});
+  }
   // All on the device: grouped send/recv into device scratch, then (once NCCL has
   // settled) the FP64 local sum kernel on the same stream; the scratch is freed
   // stream-ordered behind the kernel.
@@ -183,12 +197,12 @@ class NcclCommunicator final : public Communicator {
     ZRT_CHECK_CUDA(cudaEventRecord(st.input_ready, cudaStreamLegacy));  // PyTorch's default stream
     ZRT_CHECK_CUDA(cudaStreamWaitEvent(st.stream, st.input_ready, 0));
     if (phases.before) phases.before(st.stream);
-    {
+    if (phases.nccl) {
       std::lock_guard<std::mutex> calls(st.call_mu);
       st.check_usable();
       phases.nccl(st.comm, st.stream);
     }
-    if (!st.settle(deadline_after(options().timeout), collective_name(d.kind))) {
+    if (phases.nccl && !st.settle(deadline_after(options().timeout), collective_name(d.kind))) {
       st.abort(detail::concat(d.to_string(), " could not be enqueued"));
       throw TimeoutError(__FILE__, __LINE__,
                          detail::concat(d.to_string(), ": NCCL did not accept the collective within ",

@@ -22,8 +22,9 @@ def detect_launch_env():
     return _C.detect_launch_env()
 
 
-def init(backend="auto", timeout_s=600.0, check_consistency=True):
-    """Creates a Communicator. backend: 'auto', 'mpi', 'gloo', 'nccl' (CUDA tensors on
+def init(backend="auto", timeout_s=600.0, debug=False):
+    """Creates a Communicator. debug (comm.debug): check every collective across ranks as it
+    is called (one blocking round-trip each); otherwise the step's decision checks them. backend: 'auto', 'mpi', 'gloo', 'nccl' (CUDA tensors on
     cuda:LOCAL_RANK) or 'inprocess' (one rank). 'auto' picks by launcher: mpi under mpirun,
     gloo under torchrun. gloo initialises torch.distributed (env:// rendezvous on MASTER_ADDR/MASTER_PORT, with
     timeout_s as the process group's timeout) unless it is already initialised; a group it
@@ -32,9 +33,9 @@ def init(backend="auto", timeout_s=600.0, check_consistency=True):
     pass it the same timeout."""
     name = _C.resolve_backend(backend)
     if name == "nccl":
-        return _init_nccl(timeout_s, check_consistency)
+        return _init_nccl(timeout_s, debug)
     if name != "gloo":
-        return Communicator(_C.make_communicator(name, timeout_s, check_consistency))
+        return Communicator(_C.make_communicator(name, timeout_s, debug))
     import torch.distributed as dist
 
     if not dist.is_initialized():
@@ -44,10 +45,10 @@ def init(backend="auto", timeout_s=600.0, check_consistency=True):
                                 timeout=datetime.timedelta(seconds=timeout_s))
         lifecycle.created_process_group(dist.group.WORLD)
     group = dist.group.WORLD
-    return Communicator(_C.make_gloo_communicator(group.group_name, timeout_s, check_consistency))
+    return Communicator(_C.make_gloo_communicator(group.group_name, timeout_s, debug))
 
 
-def _init_nccl(timeout_s, check_consistency):
+def _init_nccl(timeout_s, debug):
     """NCCL on cuda:LOCAL_RANK (modulo the visible devices). Under mpirun the C++ side
     exchanges the unique id with MPI_Bcast; under torchrun it goes through c10d's TCPStore
     at MASTER_ADDR:MASTER_PORT (the torchrun agent's store, or one rank 0 hosts)."""
@@ -61,7 +62,7 @@ def _init_nccl(timeout_s, check_consistency):
     device = env["local_rank"] % torch.cuda.device_count()
     torch.cuda.set_device(device)
     if env["launcher"] != "torchrun":
-        return Communicator(_C.make_communicator("nccl", timeout_s, check_consistency), f"cuda:{device}")
+        return Communicator(_C.make_communicator("nccl", timeout_s, debug), f"cuda:{device}")
     import torch.distributed as dist
 
     agent_store = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
@@ -73,7 +74,7 @@ def _init_nccl(timeout_s, check_consistency):
         store.set(key, _C.nccl_unique_id())
     unique_id = store.get(key)  # waits up to timeout_s for rank 0
     impl = _C.make_nccl_communicator(env["rank"], env["world_size"], device, unique_id, timeout_s,
-                                     check_consistency)
+                                     debug)
     comm = Communicator(impl, f"cuda:{device}")
     comm._store = store  # a store rank 0 hosts must live as long as the job
     return comm
@@ -102,6 +103,17 @@ class Communicator:
     @property
     def backend(self):
         return self._c.backend
+
+    @property
+    def backend_calls(self):
+        """Collectives handed to the backend so far (none at W = 1: each call is the local
+        copy it amounts to)."""
+        return self._c.backend_calls
+
+    @property
+    def calls_since_step(self):
+        """Collectives called since the last step's decision, which checks them across ranks."""
+        return self._c.calls_since_step
 
     def _staged(self, call, *tensors):
         """Small CPU control tensors (flags, digests, counters) given to a CUDA communicator

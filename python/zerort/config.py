@@ -53,6 +53,7 @@ class Config:
     unit_modules: tuple = ()
     comm_backend: str = "auto"
     comm_timeout_s: float = 600.0
+    comm_debug: bool = False  # check every collective across ranks as it is called
     max_consecutive_skips: int = 100  # skipped (non-finite) steps in a row before training stops
     fp32_modules: tuple = ()  # changes to the norm rule of zerort.precision: "Name" adds a class, "-Name" removes it
     train_micro_batch_size_per_gpu: Optional[int] = None  # checked against train_batch_size
@@ -303,6 +304,7 @@ def _parse_ours(cfg, problems):
     cm, rc = r.child(cfg, "comm")
     c.comm_backend = rc.choice(cm, "backend", c.comm_backend, ("auto", "mpi", "gloo", "nccl", "inprocess"))
     c.comm_timeout_s = rc.number(cm, "timeout_s", c.comm_timeout_s, low=1e-3, high=1e9)  # as the C++ comm
+    c.comm_debug = rc.boolean(cm, "debug", c.comm_debug)
     rc.leftover(cm)
     c.max_consecutive_skips = r.number(cfg, "max_consecutive_skips", c.max_consecutive_skips, integer=True, low=1)
     present, v = r._take(cfg, "lr_schedule")

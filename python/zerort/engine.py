@@ -86,7 +86,7 @@ class Engine:
             raise ConfigError([f"comm.backend: got {backend!r} but the model is on {self.device}; nccl moves CUDA "
                                "buffers and mpi/gloo CPU ones: move the model (model.cuda() / model.cpu()) or "
                                "use 'auto'"])
-        self.comm = comm if comm is not None else comm_mod.init(backend, c.comm_timeout_s)
+        self.comm = comm if comm is not None else comm_mod.init(backend, c.comm_timeout_s, c.comm_debug)
         if self.comm.device != self.device:
             raise ConfigError([f"comm.backend: the model is on {self.device} but the '{self.comm.backend}' "
                                f"communicator moves {self.comm.device} buffers; use 'nccl' (or 'auto') for CUDA "
@@ -207,7 +207,8 @@ class Engine:
         the accumulation window raises zerort.UsageError on every rank, naming the ranks,
         and applies nothing."""
         self._check_requires_grad()
-        with self._phase("step"):
+        names = self._units.naming() if self._units else contextlib.nullcontext()
+        with self._phase("step"), names:  # the step's decision names diverging units too
             s = self._nonfinite.step(self._impl.step)
         if s["boundary"]:
             s["forward_ms"] = 1e3 * getattr(self, "_t_forward", 0.0)

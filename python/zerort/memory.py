@@ -91,9 +91,10 @@ def exact(groups, world_size, stage, reduce_bucket_numel=1 << 24, prefetch=1, at
                 out[k] += 4 * opt
         if stage == 2:  # two pack buffers of the largest bucket: one filling, one reducing
             out["lp_grads"] = 2 * largest_pack
-        # reduce_scatter_accumulate's received chunks for one bucket; stage 0 also keeps an
-        # FP32 scratch shard for the all-gather.
-        out["comm_buffers"] = (0 if at_rest else largest_pack) + (4 * largest_shard if stage == 0 else 0)
+        # reduce_scatter_accumulate's received chunks for one bucket (none at W = 1, where it
+        # is a local conversion); stage 0 also keeps an FP32 scratch shard for the all-gather.
+        received = 0 if at_rest or w == 1 else largest_pack
+        out["comm_buffers"] = received + (4 * largest_shard if stage == 0 else 0)
         return out
     units = []
     for g in groups:
@@ -101,7 +102,7 @@ def exact(groups, world_size, stage, reduce_bucket_numel=1 << 24, prefetch=1, at
         full = layout.padded_numel * g.element_bytes
         out["lp_params"] += full if g.persistent else 0  # units are cast from the master when gathered
         out["lp_grads"] = max(out["lp_grads"], full)      # the pack buffer of one unit
-        out["comm_buffers"] = max(out["comm_buffers"], full)  # its reduce scratch
+        out["comm_buffers"] = max(out["comm_buffers"], full if w > 1 else 0)  # its reduce scratch (W > 1)
         for k in ("master", "adam_m", "adam_v", "grad_shard"):
             out[k] += 4 * layout.shard_numel
         if not g.persistent:

@@ -89,11 +89,11 @@ class UnitHooks:
         def hook(module, args):
             impl = self._impl(ref)
             if self.in_backward:  # a recomputation (which may stop early): gather, keep
-                with self._naming():
+                with self.naming():
                     impl.gather(u)
                 return
             if self.depth[u] == 0:
-                with self._naming():
+                with self.naming():
                     impl.gather(u)
                     for k in range(1, self.prefetch + 1):
                         if u + k < self.units:
@@ -118,7 +118,7 @@ class UnitHooks:
     def _pre_backward(self, ref, u):
         def hook(grad):
             impl = self._impl(ref)
-            with self._naming():
+            with self.naming():
                 impl.gather(u)
                 for k in range(1, self.prefetch + 1):
                     if u - k >= 0:
@@ -126,7 +126,7 @@ class UnitHooks:
         return hook
 
     @contextlib.contextmanager
-    def _naming(self):
+    def naming(self):
         """A collective's error names the units behind the tags it lists (ranks that take
         different paths through the model gather different units)."""
         try:

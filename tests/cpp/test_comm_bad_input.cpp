@@ -13,10 +13,17 @@ namespace {
 
 using namespace std::chrono_literals;
 
-CommOptions fast_timeout(bool check_consistency = true) {
+CommOptions fast_timeout(bool debug = true) {
   CommOptions o;
   o.timeout = 300ms;
-  o.check_consistency = check_consistency;
+  o.debug = debug;
+  return o;
+}
+
+// comm.debug: every collective is checked across ranks as it is called.
+CommOptions debug_checks() {
+  CommOptions o;
+  o.debug = true;
   return o;
 }
 
@@ -25,7 +32,7 @@ TEST(CommBadInput, CountMismatchAcrossRanksRaisesOnEveryRank) {
   auto errors = run_ranks(3, [&](Communicator& comm) {
     std::vector<float> mine(buf);
     comm.all_reduce(mine.data(), comm.rank() == 1 ? 8 : 7, DType::kFloat32)->wait();
-  });
+  }, debug_checks());
   for (int r = 0; r < 3; ++r) {
     EXPECT_NE(errors[r].find("count differs across ranks"), std::string::npos) << errors[r];
     EXPECT_NE(errors[r].find("all_reduce"), std::string::npos) << errors[r];
@@ -49,7 +56,7 @@ TEST(CommBadInput, DifferentCollectivesRaise) {
     float x = 1;
     if (comm.rank() == 0) comm.all_reduce(&x, 1, DType::kFloat32)->wait();
     else comm.broadcast(&x, 1, DType::kFloat32, 0)->wait();
-  });
+  }, debug_checks());
   for (const auto& e : errors) EXPECT_NE(e.find("different collectives"), std::string::npos) << e;
 }
 
@@ -59,7 +66,7 @@ TEST(CommBadInput, TagMismatchAcrossRanksRaisesOnEveryRank) {
   auto errors = run_ranks(2, [&](Communicator& comm) {
     std::vector<float> in(4, 1.0f), out(8);
     comm.all_gather(in.data(), out.data(), 4, DType::kFloat32, comm.rank() == 0 ? 3 : 4)->wait();
-  });
+  }, debug_checks());
   for (int r = 0; r < 2; ++r) {
     EXPECT_NE(errors[r].find("tag differs across ranks"), std::string::npos) << errors[r];
     EXPECT_NE(errors[r].find("rank 0: all_gather(count=4, dtype=f32, tag=3)"), std::string::npos) << errors[r];
@@ -106,7 +113,7 @@ TEST(CommBadInput, UnknownDtypeAndOp) {
 
 // Rank 1 never calls: rank 0 times out naming the collective; then rank 1's late call
 // fails fast because the group was aborted, instead of hanging.
-void expect_timeout(bool check_consistency) {
+void expect_timeout(bool debug) {
   auto start = std::chrono::steady_clock::now();
   auto errors = run_ranks(2, [&](Communicator& comm) {
     float x = 1;
@@ -120,7 +127,7 @@ void expect_timeout(bool check_consistency) {
       std::this_thread::sleep_for(600ms);
       comm.barrier()->wait();
     }
-  }, fast_timeout(check_consistency));
+  }, fast_timeout(debug));
   EXPECT_LT(std::chrono::steady_clock::now() - start, 5s);
   EXPECT_EQ(errors[0].rfind("TIMEOUT: ", 0), 0u) << errors[0];
   EXPECT_NE(errors[0].find("all_reduce(count=1, dtype=f32, op=sum) on rank 0 of 2"), std::string::npos)

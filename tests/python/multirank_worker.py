@@ -80,8 +80,9 @@ def accuracy(comm, n=4099):
 
 def bad_input(backend, comm):
     me = comm.rank
+    checked = zerort.comm.init(backend, timeout_s=60, debug=True)  # comm.debug: checked at the call
     try:
-        comm.all_reduce(torch.ones(5 if me == 1 else 4))
+        checked.all_reduce(torch.ones(5 if me == 1 else 4))
         raise AssertionError("count mismatch not detected")
     except zerort.Error as e:
         assert "count differs across ranks" in str(e), str(e)
@@ -92,7 +93,7 @@ def bad_input(backend, comm):
         assert "not supported" in str(e)
     # Timeout: rank 0 waits 0.3 s; the others join after 1 s (waiting up to 10 s) and
     # still complete. Timeouts are per-rank settings.
-    late = zerort.comm.init(backend, timeout_s=0.3 if me == 0 else 10, check_consistency=False)
+    late = zerort.comm.init(backend, timeout_s=0.3 if me == 0 else 10, debug=False)
     x = torch.ones(1)
     if me == 0:
         t0 = time.time()

@@ -38,8 +38,10 @@ nothing or the engine does otherwise today, what it does (marked "measured").
   reaches step()'s check while the others still reduce. What happens (measured): it raises
   UsageError "engine.step(): rank 1 reached the end of the accumulation window while other
   ranks were still in a collective of backward ..."; the others raise the cross-rank
-  check's zerort.Error, listing "rank 1: all_gather(count=1, dtype=i64, tag=-2)". No update
-  is applied either way; the case ends there.
+  check's zerort.Error, listing "rank 1: all_reduce(count=10, dtype=i64, op=sum, tag=-2)"
+  (the step's decision). No update is applied either way; the case ends there. These cases
+  run with comm.debug: true, whose check at the call pairs the calls up; without it the
+  transport gets mismatched messages (see test_step_check.py).
 - Stage 3, one rank without backward: the other rank fails in backward's first gather (the
   last unit) and the skipping rank at its next collective, a forward's gather or step()
   reducing the units (measured: step() reduces before its check, so the skipping rank gets
@@ -420,7 +422,7 @@ def check_window(case, outcome, wins):
                        "collective of backward"
                 if not e["usage_error"] or e["phase"] != "step" or want not in e["message"]:
                     return f"rank {r}: expected the UsageError {want!r} from step(), got {e['error']}: {e['message']}"
-            elif f"rank {first}: all_gather(count=1, dtype=i64, tag=-2)" not in e["message"]:
+            elif f"rank {first}: all_reduce(count={5 * W}, dtype=i64, op=sum, tag=-2)" not in e["message"]:
                 return f"rank {r}: expected the cross-rank error listing rank {first}'s check, got {e['message']}"
         return None
     if kind == "moe":

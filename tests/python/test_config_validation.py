@@ -37,6 +37,7 @@ OURS = {
     "stage3.unit_modules": (["Block"], ["Block", [1], [""], {"Block": 1}]),
     "comm.backend": ("mpi", ["tcp", 1, None]),
     "comm.timeout_s": (30, [0, 1e10, NAN, -1, "30"]),
+    "comm.debug": (True, [1, "true", None]),
     "fp32_modules": (["MyGate", "-BatchNorm2d"], ["LayerNorm", None, [None], [""], ["-"], ["--X"],
                                                   ["torch.nn.LayerNorm"], ["LayerNorm", "-LayerNorm"]]),
     "max_consecutive_skips": (10, [0, True, 1.5, "10"]),

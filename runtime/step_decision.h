@@ -1,0 +1,40 @@
+// The step's one collective. It carries what every rank must agree on before an update:
+// the gradient's non-finite count and sum of squares, the micro-steps that had no backward
+// pass, and a summary (count and fingerprint) of the collectives this rank called since the
+// previous decision. So the default cross-rank check costs no round-trip of its own: a rank
+// that called a different collective, or skipped backward, is named at the step, on every
+// rank, before anything is updated.
+#pragma once
+
+#include <cstdint>
+
+#include "comm/communicator.h"
+
+namespace zerort {
+
+// The tag of the decision's collective (bucket and unit tags are >= 0), so under
+// comm.debug a rank that reaches the step while another is still in a collective of
+// backward is named at that collective.
+constexpr int64_t kStepDecisionTag = -2;
+
+struct RankReport {
+  int64_t nonfinite = 0;        // non-finite gradient values in this rank's shard
+  double sum_squares = 0;       // of this rank's (unscaled) gradient shard
+  int64_t missed_backward = 0;  // micro-steps of this window without a backward pass
+};
+
+struct Decision {
+  int64_t nonfinite = 0;
+  double sum_squares = 0;  // summed in rank order 0..W-1: bitwise the same on every rank
+};
+
+// One all-reduce of W rows of 5 int64 (each rank fills its own row, so it is an all-gather
+// that every backend runs on host memory); none at W = 1. replicated (stage 0): every
+// rank's figures are already global, so rank 0's are taken, not summed. Clears the
+// communicator's call log (a new window starts). Throws UsageError on every rank alike when
+// a rank had a micro-step without backward (naming the ranks), or when the ranks' calls
+// differ (one more collective, only then, names the first call that differs on each rank).
+// window: the accumulation window's length, for the message.
+Decision decide_step(Communicator& comm, const RankReport& mine, bool replicated, int64_t window);
+
+}  // namespace zerort
