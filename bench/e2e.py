@@ -156,10 +156,12 @@ def run_job(cmd, out, runtimes, timeout=1800, env=None, min_available=None, max_
     return {r: {"error": f"{head}: " + " | ".join(why), "launch_rss": high, "min_available": low} for r in runtimes}
 
 
-def launch(model, runtimes, steps, out, python=None):
+def launch(model, runtimes, steps, out, python=None, zerort_config=None):
     """Runs the worker under torchrun (python: another interpreter's, for DeepSpeed); returns
     its results, or one error row per runtime when the launch itself fails."""
     cmd = torchrun(2, python) + [WORKER, out, "--model", model, "--steps", str(steps), "--runtimes", *runtimes]
+    if zerort_config:
+        cmd += ["--zerort-config", zerort_config]
     return run_job(cmd, out, runtimes, env={"DS_ACCELERATOR": "cpu"} if python else None)
 
 
@@ -242,6 +244,7 @@ def main():
     ap.add_argument("--runtimes", nargs="+", default=ORDER, choices=ORDER)
     ap.add_argument("--plot", default=os.path.join(ROOT, "docs", "e2e_loss_curves.png"))
     ap.add_argument("--json", help="also write every run's raw results here")
+    ap.add_argument("--zerort-config", help='more zerort config keys, as JSON (e.g. \'{"comm": {"debug": true}}\')')
     ap.add_argument("--ds-python", default=os.environ.get("DS_PYTHON", DS_PYTHON),
                     help="a Python with deepspeed installed against this torch (default: .venv-ds, from make "
                          "bench-ds); without one the DeepSpeed rows say so")
@@ -260,7 +263,8 @@ def main():
                     curves[model][k] = {"error": f"skipped: no DeepSpeed Python at {a.ds_python} (make bench-ds)"}
                     continue
                 python = a.ds_python if k.startswith("ds") else None
-                curves[model].update(launch(model, [k], steps, os.path.join(tmp, f"{model}_{k}.json"), python))
+                curves[model].update(launch(model, [k], steps, os.path.join(tmp, f"{model}_{k}.json"), python,
+                                            a.zerort_config))
             print("\n" + table(model, steps, curves[model]), flush=True)
     plot(curves, a.plot)
     print(f"\nwrote {os.path.relpath(a.plot, ROOT)}; load average {os.getloadavg()[0]:.1f} at the end")

@@ -169,9 +169,9 @@ def loss_fn(logits, y):
     return F.cross_entropy(logits.float().view(-1, logits.shape[-1]), y.view(-1))
 
 
-def make_runtime(kind, model, micro):
+def make_runtime(kind, model, micro, zerort_extra=None):
     if kind.startswith("zerort"):
-        return ZerortRuntime(int(kind[-1]), model)
+        return ZerortRuntime(int(kind[-1]), model, zerort_extra)
     if kind.startswith("ds"):
         return DeepSpeedRuntime(int(kind[-1]), model, micro)
     return TorchRuntime(kind, model)
@@ -183,13 +183,13 @@ def reduce(values, op):
     return t.tolist()
 
 
-def run(kind, model_name, steps, data):
+def run(kind, model_name, steps, data, zerort_extra=None):
     rank, world = dist.get_rank(), dist.get_world_size()
     kwargs, micro = MODELS[model_name]
     torch.manual_seed(0)
     model = GPT(**kwargs)
     numel = sum(p.numel() for p in set(model.parameters()))
-    rt = make_runtime(kind, model, micro)
+    rt = make_runtime(kind, model, micro, zerort_extra)
     losses, times, state = [], [], None
     for step in range(steps):
         x, y = batch(data, step, rank, 0, micro, kwargs["seq"])
@@ -219,6 +219,7 @@ def main():
     ap.add_argument("--model", choices=sorted(MODELS), default="demo")
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--runtimes", nargs="+", choices=RUNTIMES, default=list(RUNTIMES))
+    ap.add_argument("--zerort-config", type=json.loads, help="more zerort config keys, as JSON")
     a = ap.parse_args()
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=300))
@@ -226,7 +227,7 @@ def main():
     results = {}
     for kind in a.runtimes:
         try:
-            results[kind] = run(kind, a.model, a.steps, data)
+            results[kind] = run(kind, a.model, a.steps, data, a.zerort_config)
         except Exception as e:  # keep the row: say exactly why this runtime cannot run here
             results[kind] = {"error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()}
             print(f"[rank {dist.get_rank()}] {kind} failed:\n{results[kind]['traceback']}", file=sys.stderr)

@@ -36,6 +36,8 @@ class Communicator {
   int size() const { return size_; }
   const CommOptions& options() const { return options_; }
   virtual const char* backend_name() const = 0;
+  // The buffers it moves are device memory (nccl, or a host backend staged for CUDA).
+  virtual bool device_memory() const { return false; }
 
   // In place: buf (count elements) becomes op over all ranks' buf.
   WorkPtr all_reduce(void* buf, size_t count, DType dtype, ReduceOp op = ReduceOp::kSum,

@@ -76,7 +76,14 @@ void Work::retire_buffers() {
 void Work::then(std::function<void()> fn) {
   std::lock_guard<std::mutex> lock(mu_);
   ZRT_CHECK(!done_, "Work::then on a finished ", desc_.to_string());
-  then_ = std::move(fn);
+  if (!then_) {
+    then_ = std::move(fn);
+    return;
+  }
+  then_ = [first = std::move(then_), next = std::move(fn)] {  // in the order given
+    first();
+    next();
+  };
 }
 
 }  // namespace zerort

@@ -60,7 +60,8 @@ class Work {
   void wait();
   void wait(std::chrono::milliseconds timeout);
 
-  // Runs fn on the waiting thread once the transfer is done, before wait() returns.
+  // Runs fn on the waiting thread once the transfer is done, before wait() returns (after
+  // any function given before).
   void then(std::function<void()> fn);
 
   // Keeps an internal buffer alive while the backend may still write to it, including

@@ -12,6 +12,7 @@
 #include "comm/error.h"
 #include "comm/gloo/gloo_communicator.h"
 #include "comm/launch_env.h"
+#include "comm/staged_communicator.h"
 #include "optim/adamw.h"
 #include "runtime/device_kernels.h"
 #include "partition/bucket_plan.h"
@@ -113,6 +114,7 @@ PYBIND11_MODULE(_C, m) {
       .def_property_readonly("rank", &Communicator::rank)
       .def_property_readonly("size", &Communicator::size)
       .def_property_readonly("backend", &Communicator::backend_name)
+      .def_property_readonly("device_memory", &Communicator::device_memory)
       .def_property_readonly("scratch_peak_bytes", &Communicator::scratch_peak_bytes)
       .def_property_readonly("backend_calls", &Communicator::backend_calls)
       .def_property_readonly("calls_since_step", [](Communicator& c) { return c.calls().summary().calls; })
@@ -158,6 +160,22 @@ PYBIND11_MODULE(_C, m) {
   m.def("make_gloo_communicator", [](const std::string& group_name, double timeout_s, bool check) {
     return owned_without_gil(make_gloo_communicator(group_name, comm_options(timeout_s, check)));
   }, py::arg("group_name"), py::arg("timeout_s"), py::arg("debug"));
+
+  // A host communicator carrying device buffers (device >= 0: CUDA, pinned staging) or,
+  // with device -1, CPU buffers through the same staging code.
+  m.def("make_staged_communicator", [](std::shared_ptr<Communicator> inner, int device) {
+    std::unique_ptr<Mover> mover;
+    if (device < 0) {
+      mover = make_host_mover();
+    } else {
+#if ZERORT_WITH_NCCL
+      mover = make_cuda_mover(device);
+#else
+      ZRT_THROW("staging CUDA buffers needs a build with CUDA (nvcc was not found at build time)");
+#endif
+    }
+    return owned_without_gil(make_staged_communicator(std::move(inner), std::move(mover)));
+  }, py::arg("inner"), py::arg("device"));
 
 #if ZERORT_WITH_NCCL
   m.def("nccl_unique_id", [] { return py::bytes(nccl_unique_id()); });

@@ -61,10 +61,10 @@ c10::Device common_device(const std::vector<at::Tensor>& a, const std::vector<at
     }
   }
   check_device_supported(device, "the model");
-  const bool nccl = std::string(comm.backend_name()) == "nccl";
-  ZRT_CHECK(nccl == device.is_cuda(), "Engine: the model is on ", device.str(), " but comm.backend is '",
-            comm.backend_name(), "'; ", device.is_cuda() ? "CUDA models need the nccl backend"
-                                                         : "the nccl backend needs a CUDA model (model.cuda())");
+  ZRT_CHECK(comm.device_memory() == device.is_cuda(), "Engine: the model is on ", device.str(),
+            " but the '", comm.backend_name(), "' communicator moves ", comm.device_memory() ? "device" : "host",
+            " buffers; ", device.is_cuda() ? "CUDA models need the nccl backend, or mpi/gloo staged for CUDA"
+                                           : "a device communicator needs a CUDA model (model.cuda())");
   return device;
 }
 

@@ -83,7 +83,7 @@ struct UnitSpec {
 class Engine {
  public:
   // params, fp32_params: defined float32 leaf tensors that require grad, all on one device
-  // (CPU, or CUDA with an nccl communicator); the same lists, shapes and order on every rank.
+  // (CPU, or CUDA with a communicator of device memory: nccl, or mpi/gloo staged); the same lists, shapes and order on every rank.
   // Rank 0's values are broadcast. Errors name the index. Buffers live on that device.
   // units: stage 3 only, required there (fp32_params form persistent buckets of their own).
   Engine(std::vector<at::Tensor> params, Communicator& comm, EngineOptions options,

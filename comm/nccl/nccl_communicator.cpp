@@ -111,6 +111,7 @@ class NcclCommunicator final : public Communicator {
   }
 
   const char* backend_name() const override { return "nccl"; }
+  bool device_memory() const override { return true; }
   NcclState& state() { return *state_; }
 
  protected:

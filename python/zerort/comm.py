@@ -22,7 +22,7 @@ def detect_launch_env():
     return _C.detect_launch_env()
 
 
-def init(backend="auto", timeout_s=600.0, debug=False):
+def init(backend="auto", timeout_s=600.0, debug=False, staged=None):
     """Creates a Communicator. debug (comm.debug): check every collective across ranks as it
     is called (one blocking round-trip each); otherwise the step's decision checks them. backend: 'auto', 'mpi', 'gloo', 'nccl' (CUDA tensors on
     cuda:LOCAL_RANK) or 'inprocess' (one rank). 'auto' picks by launcher: mpi under mpirun,
@@ -30,8 +30,12 @@ def init(backend="auto", timeout_s=600.0, debug=False):
     timeout_s as the process group's timeout) unless it is already initialised; a group it
     initialises it also destroys at exit (zerort.lifecycle). gloo's reduce_scatter honours
     only the process group's timeout, so when you initialise torch.distributed yourself,
-    pass it the same timeout."""
+    pass it the same timeout. staged: 'cuda' carries CUDA buffers (on cuda:LOCAL_RANK) through
+    pinned host memory over an mpi or gloo communicator, so ranks that share one GPU train
+    together (NCCL refuses them); 'cpu' pushes CPU buffers through the same staging code."""
     name = _C.resolve_backend(backend)
+    if staged is not None:
+        return _init_staged(name, timeout_s, debug, staged)
     if name == "nccl":
         return _init_nccl(timeout_s, debug)
     if name != "gloo":
@@ -46,6 +50,21 @@ def init(backend="auto", timeout_s=600.0, debug=False):
         lifecycle.created_process_group(dist.group.WORLD)
     group = dist.group.WORLD
     return Communicator(_C.make_gloo_communicator(group.group_name, timeout_s, debug))
+
+
+def _init_staged(name, timeout_s, debug, staged):
+    if name not in ("mpi", "gloo", "inprocess"):
+        raise ValueError(f"comm: staged={staged!r} carries buffers over a host backend (mpi, gloo), not {name!r}")
+    inner = init(name, timeout_s, debug)
+    if staged == "cpu":
+        return Communicator(_C.make_staged_communicator(inner._c, -1))
+    if staged != "cuda":
+        raise ValueError(f"comm: staged must be None, 'cuda' or 'cpu', got {staged!r}")
+    if not torch.cuda.is_available():
+        raise RuntimeError("comm: staged='cuda' needs a CUDA device, and torch sees none")
+    device = detect_launch_env()["local_rank"] % torch.cuda.device_count()
+    torch.cuda.set_device(device)
+    return Communicator(_C.make_staged_communicator(inner._c, device), f"cuda:{device}")
 
 
 def _init_nccl(timeout_s, debug):

@@ -80,17 +80,20 @@ class Engine:
         self.config = c
         self.dtype = _DTYPES[c.precision]
         self.device = _model_device(model)
-        backend = "nccl" if self.device.type == "cuda" and c.comm_backend == "auto" else c.comm_backend
-        wrong_side = (backend == "nccl") != (self.device.type == "cuda")
-        if comm is None and backend not in ("auto", "inprocess") and wrong_side:
-            raise ConfigError([f"comm.backend: got {backend!r} but the model is on {self.device}; nccl moves CUDA "
-                               "buffers and mpi/gloo CPU ones: move the model (model.cuda() / model.cpu()) or "
-                               "use 'auto'"])
-        self.comm = comm if comm is not None else comm_mod.init(backend, c.comm_timeout_s, c.comm_debug)
+        cuda = self.device.type == "cuda"
+        backend = "nccl" if cuda and c.comm_backend == "auto" else c.comm_backend
+        if comm is None and backend == "nccl" and not cuda:
+            raise ConfigError([f"comm.backend: got 'nccl' but the model is on {self.device}; nccl moves CUDA "
+                               "buffers: move the model (model.cuda()), or use 'auto', 'mpi' or 'gloo'"])
+        # A CUDA model over mpi or gloo: its buffers travel through pinned host memory (ranks
+        # that share one GPU, where NCCL refuses them).
+        staged = "cuda" if cuda and backend != "nccl" else None
+        self.comm = comm if comm is not None else comm_mod.init(backend, c.comm_timeout_s, c.comm_debug, staged)
         if self.comm.device != self.device:
             raise ConfigError([f"comm.backend: the model is on {self.device} but the '{self.comm.backend}' "
                                f"communicator moves {self.comm.device} buffers; use 'nccl' (or 'auto') for CUDA "
-                               "models and 'mpi' or 'gloo' for CPU models"])
+                               "models, or zerort.comm.init(..., staged='cuda'), and 'mpi' or 'gloo' for CPU "
+                               "models"])
         failfast.install(self.comm.rank, self.comm.size)  # an uncaught error ends every rank
         lifecycle.track_engine(self)  # closed at exit if still alive (its comm thread joined)
         consistency.check_model(self.comm, model)  # the same model on every rank, or an error

@@ -1,7 +1,9 @@
 """One rank of the CUDA engine tests (alone or under torchrun; NCCL): trains each case on the
 GPU and saves the losses, skipped steps and the gathered FP32 master for test_gpu_engine.py.
 
-    gpu_engine_worker.py OUT CASE [CASE ...]      CASE = model:stage:precision:gas:steps
+    gpu_engine_worker.py OUT [--staged] CASE [CASE ...]      CASE = model:stage:precision:gas:steps
+--staged: over mpi (under mpirun) or gloo (under torchrun) with every CUDA buffer staged
+through pinned host memory, so W ranks share one GPU (NCCL refuses two ranks on a device).
 """
 import os
 import sys
@@ -38,8 +40,13 @@ def run_case(case, comm):
 
 def main():
     out, cases = sys.argv[1], sys.argv[2:]
-    comm = zerort.comm.init("nccl", timeout_s=120)
-    assert comm.backend == "nccl" and comm.device.type == "cuda", (comm.backend, comm.device)
+    if cases[:1] == ["--staged"]:
+        cases = cases[1:]
+        comm = zerort.comm.init("auto", timeout_s=120, staged="cuda")
+        assert comm.backend.endswith("+staged-cuda") and comm.device.type == "cuda", (comm.backend, comm.device)
+    else:
+        comm = zerort.comm.init("nccl", timeout_s=120)
+        assert comm.backend == "nccl" and comm.device.type == "cuda", (comm.backend, comm.device)
     results = {}
     for case in cases:
         print(f"case {case} ...", flush=True)

@@ -1,8 +1,10 @@
 """One rank of the Python engine tests, under mpirun or torchrun. Trains every requested
 (model, stage, precision, accumulation) case and saves per-rank results for the test.
 
-    engine_worker.py OUT_PREFIX CASE [CASE ...]
+    engine_worker.py OUT_PREFIX [--staged cpu] CASE [CASE ...]
     CASE = model:stage:precision:gas:steps[:inf@STEP][:noclip]
+--staged cpu: the launcher's communicator pushes every buffer through the host staging code
+of the CUDA-over-mpi/gloo path (zerort.comm.init(staged='cpu')).
 """
 import os
 import sys
@@ -48,17 +50,20 @@ def run_case(case, comm):
             "memory": engine.memory_report().to_dict()}
 
 
-def run_cases(run, out_prefix, cases, label, timeout_s=120):
+def run_cases(run, out_prefix, cases, label, timeout_s=120, staged=None):
     """Every case through run(case, comm) on one communicator; the results saved per rank
     as OUT_PREFIX.rankR.pt, then a line saying the rank is done."""
-    comm = zerort.comm.init("auto", timeout_s=timeout_s)
+    comm = zerort.comm.init("auto", timeout_s=timeout_s, staged=staged)
     results = {case: run(case, comm) for case in cases}
     torch.save(results, f"{out_prefix}.rank{comm.rank}.pt")
     print(f"{label} OK rank {comm.rank}/{comm.size} {comm.backend}", flush=True)
 
 
 def main():
-    run_cases(run_case, sys.argv[1], sys.argv[2:], "ENGINE WORKER")
+    cases, staged = sys.argv[2:], None
+    if cases[:1] == ["--staged"]:
+        staged, cases = cases[1], cases[2:]
+    run_cases(run_case, sys.argv[1], cases, "ENGINE WORKER", staged=staged)
 
 
 if __name__ == "__main__":

@@ -49,8 +49,10 @@ BOUND = {("mlp", STEPS): 1e-5, ("transformer", STEPS): 2e-2, ("transformer", 1):
 OVERFLOW_CASE = "mlp:2:fp16:1:8:inf@3"
 
 
-def launch(kind, nranks, cases, tmp_path):
-    prefix = str(tmp_path / f"{kind}{nranks}")
+def launch(kind, nranks, cases, tmp_path, staged=None):
+    prefix = str(tmp_path / f"{kind}{nranks}{staged or ''}")
+    if staged:
+        cases = ["--staged", staged, *cases]
     env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", OMP_NUM_THREADS="1")
     if kind == "mpirun":
         cmd = [shutil.which("mpirun"), "--oversubscribe", "-np", str(nranks), sys.executable, WORKER, prefix, *cases]
@@ -181,6 +183,30 @@ def test_fp16_overflow_on_one_rank_skips_everywhere(mpirun2):
     r0, r1 = mpirun2[0][OVERFLOW_CASE], mpirun2[1][OVERFLOW_CASE]
     assert r0["skipped"] == r1["skipped"] == [s == 3 for s in range(8)]
     assert r0["scales"] == r1["scales"]
+
+
+STAGED_CASES = [f"mlp:{s}:bf16:1:{STEPS}" for s in (1, 2, 3)] + ["transformer:3:fp16:1:1", OVERFLOW_CASE]
+
+
+def test_host_staged_path_equals_the_direct_one(mpirun2, tmp_path):
+    """The staging a CUDA model takes over mpi or gloo (ranks sharing one GPU), with CPU
+    buffers: every collective through host staging buffers and back. The same bits as the
+    direct path at W = 2 under mpirun, and under torchrun (gloo), and the overflow step is
+    skipped alike; W = 4 against plain torch."""
+    runs = [("mpirun", 2), ("torchrun", 2)] if zerort._C.with_mpi else [("torchrun", 2)]
+    for kind, n in runs:
+        staged = launch(kind, n, STAGED_CASES, tmp_path, staged="cpu")
+        for case in STAGED_CASES:
+            for r in range(n):
+                for k, v in mpirun2[r][case]["master"].items():
+                    assert torch.equal(staged[r][case]["master"][k], v), (kind, case, r, k)
+                assert staged[r][case]["losses"] == mpirun2[r][case]["losses"], (kind, case)
+                assert staged[r][case]["skipped"] == mpirun2[r][case]["skipped"], (kind, case)
+    if zerort._C.with_mpi:
+        case4 = f"mlp:3:bf16:1:{STEPS}"
+        w4 = launch("mpirun", 4, [case4], tmp_path, staged="cpu")
+        _, ref_state = reference(case4, 4)
+        assert global_rel(w4[0][case4]["master"], ref_state) < BOUND[("mlp", STEPS)]
 
 
 def test_torchrun_gloo_and_w4(tmp_path):
