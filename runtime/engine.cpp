@@ -593,10 +593,12 @@ void Engine::update(StepStats& stats) {
   }
   if (options_.stage == 0) return;  // every rank updated all of its weights itself
   auto t1 = std::chrono::steady_clock::now();
+  std::vector<WorkPtr> gathers;  // all in flight at once: the backend pipelines them
   for (Bucket* b : whole) {
-    comm_.all_gather(own_chunk(*b), b->full.data_ptr(), b->layout.shard_numel(), groups_[b->group]->dtype,
-                     static_cast<int64_t>(b->index))->wait();
+    gathers.push_back(comm_.all_gather(own_chunk(*b), b->full.data_ptr(), b->layout.shard_numel(),
+                                       groups_[b->group]->dtype, static_cast<int64_t>(b->index)));
   }
+  for (auto& w : gathers) w->wait();
   stats.gather_ms = ms_since(t1);
 }
 
