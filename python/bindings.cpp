@@ -94,6 +94,7 @@ PYBIND11_MODULE(_C, m) {
     d["rank"] = e.rank;
     d["world_size"] = e.world_size;
     d["local_rank"] = e.local_rank;
+    d["local_world_size"] = e.local_world_size;
     d["master_addr"] = e.master_addr;
     d["master_port"] = e.master_port;
     return d;

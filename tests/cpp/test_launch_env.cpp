@@ -50,6 +50,33 @@ TEST(LaunchEnv, OpenMpiThenPmi) {
   EXPECT_EQ(p.world_size, 5);
 }
 
+// The node-local rank and the node's size, from each launcher (two hosts of 2 ranks: rank 3
+// is the second rank of the second node).
+TEST(LaunchEnv, NodeLocalRankFromEveryLauncher) {
+  auto t = detect({{"RANK", "3"}, {"WORLD_SIZE", "4"}, {"LOCAL_RANK", "1"}, {"LOCAL_WORLD_SIZE", "2"}});
+  EXPECT_EQ(t.local_rank, 1);
+  EXPECT_EQ(t.local_world_size, 2);
+  auto o = detect({{"OMPI_COMM_WORLD_RANK", "3"}, {"OMPI_COMM_WORLD_SIZE", "4"},
+                   {"OMPI_COMM_WORLD_LOCAL_RANK", "1"}, {"OMPI_COMM_WORLD_LOCAL_SIZE", "2"}});
+  EXPECT_EQ(o.local_rank, 1);
+  EXPECT_EQ(o.local_world_size, 2);
+  auto mpich = detect({{"PMI_RANK", "3"}, {"PMI_SIZE", "4"}, {"MPI_LOCALRANKID", "1"}, {"MPI_LOCALNRANKS", "2"}});
+  EXPECT_EQ(mpich.local_rank, 1);
+  EXPECT_EQ(mpich.local_world_size, 2);
+  auto slurm = detect({{"PMI_RANK", "3"}, {"PMI_SIZE", "4"}, {"SLURM_LOCALID", "1"}, {"SLURM_NTASKS_PER_NODE", "2"}});
+  EXPECT_EQ(slurm.local_rank, 1);
+  EXPECT_EQ(slurm.local_world_size, 2);
+  auto one_node = detect({{"PMI_RANK", "3"}, {"PMI_SIZE", "4"}});
+  EXPECT_EQ(one_node.local_rank, 0);
+  EXPECT_EQ(one_node.local_world_size, 4);
+  try {
+    detect({{"RANK", "3"}, {"WORLD_SIZE", "4"}, {"LOCAL_RANK", "2"}, {"LOCAL_WORLD_SIZE", "2"}});
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("node-local rank 2 and node size 2"), std::string::npos) << e.what();
+  }
+}
+
 TEST(LaunchEnv, BadValuesNameTheVariable) {
   try {
     detect({{"RANK", "x"}, {"WORLD_SIZE", "2"}});

@@ -5,8 +5,8 @@ started by the test itself with torchrun's environment variables (no launcher).
     reliability_worker.py fault STAGE PHASE TIMEOUT     rank 1 raises in PHASE at step 3
     reliability_worker.py stuck STAGE TIMEOUT           rank 1 stops taking part at step 3
     reliability_worker.py nonfinite OUT                 NaN gradients in named parameters
-    reliability_worker.py kill STAGE DIR TIMEOUT        checkpoint every 2 steps; rank 1 SIGKILLs
-                                                        itself right after the step-4 save
+    reliability_worker.py kill STAGE DIR TIMEOUT [RANK] checkpoint every 2 steps; rank RANK (1)
+                                                        SIGKILLs itself right after the step-4 save
     reliability_worker.py verify STAGE DIR              load DIR/ckpt, compare with DIR/ref_<tag>.pt
 """
 import json
@@ -194,7 +194,7 @@ def nonfinite(out):
 
 # ---- 5. a rank killed after a checkpoint ---------------------------------------------------
 
-def kill(stage, directory, timeout):
+def kill(stage, directory, timeout, victim=1):
     engine = zerort.initialize(Net(), config(stage, "fp16", timeout=timeout))
     for step in range(10):
         train_step(engine, step, engine.rank)
@@ -204,8 +204,8 @@ def kill(stage, directory, timeout):
                 torch.save({"master": ref, "global_step": engine.global_step, "scale": engine.loss_scale},
                            os.path.join(directory, f"ref_step{engine.global_step}.pt"))
             engine.save_checkpoint(os.path.join(directory, "ckpt"))
-            if engine.global_step == 4 and engine.rank == 1:
-                print("rank 1 kills itself after the step-4 checkpoint", flush=True)
+            if engine.global_step == 4 and engine.rank == victim:
+                print(f"rank {victim} kills itself after the step-4 checkpoint", flush=True)
                 os.kill(os.getpid(), signal.SIGKILL)
     print(f"WORKER FINISHED rank {engine.rank}", flush=True)
 
@@ -234,7 +234,7 @@ def main():
     elif mode == "nonfinite":
         nonfinite(args[0])
     elif mode == "kill":
-        kill(int(args[0]), args[1], float(args[2]))
+        kill(int(args[0]), args[1], float(args[2]), int(args[3]) if len(args) > 3 else 1)
     elif mode == "verify":
         verify(int(args[0]), args[1])
     else:
