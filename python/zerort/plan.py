@@ -13,14 +13,18 @@ Per rank and per optimizer step (one micro-batch per step), for each ZeRO stage:
   given, and whether the configuration fits in GPU memory.
 Then the smallest world size that fits at each stage, and the smallest stage at --gpus.
 
-Collective algorithm assumed (data parallelism only, W = N nodes x G GPUs per node):
-hierarchical rings. A reduce-scatter of S bytes first reduce-scatters within the node (ring
-over G ranks: (G-1)/G*S bytes sent per rank, G-1 steps), then across nodes among the ranks
-with the same local index, on the S/G piece each holds (ring over N: (N-1)/N*S/G bytes
-inter-node, N-1 steps). An all-gather runs the same phases in reverse order; an all-reduce
-is a reduce-scatter then an all-gather. Intra + inter is exactly the flat ring's
-(W-1)/W*S. All G ranks of a node run their inter-node phase at once, each at --inter-bw
-(the per-GPU share of the node's network bandwidth).
+Collective algorithms (data parallelism only, W = N nodes x G GPUs per node), as zerort runs
+them. A reduce-scatter is zerort's reduce_scatter_accumulate, an all-to-all on every backend:
+each rank sends chunk r of its S bytes to rank r, so (G-1)/W*S stays within the node and
+(W-G)/W*S crosses nodes, all sends at once (one latency step within the node, one across;
+tests/python/test_two_hosts.py measures this split on two hosts). An all-gather is a
+hierarchical ring, as NCCL's ring and tree run it: within the node first (ring over G
+ranks: (G-1)/G*S bytes per rank, G-1 steps), then across nodes among the ranks with the
+same local index, on the S/G piece each holds ((N-1)/N*S/G bytes, N-1 steps). (zerort over
+MPI or gloo gathers otherwise: Open MPI's non-blocking all-gather is a direct exchange with
+the all-to-all's split, gloo's a flat ring; the totals are the same.) Either way intra plus
+inter is the flat ring's (W-1)/W*S. All G ranks of a node cross nodes at once, each at
+--inter-bw (the per-GPU share of the node's network bandwidth).
 
 Per step, with Ψ parameters, b_p bytes per low-precision parameter and b_g per gradient
 element on the wire (bf16: 2 and 2):
@@ -113,10 +117,18 @@ def ring_phases(nbytes, world_size, gpus_per_node):
     return intra, inter, g - 1, n - 1
 
 
+def all_to_all_split(nbytes, world_size, gpus_per_node):
+    """zerort's reduce-scatter of nbytes, an all-to-all: (intra bytes, inter bytes, intra
+    steps, inter steps) sent per rank. Every send goes out at once: one step each way."""
+    n, g = nodes_and_local(world_size, gpus_per_node)
+    w = n * g
+    return (g - 1) / w * nbytes, (w - g) / w * nbytes, int(g > 1), int(n > 1)
+
+
 def collectives(numel, world_size, gpus_per_node, stage, param_bytes=2, grad_bytes=2):
     """The collectives of one step per rank: a list of dicts with the collective's name,
-    what it moves, the bytes sent per rank within the node and across nodes, and ring steps
-    (summed over both phases, for one call)."""
+    what it moves, the bytes sent per rank within the node and across nodes, and latency
+    steps (summed over both phases, for one call). Stage 0 is DDP's ring all-reduce."""
     psi = float(numel)
     if stage == 0:
         plan = [("all-reduce", "gradients", grad_bytes, 2)]
@@ -129,8 +141,9 @@ def collectives(numel, world_size, gpus_per_node, stage, param_bytes=2, grad_byt
     else:
         raise ValueError(f"stage: got {stage!r}; allowed: 0, 1, 2, 3")
     out = []
-    for name, what, b, passes in plan:  # an all-reduce is two passes: reduce-scatter + all-gather
-        intra, inter, s_intra, s_inter = ring_phases(psi * b, world_size, gpus_per_node)
+    for name, what, b, passes in plan:  # an all-reduce (DDP's) is two ring passes
+        split = all_to_all_split if name == "reduce-scatter" else ring_phases
+        intra, inter, s_intra, s_inter = split(psi * b, world_size, gpus_per_node)
         out.append({"collective": name, "moves": what, "intra_bytes": passes * intra, "inter_bytes": passes * inter,
                     "intra_steps": passes * s_intra, "inter_steps": passes * s_inter})
     return out
@@ -177,8 +190,8 @@ def flops_per_token(numel, shape, seq, checkpointing):
 def comm_time(colls, cluster, calls):
     """(bandwidth seconds, latency seconds) per step. Bandwidth: every byte at full link
     bandwidth, no contention, collectives back to back: a lower bound for any algorithm
-    that sends these bytes. Latency: one alpha per ring step of every call (zerort's call
-    count under the ring assumption; larger buckets mean fewer calls)."""
+    that sends these bytes. Latency: one alpha per step of every call (zerort's call count;
+    larger buckets mean fewer calls)."""
     bw = lat = 0.0
     for c in colls:
         bw += c["intra_bytes"] / (cluster.intra_bw_gbs * GB) + c["inter_bytes"] / (cluster.inter_bw_gbs * GB)
@@ -287,15 +300,16 @@ def render(p):
         lines.append(f"{r['stage']:5d} {_gb(r['model_states']):>9s} {_gb(r['model_states_paper']):>9s} "
                      f"{_gb(r['activations']):>9s} {_gb(r['activations_ckpt']):>9s} {_gb(tot):>9s} {_gb(tot_ck):>9s}"
                      f"  {verdict}")
-    lines += ["", "bytes sent per rank per step (GB; hierarchical ring: within the node, then across nodes)",
+    lines += ["", "bytes sent per rank per step (GB; reduce-scatter: zerort's all-to-all; all-gather and all-reduce:",
+              "hierarchical rings, within the node, then across nodes)",
               f"{'stage':>5s}  {'collective':<15s} {'moves':<22s} {'intra':>8s} {'inter':>8s} {'calls':>6s}"]
     for r in p["stages"]:
         for col in r["collectives"]:
             lines.append(f"{r['stage']:5d}  {col['collective']:<15s} {col['moves']:<22s} "
                          f"{col['intra_bytes'] / GB:8.2f} {col['inter_bytes'] / GB:8.2f} {r['calls_per_collective']:6d}")
     lines += ["", "time per step per rank (ms): compute at 100% of peak; comm = bytes at full bandwidth (a lower",
-              "bound); ring latency = calls x ring steps x latency (stages 0-2: one call per reduce bucket)",
-              f"{'stage':>5s} {'compute':>9s} {'comp.ckpt':>9s} {'comm':>9s} {'ring lat':>9s} "
+              "bound); latency = calls x steps x latency (stages 0-2: one call per reduce bucket)",
+              f"{'stage':>5s} {'compute':>9s} {'comp.ckpt':>9s} {'comm':>9s} {'latency':>9s} "
               f"{'step >= (overlap)':>18s} {'step (serial)':>14s}"]
     for r in p["stages"]:
         comp = r["compute_ckpt_s"] if not r["fits"] and r["fits_ckpt"] else r["compute_s"]

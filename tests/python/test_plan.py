@@ -2,8 +2,9 @@
 
 - Communication: the textbook per-rank volumes of a step, written out here (DDP
   2(W-1)/W*Ψ*b_g; ZeRO-1/2 (W-1)/W*Ψ*(b_g+b_p); ZeRO-3 (W-1)/W*Ψ*(2b_p+b_g)), and the
-  intra/inter split against a simulated hierarchical ring reduce-scatter that moves real
-  arrays and counts the bytes each rank sends.
+  intra/inter split against simulations that move real arrays and count the bytes each
+  rank sends: zerort's all-to-all reduce-scatter, and the hierarchical ring the
+  all-gather is modelled as (test_two_hosts.py measures the all-to-all's split).
 - FLOPs: torch.utils.flop_counter.FlopCounterMode on examples/gpt.py's GPT.
 - Activations: the bytes autograd saves for backward (saved-tensor hooks) on that GPT.
 - Model states: zerort.estimate_memory, which the planner reuses.
@@ -88,16 +89,53 @@ def simulated_reduce_scatter(w, g, elements):
     return sent_intra, sent_inter
 
 
-@pytest.mark.parametrize("w,g", [(8, 4), (12, 4), (6, 2), (4, 4), (5, 1)])
-def test_intra_inter_split_matches_a_simulated_hierarchical_ring(w, g):
-    elements = 2 * 3 * 4 * 5 * 7 * 8 * 3  # divisible by every piece count used here
-    intra, inter = simulated_reduce_scatter(w, g, elements)
+GRIDS = [(8, 4), (12, 4), (6, 2), (4, 4), (5, 1)]
+ELEMENTS = 2 * 3 * 4 * 5 * 7 * 8 * 3  # divisible by every piece count used here
+
+
+@pytest.mark.parametrize("w,g", GRIDS)
+def test_all_gather_split_matches_a_simulated_hierarchical_ring(w, g):
+    """The all-gather's model: a hierarchical ring (an all-gather runs the reduce-scatter's
+    phases in reverse, so it sends the same bytes)."""
+    intra, inter = simulated_reduce_scatter(w, g, ELEMENTS)
     bp = 2
-    (rs,) = [c for c in plan.collectives(elements, w, g, 2, param_bytes=bp, grad_bytes=bp)
+    (ag,) = [c for c in plan.collectives(ELEMENTS, w, g, 2, param_bytes=bp, grad_bytes=bp)
+             if c["collective"] == "all-gather"]
+    assert all(x * bp == ag["intra_bytes"] for x in intra), (intra, ag)
+    assert all(x * bp == ag["inter_bytes"] for x in inter), (inter, ag)
+    assert ag["intra_steps"] == g - 1 and ag["inter_steps"] == w // g - 1
+
+
+def simulated_all_to_all_reduce_scatter(w, g, elements):
+    """zerort's reduce-scatter on real arrays: rank r sends chunk q of its buffer to rank q,
+    which sums what it receives. Returns (intra, inter) elements sent by each rank, after
+    checking every rank ends with its chunk of the sum."""
+    rng = np.random.default_rng(1)
+    data = [rng.integers(0, 100, elements).astype(np.int64) for _ in range(w)]
+    n = elements // w
+    sent_intra, sent_inter = [0] * w, [0] * w
+    got = [np.zeros(n, dtype=np.int64) for _ in range(w)]
+    for r in range(w):
+        for q in range(w):
+            got[q] += data[r][q * n:(q + 1) * n]
+            if q != r:
+                same_node = r // g == q // g
+                (sent_intra if same_node else sent_inter)[r] += n
+    total = np.sum(data, axis=0)
+    for q in range(w):
+        assert np.array_equal(got[q], total[q * n:(q + 1) * n]), q
+    return sent_intra, sent_inter
+
+
+@pytest.mark.parametrize("w,g", GRIDS)
+def test_reduce_scatter_split_matches_a_simulated_all_to_all(w, g):
+    intra, inter = simulated_all_to_all_reduce_scatter(w, g, ELEMENTS)
+    bp = 2
+    (rs,) = [c for c in plan.collectives(ELEMENTS, w, g, 2, param_bytes=bp, grad_bytes=bp)
              if c["collective"] == "reduce-scatter"]
-    assert all(x * bp == rs["intra_bytes"] for x in intra), (intra, rs)
-    assert all(x * bp == rs["inter_bytes"] for x in inter), (inter, rs)
-    assert rs["intra_steps"] == g - 1 and rs["inter_steps"] == w // g - 1
+    assert all(x * bp == pytest.approx(rs["intra_bytes"]) for x in intra), (intra, rs)
+    assert all(x * bp == pytest.approx(rs["inter_bytes"]) for x in inter), (inter, rs)
+    assert rs["intra_steps"] == int(g > 1) and rs["inter_steps"] == int(w > g)
 
 
 def test_model_states_are_the_memory_estimator():

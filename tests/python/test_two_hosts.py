@@ -15,8 +15,9 @@ pair, each with its own hostname), 2 ranks per host (W = 4), under `torchrun --n
   all-gather at W = 4 is a direct exchange (the same split), gloo's a ring over ranks
   0-1-2-3 (per rank on average (G-1)/G and 1/G of (W-1)/W). Tolerance +5% and 64 KiB: TCP/IP
   headers (large segments on both devices), the barriers around the step and the step's
-  decision. python -m zerort.plan's hierarchical-ring figures are printed beside: for the
-  reduce-scatter they put half the measured bytes across nodes (see the README).
+  decision. python -m zerort.plan models the reduce-scatter as this all-to-all (its row must
+  equal the model's) and the all-gather as a hierarchical ring (NCCL's); its figures are
+  printed beside.
 
 Skipped, with the reason, where network namespaces cannot be made (not root, no ip).
 """
@@ -155,6 +156,10 @@ def test_bytes_within_and_across_hosts(launcher, tmp_path):
         m = measured[str(stage)]
         want = model_bytes(stage, m["numel"], launcher)
         planned = plan.collectives(m["numel"], W, 2, stage)
+        if stage > 0:  # the planner's reduce-scatter is zerort's all-to-all (stage 0: DDP's all-reduce)
+            (rs,) = [c for c in planned if c["collective"] == "reduce-scatter"]
+            lp = 2 * m["numel"]
+            assert (rs["intra_bytes"], rs["inter_bytes"]) == pytest.approx((lp / W, lp * (W - 2) / W)), rs
         p_intra = sum(c["intra_bytes"] for c in planned)
         p_inter = sum(c["inter_bytes"] for c in planned)
         for host in (0, 1):
