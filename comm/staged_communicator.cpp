@@ -27,8 +27,8 @@ class HostMover final : public Mover {
 
 class StagedCommunicator final : public Communicator {
  public:
-  StagedCommunicator(std::shared_ptr<Communicator> inner, std::unique_ptr<Mover> mover)
-      : Communicator(inner->rank(), inner->size(), inner->options()),
+  StagedCommunicator(std::shared_ptr<Communicator> inner, std::unique_ptr<Mover> mover, CommOptions options)
+      : Communicator(inner->rank(), inner->size(), options),
         inner_(std::move(inner)),
         mover_(std::move(mover)),
         name_(std::string(inner_->backend_name()) + "+staged-" + mover_->name()) {}
@@ -120,11 +120,13 @@ class StagedCommunicator final : public Communicator {
 std::unique_ptr<Mover> make_host_mover() { return std::make_unique<HostMover>(); }
 
 std::unique_ptr<Communicator> make_staged_communicator(std::shared_ptr<Communicator> inner,
-                                                       std::unique_ptr<Mover> mover) {
+                                                       std::unique_ptr<Mover> mover, CommOptions options) {
   ZRT_CHECK(inner && mover, "make_staged_communicator: needs a host communicator and a mover");
   ZRT_CHECK(!inner->device_memory(), "make_staged_communicator: '", inner->backend_name(),
             "' already moves device memory; stage only a host backend (mpi or gloo)");
-  return std::make_unique<StagedCommunicator>(std::move(inner), std::move(mover));
+  ZRT_CHECK(!inner->options().debug, "make_staged_communicator: make the inner '", inner->backend_name(),
+            "' communicator without comm.debug; the staged one checks every call when asked");
+  return std::make_unique<StagedCommunicator>(std::move(inner), std::move(mover), options);
 }
 
 }  // namespace zerort

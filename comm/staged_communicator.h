@@ -31,8 +31,9 @@ std::unique_ptr<Mover> make_host_mover();
 std::unique_ptr<Mover> make_cuda_mover(int device);  // comm/staged_cuda.cpp
 #endif
 
-// inner: the host communicator (its own cross-rank probe unused: this one checks the calls).
+// inner: the host communicator, made without comm.debug: the staged one checks the calls
+// (options: its timeout and debug; inner's rank and size).
 std::unique_ptr<Communicator> make_staged_communicator(std::shared_ptr<Communicator> inner,
-                                                       std::unique_ptr<Mover> mover);
+                                                       std::unique_ptr<Mover> mover, CommOptions options);
 
 }  // namespace zerort

@@ -164,7 +164,7 @@ PYBIND11_MODULE(_C, m) {
 
   // A host communicator carrying device buffers (device >= 0: CUDA, pinned staging) or,
   // with device -1, CPU buffers through the same staging code.
-  m.def("make_staged_communicator", [](std::shared_ptr<Communicator> inner, int device) {
+  m.def("make_staged_communicator", [](std::shared_ptr<Communicator> inner, int device, double timeout_s, bool debug) {
     std::unique_ptr<Mover> mover;
     if (device < 0) {
       mover = make_host_mover();
@@ -175,8 +175,8 @@ PYBIND11_MODULE(_C, m) {
       ZRT_THROW("staging CUDA buffers needs a build with CUDA (nvcc was not found at build time)");
 #endif
     }
-    return owned_without_gil(make_staged_communicator(std::move(inner), std::move(mover)));
-  }, py::arg("inner"), py::arg("device"));
+    return owned_without_gil(make_staged_communicator(std::move(inner), std::move(mover), comm_options(timeout_s, debug)));
+  }, py::arg("inner"), py::arg("device"), py::arg("timeout_s"), py::arg("debug"));
 
 #if ZERORT_WITH_NCCL
   m.def("nccl_unique_id", [] { return py::bytes(nccl_unique_id()); });

@@ -55,16 +55,16 @@ def init(backend="auto", timeout_s=600.0, debug=False, staged=None):
 def _init_staged(name, timeout_s, debug, staged):
     if name not in ("mpi", "gloo", "inprocess"):
         raise ValueError(f"comm: staged={staged!r} carries buffers over a host backend (mpi, gloo), not {name!r}")
-    inner = init(name, timeout_s, debug)
+    inner = init(name, timeout_s)  # the staged communicator checks the calls under debug
     if staged == "cpu":
-        return Communicator(_C.make_staged_communicator(inner._c, -1))
+        return Communicator(_C.make_staged_communicator(inner._c, -1, timeout_s, debug))
     if staged != "cuda":
         raise ValueError(f"comm: staged must be None, 'cuda' or 'cpu', got {staged!r}")
     if not torch.cuda.is_available():
         raise RuntimeError("comm: staged='cuda' needs a CUDA device, and torch sees none")
     device = detect_launch_env()["local_rank"] % torch.cuda.device_count()
     torch.cuda.set_device(device)
-    return Communicator(_C.make_staged_communicator(inner._c, device), f"cuda:{device}")
+    return Communicator(_C.make_staged_communicator(inner._c, device, timeout_s, debug), f"cuda:{device}")
 
 
 def _init_nccl(timeout_s, debug):

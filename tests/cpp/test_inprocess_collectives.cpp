@@ -51,7 +51,7 @@ TEST_P(StagedCollectives, MatchReference) {
       std::vector<std::string> f;
       try {
         auto staged = make_staged_communicator(std::shared_ptr<Communicator>(group->communicator(r)),
-                                               make_host_mover());
+                                               make_host_mover(), CommOptions{});
         EXPECT_STREQ(staged->backend_name(), "inprocess+staged-host");
         f = check_all_collectives(*staged, count);
       } catch (const std::exception& e) {
