@@ -23,6 +23,12 @@ if [[ $(id -u) -ne 0 ]] || ! command -v ip >/dev/null || ! command -v unshare >/
   echo "SKIP: two_hosts.sh needs root, ip (iproute2) and unshare (util-linux) to make network namespaces"
   exit 77
 fi
+# Namespaces of an earlier run whose script is gone (killed before its trap ran).
+for n in $(ip netns list 2>/dev/null | awk '{print $1}' | grep -E '^zt[0-9]+h[01]$'); do
+  owner=${n#zt}
+  owner=${owner%h?}
+  kill -0 "$owner" 2>/dev/null || ip netns del "$n" 2>/dev/null
+done
 tag=$$
 ns=(zt${tag}h0 zt${tag}h1)
 addr=(10.233.0.1 10.233.0.2)

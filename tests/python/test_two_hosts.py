@@ -25,6 +25,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -47,10 +48,17 @@ from test_reliability import COLLECTIVE  # noqa: E402
 
 
 def two_hosts(launcher, *args, timeout=300):
+    """(exit status, output, seconds) of one two-host job. A job past `timeout` hung: its
+    whole process group is killed (the script's next run removes its namespaces)."""
     t0 = time.monotonic()
-    p = subprocess.run(["bash", SCRIPT, launcher, *map(str, args)], env=ENV, capture_output=True, text=True,
-                       timeout=timeout)
-    out = p.stdout + p.stderr
+    p = subprocess.Popen(["bash", SCRIPT, launcher, *map(str, args)], env=ENV, stdout=subprocess.PIPE,
+                         stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        out, _ = p.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(p.pid, signal.SIGKILL)
+        out, _ = p.communicate()
+        pytest.fail(f"the two-host {launcher} job hung (no exit in {timeout} s):\n{out[-4000:]}")
     if p.returncode == 77:
         pytest.skip(out.strip().splitlines()[-1])
     return p.returncode, out, time.monotonic() - t0
@@ -125,6 +133,8 @@ def test_a_rank_killed_on_host_1_ends_the_job_on_host_0(launcher, tmp_path):
     rc, out, took = two_hosts(launcher, os.path.join(HERE, "reliability_worker.py"), "kill", 2, tmp_path, 20, 2,
                               timeout=240)
     assert "rank 2 kills itself" in out, out[-4000:]
+    print(f"[two hosts kill {launcher}] rank 2 (host 1) killed itself; the job ended with status {rc} "
+          f"after {took:.1f} s in all")
     assert rc != 0 and took < BOUND, (rc, took, out[-4000:])
     assert "WORKER FINISHED" not in out, out[-4000:]
     if launcher == "torchrun":  # host 0's ranks fail in their collective (the launcher on host 1 ends only its own)
