@@ -22,7 +22,8 @@ struct CommOptions {
   // raises at the call on every rank, naming what each rank called. Costs one blocking
   // small-message round-trip per call, so it is off by default: without it every call is
   // recorded in calls() and the step's decision exchange compares the records
-  // (runtime/step_decision.h), naming the first call that differs.
+  // (runtime/step_decision.h), naming the first call that differs, as long as the transport
+  // let the mismatched calls through (see there).
   bool debug = false;
 };
 
@@ -68,8 +69,8 @@ class Communicator {
 
   // The most bytes of internal scratch (reduce_scatter_accumulate's received chunks) that
   // were alive at once; the memory report counts them as communication buffers.
-  size_t scratch_peak_bytes() const;
-  void reset_scratch_peak();  // start a new measurement window (an engine does, at start)
+  virtual size_t scratch_peak_bytes() const;
+  virtual void reset_scratch_peak();  // start a new measurement window (an engine does, at start)
 
  protected:
   Communicator(int rank, int size, CommOptions options);

@@ -72,7 +72,7 @@ LaunchEnv detect_launch_env(const EnvLookup& env) {
     rank_var = "PMI_RANK";
     size_var = "PMI_SIZE";
     out.local_rank = first_of(env, {"MPI_LOCALRANKID", "PMI_LOCAL_RANK", "SLURM_LOCALID"}, 0);
-    out.local_world_size = first_of(env, {"MPI_LOCALNRANKS", "PMI_LOCAL_SIZE", "SLURM_NTASKS_PER_NODE"}, -1);
+    out.local_world_size = first_of(env, {"MPI_LOCALNRANKS", "PMI_LOCAL_SIZE"}, -1);
   } else {
     return out;
   }

@@ -23,8 +23,9 @@ struct LaunchEnv {
 // Resolution order: torchrun (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR,
 // MASTER_PORT), then Open MPI (OMPI_COMM_WORLD_RANK/SIZE/LOCAL_RANK/LOCAL_SIZE), then PMI
 // (PMI_RANK, PMI_SIZE; the node-local rank from MPICH's MPI_LOCALRANKID, else
-// PMI_LOCAL_RANK, else Slurm's SLURM_LOCALID, and the node's size from MPI_LOCALNRANKS,
-// PMI_LOCAL_SIZE or SLURM_NTASKS_PER_NODE); none of them means a single rank. A missing
+// PMI_LOCAL_RANK, else Slurm's SLURM_LOCALID, and the node's size from MPI_LOCALNRANKS or
+// PMI_LOCAL_SIZE; Slurm's SLURM_NTASKS_PER_NODE is a requested maximum, not used); none of
+// them means a single rank. A missing
 // node-local rank is 0 and a missing node size is the world's (one node). A malformed or inconsistent value raises an error naming the
 // variable. `getenv` is injectable for tests.
 using EnvLookup = std::function<std::optional<std::string>(const std::string&)>;

@@ -68,16 +68,33 @@ class StagedCommunicator final : public Communicator {
   }
   WorkPtr do_barrier(const CollectiveDesc&) override { return inner_->barrier(); }
   // The W received chunks and the FP32 sum stay on the host; the FP32 shard goes back.
+  // accumulate: `out` is read when the sum is done, not when the call is made, as on the
+  // other backends (the sum of this call is added to what `out` holds then).
   WorkPtr do_reduce_scatter_accumulate(const void* in, float* out, bool accumulate,
                                        const CollectiveDesc& d) override {
     auto h_in = stage_in(in, bytes(d, d.count * world()));
     const size_t out_bytes = d.count * sizeof(float);
-    auto h_out = accumulate ? stage_in(out, out_bytes) : mover_->host_buffer(out_bytes);
-    WorkPtr w = inner_->reduce_scatter_accumulate(h_in.get(), d.dtype, reinterpret_cast<float*>(h_out.get()),
-                                                  d.count, accumulate, d.tag);
+    auto h_sum = mover_->host_buffer(out_bytes);
+    WorkPtr w = inner_->reduce_scatter_accumulate(h_in.get(), d.dtype, reinterpret_cast<float*>(h_sum.get()),
+                                                  d.count, false, d.tag);
     w->keep_alive(h_in);
-    return back(w, h_out, out, out_bytes);
+    if (!accumulate) return back(w, h_sum, out, out_bytes);
+    w->keep_alive(h_sum);
+    std::shared_ptr<Mover> mover = mover_;
+    const size_t n = d.count;
+    w->then([mover, h_sum, out, n, out_bytes] {
+      auto acc = mover->host_buffer(out_bytes);
+      mover->to_host(acc.get(), out, out_bytes);
+      float* a = reinterpret_cast<float*>(acc.get());
+      const float* s = reinterpret_cast<const float*>(h_sum.get());
+      for (size_t i = 0; i < n; ++i) a[i] += s[i];
+      mover->from_host(out, acc.get(), out_bytes);
+    });
+    return w;
   }
+  // The reduce scratch is the inner communicator's (the staging buffers are not counted).
+  size_t scratch_peak_bytes() const override { return inner_->scratch_peak_bytes(); }
+  void reset_scratch_peak() override { inner_->reset_scratch_peak(); }
   WorkPtr local_copy(const void* in, void* out, const CollectiveDesc& d) override {
     const size_t n = bytes(d, d.count);
     if (in == out || n == 0) return Communicator::local_copy(in, out, d);
@@ -87,7 +104,7 @@ class StagedCommunicator final : public Communicator {
   }
   WorkPtr local_reduce_scatter_accumulate(const void* in, float* out, bool accumulate,
                                           const CollectiveDesc& d) override {
-    auto h_in = stage_in(in, bytes(d, d.count));
+    auto h_in = stage_in(in, bytes(d, d.count));  // done at once: out is read now, as it is used
     auto h_out = accumulate ? stage_in(out, d.count * sizeof(float)) : mover_->host_buffer(d.count * sizeof(float));
     sum_chunks_to_f32(h_in.get(), d.dtype, 1, d.count, reinterpret_cast<float*>(h_out.get()), accumulate);
     mover_->from_host(out, h_out.get(), d.count * sizeof(float));

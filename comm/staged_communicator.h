@@ -32,7 +32,8 @@ std::unique_ptr<Mover> make_cuda_mover(int device);  // comm/staged_cuda.cpp
 #endif
 
 // inner: the host communicator, made without comm.debug: the staged one checks the calls
-// (options: its timeout and debug; inner's rank and size).
+// (options: its debug flag and the timeout of its own checks; the Works it returns are the
+// inner communicator's, so wait() uses the inner one's timeout: give both the same).
 std::unique_ptr<Communicator> make_staged_communicator(std::shared_ptr<Communicator> inner,
                                                        std::unique_ptr<Mover> mover, CommOptions options);
 

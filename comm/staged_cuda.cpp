@@ -14,6 +14,7 @@ class CudaMover final : public Mover {
   explicit CudaMover(int device) : device_(device) {}
   std::shared_ptr<char> host_buffer(size_t bytes) override {
     void* p = nullptr;
+    CudaDeviceGuard guard(device_);  // the comm thread's current device is 0
     ZRT_CHECK_CUDA(cudaMallocHost(&p, bytes == 0 ? 1 : bytes));
     return std::shared_ptr<char>(static_cast<char*>(p), [](char* q) { cudaFreeHost(q); });
   }

@@ -41,6 +41,7 @@ void Work::wait(std::chrono::milliseconds timeout) {
   std::lock_guard<std::mutex> lock(mu_);
   if (done_) return;
   if (!timeout_message_.empty()) throw TimeoutError(__FILE__, __LINE__, timeout_message_);
+  if (!then_error_.empty()) throw Error(__FILE__, __LINE__, then_error_);
   // Saturate: a huge timeout means "no deadline", never an overflowed one in the past.
   const auto now = std::chrono::steady_clock::now();
   const auto room = std::chrono::duration_cast<std::chrono::milliseconds>(
@@ -56,7 +57,16 @@ void Work::wait(std::chrono::milliseconds timeout) {
     retire_buffers();
     throw TimeoutError(__FILE__, __LINE__, timeout_message_);
   }
-  if (then_) then_();
+  if (then_) {
+    auto fn = std::move(then_);  // runs once: a second wait must not redo it
+    then_ = nullptr;
+    try {
+      fn();
+    } catch (const Error& e) {
+      then_error_ = detail::concat(desc_.to_string(), ": finishing the result failed: ", e.message());
+      throw Error(__FILE__, __LINE__, then_error_);
+    }
+  }
   done_ = true;
 }
 

@@ -85,6 +85,7 @@ class Work {
   std::mutex mu_;
   bool done_ = false;
   std::string timeout_message_;  // set once a wait timed out
+  std::string then_error_;       // set once the then() functions failed: every later wait throws it
   std::function<void()> then_;
   std::vector<std::shared_ptr<void>> keep_alive_;
 };

@@ -593,8 +593,15 @@ void Engine::update(StepStats& stats) {
   }
   if (options_.stage == 0) return;  // every rank updated all of its weights itself
   auto t1 = std::chrono::steady_clock::now();
-  std::vector<WorkPtr> gathers;  // all in flight at once: the backend pipelines them
+  // Two in flight at a time: the backend pipelines them, and a staged communicator holds
+  // staging buffers for two buckets, not the whole model.
+  constexpr size_t kInFlight = 2;
+  std::deque<WorkPtr> gathers;
   for (Bucket* b : whole) {
+    if (gathers.size() == kInFlight) {
+      gathers.front()->wait();
+      gathers.pop_front();
+    }
     gathers.push_back(comm_.all_gather(own_chunk(*b), b->full.data_ptr(), b->layout.shard_numel(),
                                        groups_[b->group]->dtype, static_cast<int64_t>(b->index)));
   }

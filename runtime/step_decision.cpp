@@ -28,10 +28,15 @@ double from_bits(int64_t b) {
 // Every rank's row: this rank fills its own, the others stay 0, and a sum all-reduce makes
 // it an all-gather on any backend (NCCL stages host buffers for all-reduce only).
 std::vector<int64_t> gather_rows(Communicator& comm, const int64_t* mine, size_t row) {
-  std::vector<int64_t> all(row * static_cast<size_t>(comm.size()), 0);
-  std::copy_n(mine, row, all.begin() + static_cast<std::ptrdiff_t>(row * static_cast<size_t>(comm.rank())));
-  if (comm.size() > 1) comm.all_reduce(all.data(), all.size(), DType::kInt64, ReduceOp::kSum, kStepDecisionTag)->wait();
-  return all;
+  // On the heap, kept by the Work: a backend may still write into it after a timeout.
+  auto all = std::make_shared<std::vector<int64_t>>(row * static_cast<size_t>(comm.size()), 0);
+  std::copy_n(mine, row, all->begin() + static_cast<std::ptrdiff_t>(row * static_cast<size_t>(comm.rank())));
+  if (comm.size() > 1) {
+    WorkPtr w = comm.all_reduce(all->data(), all->size(), DType::kInt64, ReduceOp::kSum, kStepDecisionTag);
+    w->keep_alive(all);
+    w->wait();
+  }
+  return *all;
 }
 
 // Ranks called different collectives: name the first call that differs, from every

@@ -2,8 +2,11 @@
 // the gradient's non-finite count and sum of squares, the micro-steps that had no backward
 // pass, and a summary (count and fingerprint) of the collectives this rank called since the
 // previous decision. So the default cross-rank check costs no round-trip of its own: a rank
-// that called a different collective, or skipped backward, is named at the step, on every
-// rank, before anything is updated.
+// that skipped backward, or called a different collective that the transport let through
+// (the same bytes for another bucket, unit, dtype, count, or under MPI another collective),
+// is named at the step, on every rank, before anything is updated. Calls the transport
+// cannot pair fail at the call first (a timeout naming it; gloo ends the process on a byte
+// size mismatch); comm.debug checks every call as it is made.
 #pragma once
 
 #include <cstdint>

@@ -154,6 +154,7 @@ class NcclCommunicator final : public Communicator {
   }
   // W = 1: a copy or the FP64 sum kernel on the communicator's stream, no NCCL call.
   WorkPtr local_copy(const void* in, void* out, const CollectiveDesc& d) override {
+    require_device(d, {in, out});  // as at W > 1
     if (in == out || d.count == 0) return std::make_shared<CompletedWork>(d, options().timeout);
     return enqueue(d, {[&](cudaStream_t s) {
                          ZRT_CHECK_CUDA(cudaMemcpyAsync(out, in, d.count * dtype_size(d.dtype), cudaMemcpyDefault, s));

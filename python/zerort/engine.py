@@ -208,7 +208,9 @@ class Engine:
         parameters (or skips on non-finite gradients) and zeroes the gradients. Every rank
         must have run backward() since its previous step(): otherwise the step() that ends
         the accumulation window raises zerort.UsageError on every rank, naming the ranks,
-        and applies nothing."""
+        and applies nothing. The same holds when the ranks issued different collectives since
+        the previous step (the step's one decision collective compares them): the error names
+        the first call that differs on each rank (comm.debug: true names it at the call)."""
         self._check_requires_grad()
         names = self._units.naming() if self._units else contextlib.nullcontext()
         with self._phase("step"), names:  # the step's decision names diverging units too

@@ -63,9 +63,10 @@ TEST(LaunchEnv, NodeLocalRankFromEveryLauncher) {
   auto mpich = detect({{"PMI_RANK", "3"}, {"PMI_SIZE", "4"}, {"MPI_LOCALRANKID", "1"}, {"MPI_LOCALNRANKS", "2"}});
   EXPECT_EQ(mpich.local_rank, 1);
   EXPECT_EQ(mpich.local_world_size, 2);
-  auto slurm = detect({{"PMI_RANK", "3"}, {"PMI_SIZE", "4"}, {"SLURM_LOCALID", "1"}, {"SLURM_NTASKS_PER_NODE", "2"}});
+  // Slurm: the local id; SLURM_NTASKS_PER_NODE is a requested maximum (4 here, 2 used), not the size.
+  auto slurm = detect({{"PMI_RANK", "3"}, {"PMI_SIZE", "4"}, {"SLURM_LOCALID", "1"}, {"SLURM_NTASKS_PER_NODE", "8"}});
   EXPECT_EQ(slurm.local_rank, 1);
-  EXPECT_EQ(slurm.local_world_size, 2);
+  EXPECT_EQ(slurm.local_world_size, 4);
   auto one_node = detect({{"PMI_RANK", "3"}, {"PMI_SIZE", "4"}});
   EXPECT_EQ(one_node.local_rank, 0);
   EXPECT_EQ(one_node.local_world_size, 4);
