@@ -170,12 +170,6 @@ def worker(out, model_name, kind, steps):
 
 # ---- the launcher ---------------------------------------------------------------------------
 
-def pct(values, q):
-    """The q-quantile (nearest rank) of values."""
-    v = sorted(values)
-    return v[min(len(v) - 1, max(0, round(q * (len(v) - 1))))]
-
-
 def summarize(r):
     ranks = r["ranks"]
     err = next((x["error"] for x in ranks if x.get("error")), None)
@@ -183,7 +177,7 @@ def summarize(r):
         return {"error": err}
     times = ranks[0]["step_s"][1:]  # step 1 warms up; every rank holds the slowest rank's times
     big = lambda key: max(x[key] for x in ranks)
-    s = {"numel": ranks[0]["numel"], "n": len(times), "median": statistics.median(times), "p90": pct(times, 0.9),
+    s = {"numel": ranks[0]["numel"], "n": len(times), "median": statistics.median(times), "p90": e2e.pct(times, 0.9),
          "growth": max(x["forward_growth"][-1] for x in ranks), "peak": max(max(x["step_peak"]) for x in ranks),
          "init": big("init_peak"), "rest": big("at_rest"), "loss": ranks[0]["losses"][-1]}
     if "report_total" in ranks[0]:

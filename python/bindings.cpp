@@ -118,7 +118,6 @@ PYBIND11_MODULE(_C, m) {
       .def_property_readonly("device_memory", &Communicator::device_memory)
       .def_property_readonly("scratch_peak_bytes", &Communicator::scratch_peak_bytes)
       .def_property_readonly("backend_calls", &Communicator::backend_calls)
-      .def_property_readonly("calls_since_step", [](Communicator& c) { return c.calls().summary().calls; })
       .def("reset_scratch_peak", &Communicator::reset_scratch_peak)
       .def("all_reduce", [](Communicator& c, uintptr_t buf, size_t n, const std::string& dt,
                             const std::string& op) {

@@ -129,11 +129,6 @@ class Communicator:
         copy it amounts to)."""
         return self._c.backend_calls
 
-    @property
-    def calls_since_step(self):
-        """Collectives called since the last step's decision, which checks them across ranks."""
-        return self._c.calls_since_step
-
     def _staged(self, call, *tensors):
         """Small CPU control tensors (flags, digests, counters) given to a CUDA communicator
         travel through device copies; the results are copied back. Returns the last tensor."""

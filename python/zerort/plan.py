@@ -109,8 +109,8 @@ def nodes_and_local(world_size, gpus_per_node):
 
 
 def ring_phases(nbytes, world_size, gpus_per_node):
-    """A reduce-scatter or all-gather of nbytes, hierarchical: (intra bytes, inter bytes,
-    intra steps, inter steps) sent per rank."""
+    """One pass of a hierarchical ring over nbytes (an all-gather; DDP's all-reduce is two):
+    (intra bytes, inter bytes, intra steps, inter steps) sent per rank."""
     n, g = nodes_and_local(world_size, gpus_per_node)
     intra = (g - 1) / g * nbytes
     inter = (n - 1) / n * nbytes / g

@@ -84,15 +84,16 @@ def runs_backward(micro, rank):
     return micro.get("skip") is None or (micro["skip"] != "all" and micro["skip"] != rank)
 
 
-def case_comm(launcher_comm):
-    """A communicator of this case's own, on every rank (a collective)."""
+def case_comm(launcher_comm, timeout_s=CASE_TIMEOUT_S, debug=True):
+    """A communicator of this case's own, on every rank (a collective): mpi, a new MPI
+    communicator; gloo, a new process group. These cases run with comm.debug by default."""
     if launcher_comm.backend == "gloo":
         import torch.distributed as dist
 
-        group = dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=CASE_TIMEOUT_S))
-        impl = _C.make_gloo_communicator(group.group_name, CASE_TIMEOUT_S, True)
+        group = dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=timeout_s))
+        impl = _C.make_gloo_communicator(group.group_name, timeout_s, debug)
     else:
-        impl = _C.make_communicator(launcher_comm.backend, CASE_TIMEOUT_S, True)
+        impl = _C.make_communicator(launcher_comm.backend, timeout_s, debug)
     return zerort.comm.Communicator(impl)
 
 

@@ -10,20 +10,20 @@ and step(): "moe" (stage 3: rank r routes its batch through expert r, units of o
 all_gathers 4 f32, rank 1 all_to_alls 4 f32 per rank: at W = 2 the same messages). With no "bad" step, it records the
 collectives each step handed to the backend. Every case gets a communicator of its own, and
 the ranks agree on a control communicator before the next case."""
-import datetime
 import json
 import os
 import sys
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(HERE, "..", "..", "python"))
 
 import torch  # noqa: E402
 import torch.nn as nn  # noqa: E402
 
+import call_pattern_worker  # noqa: E402  (case_comm: a communicator per case)
 import zerort  # noqa: E402
-from zerort import _C  # noqa: E402
 
 CASE_TIMEOUT_S = 20  # unless the case sets "timeout_s"
 
@@ -38,16 +38,6 @@ class Experts(nn.Module):
 
     def forward(self, x, expert=0):
         return self.out(torch.tanh(self.experts[expert](torch.tanh(self.inp(x)))))
-
-
-def case_comm(control, case):
-    timeout, debug = case.get("timeout_s", CASE_TIMEOUT_S), case["debug"]
-    if control.backend == "gloo":
-        import torch.distributed as dist
-
-        group = dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=timeout))
-        return zerort.comm.Communicator(_C.make_gloo_communicator(group.group_name, timeout, debug))
-    return zerort.comm.Communicator(_C.make_communicator(control.backend, timeout, debug))
 
 
 def diverge(kind, comm, rank):
@@ -101,7 +91,8 @@ def main():
     results = {}
     for case in cases:
         t0 = time.perf_counter()
-        results[case["id"]] = run_case(case, case_comm(control, case))
+        comm = call_pattern_worker.case_comm(control, case.get("timeout_s", CASE_TIMEOUT_S), case["debug"])
+        results[case["id"]] = run_case(case, comm)
         results[case["id"]]["seconds"] = time.perf_counter() - t0
         control.barrier()
     with open(f"{sys.argv[2]}.rank{control.rank}.json", "w") as f:

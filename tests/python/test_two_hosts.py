@@ -44,6 +44,7 @@ LAUNCHERS = ["torchrun", "mpirun"]
 W = 4
 BOUND = 90  # s: start two hosts, a few steps, the kill, the launcher's teardown, with margin
 from test_engine_parity import BOUND as PARITY_BOUND, global_rel, reference  # noqa: E402
+from test_checkpoint import mpirun as ckpt_mpirun  # noqa: E402
 from test_reliability import COLLECTIVE  # noqa: E402
 
 
@@ -102,12 +103,6 @@ def test_stages_1_to_3_across_two_hosts_match_torch(launcher, tmp_path):
         assert all(r[case]["losses"] == ranks[0][case]["losses"] for r in ranks), case
 
 
-def local_mpirun(np_, *args):
-    cmd = [shutil.which("mpirun"), "--oversubscribe", "-np", str(np_), sys.executable, *map(str, args)]
-    p = subprocess.run(cmd, env=ENV, capture_output=True, text=True, timeout=300)
-    assert p.returncode == 0, (p.stdout + p.stderr)[-4000:]
-
-
 @pytest.mark.parametrize("launcher", LAUNCHERS)
 def test_a_checkpoint_from_two_hosts_loads_on_one(launcher, tmp_path):
     needs(launcher)
@@ -122,7 +117,7 @@ def test_a_checkpoint_from_two_hosts_loads_on_one(launcher, tmp_path):
     for world in (1, 2):
         d = tmp_path / f"w{world}"
         shutil.copytree(saved / "ckpt", d / "src")
-        local_mpirun(world, worker, "reshard", d, "transformer", 3)
+        ckpt_mpirun(world, "reshard", d, "transformer", 3)  # ckpt_worker.py on this host
         got = torch.load(d / "full.pt")
         assert got.keys() == want.keys() and all(torch.equal(got[k], want[k]) for k in want), world
 

@@ -22,7 +22,6 @@ import zerort  # noqa: E402
 def where(out):
     env = zerort.comm.detect_launch_env()
     comm = zerort.comm.init("auto", timeout_s=60)
-    hosts = [None] * comm.size
     mine = torch.zeros(comm.size, dtype=torch.int64)
     mine[comm.rank] = int(socket.gethostname().rsplit("host", 1)[1])  # zt-host0 / zt-host1
     comm.all_reduce(mine)
