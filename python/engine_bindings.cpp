@@ -51,12 +51,19 @@ LossScaler::State scaler_state(const py::dict& d) {
   return s;
 }
 
+// (lr, beta1, beta2, eps, weight_decay) per param group, from zerort/optimizer.py.
+std::vector<AdamWHyper> hypers(const std::vector<std::array<double, 5>>& rows) {
+  std::vector<AdamWHyper> out;
+  for (const auto& r : rows) out.push_back(AdamWHyper{r[0], r[1], r[2], r[3], r[4]});
+  return out;
+}
+
 // Options come from zerort/config.py's validated Config, as keyword arguments; the same
 // keywords build an Engine (stage, bucket) and a ShardOptimizer (which ignores those two).
 EngineOptions engine_options(const py::kwargs& kw) {
   static const char* const kKeys[] = {"stage", "precision", "lr", "beta1", "beta2", "eps", "weight_decay",
                                       "initial_scale_power", "window", "hysteresis", "min_scale",
-                                      "consecutive_hysteresis", "clip", "accumulation", "bucket", "lr_schedule",
+                                      "consecutive_hysteresis", "static_scale", "clip", "accumulation", "bucket",
                                       "materialize"};
   for (auto item : kw) {
     const auto key = item.first.cast<std::string>();
@@ -76,22 +83,14 @@ EngineOptions engine_options(const py::kwargs& kw) {
   o.loss_scale.hysteresis = get("hysteresis", o.loss_scale.hysteresis);
   o.loss_scale.min_scale = get("min_scale", o.loss_scale.min_scale);
   o.loss_scale.consecutive_hysteresis = get("consecutive_hysteresis", o.loss_scale.consecutive_hysteresis);
+  const double static_scale = get("static_scale", 0.0);  // > 0: fp16 with a fixed scale (DeepSpeed's loss_scale)
+  if (static_scale > 0) {
+    o.loss_scale.dynamic = false;
+    o.loss_scale.initial_scale = static_scale;
+  }
   o.gradient_clipping = get("clip", o.gradient_clipping);
   o.gradient_accumulation_steps = get("accumulation", o.gradient_accumulation_steps);
   o.reduce_bucket_numel = get("bucket", o.reduce_bucket_numel);
-  py::object lr_schedule = kw.contains("lr_schedule") ? py::object(kw["lr_schedule"]) : py::none();
-  if (!lr_schedule.is_none()) {
-    // The std::function is copied and destroyed without the GIL: hold the Python callable
-    // through a shared_ptr whose deleter takes the GIL, so no refcount moves without it.
-    std::shared_ptr<py::object> fn(new py::object(lr_schedule), [](py::object* p) {
-      py::gil_scoped_acquire gil;
-      delete p;
-    });
-    o.lr_schedule = [fn](int64_t step) {
-      py::gil_scoped_acquire gil;  // step() runs without the GIL
-      return (*fn)(step).cast<double>();
-    };
-  }
   py::object materialize = kw.contains("materialize") ? py::object(kw["materialize"]) : py::none();
   if (!materialize.is_none()) {  // a meta-device model: (group, [param index]) -> [tensor]
     std::shared_ptr<py::object> fn(new py::object(materialize), [](py::object* p) {
@@ -140,7 +139,8 @@ void bind_engine(py::module_& m) {
       .def_property_readonly("exp_avg_sq", &ShardOptimizer::exp_avg_sq)
       .def_property_readonly("loss_scale", &ShardOptimizer::loss_scale)
       .def_property_readonly("adam_steps", &ShardOptimizer::adam_steps)
-      .def("set_lr", &ShardOptimizer::set_lr)
+      .def("set_hyper_groups", [](ShardOptimizer& o, const std::vector<std::array<double, 5>>& h,
+                                  std::vector<std::array<int64_t, 3>> r) { o.set_hyper_groups(hypers(h), std::move(r)); })
       .def("set_watch_regions", &ShardOptimizer::set_watch_regions)
       .def_property_readonly("nonfinite_ids", &ShardOptimizer::nonfinite_ids)
       .def("state", [](const ShardOptimizer& o) { return state_dict(o.scaler_state(), o.adam_steps()); })
@@ -168,7 +168,10 @@ void bind_engine(py::module_& m) {
         }
         return stats_dict(s);
       })
-      .def("set_lr", &Engine::set_lr)
+      .def("set_hyper_groups", [](Engine& e, const std::vector<std::array<double, 5>>& h,
+                                  std::vector<std::array<int64_t, 3>> r) {
+        e.optimizer().set_hyper_groups(hypers(h), std::move(r));
+      })
       .def("set_watch_regions", [](Engine& e, std::vector<std::array<int64_t, 3>> r) {
         e.optimizer().set_watch_regions(std::move(r));
       })
@@ -177,6 +180,7 @@ void bind_engine(py::module_& m) {
       .def_property_readonly("global_step", &Engine::global_step)
       .def_property_readonly("skipped_steps", &Engine::skipped_steps)
       .def_property_readonly("adam_steps", &Engine::adam_steps)
+      .def_property_readonly("micro_steps", [](const Engine& e) { return e.counters().micro_steps; })
       .def_property_readonly("num_groups", &Engine::num_groups)
       .def("grad_ready", &Engine::grad_ready)  // from post-accumulate-grad hooks
       .def("begin_backward", &Engine::begin_backward, py::call_guard<py::gil_scoped_release>())

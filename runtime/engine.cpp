@@ -104,7 +104,6 @@ OptimizerOptions optimizer_options(const EngineOptions& e) {
   OptimizerOptions o;
   o.precision = e.precision;
   o.adamw = e.adamw;
-  o.lr_schedule = e.lr_schedule;
   o.loss_scale = e.loss_scale;
   o.gradient_clipping = e.gradient_clipping;
   o.gradient_accumulation_steps = e.gradient_accumulation_steps;

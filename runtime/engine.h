@@ -56,8 +56,7 @@ namespace zerort {
 struct EngineOptions {
   int stage = 2;                       // 0, 1, 2 or 3
   DType precision = DType::kBFloat16;  // compute precision of `params`: bf16, f16 or f32
-  AdamWHyper adamw;
-  std::function<double(int64_t)> lr_schedule;  // optional: lr for Adam step n (1-based)
+  AdamWHyper adamw;  // every parameter's until optimizer().set_hyper_groups (param groups)
   // Optional, for a model built on the meta device: real tensors (float32 leaves that
   // require grad, on the engine's device, initialized) for these parameters of a group.
   // Called bucket by bucket, so at most about one bucket exists in FP32 at a time.
@@ -94,7 +93,6 @@ class Engine {
 
   double loss_scale() const { return optimizer_->loss_scale(); }
   StepStats step();
-  void set_lr(double lr) { optimizer_->set_lr(lr); }
 
   int64_t global_step() const { return global_step_; }      // boundaries passed
   int64_t skipped_steps() const { return skipped_steps_; }

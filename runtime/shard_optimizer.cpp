@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <string>
 
 #include "comm/error.h"
 #include "runtime/device_kernels.h"
@@ -41,7 +42,7 @@ const OptimizerOptions& validated(const OptimizerOptions& o) {
 }  // namespace
 
 ShardOptimizer::ShardOptimizer(at::Tensor master, Communicator& comm, OptimizerOptions options)
-    : comm_(comm), options_(validated(options)), scaler_(scaler_options(options)) {
+    : comm_(comm), options_(validated(options)), scaler_(scaler_options(options)), hypers_{options_.adamw} {
   ZRT_CHECK(master.defined() && master.scalar_type() == at::kFloat && master.dim() == 1 &&
                 master.is_contiguous(),
             "ShardOptimizer: master must be a contiguous 1-D float32 tensor");
@@ -65,13 +66,8 @@ bool ShardOptimizer::step(const std::vector<OutputSegment>& outputs, StepStats& 
   };
   const size_t n = static_cast<size_t>(master_.numel());
   stats.loss_scale = scaler_.scale();
-  // The lr first: a schedule that throws or returns nonsense leaves nothing half done.
   AdamWStep s;
-  s.hyper = options_.adamw;
   s.step = adam_steps_ + 1;
-  if (options_.lr_schedule) s.hyper.lr = options_.lr_schedule(s.step);
-  ZRT_CHECK(std::isfinite(s.hyper.lr) && s.hyper.lr >= 0, "the learning rate for step ", s.step,
-            " is ", s.hyper.lr, "; it must be a finite number >= 0 (check lr_schedule or set_lr)");
   const double denominator = scaler_.scale() * comm_.size() * options_.gradient_accumulation_steps;
   GradStats local = unscale_and_check_on(master_.device(), grad_shard_.data_ptr<float>(), n,
                                          static_cast<float>(1.0 / denominator));
@@ -103,20 +99,13 @@ bool ShardOptimizer::step(const std::vector<OutputSegment>& outputs, StepStats& 
   std::vector<OutputSegment> segs(outputs);
   std::sort(segs.begin(), segs.end(), [](const auto& a, const auto& b) { return a.offset < b.offset; });
   size_t done = 0;
-  auto run = [&](size_t lo, size_t count, void* out, DType dtype) {
-    if (count == 0) return;
-    adamw_step_on(master_.device(),
-                  {grad_shard_.data_ptr<float>() + lo, DType::kFloat32, master_.data_ptr<float>() + lo,
-                   exp_avg_.data_ptr<float>() + lo, exp_avg_sq_.data_ptr<float>() + lo, out, dtype, count},
-                  s);
-  };
   for (const auto& seg : segs) {
     ZRT_CHECK(seg.offset >= done, "ShardOptimizer.step: output segments overlap at ", seg.offset);
-    run(done, seg.offset - done, nullptr, DType::kFloat32);
-    run(seg.offset, seg.numel, seg.out, seg.dtype);
+    adamw_range(done, seg.offset - done, nullptr, DType::kFloat32, s);
+    adamw_range(seg.offset, seg.numel, seg.out, seg.dtype, s);
     done = seg.offset + seg.numel;
   }
-  run(done, n - done, nullptr, DType::kFloat32);
+  adamw_range(done, n - done, nullptr, DType::kFloat32, s);
   scaler_.update(false);
   grad_shard_.zero_();
   stats.optimizer_ms = elapsed_ms();
@@ -126,6 +115,51 @@ bool ShardOptimizer::step(const std::vector<OutputSegment>& outputs, StepStats& 
 }  // namespace zerort
 
 namespace zerort {
+
+void ShardOptimizer::adamw_range(size_t lo, size_t n, void* out, DType dtype, const AdamWStep& step) {
+  const size_t end = lo + n;
+  AdamWStep s = step;
+  for (size_t pos = lo; pos < end;) {
+    // The region holding pos, or the gap before the next one (group 0).
+    auto next = std::upper_bound(hyper_regions_.begin(), hyper_regions_.end(), static_cast<int64_t>(pos),
+                                 [](int64_t p, const auto& r) { return p < r[0]; });
+    size_t stop = next == hyper_regions_.end() ? end : std::min(end, static_cast<size_t>((*next)[0]));
+    size_t group = 0;
+    if (next != hyper_regions_.begin()) {
+      const auto& r = *std::prev(next);
+      if (pos < static_cast<size_t>(r[0] + r[1])) {
+        group = static_cast<size_t>(r[2]);
+        stop = std::min(stop, static_cast<size_t>(r[0] + r[1]));
+      }
+    }
+    s.hyper = hypers_[group];
+    void* at = out ? static_cast<char*>(out) + (pos - lo) * dtype_size(dtype) : nullptr;
+    adamw_step_on(master_.device(),
+                  {grad_shard_.data_ptr<float>() + pos, DType::kFloat32, master_.data_ptr<float>() + pos,
+                   exp_avg_.data_ptr<float>() + pos, exp_avg_sq_.data_ptr<float>() + pos, at, dtype, stop - pos},
+                  s);
+    pos = stop;
+  }
+}
+
+void ShardOptimizer::set_hyper_groups(std::vector<AdamWHyper> hypers, std::vector<std::array<int64_t, 3>> regions) {
+  ZRT_CHECK(!hypers.empty(), "ShardOptimizer: set_hyper_groups needs at least one param group");
+  for (size_t k = 0; k < hypers.size(); ++k) {
+    const std::string who = detail::concat("param group ", k);
+    check_adamw_hyper(hypers[k], who.c_str());
+  }
+  std::sort(regions.begin(), regions.end());
+  int64_t end = 0;
+  for (const auto& r : regions) {
+    ZRT_CHECK(r[0] >= end && r[1] >= 0 && r[0] + r[1] <= master_.numel() && r[2] >= 0 &&
+                  r[2] < static_cast<int64_t>(hypers.size()),
+              "ShardOptimizer: hyper region [", r[0], ", ", r[0] + r[1], ") of group ", r[2],
+              " overlaps another, lies outside the shard of ", master_.numel(), " elements, or names no group");
+    end = r[0] + r[1];
+  }
+  hypers_ = std::move(hypers);
+  hyper_regions_ = std::move(regions);
+}
 
 void ShardOptimizer::set_watch_regions(std::vector<std::array<int64_t, 3>> regions) {
   for (const auto& r : regions) {

@@ -8,7 +8,6 @@
 
 #include <array>
 #include <cstdint>
-#include <functional>
 #include <vector>
 
 #include "comm/communicator.h"
@@ -19,8 +18,7 @@ namespace zerort {
 
 struct OptimizerOptions {
   DType precision = DType::kBFloat16;  // compute precision: f16 gets the dynamic loss scale
-  AdamWHyper adamw;
-  std::function<double(int64_t)> lr_schedule;  // optional: lr for Adam step n (1-based)
+  AdamWHyper adamw;                            // every element's, until set_hyper_groups
   LossScalerOptions loss_scale;                // used for f16; bf16 uses a static scale of 1
   double gradient_clipping = 0.0;              // max global L2 norm; 0 disables
   int64_t gradient_accumulation_steps = 1;     // the gradient is averaged over these and W
@@ -71,7 +69,11 @@ class ShardOptimizer {
   int64_t adam_steps() const { return adam_steps_; }
   // Checkpoints: the scaler's state and Adam's step count (master, m, v are the tensors).
   void load_state(const LossScaler::State& scaler, int64_t adam_steps);
-  void set_lr(double lr) { options_.adamw.lr = lr; }
+  // Per-group hyperparameters (torch's param groups): hypers[k] for the elements of each
+  // region {offset, numel, k} of the master; regions are disjoint, and elements outside
+  // every region (padding) take hypers[0]. Checked whole before anything changes.
+  void set_hyper_groups(std::vector<AdamWHyper> hypers, std::vector<std::array<int64_t, 3>> regions);
+  const std::vector<AdamWHyper>& hyper_groups() const { return hypers_; }
   const LossScaler& scaler() const { return scaler_; }
   const OptimizerOptions& options() const { return options_; }
   const at::Tensor& master() const { return master_; }
@@ -89,12 +91,17 @@ class ShardOptimizer {
 
  private:
   void record_nonfinite();
+  // AdamW over master[lo, lo + n), split where the hyper group changes; out (nullable) is
+  // the low-precision copy of that range.
+  void adamw_range(size_t lo, size_t n, void* out, DType dtype, const AdamWStep& step);
 
   Communicator& comm_;
   OptimizerOptions options_;
   LossScaler scaler_;
   at::Tensor master_, exp_avg_, exp_avg_sq_, grad_shard_;
   int64_t adam_steps_ = 0;
+  std::vector<AdamWHyper> hypers_;                     // one per param group
+  std::vector<std::array<int64_t, 3>> hyper_regions_;  // sorted by offset
   std::vector<std::array<int64_t, 3>> watch_regions_;
   std::vector<int64_t> nonfinite_ids_;
 };

@@ -39,17 +39,21 @@ class Config:
     betas: tuple = (0.9, 0.999)
     eps: float = 1e-8
     weight_decay: float = 0.01
-    lr_schedule: Optional[Callable[[int], float]] = None
+    lr_schedule: Optional[Callable[[int], float]] = None  # Adam step n (1-based) -> every group's lr
+    scheduler: Optional[dict] = None  # {"type": name, "params": {...}}: zerort.lr_schedules
     initial_scale_power: int = 16
     loss_scale_window: int = 1000
     hysteresis: int = 2
     min_loss_scale: float = 1.0
     consecutive_hysteresis: bool = False
+    static_loss_scale: float = 0.0  # fp16: > 0 is a fixed loss scale (DeepSpeed's fp16.loss_scale); 0 dynamic
     gradient_clipping: float = 0.0
     gradient_accumulation_steps: int = 1
     reduce_bucket_numel: int = 1 << 24  # stages 0-2; stage 3 reduces per unit
     prefetch: int = 1  # stage 3: units gathered ahead of the one running
     persistence_threshold: int = 0
+    prefetch_numel: Optional[int] = None  # stage 3, DeepSpeed form: sets prefetch from unit sizes
+    max_live_numel: Optional[int] = None  # stage 3, DeepSpeed form: caps prefetch from unit sizes
     unit_modules: tuple = ()
     comm_backend: str = "auto"
     comm_timeout_s: float = 600.0
@@ -58,9 +62,13 @@ class Config:
     fp32_modules: tuple = ()  # changes to the norm rule of zerort.precision: "Name" adds a class, "-Name" removes it
     train_micro_batch_size_per_gpu: Optional[int] = None  # checked against train_batch_size
     train_batch_size: Optional[int] = None
+    gradient_accumulation_given: bool = True  # False: derived from train_batch_size at initialize
+    steps_per_print: Optional[int] = None  # print step, lr and betas every N updates (rank 0)
+    wall_clock_breakdown: bool = False  # print DeepSpeed's fwd/bwd/step timings (rank 0)
+    dataloader_drop_last: bool = False  # zerort.deepspeed.initialize's training_data loader
 
 
-DEEPSPEED_MARKERS = {"zero_optimization", "bf16", "fp16", "train_batch_size"}
+DEEPSPEED_MARKERS = {"zero_optimization", "bf16", "bfloat16", "fp16", "train_batch_size", "zerort"}
 MAX_INT = 2 ** 62  # counts and sizes travel to C++ as int64 / size_t
 MAX_DEPTH = 64  # levels of nested objects and lists; a real config has 4
 SHOWN_CHARS = 200  # of a value in a message
@@ -294,8 +302,20 @@ def _parse_ours(cfg, problems):
     ro.leftover(opt)
     ls, rl = r.child(cfg, "loss_scale")
     scale_keys = _loss_scale(rl, ls, c, window="window", min_scale="min_scale")
+    c.static_loss_scale = rl.number(ls, "static", c.static_loss_scale, low=0)
     rl.leftover(ls)
-    _common(r, cfg, c)
+    c.gradient_accumulation_steps = r.number(cfg, "gradient_accumulation_steps", c.gradient_accumulation_steps,
+                                             integer=True, low=1)
+    c.reduce_bucket_numel = r.number(cfg, "reduce_bucket_numel", c.reduce_bucket_numel, integer=True, low=1)
+    common(r, cfg, c)
+    runtime_keys(r, cfg, c)
+    r.leftover(cfg)
+    return c, scale_keys, "precision"
+
+
+def runtime_keys(r, cfg, c):
+    """zerort's own keys without a DeepSpeed counterpart: at the top of our form, under
+    "zerort" in DeepSpeed's."""
     s3, r3 = r.child(cfg, "stage3")
     c.prefetch = r3.number(s3, "prefetch", c.prefetch, integer=True, low=0)
     c.persistence_threshold = r3.number(s3, "persistence_threshold", c.persistence_threshold, integer=True, low=0)
@@ -307,55 +327,66 @@ def _parse_ours(cfg, problems):
     c.comm_debug = rc.boolean(cm, "debug", c.comm_debug)
     rc.leftover(cm)
     c.max_consecutive_skips = r.number(cfg, "max_consecutive_skips", c.max_consecutive_skips, integer=True, low=1)
+    c.fp32_modules = _fp32_modules(r, cfg, c.fp32_modules)
     present, v = r._take(cfg, "lr_schedule")
     if present:
         if callable(v):
             c.lr_schedule = v
         else:
             r.bad("lr_schedule", v, "a callable step -> lr")
-    r.leftover(cfg)
-    return c, scale_keys, "precision"
 
 
-def _common(r, cfg, c):
+def common(r, cfg, c):
+    """Keys with the same name and meaning in both forms."""
     c.gradient_clipping = r.number(cfg, "gradient_clipping", c.gradient_clipping, low=0)
-    c.gradient_accumulation_steps = r.number(cfg, "gradient_accumulation_steps", c.gradient_accumulation_steps,
-                                             integer=True, low=1)
-    c.reduce_bucket_numel = r.number(cfg, "reduce_bucket_numel", c.reduce_bucket_numel, integer=True, low=1)
     c.train_micro_batch_size_per_gpu = r.number(cfg, "train_micro_batch_size_per_gpu",
                                                 c.train_micro_batch_size_per_gpu, integer=True, low=1)
-    c.fp32_modules = _fp32_modules(r, cfg, c.fp32_modules)
+    c.steps_per_print = r.number(cfg, "steps_per_print", c.steps_per_print, integer=True, low=1, integral_float=True)
+    c.wall_clock_breakdown = r.boolean(cfg, "wall_clock_breakdown", c.wall_clock_breakdown)
+    c.dataloader_drop_last = r.boolean(cfg, "dataloader_drop_last", c.dataloader_drop_last)
+    c.scheduler = _scheduler(r, cfg)
 
 
-def _parse_deepspeed(cfg, problems):
-    c = Config(stage=0, weight_decay=0.0)  # DeepSpeed's defaults: no ZeRO, AdamW without decay
-    r = _Reader(problems)
-    c.train_batch_size = r.number(cfg, "train_batch_size", None, integer=True, low=1)
-    zero, rz = r.child(cfg, "zero_optimization")
-    c.stage = rz.number(zero, "stage", c.stage, integer=True, low=0, high=3)
-    # DeepSpeed configs often write sizes as 5e8: an integral float is an integer here.
-    c.reduce_bucket_numel = rz.number(zero, "reduce_bucket_size", c.reduce_bucket_numel, integer=True, low=1,
-                                      integral_float=True)
-    rz.leftover(zero)
-    bf16, rb = r.child(cfg, "bf16")
-    bf16_on = rb.boolean(bf16, "enabled", False)
-    rb.leftover(bf16)
-    fp16, rf = r.child(cfg, "fp16")
-    fp16_on = rf.boolean(fp16, "enabled", False)
-    scale_keys = _loss_scale(rf, fp16, c, window="loss_scale_window", min_scale="min_loss_scale")
-    rf.leftover(fp16)
-    if bf16_on and fp16_on:
-        problems.lines.append("bf16.enabled and fp16.enabled: both true; allowed: enable at most one")
-    c.precision = "bf16" if bf16_on else "fp16" if fp16_on else "fp32"
-    opt, ro = r.child(cfg, "optimizer")
-    ro.choice(opt, "type", "AdamW", ("AdamW", "adamw"))
-    params, rp = ro.child(opt, "params")
-    _optimizer_params(rp, params, c)
+def _scheduler(r, cfg):
+    """{"type": one of zerort.lr_schedules.SCHEDULES, "params": {...}}, each param checked."""
+    from .lr_schedules import PARAMS
+
+    sched, rs = r.child(cfg, "scheduler")
+    if not sched:
+        return None
+    if "type" not in sched:
+        r.problems.lines.append(f"{rs.key('type')}: missing; allowed: {' | '.join(map(repr, PARAMS))}")
+    kind = rs.choice(sched, "type", None, tuple(PARAMS))
+    params, rp = rs.child(sched, "params")
+    rs.leftover(sched)
+    if kind is None:
+        return None
+    out = {}
+    for name, (what, required) in PARAMS[kind].items():
+        if name not in params:
+            rp.problems.known.append(rp.key(name))
+            if required:
+                r.problems.lines.append(f"{rp.key(name)}: missing; scheduler {kind} needs it")
+            continue
+        if what == "int":
+            v = rp.number(params, name, None, integer=True, low=-1 if name == "last_batch_iteration" else 1,
+                          integral_float=True)
+        elif what == "number":
+            v = rp.number(params, name, None, low=0)
+        elif what == "bool":
+            v = rp.boolean(params, name, None)
+        elif what == "warmup_type":
+            v = rp.choice(params, name, None, ("log", "linear"))
+        else:  # a number, or one per param group
+            _, v = rp._take(params, name)
+            ok = lambda x: isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) and x >= 0
+            if not (ok(v) or isinstance(v, list) and v and all(ok(x) for x in v)):
+                rp.bad(name, v, "a finite number >= 0, or a list of them (one per param group)")
+                v = None
+        if v is not None:
+            out[name] = v
     rp.leftover(params)
-    ro.leftover(opt)
-    _common(r, cfg, c)
-    r.leftover(cfg, "unknown or unsupported DeepSpeed key")
-    return c, scale_keys, "fp16.enabled"
+    return {"type": kind, "params": out}
 
 
 def _cross_key_rules(c, problems, scale_keys, precision_key):
@@ -366,7 +397,9 @@ def _cross_key_rules(c, problems, scale_keys, precision_key):
                               f"2**{power_key} = {2.0 ** c.initial_scale_power:g} ({precision_key} on); "
                               f"allowed: <= {2.0 ** c.initial_scale_power:g}: lower {min_key} or raise {power_key}")
     micro, total, gas = c.train_micro_batch_size_per_gpu, c.train_batch_size, c.gradient_accumulation_steps
-    if micro is not None and total is not None and total % (micro * gas):
+    if c.scheduler is not None and c.lr_schedule is not None:
+        problems.lines.append("scheduler and lr_schedule: both given; allowed: one of them (each sets the lr)")
+    if micro is not None and total is not None and c.gradient_accumulation_given and total % (micro * gas):
         problems.lines.append(f"train_batch_size: got {total}; allowed: a multiple of train_micro_batch_size_per_gpu "
                               f"({micro}) x gradient_accumulation_steps ({gas}) = {micro * gas} "
                               "(it equals that product times the world size)")
@@ -422,9 +455,8 @@ def parse(config):
     deep = _depth_problem(config, "config")
     if deep:
         raise ConfigError([deep])
-    cfg = dict(config)
-    deepspeed = bool(DEEPSPEED_MARKERS & cfg.keys()) or isinstance(cfg.get("optimizer"), dict) and "type" in cfg["optimizer"]
-    c, scale_keys, precision_key = (_parse_deepspeed if deepspeed else _parse_ours)(cfg, problems)
+    cfg = _without_auto(config, "", problems.lines)
+    c, scale_keys, precision_key = _parser(cfg)(cfg, problems)
     _cross_key_rules(c, problems, scale_keys, precision_key)
     lines = problems.finish()
     if lines:
@@ -435,8 +467,71 @@ def parse(config):
 def known_keys(deepspeed=False):
     """Every key path the parser reads (sections included), for ours or DeepSpeed's schema."""
     problems = _Problems()
-    (_parse_deepspeed if deepspeed else _parse_ours)({}, problems)
+    if deepspeed:
+        from .ds_config import parse_deepspeed
+
+        parse_deepspeed({}, problems)
+    else:
+        _parse_ours({}, problems)
     return list(problems.known)
+
+
+def _parser(cfg):
+    """Our form's parser, or DeepSpeed's (zerort.ds_config) for a config in its schema."""
+    from .ds_config import parse_deepspeed
+    from .ds_keys import TABLE
+
+    ours = {k.split(".")[0] for k in known_keys()}
+    markers = DEEPSPEED_MARKERS | {k.split(".")[0] for k in TABLE} - ours
+    deepspeed = bool(markers & cfg.keys()) or isinstance(cfg.get("optimizer"), dict) and "type" in cfg["optimizer"]
+    if not deepspeed:
+        return _parse_ours
+
+    return parse_deepspeed
+
+
+def _without_auto(d, prefix, lines, path_ids=()):
+    """A copy of d without its "auto" values, each a problem: only HuggingFace's Trainer
+    integration fills them in. A section that contains itself is kept as it is."""
+    path_ids = path_ids + (id(d),)
+    out = {}
+    for k, v in d.items():
+        path = f"{prefix}{_key_name(k)}"
+        if isinstance(v, str) and v == "auto":
+            lines.append(f"{path}: got 'auto'; \"auto\" is a value HuggingFace's Trainer integration fills in from "
+                         "its TrainingArguments and the model, and zerort.initialize is not that integration: "
+                         "give a number (or true/false)")
+        else:
+            walk = isinstance(v, dict) and id(v) not in path_ids
+            out[k] = _without_auto(v, path + ".", lines, path_ids) if walk else v
+    return out
+
+
+def resolve_batch(c, world_size):
+    """c with DeepSpeed's batch rule applied at world_size: two of train_batch_size,
+    train_micro_batch_size_per_gpu and gradient_accumulation_steps give the third
+    (train_batch_size = micro x accumulation x world size); raises ConfigError when the
+    three do not agree."""
+    micro, total, gas = c.train_micro_batch_size_per_gpu, c.train_batch_size, c.gradient_accumulation_steps
+    if total is not None and micro is not None and not c.gradient_accumulation_given:
+        if total % (micro * world_size):
+            raise ConfigError([f"train_batch_size: got {total}; it must be a multiple of train_micro_batch_size_per_gpu "
+                               f"({micro}) x world size ({world_size}) = {micro * world_size} (the quotient is "
+                               "gradient_accumulation_steps)"])
+        gas = total // (micro * world_size)
+    elif total is not None and micro is None:
+        if total % (gas * world_size):
+            raise ConfigError([f"train_batch_size: got {total}; it must be a multiple of gradient_accumulation_steps "
+                               f"({gas}) x world size ({world_size}) = {gas * world_size} (the quotient is "
+                               "train_micro_batch_size_per_gpu)"])
+        micro = total // (gas * world_size)
+    if micro is not None and total is not None and total != micro * gas * world_size:
+        raise ConfigError([f"train_batch_size: got {total}; it must equal train_micro_batch_size_per_gpu "
+                           f"({micro}) x gradient_accumulation_steps ({gas}) x world size ({world_size}) = "
+                           f"{micro * gas * world_size}"])
+    total = micro * gas * world_size if micro is not None else None
+    return dataclasses.replace(c, train_micro_batch_size_per_gpu=micro, train_batch_size=total,
+                               gradient_accumulation_steps=gas, gradient_accumulation_given=True)
 
 
 def to_dict(c):

@@ -22,6 +22,7 @@ computes in FP32 like an FP32 module. The rule is zerort.precision's. Every buff
 the model's device: CPU (mpi or gloo communicators) or one CUDA device (nccl).
 """
 import contextlib
+import dataclasses
 import math
 import time
 import weakref
@@ -31,20 +32,26 @@ import torch
 from . import _C
 from . import comm as comm_mod
 from . import consistency, failfast, lifecycle, meta_init, nonfinite, phases, precision
-from .config import ConfigError, parse
-from . import stage3
+from .config import ConfigError, parse, resolve_batch
+from .optimizer import ZeroOptimizer
+from . import lr_schedules, progress, stage3
 
 _DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
 
-def initialize(model, config=None, comm=None, weights=None):
+def initialize(model, config=None, comm=None, weights=None, param_groups=None, lr_scheduler=None):
     """Wraps model (a torch.nn.Module with float32 parameters, the same on every rank; rank
     0's values win) for ZeRO training. config: a dict, a JSON path (our keys or DeepSpeed's
     schema) or a zerort.config.Config. comm: a zerort.comm.Communicator (default: created
     from config's comm.backend and comm.timeout_s). weights: for a model built on the meta
     device, its starting values instead of its modules' own initialization: a state dict, a
     .safetensors file, or a folder of safetensors files (HuggingFace's, with or without its
-    index JSON), read one unit at a time (zerort.meta_init).
+    index JSON), read one unit at a time (zerort.meta_init). param_groups: torch's param
+    groups (dicts with "params" and any of lr, betas, eps, weight_decay) or a list of
+    parameters; default one group of every trainable parameter (zerort.optimizer).
+    lr_scheduler: a schedule on engine.optimizer (a torch LRScheduler or one of
+    zerort.lr_schedules), or a function optimizer -> schedule; the engine steps it after
+    every applied update. Not with a config scheduler or lr_schedule.
 
     Memory: before the engine allocates anything this installs zerort's counting CPU
     allocator (zerort.phases), and notes what is allocated; engine.memory_report() then
@@ -52,7 +59,7 @@ def initialize(model, config=None, comm=None, weights=None):
     memory statistics) saw them."""
     config = parse(config)
     token = phases.EngineMemory.begin_initialize(model)
-    engine = Engine(model, config, comm, weights)
+    engine = Engine(model, config, comm, weights, param_groups, lr_scheduler)
     engine._memory = phases.EngineMemory.end_initialize(token, engine)
     return engine
 
@@ -74,7 +81,7 @@ def _model_device(model):
 
 
 class Engine:
-    def __init__(self, model, config, comm=None, weights=None):
+    def __init__(self, model, config, comm=None, weights=None, param_groups=None, lr_scheduler=None):
         c = config
         self.module = model
         self.config = c
@@ -94,6 +101,7 @@ class Engine:
                                f"communicator moves {self.comm.device} buffers; use 'nccl' (or 'auto') for CUDA "
                                "models, or zerort.comm.init(..., staged='cuda'), and 'mpi' or 'gloo' for CPU "
                                "models"])
+        c = self.config = resolve_batch(c, self.comm.size)  # DeepSpeed's batch rule, at this world size
         failfast.install(self.comm.rank, self.comm.size)  # an uncaught error ends every rank
         lifecycle.track_engine(self)  # closed at exit if still alive (its comm thread joined)
         consistency.check_model(self.comm, model)  # the same model on every rank, or an error
@@ -144,8 +152,11 @@ class Engine:
                       initial_scale_power=c.initial_scale_power if c.precision == "fp16" else 0,
                       window=c.loss_scale_window, hysteresis=c.hysteresis, min_scale=c.min_loss_scale,
                       consecutive_hysteresis=c.consecutive_hysteresis, clip=c.gradient_clipping,
-                      accumulation=c.gradient_accumulation_steps, lr_schedule=c.lr_schedule)
+                      static_scale=c.static_loss_scale if c.precision == "fp16" else 0.0,
+                      accumulation=c.gradient_accumulation_steps)
         units = stage3.UnitPlan(model, params, fp32_ids, c) if c.stage == 3 else None
+        if units:  # DeepSpeed's element counts become a number of units (zerort.stage3.prefetch_units)
+            c = self.config = dataclasses.replace(c, prefetch=units.prefetch)
         if materialize is not None:
             kwargs["materialize"] = lambda g, idx: materialize([self._groups[g][i] for i in idx])
         self._impl = _C.Engine(self._groups[0], self._groups[1], self.comm._c, units=units.specs if units else [],
@@ -156,23 +167,24 @@ class Engine:
             self._params = real(self._params)
             self._shapes = {id(p): self._shapes[id(q)] for p, q in zip(self._params, params)}
             self._names = {id(p): n for n, p in reversed(list(model.named_parameters()))}
+            self._replaced = materialize.replaced  # for param groups built from the meta parameters
         self._unit_plan = units
         self.unit_names = units.names if units else []  # stage 3: Engine unit i's module
-        self._units = stage3.UnitHooks(self, model, units, c.prefetch) if units else None
+        self._units = stage3.UnitHooks(self, model, units, units.prefetch) if units else None
         # Each gradient, once complete, lets its bucket go to the comm thread while backward
         # continues (at stage 3 it also lets a finished unit be released).
         ref = weakref.ref(self)  # the model's hooks must not keep the engine alive
         for g, group in enumerate(self._groups):
             for i, p in enumerate(group):
-                p.register_post_accumulate_grad_hook(lambda _p, g=g, i=i: alive(ref)._impl.grad_ready(g, i))
-        micro, total = c.train_micro_batch_size_per_gpu, c.train_batch_size
-        if micro is not None and total is not None and total != micro * c.gradient_accumulation_steps * self.world_size:
-            raise ConfigError([f"train_batch_size: got {total}; it must equal train_micro_batch_size_per_gpu "
-                               f"({micro}) x gradient_accumulation_steps ({c.gradient_accumulation_steps}) x "
-                               f"world size ({self.world_size}) = "
-                               f"{micro * c.gradient_accumulation_steps * self.world_size}"])
+                p.register_post_accumulate_grad_hook(lambda _p, g=g, i=i: alive(ref)._grad_ready(g, i))
         self.stats = {}
         self._nonfinite = nonfinite.Guard(self)  # names non-finite params; max_consecutive_skips
+        self.optimizer = ZeroOptimizer(self, param_groups)
+        self.lr_scheduler = _scheduler(c, self.optimizer, lr_scheduler)
+        self._no_sync = False
+        self._backward_since_step = False
+        self._step_applied = False
+        self._progress = progress.Progress(self)  # steps_per_print, wall_clock_breakdown
 
     # ---- training loop -------------------------------------------------------------
     def __call__(self, *args, **kwargs):
@@ -190,6 +202,7 @@ class Engine:
         Several backward() calls before one step() add up, as in PyTorch. Works under
         torch.no_grad() too."""
         self._check_requires_grad()
+        self._backward_since_step = True
         with self._phase("backward"):
             t0 = time.perf_counter()
             self._impl.begin_backward()  # a previous pass's reduces finish first
@@ -211,15 +224,116 @@ class Engine:
         and applies nothing. The same holds when the ranks issued different collectives since
         the previous step (the step's one decision collective compares them): the error names
         the first call that differs on each rank (comm.debug: true names it at the call)."""
+        if self._no_sync:
+            raise _C.UsageError("engine.step() inside engine.no_sync(): leave the no_sync() block first; the "
+                                "last backward() of the accumulation window runs outside it, then step()")
         self._check_requires_grad()
+        self._progress.before_step()
+        boundary = self.is_gradient_accumulation_boundary()
+        if boundary:  # the param groups' values (a scheduler may have changed them) go to the update
+            self.optimizer._in_step = True
+            try:
+                self.optimizer.step()
+            finally:
+                self.optimizer._in_step = False
         names = self._units.naming() if self._units else contextlib.nullcontext()
         with self._phase("step"), names:  # the step's decision names diverging units too
             s = self._nonfinite.step(self._impl.step)
+        self._backward_since_step = False
+        self._step_applied = s["boundary"] and not s["skipped"]
         if s["boundary"]:
             s["forward_ms"] = 1e3 * getattr(self, "_t_forward", 0.0)
             s["backward_ms"] = 1e3 * getattr(self, "_t_backward", 0.0)
             self.stats = s
+            if self._step_applied and self.lr_scheduler is not None:
+                self.lr_scheduler.step()  # as DeepSpeed: after every applied update, not a skipped one
+        self._progress.after_step(s, self)
         return s
+
+    def _grad_ready(self, g, i):
+        """A parameter's gradient is complete (its post-accumulate-grad hook): its bucket may
+        be reduced now, except inside no_sync(), where the gradients stay local."""
+        if not self._no_sync:
+            self._impl.grad_ready(g, i)
+
+    @contextlib.contextmanager
+    def no_sync(self):
+        """Inside, backward() accumulates gradients on this rank only; the backward() after
+        the block, then step(), reduces them all (DeepSpeed's and DDP's no_sync). Stages 0
+        and 1 only: at stages 2 and 3 each rank keeps only its gradient shard, so gradients
+        are reduced during every backward; use gradient_accumulation_steps there."""
+        if self.config.stage >= 2:
+            raise _C.UsageError(f"engine.no_sync(): not at ZeRO stage {self.config.stage}, which reduce-scatters "
+                                "gradients during every backward pass (each rank keeps only its shard); use "
+                                "gradient_accumulation_steps in the config, or stage 0 or 1")
+        if self._no_sync:
+            raise _C.UsageError("engine.no_sync(): already inside a no_sync() block")
+        self._no_sync = True
+        try:
+            yield
+        finally:
+            self._no_sync = False
+
+    def zero_grad(self, set_to_none=True):
+        """zerort zeroes the gradients itself after every step(), so this does nothing at
+        the start of a micro-step. After backward() and before step() it is an error:
+        gradients already sent to other ranks cannot be taken back."""
+        if self._backward_since_step or self._impl.micro_steps % self.config.gradient_accumulation_steps:
+            raise _C.UsageError("engine.zero_grad(): called after backward() and before the step() that ends the "
+                                "accumulation window; part of these gradients may already be reduced on other "
+                                "ranks. zerort zeroes gradients after every step(): call zero_grad() (if at all) "
+                                "right after step(), not between backward() and step()")
+
+    def train(self, mode=True):
+        """engine.module.train(mode); returns the engine."""
+        self.module.train(mode)
+        return self
+
+    def eval(self):
+        return self.train(False)
+
+    def is_gradient_accumulation_boundary(self):
+        """Whether the next step() ends the accumulation window (and updates)."""
+        return (self._impl.micro_steps + 1) % self.config.gradient_accumulation_steps == 0
+
+    def was_step_applied(self):
+        """Whether the last step() updated the parameters: False after a micro-step that only
+        accumulated, and after a step skipped for non-finite gradients."""
+        return self._step_applied
+
+    def get_lr(self):
+        """Each param group's learning rate for the next update."""
+        return [g["lr"] for g in self.optimizer.param_groups]
+
+    def get_global_grad_norm(self):
+        """The global L2 norm of the last update's averaged, unscaled gradient, before
+        clipping (None before the first one)."""
+        return self.stats.get("grad_norm")
+
+    def train_micro_batch_size_per_gpu(self):
+        return self.config.train_micro_batch_size_per_gpu
+
+    def gradient_accumulation_steps(self):
+        return self.config.gradient_accumulation_steps
+
+    def train_batch_size(self):
+        """Samples per update on all ranks: micro batch x accumulation x world size."""
+        micro = self.config.train_micro_batch_size_per_gpu
+        if micro is None:
+            raise ConfigError(["train_micro_batch_size_per_gpu: not set; zerort needs it (or train_batch_size) "
+                               "in the config to count samples"])
+        return micro * self.config.gradient_accumulation_steps * self.world_size
+
+    def __getattr__(self, name):
+        """Unknown public attributes are the module's (as DeepSpeed's engine forwards them)."""
+        module = self.__dict__.get("module")
+        if module is None or name.startswith("_"):
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+        try:
+            return getattr(module, name)
+        except AttributeError:
+            raise AttributeError(f"neither the zerort engine nor its module ({type(module).__name__}) has an "
+                                 f"attribute {name!r}") from None
 
     @contextlib.contextmanager
     def _phase(self, name):
@@ -268,15 +382,25 @@ class Engine:
     def skipped_steps(self):
         return self._impl.skipped_steps
 
+    @property
+    def global_steps(self):
+        """Accumulation boundaries passed, skipped ones included (DeepSpeed's name)."""
+        return self._impl.global_step
+
+    @property
+    def global_samples(self):
+        return self.global_steps * self.train_batch_size()
+
     def set_lr(self, lr):
-        """Sets the learning rate for the next steps. Not with a config lr_schedule, which
-        decides the lr at every step."""
+        """Sets every param group's learning rate for the next steps. Not with a config
+        lr_schedule, which decides the lr at every step."""
         if self.config.lr_schedule is not None:
             raise RuntimeError("set_lr: this engine has an lr_schedule in its config, which sets the "
                                "lr every step; remove lr_schedule to set the lr by hand")
         if not (isinstance(lr, (int, float)) and math.isfinite(lr) and lr >= 0):
             raise ValueError(f"set_lr: lr must be a finite number >= 0, got {lr!r}")
-        self._impl.set_lr(float(lr))
+        for g in self.optimizer.param_groups:
+            g["lr"] = float(lr)
 
     def _close(self):
         """Drops the C++ engine (or the stage-3 one) now, whatever else refers to this object:
@@ -346,6 +470,18 @@ class Engine:
                 yield
         else:
             yield
+
+
+def _scheduler(config, optimizer, given):
+    """The engine's lr schedule: the config's scheduler section, or the one given (a
+    schedule, or a function optimizer -> schedule), or None."""
+    if given is not None and (config.scheduler is not None or config.lr_schedule is not None):
+        key = "scheduler" if config.scheduler is not None else "lr_schedule"
+        raise ConfigError([f"{key}: the config has one and initialize() was given lr_scheduler= too; keep one of "
+                           "them"])
+    if given is not None:
+        return given(optimizer) if callable(given) and not hasattr(given, "step") else given
+    return lr_schedules.build(config.scheduler, optimizer)
 
 
 def alive(ref):

@@ -62,6 +62,22 @@ class UnitPlan:
         if persistent:
             self.specs.append((persistent, True))
             self.names.append("persistent")
+        group = [p for p in params if id(p) not in fp32_ids]
+        self.numels = [sum(group[i].numel() for i in ps) for ps, persistent in self.specs if not persistent]
+        self.prefetch = prefetch_units(self.numels, config)
+
+
+def prefetch_units(numels, config):
+    """Units gathered ahead: config.prefetch, or from DeepSpeed's element counts: as many
+    units (of the mean size) as fit in stage3_prefetch_bucket_size, and no more than
+    stage3_max_live_parameters leaves room for beside the largest unit running."""
+    if not numels or config.prefetch_numel is None and config.max_live_numel is None:
+        return config.prefetch
+    mean, largest = sum(numels) / len(numels), max(numels)
+    ahead = config.prefetch if config.prefetch_numel is None else int(config.prefetch_numel // max(mean, 1))
+    if config.max_live_numel is not None:
+        ahead = min(ahead, max(0, config.max_live_numel // max(largest, 1) - 1))
+    return ahead
 
 
 class UnitHooks:

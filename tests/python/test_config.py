@@ -47,13 +47,14 @@ def test_each_bad_key_is_named_with_value_and_allowed():
 
 def test_deepspeed_bad_keys():
     text = "\n".join(problems({"bf16": {"enabled": True}, "fp16": {"enabled": True},
-                               "zero_optimization": {"stage": 5, "offload_optimizer": {}},
-                               "optimizer": {"type": "Lamb"}, "scheduler": {}}))
+                               "zero_optimization": {"stage": 5, "offload_optimizer": {"device": "cpu"}},
+                               "optimizer": {"type": "Lamb"}, "scheduler": {"type": "Noam"}}))
     assert "bf16.enabled and fp16.enabled: both true" in text
     assert "zero_optimization.stage: got 5" in text
-    assert "zero_optimization.offload_optimizer: unknown or unsupported key" in text
+    assert ("zero_optimization.offload_optimizer: got {'device': 'cpu'}; zerort does not support optimizer offload "
+            "to CPU or NVMe: remove the key or set it to {\"device\": \"none\"}") in text
     assert "optimizer.type: got 'Lamb'" in text
-    assert "scheduler: unknown or unsupported DeepSpeed key" in text
+    assert "scheduler.type: got 'Noam'; allowed: 'WarmupLR' | " in text
 
 
 def test_bad_files(tmp_path):
@@ -66,10 +67,11 @@ def test_bad_files(tmp_path):
 def test_fp32_modules_adds_and_removes_in_both_spellings():
     assert parse({}).fp32_modules == ()  # the norm rule alone (zerort.precision)
     change = ["MoEGate", "-BatchNorm2d"]
+    change_t = tuple(change)
     assert parse({"fp32_modules": change}).fp32_modules == ("MoEGate", "-BatchNorm2d")
-    assert parse({"bf16": {"enabled": True}, "fp32_modules": change}).fp32_modules == ("MoEGate", "-BatchNorm2d")
-    (line,) = problems({"zero_optimization": {"stage": 2}, "fp32_modules": ["LayerNorm", "-LayerNorm"]})
-    assert line == ("fp32_modules: got ['LayerNorm', '-LayerNorm']; allowed: each class added or removed, not both: "
+    assert parse({"bf16": {"enabled": True}, "zerort": {"fp32_modules": change}}).fp32_modules == change_t
+    (line,) = problems({"zero_optimization": {"stage": 2}, "zerort": {"fp32_modules": ["LayerNorm", "-LayerNorm"]}})
+    assert line == ("zerort.fp32_modules: got ['LayerNorm', '-LayerNorm']; allowed: each class added or removed, not both: "
                     "LayerNorm")
     (line,) = problems({"fp32_modules": ["torch.nn.LayerNorm"]})
     assert line.startswith("fp32_modules: got ['torch.nn.LayerNorm']; allowed: a list of module class names")

@@ -46,7 +46,14 @@ OURS = {
     "loss_scale": ({}, SECTION_BAD),
     "stage3": ({}, SECTION_BAD),
     "comm": ({}, SECTION_BAD),
+    "loss_scale.static": (128.0, [-1, NAN, "1"]),
+    "steps_per_print": (10, [0, 1.5, "10", True]),
+    "wall_clock_breakdown": (True, [1, "yes"]),
+    "dataloader_drop_last": (True, [1]),
+    "scheduler": ({}, SECTION_BAD),
 }
+RUNTIME = ("stage3", "stage3.prefetch", "stage3.persistence_threshold", "stage3.unit_modules", "comm", "comm.backend",
+           "comm.timeout_s", "comm.debug", "fp32_modules", "max_consecutive_skips", "lr_schedule")
 
 DEEPSPEED = {
     "train_batch_size": (8, [0, 8.5, "8", True]),
@@ -63,7 +70,7 @@ DEEPSPEED = {
     "fp16.min_loss_scale": (1, [0, INF]),
     "fp16.consecutive_hysteresis": (False, ["no"]),
     "optimizer": ({}, SECTION_BAD),
-    "optimizer.type": ("AdamW", ["Lamb", "Adam", 1]),
+    "optimizer.type": ("AdamW", ["Lamb", 1]),
     "optimizer.params": ({}, SECTION_BAD),
     "optimizer.params.lr": (1e-4, [-1, NAN]),
     "optimizer.params.betas": ([0.9, 0.95], [[1.5, 0.9]]),
@@ -71,9 +78,23 @@ DEEPSPEED = {
     "optimizer.params.weight_decay": (0.0, [INF]),
     "gradient_clipping": (1.0, [-0.5]),
     "gradient_accumulation_steps": (1, [0, True]),
-    "reduce_bucket_numel": (64, [0]),
     "train_micro_batch_size_per_gpu": (1, [0]),
-    "fp32_modules": (["-LayerNorm"], [["X", "-X"], "X"]),
+    "zero_optimization.allgather_bucket_size": (5e8, [0, "5e8"]),
+    "zero_optimization.stage3_prefetch_bucket_size": (5e7, [-1, "x"]),
+    "zero_optimization.stage3_param_persistence_threshold": (1e5, [-1]),
+    "zero_optimization.stage3_max_live_parameters": (1e9, [0]),
+    "fp16.loss_scale": (0, [-1, "0"]),
+    "optimizer.params.adam_w_mode": (True, [1]),
+    "optimizer.params.torch_adam": (False, ["no"]),
+    "communication_data_type": ("fp32", ["bf16", "int8"]),
+    "data_types": ({}, SECTION_BAD),
+    "data_types.grad_accum_dtype": ("fp32", ["bf16"]),
+    "steps_per_print": (10, [0]),
+    "wall_clock_breakdown": (False, [1]),
+    "dataloader_drop_last": (False, [1]),
+    "scheduler": ({}, SECTION_BAD),
+    "zerort": ({}, SECTION_BAD),
+    **{f"zerort.{k}": OURS[k] for k in RUNTIME},
 }
 
 

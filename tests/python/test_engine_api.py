@@ -82,7 +82,7 @@ def test_set_lr_checks_and_schedule_errors_leave_state_clean():
     with pytest.raises(RuntimeError, match="set_lr: this engine has an lr_schedule"):
         e.set_lr(1e-3)
     e.backward(nn.functional.mse_loss(e(x).float(), y))
-    with pytest.raises(zerort.Error, match="the learning rate for step 2 is nan"):
+    with pytest.raises(ValueError, match=r"param_groups\[0\]\['lr'\] = nan \(from the config's lr_schedule\)"):
         e.step()
 
 

@@ -1,0 +1,49 @@
+"""What DeepSpeed prints during training, on rank 0: config steps_per_print and
+wall_clock_breakdown.
+
+    [Rank 0] step=10, skipped=0, lr=[0.0003, 0.0003], mom=[(0.9, 0.999), (0.9, 0.999)]
+    time (ms) | fwd_microstep: 3.10 | bwd_microstep: 7.92 | bwd_inner_microstep: 6.01 | bwd_allreduce_microstep: 1.91 | step_microstep: 2.40
+    time (ms) | fwd: 6.20 | bwd: 15.84 | bwd_inner: 12.02 | bwd_allreduce: 3.82 | step: 2.40
+
+The progress line comes every steps_per_print updates (skipped ones included), as
+DeepSpeed's _report_progress. With wall_clock_breakdown, a micro line follows every
+step() and a window line (the sums over the accumulation window) every update. zerort's
+timings: fwd is engine(...), bwd_inner the autograd pass in engine.backward(),
+bwd_allreduce the wait in step() for the gradient reduces that backward started on the
+comm thread, step the rest of step() (the decision, AdamW and the parameter gathers), and
+bwd is bwd_inner + bwd_allreduce.
+"""
+import time
+
+MICRO = ("fwd", "bwd", "bwd_inner", "bwd_allreduce", "step")
+
+
+class Progress:
+    def __init__(self, engine):  # keeps no reference to the engine, which owns it
+        self.every = engine.config.steps_per_print
+        self.clock = engine.config.wall_clock_breakdown
+        self.rank = engine.rank
+        self.window = dict.fromkeys(MICRO, 0.0)
+        self.step_started = None
+
+    def before_step(self):
+        self.step_started = time.perf_counter()
+
+    def after_step(self, s, engine):
+        if self.rank != 0:
+            return
+        if self.clock:
+            wall = 1e3 * (time.perf_counter() - self.step_started)
+            inner, reduce = 1e3 * getattr(engine, '_t_backward', 0.0), s.get("reduce_ms", 0.0)
+            micro = {"fwd": 1e3 * getattr(engine, '_t_forward', 0.0), "bwd": inner + reduce, "bwd_inner": inner,
+                     "bwd_allreduce": reduce, "step": max(0.0, wall - reduce)}
+            print("time (ms) | " + " | ".join(f"{k}_microstep: {micro[k]:.2f}" for k in MICRO), flush=True)
+            for k in MICRO:
+                self.window[k] += micro[k]
+            if s["boundary"]:
+                print("time (ms) | " + " | ".join(f"{k}: {self.window[k]:.2f}" for k in MICRO), flush=True)
+                self.window = dict.fromkeys(MICRO, 0.0)
+        if s["boundary"] and self.every and engine.global_steps % self.every == 0:
+            moms = [tuple(g["betas"]) for g in engine.optimizer.param_groups]
+            print(f"[Rank 0] step={engine.global_steps}, skipped={engine.skipped_steps}, lr={engine.get_lr()}, "
+                  f"mom={moms}", flush=True)
