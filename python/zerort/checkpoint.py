@@ -46,6 +46,7 @@ import torch
 from .checkpoint_meta import (FORMAT, SAVE_ID_DIGITS, STATE_TENSORS, CheckpointError,  # noqa: F401
                               check_shard_contents, check_shard_payload, check_tag, file_kind, meta_digest,
                               open_regular, read_meta)
+from . import checkpoint_state
 from .consistency import _ranks, gather_if_different
 
 LOCK_NAME = ".zerort-save.lock"  # hidden: no tag can take the name
@@ -364,10 +365,12 @@ def _gather_digests(comm, digest):
     return [bytes(raw[r].tolist()).hex() for r in range(comm.size)]
 
 
-def save(engine, directory, tag=None):
+def save(engine, directory, tag=None, client_state=None, save_latest=True):
     """Writes into a fresh directory `.{tag}.{save id}`; once complete, the name `tag` (a
-    symlink) is switched to it atomically and `latest` updated. A crash at any point leaves
-    `tag` and `latest` on the previous complete checkpoint. See the module docstring."""
+    symlink) is switched to it atomically and `latest` updated (unless save_latest is
+    false). A crash at any point leaves `tag` and `latest` on the previous complete
+    checkpoint. client_state and the lr schedule's state go with it
+    (zerort.checkpoint_state). See the module docstring."""
     from .config import to_dict
 
     comm, rank = engine.comm, engine.rank
@@ -375,8 +378,15 @@ def save(engine, directory, tag=None):
     steps = _Steps(comm, f"save_checkpoint({directory!r}, tag={str(tag)[:100]!r})")
     lock, created, committed = [], [], [False]  # this rank's files, for the cleanup of a failed save
     work = None
+    state_body = []  # rank 0: engine_state.pt's bytes
+
+    def check():
+        _prepare(directory, tag, rank, lock)
+        if rank == 0:  # a client_state that cannot be saved fails here, on every rank
+            state_body.append(checkpoint_state.encode(client_state, engine.lr_scheduler))
+
     try:
-        steps.run("checking the tag and the directory", lambda: _prepare(directory, tag, rank, lock))
+        steps.run("checking the tag, the directory and client_state", check)
         texts = gather_if_different(comm, repr(tag).encode())  # every rank saves the same tag
         if texts is not None:
             raise CheckpointError(f"{steps.what} on rank {rank} of {comm.size}: the ranks passed different tags: "
@@ -393,6 +403,9 @@ def save(engine, directory, tag=None):
             tensors = {k: _flat(v).clone() for k, v in _optimizer_tensors(engine).items()}
             if rank == 0:
                 extras.update(_extras(engine))
+                path = os.path.join(work, checkpoint_state.FILE)
+                _atomic_write(path, lambda f: f.write(state_body[0]), len(state_body[0]) + 4096, save_id)
+                created.append(path)
             tensors.update({f"extra::{k}": v for k, v in extras.items()})
             path = os.path.join(work, f"shard_{rank:05d}.pt")
             digest = write_shard(path, tensors, {"rank": rank, "world_size": engine.world_size,
@@ -410,7 +423,8 @@ def save(engine, directory, tag=None):
                     "stage": engine.config.stage, "precision": engine.config.precision,
                     "config": to_dict(engine.config), "params": param_layout(engine),
                     "aliases": _aliases(engine), "extras": sorted(extras), "save_id": save_id,
-                    "shards": [f"shard_{r:05d}.pt" for r in range(engine.world_size)], "shard_sha256": digests}
+                    "shards": [f"shard_{r:05d}.pt" for r in range(engine.world_size)], "shard_sha256": digests,
+                    **checkpoint_state.meta_entries(engine, state_body[0])}
             meta["sha256"] = meta_digest(meta)
             body = json.dumps(meta, indent=1).encode()
             path = os.path.join(work, "meta.json")
@@ -427,16 +441,18 @@ def save(engine, directory, tag=None):
             created.append(tmp_link)
             latest = os.path.join(directory, "latest")
             latest_tmp = os.path.join(directory, f".latest.{save_id}")
-            write_new_file(latest_tmp, lambda f: f.write(tag.encode()), len(tag.encode()), shown=latest)
-            created.append(latest_tmp)
+            if save_latest:
+                write_new_file(latest_tmp, lambda f: f.write(tag.encode()), len(tag.encode()), shown=latest)
+                created.append(latest_tmp)
             try:
                 os.replace(tmp_link, link)  # atomic: `tag` now names the new, complete checkpoint
             except OSError as e:
                 raise CheckpointError(f"cannot replace {link}: {e.strerror}") from None
             committed[0] = True
             created.remove(tmp_link)
-            os.replace(latest_tmp, latest)
-            created.remove(latest_tmp)
+            if save_latest:
+                os.replace(latest_tmp, latest)
+                created.remove(latest_tmp)
             _fsync_dir(directory)
             earlier = old and _earlier_folder(directory, tag, old, os.path.basename(work))
             if earlier:
@@ -604,25 +620,51 @@ def _check_model(engine, directory, tag, meta, mine, reader):
     _check_extras(engine, meta, reader.shard(0)[0])
 
 
-def load(engine, directory, tag=None):
-    """Loads a checkpoint on every rank (a collective), or raises on every rank. See the
-    module docstring."""
+def load(engine, directory, tag=None, load_optimizer_states=True, load_lr_scheduler_states=True,
+         load_module_only=False):
+    """Loads a checkpoint on every rank (a collective), or raises on every rank; returns
+    (path, client_state). With tag None and no `latest` in directory on every rank, loads
+    nothing and returns (None, None), as DeepSpeed does. load_optimizer_states=False keeps
+    this engine's Adam moments, step count, loss scale and param groups (the weights and
+    the step counters load); load_module_only=True loads the weights and buffers alone.
+    See the module docstring."""
     comm = engine.comm
+    if tag is None:
+        absent = not os.path.lexists(os.path.join(directory, "latest"))
+        votes = comm.all_gather(torch.tensor([int(absent)]), torch.empty(comm.size, dtype=torch.int64)).tolist()
+        if all(votes):
+            if comm.rank == 0:
+                print(f"zerort: load_checkpoint({directory!r}): no 'latest' file there, nothing loaded", flush=True)
+            return None, None
+    what = "module" if load_module_only else "all" if load_optimizer_states else "weights"
     steps = _Steps(comm, f"load_checkpoint({directory!r})")
     tag, meta = steps.run("reading the checkpoint's meta.json", lambda: read_meta(directory, tag))
     _same_checkpoint(comm, directory, tag, meta)
     mine = param_layout(engine)
     reader = ShardReader(directory, tag, meta)
-    steps.run("checking the shards", lambda: _check_model(engine, directory, tag, meta, mine, reader))
-    steps.run("restoring the state", lambda: _restore(engine, meta, mine, reader))
-    return tag
+    folder = os.path.join(directory, tag)
+    state = []
+
+    def check():
+        _check_model(engine, directory, tag, meta, mine, reader)
+        state.extend(checkpoint_state.read(folder, meta))
+
+    steps.run("checking the shards", check)
+    client_state, scheduler_state = state
+    steps.run("restoring the state", lambda: _restore(engine, meta, mine, reader, what))
+    if what != "module":
+        scheduler = "all" if what == "all" else "scheduler"
+        checkpoint_state.restore(engine, meta, scheduler_state if load_lr_scheduler_states else None, scheduler)
+    return folder, client_state
 
 
-def _restore(engine, meta, mine, reader):
+def _restore(engine, meta, mine, reader, what="all"):
+    """what: "all"; "weights" (the master and the counters, not Adam's moments, step
+    count or loss scale); "module" (the master alone)."""
     targets = {k: _flat(v) if not isinstance(v, list) else v for k, v in _optimizer_tensors(engine).items()}
     rank, stage0 = engine.rank, engine.config.stage == 0
     with torch.no_grad():
-        for key in STATE_TENSORS:
+        for key in STATE_TENSORS if what == "all" else ("master",):
             dest = targets[key]
             views = dest if isinstance(dest, list) else [dest]
             flat = torch.cat([v.reshape(-1) for v in views]) if len(views) > 1 else views[0].reshape(-1)
@@ -637,5 +679,10 @@ def _restore(engine, meta, mine, reader):
                     v.reshape(-1).copy_(flat[off:off + v.numel()])
                     off += v.numel()
     _restore_extras(engine, meta, reader.shard(0)[0])
-    engine._impl.load_state(reader.shard(0)[1]["state"])
+    if what != "module":
+        saved = dict(reader.shard(0)[1]["state"])
+        if what == "weights":  # this engine's optimizer counters and loss scale stay
+            now = engine._impl.state()
+            saved.update({k: v for k, v in now.items() if k not in ("global_step", "skipped_steps", "micro_steps")})
+        engine._impl.load_state(saved)
     engine._impl.refresh_params()

@@ -293,6 +293,9 @@ def validate_meta(meta, path):
             f.fail(f"extras[{i}]", name, "a name that is not also a parameter or an alias")
     if len(set(extras)) != len(extras):
         f.fail("extras", extras, "distinct names")
+    from .checkpoint_state import validate  # the param groups and engine_state.pt
+
+    validate(f, meta)
     return meta
 
 

@@ -383,6 +383,15 @@ class Engine:
         return self._impl.skipped_steps
 
     @property
+    def global_rank(self):
+        return self.comm.rank
+
+    @property
+    def local_rank(self):
+        """This rank's index on its host (the launcher's LOCAL_RANK and the like)."""
+        return comm_mod.detect_launch_env()["local_rank"]
+
+    @property
     def global_steps(self):
         """Accumulation boundaries passed, skipped ones included (DeepSpeed's name)."""
         return self._impl.global_step
@@ -438,19 +447,49 @@ class Engine:
         """The dtype p computes in: float32 for FP32 modules, else the compute dtype."""
         return torch.float32 if any(p is q for q in self._groups[1]) else self.dtype
 
-    def save_checkpoint(self, directory, tag=None):
-        """Every rank writes its shard; rank 0 the metadata and then `latest` (a collective).
-        Returns the checkpoint's path. See zerort.checkpoint."""
+    def save_checkpoint(self, save_dir, tag=None, client_state=None, save_latest=True):
+        """Every rank writes its shard; rank 0 the metadata, the param groups, the lr
+        schedule's state and client_state (tensors, numbers, strings and containers of
+        them), then `latest` unless save_latest is false (a collective). Returns the
+        checkpoint's path. See zerort.checkpoint."""
         from . import checkpoint
 
-        return checkpoint.save(self, directory, tag)
+        return checkpoint.save(self, save_dir, tag, client_state, save_latest)
 
-    def load_checkpoint(self, directory, tag=None):
+    def load_checkpoint(self, load_dir, tag=None, load_optimizer_states=True, load_lr_scheduler_states=True,
+                        load_module_only=False):
         """Loads `tag` (default: the one in `latest`), saved at any world size and stage
-        for this same model (a collective). Returns the tag."""
+        for this same model (a collective). Returns (path, client_state), or (None, None)
+        when load_dir has no `latest` (nothing loaded), as DeepSpeed does."""
         from . import checkpoint
 
-        return checkpoint.load(self, directory, tag)
+        return checkpoint.load(self, load_dir, tag, load_optimizer_states, load_lr_scheduler_states,
+                               load_module_only)
+
+    def save_16bit_model(self, save_dir, save_filename="pytorch_model.bin", exclude_frozen_parameters=False):
+        """Rank 0 writes the whole model's state_dict, parameters in the compute dtype
+        (bf16/fp16; FP32 modules' stay FP32) and buffers as the module holds them, to
+        save_dir/save_filename with torch.save (a .safetensors name: safetensors). At
+        stage 3 every rank takes part in the gather. Returns True."""
+        import os
+
+        state = self.full_state_dict()
+        if exclude_frozen_parameters:
+            frozen = {n for n, p in self.module.named_parameters() if not p.requires_grad}
+            state = {k: v for k, v in state.items() if k not in frozen}
+        if self.rank == 0:
+            os.makedirs(save_dir, exist_ok=True)
+            path = os.path.join(save_dir, save_filename)
+            tmp = f"{path}.tmp{os.getpid()}"
+            if save_filename.endswith(".safetensors"):
+                from safetensors.torch import save_file
+
+                save_file({k: v.contiguous() for k, v in state.items()}, tmp)
+            else:
+                torch.save(state, tmp)
+            os.replace(tmp, path)
+        self.comm.barrier()
+        return True
 
     def memory_report(self):
         """What this run allocated on every rank, beside our exact estimate

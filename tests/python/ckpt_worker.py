@@ -105,7 +105,7 @@ def safety(engine, name, base):
         comm.barrier()
 
     def loaded(directory, tag=None):
-        return [engine.load_checkpoint(directory, tag), engine.global_step]
+        return [os.path.basename(engine.load_checkpoint(directory, tag)[0]), engine.global_step]
 
     def state():
         return [engine.global_step, float(ck._flat(ck._optimizer_tensors(engine)["master"]).double().sum())]

@@ -212,7 +212,7 @@ def kill(stage, directory, timeout, victim=1):
 
 def verify(stage, directory):
     engine = zerort.initialize(Net(), config(stage, "fp16"))
-    tag = engine.load_checkpoint(os.path.join(directory, "ckpt"))
+    tag = os.path.basename(engine.load_checkpoint(os.path.join(directory, "ckpt"))[0])
     ref = torch.load(os.path.join(directory, f"ref_{tag}.pt"))
     got = engine.full_state_dict(master=True)
     same = got.keys() == ref["master"].keys() and all(torch.equal(got[k], ref["master"][k]) for k in got)

@@ -90,7 +90,7 @@ def _load(d):
 
     e = zerort.initialize(make_model("transformer"), dict(CONFIG, stage=2, precision="fp16"),
                           comm=zerort.comm.init("inprocess"))
-    e.load_checkpoint(str(d))
+    return e.load_checkpoint(str(d))
 
 
 def test_bad_checkpoints_name_the_file(saved_w4, tmp_path):
@@ -118,8 +118,9 @@ def test_bad_checkpoints_name_the_file(saved_w4, tmp_path):
     with pytest.raises(CheckpointError, match="checksum mismatch in .*shard_00003.pt"):
         _load(d)
 
+    assert _load(tmp_path) == (None, None)  # no `latest` here: nothing loaded, as DeepSpeed (rank 0 says so)
     with pytest.raises(CheckpointError, match="not a zerort checkpoint directory"):
-        _load(tmp_path)  # no `latest` here
+        zerort.checkpoint_meta.read_meta(str(tmp_path))
     from engine_models import CONFIG, make_model
 
     e = zerort.initialize(make_model("mlp"), dict(CONFIG, stage=2, precision="fp16"), comm=zerort.comm.init("inprocess"))
@@ -166,7 +167,7 @@ def test_sigkill_during_save_keeps_the_previous_checkpoint(tmp_path, tag2):
     from engine_models import CONFIG, make_model
 
     e = zerort.initialize(make_model("mlp"), dict(CONFIG, stage=2, precision="fp16"), comm=zerort.comm.init("inprocess"))
-    assert e.load_checkpoint(d) == "good"
+    assert e.load_checkpoint(d) == (os.path.join(d, "good"), {})
     assert equal(e.full_state_dict(master=True), torch.load(os.path.join(d, "good_master.pt")))
 
 

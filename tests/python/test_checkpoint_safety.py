@@ -342,7 +342,7 @@ def test_two_jobs_saving_one_tag_race_cleanly(tmp_path):
     from engine_models import CONFIG, make_model
 
     e = zerort.initialize(make_model("mlp"), dict(CONFIG, stage=2, precision="fp16"), comm=zerort.comm.init("inprocess"))
-    assert e.load_checkpoint(str(d)) == "shared"
+    assert e.load_checkpoint(str(d)) == (os.path.join(str(d), "shared"), {})
     assert tree_digest(tmp_path / "outside") == before
 
 
