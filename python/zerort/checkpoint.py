@@ -647,6 +647,10 @@ def load(engine, directory, tag=None, load_optimizer_states=True, load_lr_schedu
 
     def check():
         _check_model(engine, directory, tag, meta, mine, reader)
+        if what != "module":
+            _window(engine, meta, dict(reader.shard(0)[1]["state"]))  # raises before anything loads
+        if what == "all":
+            checkpoint_state.check(engine, meta)
         state.extend(checkpoint_state.read(folder, meta))
 
     steps.run("checking the shards", check)
@@ -656,6 +660,20 @@ def load(engine, directory, tag=None, load_optimizer_states=True, load_lr_schedu
         scheduler = "all" if what == "all" else "scheduler"
         checkpoint_state.restore(engine, meta, scheduler_state if load_lr_scheduler_states else None, scheduler)
     return folder, client_state
+
+
+def _window(engine, meta, saved):
+    """The saved counters with micro_steps in this engine's accumulation window: a
+    checkpoint saved at a boundary resumes at a boundary whatever gradient_accumulation_steps
+    the two runs use (the world size may change it)."""
+    gas, saved_gas = engine.config.gradient_accumulation_steps, meta["config"].get("gradient_accumulation_steps", 1)
+    inside = saved["micro_steps"] - saved["global_step"] * saved_gas
+    if inside and gas != saved_gas:
+        raise CheckpointError(f"the checkpoint was saved {inside} micro-steps into an accumulation window of "
+                              f"{saved_gas}, and this engine accumulates {gas}; load it with "
+                              f"gradient_accumulation_steps {saved_gas}, or save at an accumulation boundary")
+    saved["micro_steps"] = saved["global_step"] * gas + inside
+    return saved
 
 
 def _restore(engine, meta, mine, reader, what="all"):
@@ -680,7 +698,7 @@ def _restore(engine, meta, mine, reader, what="all"):
                     off += v.numel()
     _restore_extras(engine, meta, reader.shard(0)[0])
     if what != "module":
-        saved = dict(reader.shard(0)[1]["state"])
+        saved = _window(engine, meta, dict(reader.shard(0)[1]["state"]))
         if what == "weights":  # this engine's optimizer counters and loss scale stay
             now = engine._impl.state()
             saved.update({k: v for k, v in now.items() if k not in ("global_step", "skipped_steps", "micro_steps")})

@@ -55,6 +55,14 @@ def read(folder, meta):
     return state["client_state"], state["lr_scheduler"]
 
 
+def check(engine, meta):
+    """Before anything loads: the saved param groups hold this engine's parameters."""
+    saved = meta.get("optimizer")
+    if saved is not None:
+        restore_groups(engine, [dict(g) for g in engine.optimizer.param_groups], saved["param_groups"],
+                       "load_checkpoint")
+
+
 def restore(engine, meta, scheduler_state, what):
     """The param groups (what: "all") and the schedule (what: "all" or "scheduler")."""
     saved = meta.get("optimizer")

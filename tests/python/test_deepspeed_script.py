@@ -66,6 +66,26 @@ def reference():
     return {k: v.detach() for k, v in model.state_dict().items()}, lrs, norms
 
 
+def resume_at_world_one(work, saved_stage, stage, shares):
+    """The W = 2 checkpoint loaded by one process at another stage, trained to the end on
+    the same micro-batches (both ranks' shares, 4 per update)."""
+    model, data = ds_script.model_and_data()
+    cfg = dict(ds_script.config(stage), gradient_accumulation_steps=4, zerort={"comm": {"backend": "inprocess"}})
+    engine = zerort.initialize(model, cfg, param_groups=ds_script.param_groups(model, 0.1))
+    engine.load_checkpoint(os.path.join(work, f"stage{saved_stage}"))
+    assert engine.global_steps == ds_script.SAVE_AT
+    assert [g["weight_decay"] for g in engine.optimizer.param_groups] == [0.1, 0.0]
+    lrs = []
+    for n in range(ds_script.SAVE_AT + 1, UPDATES + 1):
+        lrs.append(engine.get_lr())
+        for r in range(W):
+            for m in (2 * n - 2, 2 * n - 1):
+                ids = data.tensors[0][shares[r][2 * m:2 * m + 2]]
+                engine.backward(engine(ids, labels=ids).loss)
+                engine.step()
+    return lrs, engine.full_state_dict(master=True)
+
+
 def launch(launcher, tmp_path):
     out, work = str(tmp_path / "out"), str(tmp_path / "work")
     env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", OMP_NUM_THREADS="1")
@@ -77,7 +97,7 @@ def launch(launcher, tmp_path):
     p = subprocess.run(cmd + [script, out, work, ",".join(map(str, STAGES))], env=env, capture_output=True,
                        text=True, timeout=400)
     assert p.returncode == 0, (p.stdout + p.stderr)[-6000:]
-    return p.stdout, {s: torch.load(f"{out}.stage{s}.pt") for s in STAGES}
+    return p.stdout, {s: torch.load(f"{out}.stage{s}.pt") for s in STAGES}, work
 
 
 @pytest.fixture(scope="module")
@@ -89,7 +109,7 @@ def expected():
 def test_the_deepspeed_script_matches_plain_torch(launcher, expected, tmp_path):
     if launcher == "mpirun" and not zerort._C.with_mpi:
         pytest.skip("this build has no MPI; the mpirun case needs it")
-    stdout, runs = launch(launcher, tmp_path)
+    stdout, runs, work = launch(launcher, tmp_path)
     ref, ref_lrs, ref_norms = expected
     groups = ds_script.param_groups(ds_script.model_and_data()[0], 0.1)
     for stage, run in runs.items():
@@ -114,6 +134,14 @@ def test_the_deepspeed_script_matches_plain_torch(launcher, expected, tmp_path):
             assert torch.equal(run["resumed_master"][k], run["master"][k]), (where, k)
         saved = run["saved16"]  # fp32 compute: the working copy is the master
         assert all(torch.equal(saved[k], run["master"][k]) for k in ref), where
+        # Resharded: the W = 2 checkpoint at W = 1 and another stage, to the same weights.
+        model, data = ds_script.model_and_data()
+        shares = [list(torch.utils.data.distributed.DistributedSampler(data, num_replicas=W, rank=r))
+                  for r in range(W)]
+        lrs, master = resume_at_world_one(work, stage, STAGES[stage % len(STAGES)], shares)
+        assert lrs == run["lrs"][ds_script.SAVE_AT:], where
+        worst = max((master[k] - run["master"][k]).abs().max().item() for k in ref if not k.endswith("c_attn.bias"))
+        assert worst < BOUND, (where, worst)
     # steps_per_print 2: DeepSpeed's progress line on rank 0, every second update.
     lines = [ln for ln in stdout.splitlines() if ln.startswith("[Rank 0] step=")]
     assert lines[0].startswith("[Rank 0] step=2, skipped=0, lr=[") and "mom=[(0.9, 0.95), (0.9, 0.95)]" in lines[0]
