@@ -455,8 +455,14 @@ def parse(config):
     deep = _depth_problem(config, "config")
     if deep:
         raise ConfigError([deep])
-    cfg = _without_auto(config, "", problems.lines)
-    c, scale_keys, precision_key = _parser(cfg)(cfg, problems)
+    cfg = dict(config)
+    parser = _parser(cfg)
+    if parser is not _parse_ours:  # DeepSpeed's form; its "zerort" section is ours ("auto" is a comm.backend)
+        has_ours, ours = "zerort" in cfg, cfg.pop("zerort", None)
+        cfg = _without_auto(cfg, "", problems.lines)
+        if has_ours:
+            cfg["zerort"] = ours
+    c, scale_keys, precision_key = parser(cfg, problems)
     _cross_key_rules(c, problems, scale_keys, precision_key)
     lines = problems.finish()
     if lines:
@@ -491,8 +497,9 @@ def _parser(cfg):
 
 
 def _without_auto(d, prefix, lines, path_ids=()):
-    """A copy of d without its "auto" values, each a problem: only HuggingFace's Trainer
-    integration fills them in. A section that contains itself is kept as it is."""
+    """A copy of DeepSpeed config d without its "auto" values, each a problem: only
+    HuggingFace's Trainer integration fills them in. A section that contains itself is
+    kept as it is."""
     path_ids = path_ids + (id(d),)
     out = {}
     for k, v in d.items():

@@ -158,10 +158,12 @@ KEYS = [
     b("zero_optimization.reduce_bucket_size", "reduce_bucket_numel: elements per gradient bucket"),
     b("zero_optimization.allgather_bucket_size", "reduce_bucket_numel when reduce_bucket_size is not given: "
       "zerort's buckets serve the reduce and the gather"),
-    b("zero_optimization.stage3_prefetch_bucket_size", "stage3.prefetch: as many units ahead as fit in it"),
-    b("zero_optimization.stage3_param_persistence_threshold", "stage3.persistence_threshold"),
+    b("zero_optimization.stage3_prefetch_bucket_size", "stage3.prefetch: as many units ahead as fit in it (not "
+      "given: zerort's 1 unit, not DeepSpeed's 5e7 elements)"),
+    b("zero_optimization.stage3_param_persistence_threshold", "stage3.persistence_threshold (not given: zerort's 0, "
+      "not DeepSpeed's 1e5)"),
     b("zero_optimization.stage3_max_live_parameters", "caps stage3.prefetch: the unit running and those gathered "
-      "ahead hold at most this many elements"),
+      "ahead hold at most this many elements (not given: no cap)"),
     d("zero_optimization.offload_optimizer", "optimizer offload to CPU or NVMe",
       (lambda v: isinstance(v, dict) and v.get("device", "none") in ("none", None), '{"device": "none"}')),
     d("zero_optimization.offload_param", "parameter offload to CPU or NVMe",

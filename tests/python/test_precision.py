@@ -101,7 +101,7 @@ def test_default_rule_keeps_norms_and_their_buffers_fp32(stage):
 def test_fp32_modules_adds_and_removes_classes_in_both_spellings(spelling):
     change = ["Gate", "-LayerNorm", "-ScaleNorm"]
     cfg = (dict(INPROC, stage=2, precision="bf16", fp32_modules=change) if spelling == "ours" else
-           {"bf16": {"enabled": True}, "zero_optimization": {"stage": 2}, "fp32_modules": change})
+           {"bf16": {"enabled": True}, "zero_optimization": {"stage": 2}, "zerort": {"fp32_modules": change}})
     e = zerort.initialize(Net(), cfg, comm=zerort.comm.init("inprocess"))
     step(e)  # the Linear inside Gate computes in FP32 with the Gate's FP32 inputs
     d = dtypes(e)
