@@ -85,6 +85,8 @@ def _optimizer(r, cfg, c):
                                 "L2 weight decay (added to the gradient); zerort's AdamW decays the weights "
                                 "directly: set adam_w_mode to true (AdamW), or weight_decay to 0")
     _table(rp, params, "optimizer.params.")
+    if present and not (isinstance(kind, str) and kind.lower() in ADAM_TYPES):
+        params.clear()  # another optimizer's parameters: its type is the one problem to name
     rp.leftover(params, "unknown or unsupported optimizer parameter")
     _table(ro, opt, "optimizer.")
     ro.leftover(opt, "unknown or unsupported DeepSpeed key")

@@ -206,6 +206,7 @@ KEYS = [
     d("eigenvalue", "eigenvalue computation", DISABLED),
     d("quantize_training", "quantized training", DISABLED),
     d("hybrid_engine", "the hybrid (RLHF) engine", DISABLED),
+    d("expert_parallel", "expert parallelism", DISABLED),
     d("compile", "DeepCompile", DISABLED),
     d("tensor_parallel", "tensor parallelism",
       (lambda v: isinstance(v, dict) and v.get("autotp_size", 1) in (0, 1), '{"autotp_size": 1}')),

@@ -109,7 +109,7 @@ DOCS_UNSUPPORTED = {
                 "zero_optimization.zero_quantized_gradients"]),
     "bert-lamb": ({"train_batch_size": 64, "optimizer": {"type": "Lamb", "params": {"lr": 1e-3, "max_coeff": 0.3}},
                    "activation_checkpointing": {"partition_activations": True}},
-                  ["optimizer.type", "optimizer.params.max_coeff", "activation_checkpointing.partition_activations"]),
+                  ["optimizer.type", "activation_checkpointing.partition_activations"]),  # not Lamb's params
     "flops-profiler": ({"train_batch_size": 8, "flops_profiler": {"enabled": True, "profile_step": 1}},
                        ["flops_profiler"]),
     "pipeline": ({"train_batch_size": 8, "pipeline": {"stages": 2}}, ["pipeline"]),
