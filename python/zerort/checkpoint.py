@@ -247,7 +247,7 @@ def _flat(t):
 
 # ---- save / load -----------------------------------------------------------------------
 
-class _Steps:
+class Steps:
     """Runs the steps of a save or a load on every rank. A step that may fail on some ranks
     only ends with an exchange of outcomes (one all-gather of a digest when they agree), so
     that a failure is raised on every rank: the failing rank raises its own error, the
@@ -375,7 +375,7 @@ def save(engine, directory, tag=None, client_state=None, save_latest=True):
 
     comm, rank = engine.comm, engine.rank
     tag = f"step{engine.global_step}" if tag is None else tag
-    steps = _Steps(comm, f"save_checkpoint({directory!r}, tag={str(tag)[:100]!r})")
+    steps = Steps(comm, f"save_checkpoint({directory!r}, tag={str(tag)[:100]!r})")
     lock, created, committed = [], [], [False]  # this rank's files, for the cleanup of a failed save
     work = None
     state_body = []  # rank 0: engine_state.pt's bytes
@@ -383,7 +383,7 @@ def save(engine, directory, tag=None, client_state=None, save_latest=True):
     def check():
         _prepare(directory, tag, rank, lock)
         if rank == 0:  # a client_state that cannot be saved fails here, on every rank
-            state_body.append(checkpoint_state.encode(client_state, engine.lr_scheduler))
+            state_body.append(checkpoint_state.encode(engine, client_state))
 
     try:
         steps.run("checking the tag, the directory and client_state", check)
@@ -637,7 +637,7 @@ def load(engine, directory, tag=None, load_optimizer_states=True, load_lr_schedu
                 print(f"zerort: load_checkpoint({directory!r}): no 'latest' file there, nothing loaded", flush=True)
             return None, None
     what = "module" if load_module_only else "all" if load_optimizer_states else "weights"
-    steps = _Steps(comm, f"load_checkpoint({directory!r})")
+    steps = Steps(comm, f"load_checkpoint({directory!r})")
     tag, meta = steps.run("reading the checkpoint's meta.json", lambda: read_meta(directory, tag))
     _same_checkpoint(comm, directory, tag, meta)
     mine = param_layout(engine)
@@ -649,9 +649,9 @@ def load(engine, directory, tag=None, load_optimizer_states=True, load_lr_schedu
         _check_model(engine, directory, tag, meta, mine, reader)
         if what != "module":
             _window(engine, meta, dict(reader.shard(0)[1]["state"]))  # raises before anything loads
-        if what == "all":
-            checkpoint_state.check(engine, meta)
         state.extend(checkpoint_state.read(folder, meta))
+        if what != "module":
+            checkpoint_state.check(engine, meta, state[1] if load_lr_scheduler_states else None, what)
 
     steps.run("checking the shards", check)
     client_state, scheduler_state = state

@@ -9,6 +9,7 @@ lists, tuples and dicts; anything else is refused at save, not discovered at loa
 """
 import hashlib
 import io
+import json
 import os
 
 import torch
@@ -19,10 +20,18 @@ from .optimizer import describe, restore as restore_groups
 FILE = "engine_state.pt"
 
 
-def encode(client_state, scheduler):
-    """engine_state.pt's bytes, checked to load back as weights_only."""
+def encode(engine, client_state):
+    """engine_state.pt's bytes, checked to load back as weights_only (and the param groups
+    checked to be JSON for meta.json), before anything is written."""
+    try:
+        json.dumps(describe(engine, engine.optimizer.param_groups))
+    except (TypeError, ValueError) as e:
+        raise CheckpointError(f"save_checkpoint: engine.optimizer.param_groups hold a value JSON cannot store ({e}); "
+                              "keep group values to numbers, strings, lists and dicts") from None
+    scheduler = engine.lr_scheduler
     state = {"client_state": client_state if client_state is not None else {},
-             "lr_scheduler": scheduler.state_dict() if scheduler is not None else None}
+             "lr_scheduler": scheduler.state_dict() if scheduler is not None else None,
+             "lr_scheduler_type": type(scheduler).__name__ if scheduler is not None else None}
     buf = io.BytesIO()
     try:
         torch.save(state, buf)
@@ -51,20 +60,30 @@ def read(folder, meta):
         body = f.read()
     if hashlib.sha256(body).hexdigest() != entry["sha256"]:
         raise CheckpointError(f"checksum mismatch in {path}: the file was modified or damaged")
-    state = torch.load(io.BytesIO(body), weights_only=True)
-    return state["client_state"], state["lr_scheduler"]
+    state = torch.load(io.BytesIO(body), weights_only=True, map_location="cpu")  # as DeepSpeed: on the CPU
+    return state["client_state"], (state.get("lr_scheduler_type"), state["lr_scheduler"])
 
 
-def check(engine, meta):
-    """Before anything loads: the saved param groups hold this engine's parameters."""
+def check(engine, meta, scheduler, what):
+    """Before anything loads: the saved param groups hold this engine's parameters (what
+    "all"), and a saved schedule is one of this engine's kind (scheduler: read()'s
+    (type name, state), or None when the schedule is not to be loaded)."""
     saved = meta.get("optimizer")
-    if saved is not None:
+    if what == "all" and saved is not None:
         restore_groups(engine, [dict(g) for g in engine.optimizer.param_groups], saved["param_groups"],
                        "load_checkpoint")
+    kind, state = scheduler or (None, None)
+    mine = engine.lr_scheduler
+    if state is not None and mine is not None and kind != type(mine).__name__:
+        raise CheckpointError(f"load_checkpoint: the checkpoint's lr schedule is a {kind}, this engine's a "
+                              f"{type(mine).__name__}; build the same schedule, or pass "
+                              "load_lr_scheduler_states=False")
 
 
-def restore(engine, meta, scheduler_state, what):
-    """The param groups (what: "all") and the schedule (what: "all" or "scheduler")."""
+def restore(engine, meta, scheduler, what):
+    """The param groups (what: "all") and the schedule (what: "all" or "scheduler";
+    scheduler: read()'s (type name, state) or None), once check() passed."""
+    scheduler_state = scheduler[1] if scheduler else None
     saved = meta.get("optimizer")
     if what == "all" and saved is not None:
         restore_groups(engine, engine.optimizer.param_groups, saved["param_groups"], "load_checkpoint")

@@ -347,6 +347,9 @@ def common(r, cfg, c):
     c.scheduler = _scheduler(r, cfg)
 
 
+POSITIVE = ("warmup_num_steps", "lr_range_test_step_size", "cycle_first_step_size")  # DeepSpeed requires > 0
+
+
 def _scheduler(r, cfg):
     """{"type": one of zerort.lr_schedules.SCHEDULES, "params": {...}}, each param checked."""
     from .lr_schedules import PARAMS
@@ -369,8 +372,8 @@ def _scheduler(r, cfg):
                 r.problems.lines.append(f"{rp.key(name)}: missing; scheduler {kind} needs it")
             continue
         if what == "int":
-            v = rp.number(params, name, None, integer=True, low=-1 if name == "last_batch_iteration" else 1,
-                          integral_float=True)
+            low = -1 if name == "last_batch_iteration" else 1 if name in POSITIVE else 0
+            v = rp.number(params, name, None, integer=True, low=low, integral_float=True)
         elif what == "number":
             v = rp.number(params, name, None, low=0)
         elif what == "bool":
@@ -392,7 +395,7 @@ def _scheduler(r, cfg):
 def _cross_key_rules(c, problems, scale_keys, precision_key):
     """Rules that join several keys; run once every key has been read."""
     power_key, min_key = scale_keys
-    if c.precision == "fp16" and c.min_loss_scale > 2.0 ** c.initial_scale_power:
+    if c.precision == "fp16" and not c.static_loss_scale and c.min_loss_scale > 2.0 ** c.initial_scale_power:
         problems.lines.append(f"{min_key}: got {c.min_loss_scale!r}, above the initial loss scale "
                               f"2**{power_key} = {2.0 ** c.initial_scale_power:g} ({precision_key} on); "
                               f"allowed: <= {2.0 ** c.initial_scale_power:g}: lower {min_key} or raise {power_key}")
@@ -441,8 +444,10 @@ def _read_json(path):
                     for k in twice]
 
 
-def parse(config):
-    """Config from a dict, a JSON file path, or a Config (returned as is)."""
+def parse(config, form=None):
+    """Config from a dict, a JSON file path, or a Config (returned as is). form:
+    "deepspeed" reads it as DeepSpeed's schema whatever keys it has (zerort.deepspeed
+    does); None tells the two forms apart by their keys."""
     if isinstance(config, Config):
         return config
     if config is None:
@@ -456,7 +461,7 @@ def parse(config):
     if deep:
         raise ConfigError([deep])
     cfg = dict(config)
-    parser = _parser(cfg)
+    parser = _parser(cfg, form)
     if parser is not _parse_ours:  # DeepSpeed's form; its "zerort" section is ours ("auto" is a comm.backend)
         has_ours, ours = "zerort" in cfg, cfg.pop("zerort", None)
         cfg = _without_auto(cfg, "", problems.lines)
@@ -482,11 +487,13 @@ def known_keys(deepspeed=False):
     return list(problems.known)
 
 
-def _parser(cfg):
+def _parser(cfg, form=None):
     """Our form's parser, or DeepSpeed's (zerort.ds_config) for a config in its schema."""
     from .ds_config import parse_deepspeed
     from .ds_keys import TABLE
 
+    if form == "deepspeed":
+        return parse_deepspeed
     ours = {k.split(".")[0] for k in known_keys()}
     markers = DEEPSPEED_MARKERS | {k.split(".")[0] for k in TABLE} - ours
     deepspeed = bool(markers & cfg.keys()) or isinstance(cfg.get("optimizer"), dict) and "type" in cfg["optimizer"]

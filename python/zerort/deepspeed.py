@@ -29,7 +29,7 @@ from .engine import initialize as _zerort_initialize
 
 def initialize(args=None, model=None, optimizer=None, model_parameters=None, training_data=None, lr_scheduler=None,
                distributed_port=None, mpu=None, dist_init_required=None, collate_fn=None, config=None,
-               config_params=None, mesh_param=None):
+               mesh_param=None, config_params=None):
     """DeepSpeed's deepspeed.initialize: (engine, optimizer, training_dataloader or None,
     lr_scheduler or None). config (or config_params, or args.deepspeed_config): a dict or
     a JSON path. distributed_port and dist_init_required are accepted and unused: zerort
@@ -40,7 +40,7 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None, tra
         raise ValueError("deepspeed.initialize: mpu= / mesh_param= ask for model or sequence parallelism, which "
                          "zerort does not have; zerort shards over data-parallel ranks only")
     config = _config_source(args, config, config_params)
-    c = parse(config)
+    c = parse(config, form="deepspeed")
     if optimizer is not None and "optimizer" in _raw(config):
         raise ConfigError(["optimizer: the config has an optimizer section and initialize() was given optimizer= "
                            "too; keep one of them (as DeepSpeed requires)"])
@@ -85,8 +85,9 @@ def _param_groups(optimizer, model_parameters, c, model):
                         "model_parameters= and an \"optimizer\" config section instead")
     groups = []
     for k, g in enumerate(optimizer.param_groups):
-        if type(optimizer) is torch.optim.Adam and g["weight_decay"]:
-            raise ValueError(f"deepspeed.initialize: the torch.optim.Adam optimizer has weight_decay "
+        decoupled = g.get("decoupled_weight_decay", isinstance(optimizer, torch.optim.AdamW))
+        if not decoupled and g["weight_decay"]:
+            raise ValueError(f"deepspeed.initialize: the {name} optimizer has coupled weight_decay "
                              f"{g['weight_decay']:g} in param group {k}: Adam's L2 decay is added to the gradient, "
                              "zerort's AdamW decays the weights directly; use torch.optim.AdamW or weight_decay 0")
         if g.get("amsgrad") or g.get("maximize"):

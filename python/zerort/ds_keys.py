@@ -98,7 +98,8 @@ KEYS = [
     b("optimizer.params.adam_w_mode", "true: AdamW; false with weight_decay 0: the same update; false with "
       "weight decay (Adam's L2 decay) is an error"),
     b("optimizer.params.torch_adam", "either way: zerort's fused kernel does torch.optim.AdamW's math"),
-    a("optimizer.params.fp32_optimizer_states", "true only: the master and moments are FP32", kind=BOOL),
+    d("optimizer.params.fp32_optimizer_states", "optimizer states in low precision (false): the master and moments "
+      "are FP32", _only(True)),
     d("optimizer.params.bias_correction", "Adam without bias correction", _only(True)),
     d("optimizer.params.amsgrad", "AMSGrad"),
     d("optimizer.params.max_grad_norm", "an optimizer-side clip: use the top-level gradient_clipping",
@@ -136,7 +137,8 @@ KEYS = [
     a("zero_optimization.allgather_partitions", "either way: the updated shards are all-gathered", kind=BOOL),
     a("zero_optimization.round_robin_gradients", "shards are balanced per bucket already", kind=BOOL),
     a("zero_optimization.use_multi_rank_bucket_allreduce", "no effect: no all-reduce of buckets", kind=BOOL),
-    a("zero_optimization.load_from_fp32_weights", "true only: checkpoints restore the FP32 master", kind=BOOL),
+    d("zero_optimization.load_from_fp32_weights", "restoring the master from the 16-bit weights (false): checkpoints "
+      "restore the FP32 master", _only(True)),
     a("zero_optimization.elastic_checkpoint", "checkpoints load at any world size", kind=BOOL),
     a("zero_optimization.sub_group_size", "the optimizer runs over the shard in one pass", kind=NUM),
     a("zero_optimization.ignore_unused_parameters", "unused parameters get zero gradients", kind=BOOL),

@@ -216,7 +216,7 @@ class Engine:
                     self._units.in_backward = False
             self._t_backward = time.perf_counter() - t0
 
-    def step(self):
+    def step(self, lr_kwargs=None):
         """Reduces this micro-step's gradients; at the accumulation boundary, updates the
         parameters (or skips on non-finite gradients) and zeroes the gradients. Every rank
         must have run backward() since its previous step(): otherwise the step() that ends
@@ -246,7 +246,7 @@ class Engine:
             s["backward_ms"] = 1e3 * getattr(self, "_t_backward", 0.0)
             self.stats = s
             if self._step_applied and self.lr_scheduler is not None:
-                self.lr_scheduler.step()  # as DeepSpeed: after every applied update, not a skipped one
+                self.lr_scheduler.step(**(lr_kwargs or {}))  # as DeepSpeed: after every applied update
         self._progress.after_step(s, self)
         return s
 
@@ -275,14 +275,23 @@ class Engine:
             self._no_sync = False
 
     def zero_grad(self, set_to_none=True):
-        """zerort zeroes the gradients itself after every step(), so this does nothing at
-        the start of a micro-step. After backward() and before step() it is an error:
-        gradients already sent to other ranks cannot be taken back."""
-        if self._backward_since_step or self._impl.micro_steps % self.config.gradient_accumulation_steps:
-            raise _C.UsageError("engine.zero_grad(): called after backward() and before the step() that ends the "
-                                "accumulation window; part of these gradients may already be reduced on other "
-                                "ranks. zerort zeroes gradients after every step(): call zero_grad() (if at all) "
-                                "right after step(), not between backward() and step()")
+        """zerort zeroes the gradients itself after every step() that ends the window, so
+        this does nothing between step() and the next backward(): at stages 2 and 3 the
+        window's gradients are in the FP32 shard already (as DeepSpeed's ZeRO-2/3 keep
+        them). It is an error after backward() and before step(), where part of the
+        gradients may already be reduced on other ranks, and at stages 0 and 1 inside an
+        accumulation window, where it would drop the window's local sum."""
+        inside = self._impl.micro_steps % self.config.gradient_accumulation_steps and self.config.stage < 2
+        if self._backward_since_step:
+            raise _C.UsageError("engine.zero_grad(): called after backward() and before the step(); part of these "
+                                "gradients may already be reduced on other ranks. zerort zeroes gradients after "
+                                "every step() that ends the window: call zero_grad() (if at all) after step()")
+        if inside:
+            raise _C.UsageError(f"engine.zero_grad(): called at stages 0 and 1 inside an accumulation window "
+                                f"(micro-step {self._impl.micro_steps % self.config.gradient_accumulation_steps} of "
+                                f"{self.config.gradient_accumulation_steps}), where it would drop the window's "
+                                "gradients, which this rank holds until the window ends; call it after the step() "
+                                "that ends the window")
 
     def train(self, mode=True):
         """engine.module.train(mode); returns the engine."""
@@ -447,22 +456,29 @@ class Engine:
         """The dtype p computes in: float32 for FP32 modules, else the compute dtype."""
         return torch.float32 if any(p is q for q in self._groups[1]) else self.dtype
 
-    def save_checkpoint(self, save_dir, tag=None, client_state=None, save_latest=True):
+    def save_checkpoint(self, save_dir, tag=None, client_state=None, save_latest=True,
+                        exclude_frozen_parameters=False):
         """Every rank writes its shard; rank 0 the metadata, the param groups, the lr
         schedule's state and client_state (tensors, numbers, strings and containers of
         them), then `latest` unless save_latest is false (a collective). Returns the
         checkpoint's path. See zerort.checkpoint."""
         from . import checkpoint
 
+        if exclude_frozen_parameters:
+            raise ValueError("save_checkpoint: exclude_frozen_parameters=True is not supported; zerort's checkpoints "
+                             "hold the frozen parameters (a load restores the whole model); leave it False")
         return checkpoint.save(self, save_dir, tag, client_state, save_latest)
 
-    def load_checkpoint(self, load_dir, tag=None, load_optimizer_states=True, load_lr_scheduler_states=True,
-                        load_module_only=False):
+    def load_checkpoint(self, load_dir, tag=None, load_module_strict=True, load_optimizer_states=True,
+                        load_lr_scheduler_states=True, load_module_only=False, custom_load_fn=None):
         """Loads `tag` (default: the one in `latest`), saved at any world size and stage
         for this same model (a collective). Returns (path, client_state), or (None, None)
         when load_dir has no `latest` (nothing loaded), as DeepSpeed does."""
         from . import checkpoint
 
+        if not load_module_strict or custom_load_fn is not None:
+            raise ValueError("load_checkpoint: zerort loads every parameter strictly, by its own loader; "
+                             "load_module_strict=False and custom_load_fn are not supported")
         return checkpoint.load(self, load_dir, tag, load_optimizer_states, load_lr_scheduler_states,
                                load_module_only)
 
@@ -477,7 +493,11 @@ class Engine:
         if exclude_frozen_parameters:
             frozen = {n for n, p in self.module.named_parameters() if not p.requires_grad}
             state = {k: v for k, v in state.items() if k not in frozen}
-        if self.rank == 0:
+        from .checkpoint import Steps
+
+        def write():  # rank 0; a failure is raised on every rank, not left to a barrier's timeout
+            if self.rank != 0:
+                return
             os.makedirs(save_dir, exist_ok=True)
             path = os.path.join(save_dir, save_filename)
             tmp = f"{path}.tmp{os.getpid()}"
@@ -488,7 +508,8 @@ class Engine:
             else:
                 torch.save(state, tmp)
             os.replace(tmp, path)
-        self.comm.barrier()
+
+        Steps(self.comm, f"save_16bit_model({save_dir!r})").run("writing the model", write)
         return True
 
     def memory_report(self):

@@ -210,7 +210,8 @@ def restore(engine, groups, saved, who):
             diff = sorted(set(names) ^ set(s["params"]))
             raise ValueError(f"{who}: {_where(k)} holds other parameters than the saved one (first difference "
                              f"{diff[0]!r}); build the same param groups as the run that saved it")
-    for g, s in zip(groups, saved):
-        for key, v in s.items():
-            if key != "params":
-                g[key] = tuple(v) if key == "betas" else v
+    values = [{k: tuple(v) if k == "betas" else v for k, v in s.items() if k != "params"} for s in saved]
+    for k, (g, v) in enumerate(zip(groups, values)):
+        _row(k, {**g, **v}, False)  # every value checked before any is taken
+    for g, v in zip(groups, values):
+        g.update(v)

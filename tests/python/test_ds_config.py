@@ -257,3 +257,14 @@ def test_stage3_element_counts_become_units_ahead():
     assert prefetch_units([1000, 1000, 1000, 1000], c) == 1  # 2500 holds the running unit and one more
     c = parse({"zero_optimization": {"stage": 3}})
     assert prefetch_units([1000, 1000], c) == c.prefetch  # no DeepSpeed sizes: zerort's own count
+
+
+def test_deepspeed_off_values_of_schedules_and_static_scale_rules():
+    c = parse({"zero_optimization": {}, "scheduler": {"type": "OneCycle", "params": {
+        "cycle_min_lr": 1e-4, "cycle_max_lr": 1e-3, "cycle_first_stair_count": 0, "cycle_second_stair_count": 0,
+        "decay_step_size": 0, "cycle_second_step_size": 0}}})
+    assert c.scheduler["params"]["cycle_second_step_size"] == 0
+    (line,) = problems({"zero_optimization": {}, "scheduler": {"type": "WarmupLR", "params": {"warmup_num_steps": 0}}})
+    assert line.startswith("scheduler.params.warmup_num_steps: got 0; allowed: >= 1")
+    # A fixed scale has no minimum to respect.
+    parse({"fp16": {"enabled": True, "loss_scale": 1024, "initial_scale_power": 2, "min_loss_scale": 16}})

@@ -84,19 +84,24 @@ def test_boundary_applied_and_norm_follow_the_accumulation_window():
     assert (e.global_steps, e.skipped_steps) == (2, 0)
 
 
-def test_zero_grad_is_free_after_step_and_an_error_inside_the_window():
-    e, _ = engine(2, gradient_accumulation_steps=2)
-    e.zero_grad()
-    e.optimizer.zero_grad()
-    micro(e, 0)
-    with pytest.raises(UsageError, match="zero_grad\\(\\): called after backward\\(\\) and before the step"):
-        e.zero_grad()
-    e.step()
-    with pytest.raises(UsageError, match="before the step\\(\\) that ends the accumulation window"):
-        e.zero_grad()  # inside the window: the first micro-step's gradients are reduced already
-    micro(e, 1)
-    e.step()
-    e.zero_grad()
+@pytest.mark.parametrize("stage", [1, 2])
+def test_zero_grad_is_free_after_step_and_an_error_after_backward(stage):
+    e, _ = engine(stage, gradient_accumulation_steps=2)
+    ref, _ = engine(stage, gradient_accumulation_steps=2)
+    for step in range(4):
+        if stage >= 2 or step % 2 == 0:
+            e.zero_grad()  # at stages 2-3 a loop may start every micro-step with it, as many do
+        micro(e, step)
+        micro(ref, step)
+        with pytest.raises(UsageError, match="zero_grad\\(\\): called after backward\\(\\) and before the step"):
+            e.zero_grad()
+        e.step()
+        ref.step()
+        if stage == 1 and step % 2 == 0:  # stage 1 holds the window's local sum until its end
+            with pytest.raises(UsageError, match="at stages 0 and 1 inside an accumulation window"):
+                e.optimizer.zero_grad()
+    want = ref.full_state_dict(master=True)
+    assert all(torch.equal(v, want[k]) for k, v in e.full_state_dict(master=True).items())
 
 
 def test_train_eval_and_module_attributes():
@@ -217,3 +222,41 @@ def test_wall_clock_breakdown_prints_deepspeed_timer_lines(capsys):
     assert [part.split(":")[0] for part in window[0].split(" | ")[1:]] == ["fwd", "bwd", "bwd_inner",
                                                                            "bwd_allreduce", "step"]
     assert "[Rank 0] step=1, skipped=0, lr=[0.001], mom=[(0.9, 0.999)]" in out
+
+
+def test_a_checkpoint_of_another_schedule_is_refused_before_anything_loads(tmp_path):
+    m = Net()
+    e = zerort.initialize(m, dict({"stage": 2, "precision": "fp32", "scheduler": {"type": "WarmupLR"}}, **INPROC))
+    for step in range(3):
+        micro(e, step)
+        e.step()
+    e.save_checkpoint(str(tmp_path))
+    other = zerort.initialize(Net(), dict({"stage": 2, "precision": "fp32"}, **INPROC),
+                              lr_scheduler=lambda o: torch.optim.lr_scheduler.LambdaLR(o, lambda s: 1.0))
+    lr = other.get_lr()
+    with pytest.raises(zerort.checkpoint.CheckpointError, match="lr schedule is a WarmupLR, this engine's a LambdaLR"):
+        other.load_checkpoint(str(tmp_path))
+    assert other.global_steps == 0 and other.get_lr() == lr  # nothing changed
+    other.load_checkpoint(str(tmp_path), load_lr_scheduler_states=False)
+    assert other.global_steps == 3
+
+
+def test_deepspeed_initialize_reads_deepspeed_defaults_whatever_keys_the_config_has():
+    import zerort.deepspeed as deepspeed
+
+    m = Net()
+    opt = torch.optim.AdamW(m.parameters(), lr=1e-3)
+    engine, optimizer, _, _ = deepspeed.initialize(model=m, optimizer=opt, config={
+        "train_micro_batch_size_per_gpu": 4, "gradient_clipping": 1.0, "zerort": {"comm": {"backend": "inprocess"}}})
+    assert (engine.config.stage, engine.config.precision) == (0, "fp32")  # DeepSpeed's defaults, not ours
+    m = Net()
+    coupled = torch.optim.Adam(m.parameters(), weight_decay=0.1)
+    with pytest.raises(ValueError, match="the Adam optimizer has coupled weight_decay 0.1"):
+        deepspeed.initialize(model=m, optimizer=coupled, config={"zerort": {"comm": {"backend": "inprocess"}}})
+    m = Net()
+    decoupled = torch.optim.Adam(m.parameters(), weight_decay=0.1, decoupled_weight_decay=True)
+    engine, optimizer, _, _ = deepspeed.initialize(model=m, optimizer=decoupled,
+                                                   config={"zerort": {"comm": {"backend": "inprocess"}}})
+    assert optimizer.param_groups[0]["weight_decay"] == 0.1
+    with pytest.raises(ValueError, match="load_module_strict=False and custom_load_fn are not supported"):
+        engine.load_checkpoint("/nonexistent", load_module_strict=False)
