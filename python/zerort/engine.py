@@ -196,11 +196,12 @@ class Engine:
             self._t_forward = time.perf_counter() - t0
         return out
 
-    def backward(self, loss):
+    def backward(self, loss, retain_graph=False, scale_wrt_gas=True):
         """loss.backward() with the loss scaled by the current loss scale (in FP32). The
         engine averages over ranks and micro-steps itself: pass the plain mean loss.
         Several backward() calls before one step() add up, as in PyTorch. Works under
-        torch.no_grad() too."""
+        torch.no_grad() too. DeepSpeed's arguments: retain_graph as in torch;
+        scale_wrt_gas=False sums the micro-steps' gradients instead of averaging them."""
         self._check_requires_grad()
         self._backward_since_step = True
         with self._phase("backward"):
@@ -210,7 +211,8 @@ class Engine:
                 self._units.in_backward = True  # recomputed forwards keep their units
             try:
                 with torch.enable_grad():  # the scaling multiply must be part of the graph
-                    (loss.float() * self._impl.loss_scale).backward()
+                    scale = self._impl.loss_scale * (1 if scale_wrt_gas else self.config.gradient_accumulation_steps)
+                    (loss.float() * scale).backward(retain_graph=retain_graph)
             finally:
                 if self._units:
                     self._units.in_backward = False
@@ -249,6 +251,8 @@ class Engine:
                 self.lr_scheduler.step(**(lr_kwargs or {}))  # as DeepSpeed: after every applied update
         self._progress.after_step(s, self)
         return s
+
+    forward = __call__  # engine.forward(x), as DeepSpeed scripts call it, is engine(x)
 
     def _grad_ready(self, g, i):
         """A parameter's gradient is complete (its post-accumulate-grad hook): its bucket may
@@ -318,6 +322,18 @@ class Engine:
         """The global L2 norm of the last update's averaged, unscaled gradient, before
         clipping (None before the first one)."""
         return self.stats.get("grad_norm")
+
+    def zero_optimization_stage(self):
+        return self.config.stage
+
+    def fp16_enabled(self):
+        return self.config.precision == "fp16"
+
+    def bfloat16_enabled(self):
+        return self.config.precision == "bf16"
+
+    def gradient_clipping(self):
+        return self.config.gradient_clipping
 
     def train_micro_batch_size_per_gpu(self):
         return self.config.train_micro_batch_size_per_gpu

@@ -260,3 +260,18 @@ def test_deepspeed_initialize_reads_deepspeed_defaults_whatever_keys_the_config_
     assert optimizer.param_groups[0]["weight_decay"] == 0.1
     with pytest.raises(ValueError, match="load_module_strict=False and custom_load_fn are not supported"):
         engine.load_checkpoint("/nonexistent", load_module_strict=False)
+
+
+def test_deepspeed_backward_arguments_and_forward():
+    mean, _ = engine(2, gradient_accumulation_steps=2)
+    summed, _ = engine(2, gradient_accumulation_steps=2)
+    for step in range(2):
+        x, y = batch(step)
+        mean.backward(nn.functional.mse_loss(mean.forward(x).float(), y))
+        mean.step()
+        loss = nn.functional.mse_loss(summed(x).float(), y)
+        summed.backward(loss, retain_graph=True, scale_wrt_gas=False)  # the micro-steps' sum: twice the mean
+        summed.step()
+    assert summed.get_global_grad_norm() == pytest.approx(2 * mean.get_global_grad_norm(), rel=1e-6)
+    assert (mean.zero_optimization_stage(), mean.fp16_enabled(), mean.bfloat16_enabled(),
+            mean.gradient_clipping(), mean.gradient_accumulation_steps()) == (2, False, False, 0.0, 2)
