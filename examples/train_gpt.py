@@ -29,6 +29,8 @@ def main():
     ap.add_argument("--seq", type=int, default=128)
     ap.add_argument("--batch", type=int, default=8, help="sequences per micro-batch per rank")
     ap.add_argument("--lr", type=float, default=2e-3)
+    ap.add_argument("--metrics-dir", metavar="DIR", help="write DIR/train_gpt/metrics.csv and TensorBoard events "
+                    "(zerort.monitor); draw them with python -m zerort.plot DIR/train_gpt")
     args = ap.parse_args()
 
     torch.set_num_threads(max(1, torch.get_num_threads()))
@@ -39,6 +41,8 @@ def main():
         "lr_schedule": lambda step: args.lr * min(1.0, step / 10),  # 10-step warmup
         "comm": {"backend": "inprocess" if args.launcher_free else "auto", "timeout_s": 300},
     }
+    if args.metrics_dir:
+        config["monitor"] = {"csv": True, "tensorboard": True, "output_path": args.metrics_dir, "job_name": "train_gpt"}
     torch.manual_seed(0)
     model = GPT(layers=args.layers, d=args.d_model, seq=args.seq)
     n_params = sum(p.numel() for p in set(model.parameters()))  # before stage 3 shards them

@@ -66,6 +66,8 @@ class Config:
     steps_per_print: Optional[int] = None  # print step, lr and betas every N updates (rank 0)
     wall_clock_breakdown: bool = False  # print DeepSpeed's fwd/bwd/step timings (rank 0)
     dataloader_drop_last: bool = False  # zerort.deepspeed.initialize's training_data loader
+    monitor_csv: Optional[str] = None  # folder of the monitor's metrics.csv (zerort.monitor)
+    monitor_tensorboard: Optional[str] = None  # folder of the monitor's TensorBoard events
 
 
 DEEPSPEED_MARKERS = {"zero_optimization", "bf16", "bfloat16", "fp16", "train_batch_size", "zerort"}
@@ -214,6 +216,15 @@ class _Reader:
             return default
         return v
 
+    def text(self, d, name, default):
+        present, v = self._take(d, name)
+        if not present:
+            return default
+        if not isinstance(v, str):
+            self.bad(name, v, "a string", True)
+            return default
+        return v
+
     def names(self, d, name, default):
         """A list of module class names."""
         present, v = self._take(d, name)
@@ -309,6 +320,11 @@ def _parse_ours(cfg, problems):
     c.reduce_bucket_numel = r.number(cfg, "reduce_bucket_numel", c.reduce_bucket_numel, integer=True, low=1)
     common(r, cfg, c)
     runtime_keys(r, cfg, c)
+    mon, rm = r.child(cfg, "monitor")
+    where = os.path.join(rm.text(mon, "output_path", "runs"), rm.text(mon, "job_name", "zerort"))
+    c.monitor_csv = where if rm.boolean(mon, "csv", False) else None
+    c.monitor_tensorboard = where if rm.boolean(mon, "tensorboard", False) else None
+    rm.leftover(mon)
     r.leftover(cfg)
     return c, scale_keys, "precision"
 

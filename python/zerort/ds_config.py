@@ -5,6 +5,8 @@ implemented, (d) rejected unless off. The (b) and (c) keys, and the (a) keys who
 zerort uses, are read here; the rest are checked from the table alone. zerort's own keys
 sit under one "zerort" section. All problems of one config come in one ConfigError.
 """
+import os
+
 from .config import Config, _Reader, _loss_scale, _optimizer_params, common, runtime_keys, show
 from .ds_keys import TABLE
 
@@ -25,12 +27,23 @@ def parse_deepspeed(cfg, problems):
     scale_keys = _precision(r, cfg, c)
     _optimizer(r, cfg, c)
     _dtypes(r, cfg, c)
+    c.monitor_csv, c.monitor_tensorboard = _monitor(r, cfg, "csv_monitor"), _monitor(r, cfg, "tensorboard")
     ours, ro = r.child(cfg, "zerort")
     runtime_keys(ro, ours, c)
     ro.leftover(ours, "unknown zerort key")
     _table(r, cfg, "")
     r.leftover(cfg, "unknown or unsupported DeepSpeed key")
     return c, scale_keys, "fp16.enabled"
+
+
+def _monitor(r, cfg, name):
+    """DeepSpeed's csv_monitor / tensorboard section: the folder output_path/job_name when
+    enabled, else None."""
+    section, rs = r.child(cfg, name)
+    on = rs.boolean(section, "enabled", False)
+    where = os.path.join(rs.text(section, "output_path", ""), rs.text(section, "job_name", "DeepSpeedJobName"))
+    rs.leftover(section, "unknown or unsupported DeepSpeed key")
+    return where if on else None
 
 
 def _zero(r, cfg, c):

@@ -34,7 +34,7 @@ from . import comm as comm_mod
 from . import consistency, failfast, lifecycle, meta_init, nonfinite, phases, precision
 from .config import ConfigError, parse, resolve_batch
 from .optimizer import ZeroOptimizer
-from . import lr_schedules, progress, stage3
+from . import lr_schedules, monitor, progress, stage3
 
 _DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
@@ -185,11 +185,14 @@ class Engine:
         self._backward_since_step = False
         self._step_applied = False
         self._progress = progress.Progress(self)  # steps_per_print, wall_clock_breakdown
+        self._monitor = monitor.make(self)  # the config's CSV / TensorBoard monitor, or None
 
     # ---- training loop -------------------------------------------------------------
     def __call__(self, *args, **kwargs):
         """Forward. Floating-point tensor arguments are cast to the compute dtype."""
         with self._phase("forward"):
+            if self._monitor:
+                self._monitor.forward(args, kwargs)
             args, kwargs = _cast((args, kwargs), self.dtype)
             t0 = time.perf_counter()
             out = self.module(*args, **kwargs)
@@ -204,6 +207,8 @@ class Engine:
         scale_wrt_gas=False sums the micro-steps' gradients instead of averaging them."""
         self._check_requires_grad()
         self._backward_since_step = True
+        if self._monitor:
+            self._monitor.backward(loss)
         with self._phase("backward"):
             t0 = time.perf_counter()
             self._impl.begin_backward()  # a previous pass's reduces finish first
@@ -247,6 +252,8 @@ class Engine:
             s["forward_ms"] = 1e3 * getattr(self, "_t_forward", 0.0)
             s["backward_ms"] = 1e3 * getattr(self, "_t_backward", 0.0)
             self.stats = s
+            if self._monitor:  # one all-gather, on every rank; the row holds the lr this update used
+                self._monitor.after_update(self, s)
             if self._step_applied and self.lr_scheduler is not None:
                 self.lr_scheduler.step(**(lr_kwargs or {}))  # as DeepSpeed: after every applied update
         self._progress.after_step(s, self)
@@ -372,6 +379,9 @@ class Engine:
             yield
         finally:
             mem.end(name, self._impl)
+            done = mem.phases.result.get(name)
+            if getattr(self, "_monitor", None) and done is not None:
+                self._monitor.phase_peak(done.last_peak)
 
     def _check_requires_grad(self):
         """The trainable set is planned at initialize: a later requires_grad change is an
@@ -442,6 +452,8 @@ class Engine:
         is whole. Unusable afterwards."""
         self._impl = None
         self._nonfinite = None
+        if getattr(self, "_monitor", None):
+            self._monitor.close()
 
     # ---- state ---------------------------------------------------------------------
     def full_state_dict(self, master=False):

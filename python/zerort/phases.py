@@ -71,6 +71,7 @@ class PhaseMemory:
     end: int = 0
     growth: int = 0
     calls: int = 0
+    last_peak: int = 0  # the peak of the last call alone
 
 
 class _Window:
@@ -134,7 +135,7 @@ class Phases:
             _open[self.key].remove(w)
         r = self.result.setdefault(name, PhaseMemory())
         r.start, r.end, r.calls = w.start, end, r.calls + 1
-        r.peak = max(r.peak, w.peak)
+        r.peak, r.last_peak = max(r.peak, w.peak), w.peak
         r.growth = max(r.growth, w.peak - w.start)
         return r
 

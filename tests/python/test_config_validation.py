@@ -51,6 +51,11 @@ OURS = {
     "wall_clock_breakdown": (True, [1, "yes"]),
     "dataloader_drop_last": (True, [1]),
     "scheduler": ({}, SECTION_BAD),
+    "monitor": ({}, SECTION_BAD),
+    "monitor.csv": (True, [1, "yes"]),
+    "monitor.tensorboard": (False, [0]),
+    "monitor.output_path": ("runs", [1, None]),
+    "monitor.job_name": ("gpt", [["x"]]),
 }
 RUNTIME = ("stage3", "stage3.prefetch", "stage3.persistence_threshold", "stage3.unit_modules", "comm", "comm.backend",
            "comm.timeout_s", "comm.debug", "fp32_modules", "max_consecutive_skips", "lr_schedule")
@@ -95,6 +100,9 @@ DEEPSPEED = {
     "scheduler": ({}, SECTION_BAD),
     "zerort": ({}, SECTION_BAD),
     **{f"zerort.{k}": OURS[k] for k in RUNTIME},
+    **{f"{m}{k}": v for m in ("csv_monitor", "tensorboard") for k, v in
+       (("", ({}, SECTION_BAD)), (".enabled", (False, [1])), (".output_path", ("runs", [1])),
+        (".job_name", ("j", [None])))},
 }
 
 
