@@ -207,23 +207,21 @@ class _Reader:
             return default
         return v
 
-    def boolean(self, d, name, default):
+    def typed(self, d, name, default, kind, allowed):
+        """d[name] if it is a `kind` (default when absent or not)."""
         present, v = self._take(d, name)
         if not present:
             return default
-        if not isinstance(v, bool):
-            self.bad(name, v, "true or false (a JSON bool)", True)
+        if not isinstance(v, kind):
+            self.bad(name, v, allowed, True)
             return default
         return v
 
+    def boolean(self, d, name, default):
+        return self.typed(d, name, default, bool, "true or false (a JSON bool)")
+
     def text(self, d, name, default):
-        present, v = self._take(d, name)
-        if not present:
-            return default
-        if not isinstance(v, str):
-            self.bad(name, v, "a string", True)
-            return default
-        return v
+        return self.typed(d, name, default, str, "a string")
 
     def names(self, d, name, default):
         """A list of module class names."""
