@@ -676,26 +676,32 @@ def _window(engine, meta, saved):
     return saved
 
 
+def write_state(engine, key, full, layout=None):
+    """This rank's part of full[name] (each a whole parameter's values) into the engine's
+    `key` ("master", "exp_avg" or "exp_avg_sq"), for the parameters full names; layout:
+    param_layout(engine), when the caller has it."""
+    layout = layout or param_layout(engine)
+    views = _optimizer_tensors(engine)[key]
+    rank, stage0 = engine.rank, engine.config.stage == 0
+    with torch.no_grad():
+        flat = torch.cat([v.reshape(-1) for v in views]) if len(views) > 1 else views[0].reshape(-1)
+        for name, values in full.items():
+            values = values.reshape(-1)
+            for r, index, offset, length in layout[name]["segments"]:
+                if stage0 or r == rank:
+                    flat[index:index + length] = values[offset:offset + length]
+        if len(views) > 1:  # write back into each group's view
+            off = 0
+            for v in views:
+                v.reshape(-1).copy_(flat[off:off + v.numel()])
+                off += v.numel()
+
+
 def _restore(engine, meta, mine, reader, what="all"):
     """what: "all"; "weights" (the master and the counters, not Adam's moments, step
     count or loss scale); "module" (the master alone)."""
-    targets = {k: _flat(v) if not isinstance(v, list) else v for k, v in _optimizer_tensors(engine).items()}
-    rank, stage0 = engine.rank, engine.config.stage == 0
-    with torch.no_grad():
-        for key in STATE_TENSORS if what == "all" else ("master",):
-            dest = targets[key]
-            views = dest if isinstance(dest, list) else [dest]
-            flat = torch.cat([v.reshape(-1) for v in views]) if len(views) > 1 else views[0].reshape(-1)
-            for name, info in mine.items():
-                full = reader.assemble(name, key).reshape(-1)
-                for r, index, offset, length in info["segments"]:
-                    if stage0 or r == rank:
-                        flat[index:index + length] = full[offset:offset + length]
-            if len(views) > 1:  # write back into each group's view
-                off = 0
-                for v in views:
-                    v.reshape(-1).copy_(flat[off:off + v.numel()])
-                    off += v.numel()
+    for key in STATE_TENSORS if what == "all" else ("master",):
+        write_state(engine, key, {name: reader.assemble(name, key) for name in mine}, mine)
     _restore_extras(engine, meta, reader.shard(0)[0])
     if what != "module":
         saved = _window(engine, meta, dict(reader.shard(0)[1]["state"]))

@@ -23,6 +23,7 @@ import os
 
 import torch
 
+from . import deepspeed_zero as zero  # noqa: F401  (deepspeed.zero.Init, deepspeed.zero.GatheredParameters)
 from .config import ConfigError, parse
 from .engine import initialize as _zerort_initialize
 

@@ -45,6 +45,11 @@ def track_engine(engine):
     _track(_engines, engine)
 
 
+def engines():
+    """The engines still alive, oldest first."""
+    return [e for e in (r() for r in _engines) if e is not None]
+
+
 def track_comm(comm):
     """comm is closed at exit if it is still alive, after every engine (Communicator._close)."""
     _track(_comms, comm)

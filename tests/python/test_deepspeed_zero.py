@@ -1,0 +1,47 @@
+"""deepspeed.zero.Init and deepspeed.zero.GatheredParameters under zerort.deepspeed, at
+stages 1 and 3, W = 2 under torchrun (zero_worker.py), with a HuggingFace GPT-2."""
+import math
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+W = 2
+
+
+@pytest.fixture(scope="module")
+def ranks(tmp_path_factory):
+    out = str(tmp_path_factory.mktemp("zero") / "out")
+    cmd = [os.path.join(os.path.dirname(sys.executable), "torchrun"), "--standalone", "--nproc_per_node", str(W),
+           os.path.join(HERE, "zero_worker.py"), out]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=dict(os.environ, OMP_NUM_THREADS="1"))
+    assert p.returncode == 0, (p.stdout + p.stderr)[-5000:]
+    return [torch.load(f"{out}.rank{r}.pt") for r in range(W)]
+
+
+@pytest.mark.parametrize("stage", [1, 3])
+def test_init_builds_on_meta_and_gathered_parameters_reads_and_writes(ranks, stage):
+    for rank, results in enumerate(ranks):
+        r = results[stage]
+        assert r["meta"] and r["buffers_real"], (rank, stage)
+        assert r["gathered_shape"] == (32, 128) and r["gathered_equals_master"], (rank, stage)
+        # Rank 0's change inside GatheredParameters(modifier_rank=0) is every rank's master.
+        assert r["c_fc_master"] == [0.25] and r["ln_f_master"] == [2.0], (rank, stage)
+        assert math.isfinite(r["loss"])
+
+
+def test_init_refuses_what_zerort_does_not_do():
+    import zerort.deepspeed as deepspeed
+
+    with pytest.raises(ValueError, match="no parameter offload"):
+        deepspeed.zero.Init(remote_device="cpu")
+    with pytest.raises(ValueError, match="cannot partition a model built already"):
+        deepspeed.zero.Init(module=torch.nn.Linear(2, 2))
+    with deepspeed.zero.Init(enabled=False):
+        assert not torch.nn.Linear(2, 2).weight.is_meta
+    with deepspeed.zero.Init():
+        layer = torch.nn.Linear(2, 2)
+    assert layer.weight.is_meta and not torch.nn.Linear(2, 2).weight.is_meta  # restored on exit
