@@ -189,7 +189,8 @@ class Engine:
 
     # ---- training loop -------------------------------------------------------------
     def __call__(self, *args, **kwargs):
-        """Forward. Floating-point tensor arguments are cast to the compute dtype."""
+        """Forward. Floating-point tensor arguments are cast to the compute dtype (0-dim
+        ones, scalars such as a token count, are passed as they are)."""
         with self._phase("forward"):
             if self._monitor:
                 self._monitor.forward(args, kwargs)
@@ -583,9 +584,11 @@ def alive(ref):
 
 
 def _cast(x, dtype):
-    """Floating-point tensors anywhere in x (tuples, lists, dicts) cast to dtype."""
+    """Floating-point tensors anywhere in x (tuples, lists, dicts) cast to dtype, except
+    0-dimensional ones: those are scalars, not activations (HuggingFace's Trainer passes
+    num_items_in_batch so; in bf16 a count of 1001 would become 1000)."""
     return torch.utils._pytree.tree_map(
-        lambda t: t.to(dtype) if isinstance(t, torch.Tensor) and t.is_floating_point() else t, x)
+        lambda t: t.to(dtype) if isinstance(t, torch.Tensor) and t.is_floating_point() and t.dim() else t, x)
 
 
 def _cast_inputs(dtype):

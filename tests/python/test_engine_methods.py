@@ -275,3 +275,21 @@ def test_deepspeed_backward_arguments_and_forward():
     assert summed.get_global_grad_norm() == pytest.approx(2 * mean.get_global_grad_norm(), rel=1e-6)
     assert (mean.zero_optimization_stage(), mean.fp16_enabled(), mean.bfloat16_enabled(),
             mean.gradient_clipping(), mean.gradient_accumulation_steps()) == (2, False, False, 0.0, 2)
+
+
+def test_scalar_tensor_arguments_keep_their_dtype():
+    """A 0-dim float argument is a scalar (HuggingFace's num_items_in_batch), not an
+    activation: bf16 would round a count of 1001 to 1000."""
+    class Scaled(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(4, 1)
+
+        def forward(self, x, count):
+            self.seen = (x.dtype, count.dtype, float(count))
+            return self.lin(x).float().sum() / count
+
+    m = Scaled()
+    e = zerort.initialize(m, dict({"stage": 2, "precision": "bf16"}, **INPROC))
+    e(torch.randn(3, 4), count=torch.tensor(1001.0))
+    assert m.seen == (torch.bfloat16, torch.float32, 1001.0)
