@@ -185,8 +185,10 @@ def test_phases_record_peak_growth_and_nesting():
     with phases("forward"):  # a second call: the largest growth stays, start/end are the last
         c = torch.empty(MIB, dtype=torch.uint8)
         del c
-    assert phases.result["forward"].growth == 8 * MIB and phases.result["forward"].calls == 2
-    assert set(phases.to_dict()["forward"]) == {"start", "peak", "end", "growth", "calls"}
+    second = phases.result["forward"]
+    assert second.growth == 8 * MIB and second.calls == 2
+    assert second.last_peak == second.start + MIB and second.peak == f.peak  # the last call's own peak
+    assert set(phases.to_dict()["forward"]) == {"start", "peak", "end", "growth", "calls", "last_peak"}
     del kept
 
 
