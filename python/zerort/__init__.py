@@ -20,11 +20,6 @@ def _preload_mpi():
 
 _preload_mpi()
 
-# Every engine builds a torch.optim.Optimizer (engine.optimizer), and torch.optim imports
-# torch._dynamo on first use. Imported then, after gloo's worker threads had started, the
-# exit of a process with gloo collectives in flight aborted ("terminate called", 5 of 6
-# runs of test_exit_stress's inflight case); imported here, with zerort, 0 of 6.
-import torch._dynamo  # noqa: E402,F401
 from . import _C  # noqa: E402
 from ._C import CommTimeoutError, Error, ShardLayout, UsageError  # noqa: E402,F401
 

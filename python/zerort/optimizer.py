@@ -55,11 +55,16 @@ class ZeroOptimizer(torch.optim.Optimizer):
 
     # ---- torch.optim.Optimizer -------------------------------------------------------
     def add_param_group(self, param_group):
+        """Called by torch's constructor only, with a group _normalize checked: the
+        defaults go in. (Not torch's, which imports torch._dynamo: imported after gloo's
+        worker threads had started, exits with collectives in flight aborted.)"""
         if getattr(self, "_laid_out", False):
             raise _C.UsageError("engine.optimizer.add_param_group: zerort lays out the parameters and their "
                                 "optimizer state at initialize; pass every group to zerort.initialize "
                                 "(param_groups=) or deepspeed.initialize (model_parameters=)")
-        super().add_param_group(param_group)
+        for key, value in self.defaults.items():
+            param_group.setdefault(key, value)
+        self.param_groups.append(param_group)
 
     def step(self, closure=None):
         """Called by engine.step() at each accumulation boundary, before the update."""
