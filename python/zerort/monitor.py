@@ -13,7 +13,7 @@ window as its allocator saw it (zerort.phases; torch's statistics on CUDA). The 
 of other ranks travel in one all-gather per step, made only while a monitor is on.
 
 CSV: OUTPUT_PATH/JOB_NAME/metrics.csv, one header and one row per step, flushed at each
-row. TensorBoard: event files in OUTPUT_PATH/JOB_NAME/, written with the tensorboard
+row; a run that finds the file (a resumed one) appends to it, when its columns are the same. TensorBoard: event files in OUTPUT_PATH/JOB_NAME/, written with the tensorboard
 package's writer (scalars under "train/"). python -m zerort.plot OUTPUT_PATH/JOB_NAME
 draws them.
 """
@@ -38,9 +38,18 @@ class Monitor:
             return
         if c.monitor_csv is not None:
             os.makedirs(c.monitor_csv, exist_ok=True)
-            self.csv_file = open(os.path.join(c.monitor_csv, CSV_NAME), "w", newline="")
+            path = os.path.join(c.monitor_csv, CSV_NAME)
+            header = columns(self.groups, self.world)
+            if os.path.exists(path) and os.path.getsize(path):  # a resumed run appends to its file
+                with open(path, newline="") as f:
+                    first = next(csv.reader(f), None)
+                if first != header:
+                    raise ValueError(f"zerort monitor: {path} holds another run's columns ({first}); give this run "
+                                     "another monitor output_path or job_name, or remove the file")
+            self.csv_file = open(path, "a", newline="")
             self.csv = csv.writer(self.csv_file)
-            self.csv.writerow(columns(self.groups, self.world))
+            if not self.csv_file.tell():
+                self.csv.writerow(header)
             self.csv_file.flush()
         if c.monitor_tensorboard is not None:
             from torch.utils.tensorboard import SummaryWriter  # needs the tensorboard package
