@@ -15,6 +15,7 @@ under an unknown key is named in a line, not repeated.
 """
 import dataclasses
 import difflib
+import functools
 import json
 import math
 import os
@@ -501,16 +502,22 @@ def known_keys(deepspeed=False):
     return list(problems.known)
 
 
+@functools.lru_cache(maxsize=None)
+def _markers():
+    """Top-level keys only DeepSpeed's form has."""
+    from .ds_keys import TABLE
+
+    ours = {k.split(".")[0] for k in known_keys()}
+    return frozenset(DEEPSPEED_MARKERS | {k.split(".")[0] for k in TABLE} - ours)
+
+
 def _parser(cfg, form=None):
     """Our form's parser, or DeepSpeed's (zerort.ds_config) for a config in its schema."""
     from .ds_config import parse_deepspeed
-    from .ds_keys import TABLE
 
     if form == "deepspeed":
         return parse_deepspeed
-    ours = {k.split(".")[0] for k in known_keys()}
-    markers = DEEPSPEED_MARKERS | {k.split(".")[0] for k in TABLE} - ours
-    deepspeed = bool(markers & cfg.keys()) or isinstance(cfg.get("optimizer"), dict) and "type" in cfg["optimizer"]
+    deepspeed = bool(_markers() & cfg.keys()) or isinstance(cfg.get("optimizer"), dict) and "type" in cfg["optimizer"]
     if not deepspeed:
         return _parse_ours
 

@@ -38,6 +38,8 @@ def _empty(v):
 
 FALSY, DISABLED, EMPTY = (_falsy, "false (or leave the key out)"), (_disabled, '{"enabled": false}'), \
     (_empty, "nothing (leave the section out)")
+NULL = (lambda v: v is None, "null (or leave the key out)")
+NO_DEVICE = (lambda v: isinstance(v, dict) and v.get("device", "none") in ("none", None), '{"device": "none"}')
 
 
 def a(path, note, kind=None):
@@ -103,7 +105,7 @@ KEYS = [
     d("optimizer.params.bias_correction", "Adam without bias correction", _only(True)),
     d("optimizer.params.amsgrad", "AMSGrad"),
     d("optimizer.params.max_grad_norm", "an optimizer-side clip: use the top-level gradient_clipping",
-      (lambda v: v is None, "nothing (use gradient_clipping)")),
+      NULL),
     a("optimizer.legacy_fusion", "no effect", kind=BOOL),
     c("scheduler.type", "WarmupLR, WarmupDecayLR, WarmupCosineLR, OneCycle, LRRangeTest (zerort.lr_schedules)"),
     c("scheduler.params", "each schedule's parameters, DeepSpeed's formulas, stepped after every applied update"),
@@ -127,8 +129,8 @@ KEYS = [
     d("torch_autocast", "torch.autocast: zerort computes in the precision it is given", DISABLED),
     b("data_types.grad_accum_dtype", "fp32 at stages 2-3 (the FP32 gradient shard), the compute dtype at "
       "stages 0-1; another dtype is an error"),
-    d("data_types.param_dtype", "a parameter dtype beside bf16.enabled/fp16.enabled", (lambda v: v is None, "null")),
-    d("data_types.buffer_dtype", "a buffer dtype: zerort.precision decides", (lambda v: v is None, "null")),
+    d("data_types.param_dtype", "a parameter dtype beside bf16.enabled/fp16.enabled", NULL),
+    d("data_types.buffer_dtype", "a buffer dtype: zerort.precision decides", NULL),
     # ---- ZeRO ----
     a("zero_optimization.stage", "the same: 0, 1, 2, 3"),
     a("zero_optimization.overlap_comm", "zerort always overlaps reduces with backward (its comm thread)", kind=BOOL),
@@ -166,10 +168,8 @@ KEYS = [
       "not DeepSpeed's 1e5)"),
     b("zero_optimization.stage3_max_live_parameters", "caps stage3.prefetch: the unit running and those gathered "
       "ahead hold at most this many elements (not given: no cap)"),
-    d("zero_optimization.offload_optimizer", "optimizer offload to CPU or NVMe",
-      (lambda v: isinstance(v, dict) and v.get("device", "none") in ("none", None), '{"device": "none"}')),
-    d("zero_optimization.offload_param", "parameter offload to CPU or NVMe",
-      (lambda v: isinstance(v, dict) and v.get("device", "none") in ("none", None), '{"device": "none"}')),
+    d("zero_optimization.offload_optimizer", "optimizer offload to CPU or NVMe", NO_DEVICE),
+    d("zero_optimization.offload_param", "parameter offload to CPU or NVMe", NO_DEVICE),
     d("zero_optimization.cpu_offload", "CPU offload"),
     d("zero_optimization.cpu_offload_param", "CPU offload"),
     d("zero_optimization.zero_quantized_weights", "quantized weights (ZeRO++)"),

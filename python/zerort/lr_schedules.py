@@ -33,7 +33,8 @@ def _warmup_fraction(i, steps, kind):
 
 
 class _Schedule:
-    """Shared by every schedule: step(), the lr list, and the saved iteration."""
+    """Shared by every schedule: step(), the lr list, and the saved iteration. Each
+    schedule defines get_lr(): the lr of every group at self.last_batch_iteration."""
 
     def __init__(self, optimizer, last_batch_iteration=-1):
         self.optimizer = optimizer
@@ -41,9 +42,6 @@ class _Schedule:
         self._last_lr = None
         if last_batch_iteration == -1:
             self._apply()
-
-    def get_lr(self):
-        raise NotImplementedError
 
     def _apply(self):
         lrs = self.get_lr()
@@ -137,9 +135,6 @@ class WarmupCosineLR(_Schedule):
     def get_lr(self):
         r = self.ratio()
         return [lr * r for lr in self.org_lrs]
-
-    def state_dict(self):
-        return {"last_batch_iteration": self.last_batch_iteration}
 
 
 class LRRangeTest(_Schedule):

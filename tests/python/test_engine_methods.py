@@ -7,21 +7,11 @@ import torch.nn as nn
 
 import zerort
 from zerort import UsageError
+from test_engine_api import INPROC, DictUnits
 
-INPROC = {"comm": {"backend": "inprocess"}}
 
-
-class Net(nn.Module):
-    def __init__(self):
-        super().__init__()
-        torch.manual_seed(0)
-        self.a = nn.Linear(6, 8)
-        self.norm = nn.LayerNorm(8)
-        self.b = nn.Linear(8, 2)
-        self.tag = "net"
-
-    def forward(self, x):
-        return self.b(self.norm(self.a(x)))
+class Net(DictUnits):
+    tag = "net"  # a plain attribute of the module, for engine attribute forwarding
 
 
 def batch(step):
