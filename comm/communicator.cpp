@@ -8,8 +8,8 @@
 #include <tuple>
 #include <vector>
 
-#include "comm/error.h"
 #include "comm/local_reduce.h"
+#include "core/error.h"
 
 namespace zerort {
 

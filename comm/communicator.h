@@ -9,8 +9,8 @@
 #include <string>
 
 #include "comm/call_log.h"
-#include "comm/dtype.h"
 #include "comm/work.h"
+#include "core/dtype.h"
 
 namespace zerort {
 

@@ -1,7 +1,7 @@
 #include "comm/communicator_factory.h"
 
-#include "comm/error.h"
 #include "comm/inprocess_communicator.h"
+#include "core/error.h"
 #include "zerort/config.h"
 #if ZERORT_WITH_MPI
 #include "comm/mpi_communicator.h"

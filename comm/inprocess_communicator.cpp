@@ -2,8 +2,8 @@
 
 #include <cstring>
 
-#include "comm/error.h"
 #include "comm/local_reduce.h"
+#include "core/error.h"
 
 namespace zerort {
 

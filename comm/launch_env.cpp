@@ -2,7 +2,7 @@
 
 #include <cstdlib>
 
-#include "comm/error.h"
+#include "core/error.h"
 
 namespace zerort {
 

@@ -3,8 +3,8 @@
 #include <cmath>
 #include <cstdint>
 
-#include "comm/error.h"
-#include "comm/half.h"
+#include "core/error.h"
+#include "core/half.h"
 
 namespace zerort {
 

@@ -3,7 +3,7 @@
 
 #include <cstddef>
 
-#include "comm/dtype.h"
+#include "core/dtype.h"
 
 namespace zerort {
 

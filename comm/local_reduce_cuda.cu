@@ -2,9 +2,9 @@
 
 #include <cstdint>
 
-#include "comm/cuda_check.h"
-#include "comm/error.h"
-#include "comm/half.h"
+#include "core/cuda_check.h"
+#include "core/error.h"
+#include "core/half.h"
 
 namespace zerort {
 

@@ -9,8 +9,8 @@
 #include <thread>
 #include <vector>
 
-#include "comm/error.h"
 #include "comm/local_reduce.h"
+#include "core/error.h"
 
 namespace zerort {
 

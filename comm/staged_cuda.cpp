@@ -2,8 +2,8 @@
 // legacy default stream, so a copy out of a device buffer orders after the work that wrote it.
 #include <cuda_runtime_api.h>
 
-#include "comm/cuda_check.h"
 #include "comm/staged_communicator.h"
+#include "core/cuda_check.h"
 
 namespace zerort {
 

@@ -2,7 +2,7 @@
 
 #include <sstream>
 
-#include "comm/error.h"
+#include "core/error.h"
 
 namespace zerort {
 

@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "comm/communicator_factory.h"
-#include "comm/half.h"
+#include "core/half.h"
 
 int main() {
   using namespace zerort;

@@ -2,7 +2,7 @@
 
 #include <cmath>
 
-#include "comm/error.h"
+#include "core/error.h"
 #include "optim/adamw_math.h"
 #include "optim/parallel_for.h"
 

@@ -7,7 +7,7 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "comm/dtype.h"
+#include "core/dtype.h"
 
 namespace zerort {
 

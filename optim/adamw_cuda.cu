@@ -3,8 +3,8 @@
 #include <cstdint>
 #include <vector>
 
+#include "core/cuda_check.h"
 #include "optim/adamw_math.h"
-#include "comm/cuda_check.h"
 
 namespace zerort {
 

@@ -9,7 +9,7 @@
 #include <cmath>
 #include <cstdint>
 
-#include "comm/half.h"
+#include "core/half.h"
 #include "optim/adamw.h"
 
 namespace zerort {

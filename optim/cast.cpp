@@ -3,8 +3,8 @@
 #include <cstdint>
 #include <cstring>
 
-#include "comm/error.h"
-#include "comm/half.h"
+#include "core/error.h"
+#include "core/half.h"
 
 namespace zerort {
 

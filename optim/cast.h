@@ -1,11 +1,11 @@
 // Bulk casts between FP32 and bf16/f16 on the CPU. Round to nearest even; NaN, Inf and
-// subnormals behave as in comm/half.h. Bitwise equal to torch's .to() for every non-NaN
+// subnormals behave as in core/half.h. Bitwise equal to torch's .to() for every non-NaN
 // value (tests/python/test_cast.py checks all 65,536 patterns and 10^6 random floats).
 #pragma once
 
 #include <cstddef>
 
-#include "comm/dtype.h"
+#include "core/dtype.h"
 
 namespace zerort {
 

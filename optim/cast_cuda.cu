@@ -2,8 +2,8 @@
 
 #include <cstdint>
 
-#include "comm/half.h"
-#include "comm/cuda_check.h"
+#include "core/cuda_check.h"
+#include "core/half.h"
 
 namespace zerort {
 

@@ -1,4 +1,4 @@
-// CUDA versions of optim/cast.h: same rounding (shared comm/half.h code), on a stream.
+// CUDA versions of optim/cast.h: same rounding (shared core/half.h code), on a stream.
 // Built only when nvcc is found (config.h ZERORT_WITH_CUDA).
 #pragma once
 
@@ -6,7 +6,7 @@
 
 #include <cstddef>
 
-#include "comm/dtype.h"
+#include "core/dtype.h"
 
 namespace zerort {
 

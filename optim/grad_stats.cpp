@@ -2,8 +2,8 @@
 
 #include <vector>
 
-#include "comm/error.h"
-#include "comm/half.h"
+#include "core/error.h"
+#include "core/half.h"
 #include "optim/parallel_for.h"
 
 namespace zerort {

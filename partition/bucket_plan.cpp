@@ -1,6 +1,6 @@
 #include "partition/bucket_plan.h"
 
-#include "comm/error.h"
+#include "core/error.h"
 
 namespace zerort {
 

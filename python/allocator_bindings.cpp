@@ -2,7 +2,7 @@
 // start a new peak window, mark a generation. zerort/phases.py is the Python side.
 #include <torch/extension.h>
 
-#include "comm/error.h"
+#include "core/error.h"
 #include "runtime/counting_allocator.h"
 
 namespace py = pybind11;

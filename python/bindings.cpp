@@ -9,15 +9,15 @@
 
 #include "comm/communicator.h"
 #include "comm/communicator_factory.h"
-#include "comm/error.h"
 #include "comm/gloo/gloo_communicator.h"
 #include "comm/launch_env.h"
 #include "comm/staged_communicator.h"
+#include "core/error.h"
 #include "optim/adamw.h"
-#include "runtime/device_kernels.h"
 #include "partition/bucket_plan.h"
 #include "partition/shard_layout.h"
 #include "python/without_gil.h"
+#include "runtime/device_kernels.h"
 #include "zerort/config.h"
 #if ZERORT_WITH_NCCL
 #include "comm/nccl/nccl_communicator.h"

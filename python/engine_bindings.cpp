@@ -5,7 +5,7 @@
 #include <algorithm>
 #include <iterator>
 
-#include "comm/error.h"
+#include "core/error.h"
 #include "python/without_gil.h"
 #include "runtime/engine.h"
 #include "runtime/shard_optimizer.h"

@@ -6,7 +6,7 @@
 
 #include <c10/core/CPUAllocator.h>
 
-#include "comm/error.h"
+#include "core/error.h"
 
 namespace zerort {
 

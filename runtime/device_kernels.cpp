@@ -1,13 +1,13 @@
 #include "runtime/device_kernels.h"
 
-#include "comm/error.h"
+#include "core/error.h"
 #include "optim/cast.h"
 #include "zerort/config.h"
 #if ZERORT_WITH_CUDA
-#include "comm/cuda_check.h"
+#include "comm/local_reduce_cuda.h"
+#include "core/cuda_check.h"
 #include "optim/adamw_cuda.h"
 #include "optim/cast_cuda.h"
-#include "comm/local_reduce_cuda.h"
 #endif
 
 namespace zerort {

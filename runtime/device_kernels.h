@@ -7,8 +7,8 @@
 
 #include <cstddef>
 
-#include "comm/dtype.h"
 #include "comm/local_reduce.h"
+#include "core/dtype.h"
 #include "optim/adamw.h"
 #include "optim/grad_stats.h"
 

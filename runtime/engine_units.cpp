@@ -11,7 +11,7 @@
 
 #include <algorithm>
 
-#include "comm/error.h"
+#include "core/error.h"
 #include "runtime/device_kernels.h"
 #include "runtime/engine_parts.h"
 

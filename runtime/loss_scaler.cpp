@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <cmath>
 
-#include "comm/error.h"
+#include "core/error.h"
 
 namespace zerort {
 

@@ -12,7 +12,7 @@
 #include <cmath>
 #include <string>
 
-#include "comm/error.h"
+#include "core/error.h"
 #include "runtime/device_kernels.h"
 #include "runtime/step_decision.h"
 

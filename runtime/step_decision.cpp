@@ -5,7 +5,7 @@
 #include <string>
 #include <vector>
 
-#include "comm/error.h"
+#include "core/error.h"
 
 namespace zerort {
 

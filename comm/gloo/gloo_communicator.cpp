@@ -5,7 +5,7 @@
 
 #include <algorithm>
 
-#include "comm/error.h"
+#include "core/error.h"
 
 namespace zerort {
 

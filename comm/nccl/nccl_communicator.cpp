@@ -6,11 +6,11 @@
 #include <functional>
 #include <vector>
 
-#include "comm/cuda_check.h"
-#include "comm/error.h"
 #include "comm/launch_env.h"
 #include "comm/local_reduce_cuda.h"
 #include "comm/nccl/nccl_work.h"
+#include "core/cuda_check.h"
+#include "core/error.h"
 #include "zerort/config.h"
 #if ZERORT_WITH_MPI
 #include "comm/mpi_communicator.h"

@@ -2,8 +2,8 @@
 
 #include <thread>
 
-#include "comm/cuda_check.h"
-#include "comm/error.h"
+#include "core/cuda_check.h"
+#include "core/error.h"
 
 namespace zerort {
 

@@ -5,7 +5,7 @@
 #include <random>
 #include <sstream>
 
-#include "comm/half.h"
+#include "core/half.h"
 
 namespace zerort::testing {
 

@@ -8,8 +8,8 @@
 #include <thread>
 
 #include "collective_cases.h"
-#include "comm/error.h"
 #include "comm/mpi_communicator.h"
+#include "core/error.h"
 #include "mpi_test_main.h"
 
 namespace zerort::testing {

@@ -5,7 +5,7 @@
 #include <chrono>
 #include <thread>
 
-#include "comm/error.h"
+#include "core/error.h"
 #include "run_ranks.h"
 
 namespace zerort::testing {

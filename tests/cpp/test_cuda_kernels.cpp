@@ -10,13 +10,13 @@
 #include <cstring>
 #include <random>
 
-#include "comm/half.h"
+#include "core/cuda_check.h"
+#include "core/half.h"
 #include "optim/adamw.h"
 #include "optim/adamw_cuda.h"
 #include "optim/cast.h"
-#include "optim/grad_stats.h"
 #include "optim/cast_cuda.h"
-#include "comm/cuda_check.h"
+#include "optim/grad_stats.h"
 
 namespace zerort {
 namespace {

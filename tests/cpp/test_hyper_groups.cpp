@@ -10,7 +10,7 @@
 #include <cmath>
 #include <vector>
 
-#include "comm/error.h"
+#include "core/error.h"
 #include "run_ranks.h"
 #include "runtime/shard_optimizer.h"
 

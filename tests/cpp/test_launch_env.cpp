@@ -4,8 +4,8 @@
 #include <map>
 
 #include "comm/communicator_factory.h"
-#include "comm/error.h"
 #include "comm/launch_env.h"
+#include "core/error.h"
 
 namespace zerort {
 namespace {

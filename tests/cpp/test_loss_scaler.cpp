@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "comm/error.h"
+#include "core/error.h"
 #include "runtime/loss_scaler.h"
 
 namespace zerort {

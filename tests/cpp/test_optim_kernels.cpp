@@ -13,7 +13,7 @@
 #include <string>
 #include <vector>
 
-#include "comm/error.h"
+#include "core/error.h"
 #include "optim/adamw.h"
 #include "optim/cast.h"
 #include "optim/grad_stats.h"

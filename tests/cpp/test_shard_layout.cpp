@@ -4,7 +4,7 @@
 
 #include <random>
 
-#include "comm/error.h"
+#include "core/error.h"
 #include "partition/shard_layout.h"
 
 namespace zerort {

@@ -4,7 +4,7 @@
 
 #include <vector>
 
-#include "comm/error.h"
+#include "core/error.h"
 #include "run_ranks.h"
 #include "runtime/step_decision.h"
 

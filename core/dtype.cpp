@@ -1,6 +1,6 @@
-#include "comm/dtype.h"
+#include "core/dtype.h"
 
-#include "comm/error.h"
+#include "core/error.h"
 
 namespace zerort {
 

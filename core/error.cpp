@@ -1,4 +1,4 @@
-#include "comm/error.h"
+#include "core/error.h"
 
 namespace zerort {
 

@@ -3,7 +3,7 @@
 
 #include <cuda_runtime_api.h>
 
-#include "comm/error.h"
+#include "core/error.h"
 
 #define ZRT_CHECK_CUDA(call)                                                               \
   do {                                                                                     \
