@@ -524,6 +524,11 @@ def _parser(cfg, form=None):
     return parse_deepspeed
 
 
+def is_deepspeed_form(cfg):
+    """Whether parse() reads the dict cfg in DeepSpeed's form (its keys tell)."""
+    return _parser(dict(cfg)) is not _parse_ours
+
+
 def _without_auto(d, prefix, lines, path_ids=()):
     """A copy of DeepSpeed config d without its "auto" values, each a problem: only
     HuggingFace's Trainer integration fills them in. A section that contains itself is

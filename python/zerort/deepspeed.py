@@ -45,7 +45,7 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None, tra
     if optimizer is not None and "optimizer" in _raw(config):
         raise ConfigError(["optimizer: the config has an optimizer section and initialize() was given optimizer= "
                            "too; keep one of them (as DeepSpeed requires)"])
-    groups = _param_groups(optimizer, model_parameters, c, model)
+    groups = optimizer_groups(optimizer, model_parameters, model)
     engine = _zerort_initialize(model, c, param_groups=groups, lr_scheduler=lr_scheduler)
     loader = None if training_data is None else dataloader(engine, training_data, collate_fn)
     return engine, engine.optimizer, loader, engine.lr_scheduler
@@ -73,26 +73,27 @@ def _config_source(args, config, config_params):
     return given[0]
 
 
-def _param_groups(optimizer, model_parameters, c, model):
-    """The param groups for zerort's AdamW, from DeepSpeed's optimizer= / model_parameters=."""
+def optimizer_groups(optimizer, model_parameters, model, who="deepspeed.initialize"):
+    """The param groups for zerort's AdamW, from DeepSpeed's optimizer= / model_parameters=
+    (who: the caller named in errors)."""
     if optimizer is None:
         return model_parameters
     if callable(optimizer) and not isinstance(optimizer, torch.optim.Optimizer):
         optimizer = optimizer(model_parameters if model_parameters is not None else model.parameters())
     name = type(optimizer).__name__
     if not isinstance(optimizer, (torch.optim.AdamW, torch.optim.Adam)):
-        raise TypeError(f"deepspeed.initialize: optimizer is a {name}; zerort runs its own fused AdamW, and takes "
+        raise TypeError(f"{who}: optimizer is a {name}; zerort runs its own fused AdamW, and takes "
                         "a torch.optim.AdamW (or Adam without weight decay) only for its param groups. Pass "
                         "model_parameters= and an \"optimizer\" config section instead")
     groups = []
     for k, g in enumerate(optimizer.param_groups):
         decoupled = g.get("decoupled_weight_decay", isinstance(optimizer, torch.optim.AdamW))
         if not decoupled and g["weight_decay"]:
-            raise ValueError(f"deepspeed.initialize: the {name} optimizer has coupled weight_decay "
+            raise ValueError(f"{who}: the {name} optimizer has coupled weight_decay "
                              f"{g['weight_decay']:g} in param group {k}: Adam's L2 decay is added to the gradient, "
                              "zerort's AdamW decays the weights directly; use torch.optim.AdamW or weight_decay 0")
         if g.get("amsgrad") or g.get("maximize"):
-            raise ValueError(f"deepspeed.initialize: param group {k} of the {name} asks for amsgrad or maximize, "
+            raise ValueError(f"{who}: param group {k} of the {name} asks for amsgrad or maximize, "
                              "which zerort's AdamW does not do")
         groups.append({"params": list(g["params"]), "lr": g["lr"], "betas": tuple(g["betas"]), "eps": g["eps"],
                        "weight_decay": g["weight_decay"]})

@@ -192,7 +192,7 @@ class Engine:
         """Forward. Floating-point tensor arguments are cast to the compute dtype (0-dim
         ones, scalars such as a token count, are passed as they are)."""
         with self._phase("forward"):
-            if self._monitor:
+            if self._monitor and self.module.training:
                 self._monitor.forward(args, kwargs)
             args, kwargs = _cast((args, kwargs), self.dtype)
             t0 = time.perf_counter()

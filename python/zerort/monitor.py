@@ -3,12 +3,14 @@
     "monitor": {"csv": true, "tensorboard": true, "output_path": "runs", "job_name": "gpt"}
     (DeepSpeed's form: "csv_monitor" / "tensorboard": {"enabled", "output_path", "job_name"})
 
-Every accumulation boundary (skipped steps included) writes: the step, the mean loss over
-the window's backward() calls on every rank, the lr of each param group, the loss scale,
+Every accumulation boundary (skipped steps included) writes: the step, the loss (the sum of
+the window's backward() losses over gradient_accumulation_steps, averaged over ranks: the
+window's mean loss, whether each backward() is given a micro-step's mean loss or, as
+zerort.hf.Trainer does, one already divided by its own accumulation), the lr of each param group, the loss scale,
 the global gradient norm (before clipping), whether the step was skipped, the skipped steps
 so far, the non-finite gradient values, tokens per second (the elements of the first
-integer tensor given to engine(...), else its first tensor's first dimension, on every
-rank, over the wall time since the previous row) and each rank's memory peak over the
+integer tensor given to engine(...) in training mode, else its first tensor's first
+dimension, on every rank, over the wall time since the previous row) and each rank's memory peak over the
 window as its allocator saw it (zerort.phases; torch's statistics on CUDA). The figures
 of other ranks travel in one all-gather per step, made only while a monitor is on.
 
@@ -57,6 +59,7 @@ class Monitor:
             self.tensorboard = SummaryWriter(log_dir=c.monitor_tensorboard)
 
     def forward(self, args, kwargs):
+        """Counts a training forward's tokens (evaluation forwards are not training throughput)."""
         tensors = [t for t in torch.utils._pytree.tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
         ints = [t for t in tensors if not t.is_floating_point() and t.dim() > 0]
         if ints:
@@ -80,8 +83,9 @@ class Monitor:
         self.loss_sum, self.loss_count, self.tokens, self.peak = 0.0, 0, 0, 0
         if self.rank != 0:
             return
-        count = float(every[:, 1].sum())
-        row = {"step": engine.global_steps, "loss": float(every[:, 0].sum()) / count if count else float("nan")}
+        count, gas = float(every[:, 1].sum()), engine.config.gradient_accumulation_steps
+        row = {"step": engine.global_steps,
+               "loss": float(every[:, 0].sum()) / (self.world * gas) if count else float("nan")}
         row.update({f"lr{k}": g["lr"] for k, g in enumerate(engine.optimizer.param_groups)})
         row.update(loss_scale=s["loss_scale"], grad_norm=s["grad_norm"], skipped=int(s["skipped"]),
                    skipped_steps=engine.skipped_steps, nonfinite=s["nonfinite"],

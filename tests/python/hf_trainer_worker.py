@@ -1,0 +1,162 @@
+"""A Trainer script on zerort.hf.Trainer, and the stock transformers.Trainer it must match.
+
+    torchrun --nproc_per_node 2 hf_trainer_worker.py zerort OUT WORK   (W = 2)
+    python hf_trainer_worker.py stock OUT WORK                          (W = 1: the reference,
+                                                                        then a resume of W = 2's checkpoint)
+
+Both sides see the same samples in every window: the data are read in order (a sequential
+sampler on both), the global batch is 8 (W = 2: 2 per device x accumulation 2; W = 1: 2 x 4).
+Rank 0 writes OUT.json (logged values, checks) and OUT.pt (weights)."""
+import json
+import os
+import sys
+
+import torch
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+from engine_models import HF_SEQ, HF_VOCAB, hf_model  # noqa: E402
+
+import transformers  # noqa: E402
+
+import zerort  # noqa: E402
+import zerort.hf  # noqa: E402
+
+SAMPLES, GLOBAL_BATCH, PER_DEVICE = 80, 8, 2  # 10 steps of 8
+MODELS = ("gpt2", "llama")
+PARITY_STEPS, STAGES = 6, (1, 2, 3)
+RESUME_MODEL, RESUME_STAGE, SAVE_AT, STEPS = "llama", 3, 5, 10
+MODEL_CLASS = {"gpt2": transformers.GPT2LMHeadModel, "llama": transformers.LlamaForCausalLM}
+
+
+class Samples(torch.utils.data.Dataset):
+    def __init__(self, n, seed):
+        g = torch.Generator().manual_seed(seed)
+        self.ids = torch.randint(2, HF_VOCAB, (n, HF_SEQ), generator=g)
+
+    def __len__(self):
+        return len(self.ids)
+
+    def __getitem__(self, i):
+        return {"input_ids": self.ids[i], "labels": self.ids[i]}
+
+
+def in_order(trainer_class):
+    """trainer_class reading the training data in order (the same windows at any W)."""
+    class InOrder(trainer_class):
+        def _get_train_sampler(self, train_dataset=None):
+            return torch.utils.data.SequentialSampler(train_dataset or self.train_dataset)
+    return InOrder
+
+
+def arguments(work, world, steps, **kw):
+    values = dict(output_dir=work, use_cpu=True, per_device_train_batch_size=PER_DEVICE,
+                  per_device_eval_batch_size=PER_DEVICE, gradient_accumulation_steps=GLOBAL_BATCH // (PER_DEVICE * world),
+                  max_steps=steps, learning_rate=2e-3, weight_decay=0.1, warmup_steps=2, lr_scheduler_type="linear",
+                  max_grad_norm=0.5, logging_steps=1, report_to=[], save_strategy="no", seed=7, disable_tqdm=True)
+    return transformers.TrainingArguments(**{**values, **kw})
+
+
+def logged(trainer):
+    """The training steps' logged loss, grad_norm and learning_rate."""
+    return [{k: h[k] for k in ("step", "loss", "grad_norm", "learning_rate")}
+            for h in trainer.state.log_history if "loss" in h]
+
+
+def zerort_trainer(model, work, world, steps, config, **kw):
+    return in_order(zerort.hf.Trainer)(model=model, args=arguments(work, world, steps, **kw),
+                                       train_dataset=Samples(SAMPLES, 0), eval_dataset=Samples(8, 1),
+                                       zerort_config=config)
+
+
+def config(stage, monitor=None):
+    """DeepSpeed's form with HuggingFace's "auto" values, as a Trainer user writes it."""
+    c = {"zero_optimization": {"stage": stage, "reduce_bucket_size": "auto"},
+         "train_micro_batch_size_per_gpu": "auto", "gradient_accumulation_steps": "auto",
+         "gradient_clipping": "auto", "bf16": {"enabled": "auto"},
+         "optimizer": {"type": "AdamW", "params": {"lr": "auto", "weight_decay": "auto"}}}
+    if monitor:
+        c["csv_monitor"] = {"enabled": True, "output_path": monitor, "job_name": "trainer"}
+        c["tensorboard"] = {"enabled": True, "output_path": monitor, "job_name": "trainer"}
+    return c
+
+
+def fresh(name):
+    torch.manual_seed(1234)
+    return hf_model(name)
+
+
+def master(trainer):
+    return trainer.engine.full_state_dict(master=True)
+
+
+def zerort_side(out, work):
+    rank = int(os.environ.get("RANK", 0))
+    result, weights = {"parity": {}}, {}
+    for name in MODELS:  # stages 1-3 against the stock Trainer
+        for stage in STAGES:
+            t = zerort_trainer(fresh(name), f"{work}/p-{name}-{stage}", 2, PARITY_STEPS, config(stage))
+            t.train()
+            result["parity"][f"{name}:{stage}"] = logged(t)
+    # Straight to 10 with checkpoints every 5 steps, then a second run resumed from step 5.
+    t = zerort_trainer(fresh(RESUME_MODEL), f"{work}/straight", 2, STEPS, config(RESUME_STAGE, f"{work}/runs"),
+                       save_strategy="steps", save_steps=SAVE_AT, save_total_limit=2)
+    t.train()
+    result["straight"], weights["straight"] = logged(t), master(t)
+    r = zerort_trainer(fresh(RESUME_MODEL), f"{work}/resumed", 2, STEPS, config(RESUME_STAGE),
+                       save_strategy="steps", save_steps=SAVE_AT)
+    r.train(resume_from_checkpoint=f"{work}/straight/checkpoint-{SAVE_AT}")
+    result["resumed"], weights["resumed"] = logged(r), master(r)
+    # save_model() -> from_pretrained: the FP32 master exactly; then the same folder read unit by unit.
+    t.save_model(f"{work}/final")
+    result["eval_loss"] = t.evaluate()["eval_loss"]  # stage 3: the engine's hooks gather each unit
+    prompt = torch.arange(2, 8).view(1, -1)
+    with t.engine.gathered_parameters():
+        result["generated"] = t.model.generate(prompt, max_new_tokens=5, do_sample=False).tolist()
+    lazy = zerort.hf.from_pretrained(MODEL_CLASS[RESUME_MODEL], f"{work}/final")
+    result["lazy_meta"] = all(p.is_meta for p in lazy.parameters())
+    lz = zerort_trainer(lazy, f"{work}/lazy", 2, STEPS, config(3))
+    lz.evaluate()
+    weights["lazy"] = master(lz)
+    # GPT2's tied head through save_model at stage 2.
+    g = zerort_trainer(fresh("gpt2"), f"{work}/gpt2", 2, 2, config(2))
+    g.train()
+    g.save_model(f"{work}/gpt2-final")
+    weights["gpt2"] = master(g)
+    if rank == 0:
+        torch.save(weights, out + ".pt")
+        with open(out + ".json", "w") as f:
+            json.dump(result, f)
+
+
+def stock_side(out, work):
+    """W = 1: the stock Trainer's values, the saved models read back, and a W = 1 resume of
+    W = 2's checkpoint."""
+    result = {"parity": {}}
+    for name in MODELS:
+        t = in_order(transformers.Trainer)(model=fresh(name), args=arguments(f"{work}/s-{name}", 1, PARITY_STEPS),
+                                           train_dataset=Samples(SAMPLES, 0))
+        t.train()
+        result["parity"][name] = logged(t)
+    final = MODEL_CLASS[RESUME_MODEL].from_pretrained(f"{work}/final")
+    weights = {"final": {k: v.detach() for k, v in final.state_dict().items()}}
+    result["final_dtype"] = str(final.dtype)
+    ev = transformers.Trainer(model=final, args=arguments(f"{work}/e", 1, 1), eval_dataset=Samples(8, 1))
+    result["eval_loss"] = ev.evaluate()["eval_loss"]
+    with torch.no_grad():
+        result["generated"] = final.generate(torch.arange(2, 8).view(1, -1), max_new_tokens=5,
+                                             do_sample=False).tolist()
+    gpt2 = transformers.GPT2LMHeadModel.from_pretrained(f"{work}/gpt2-final")
+    weights["gpt2"] = {k: v.detach() for k, v in gpt2.state_dict().items()}
+    result["gpt2_tied"] = gpt2.lm_head.weight is gpt2.transformer.wte.weight
+    r = zerort_trainer(fresh(RESUME_MODEL), f"{work}/resumed-w1", 1, STEPS, config(RESUME_STAGE))
+    r.train(resume_from_checkpoint=f"{work}/straight/checkpoint-{SAVE_AT}")
+    result["resumed_w1"] = logged(r)
+    torch.save(weights, out + ".pt")
+    with open(out + ".json", "w") as f:
+        json.dump(result, f)
+
+
+if __name__ == "__main__":
+    transformers.logging.set_verbosity_error()
+    {"zerort": zerort_side, "stock": stock_side}[sys.argv[1]](sys.argv[2], sys.argv[3])
