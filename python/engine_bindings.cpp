@@ -58,39 +58,68 @@ std::vector<AdamWHyper> hypers(const std::vector<std::array<double, 5>>& rows) {
   return out;
 }
 
-// Options come from zerort/config.py's validated Config, as keyword arguments; the same
-// keywords build an Engine (stage, bucket) and a ShardOptimizer (which ignores those two).
-EngineOptions engine_options(const py::kwargs& kw) {
-  static const char* const kKeys[] = {"stage", "precision", "lr", "beta1", "beta2", "eps", "weight_decay",
+// Options come from zerort/config.py's validated Config, as keyword arguments. A
+// ShardOptimizer takes the optimizer's keywords; an Engine takes those and its own.
+const char* const kOptimizerKeys[] = {"precision", "lr", "beta1", "beta2", "eps", "weight_decay",
                                       "initial_scale_power", "window", "hysteresis", "min_scale",
-                                      "consecutive_hysteresis", "static_scale", "clip", "accumulation", "bucket",
-                                      "materialize"};
+                                      "consecutive_hysteresis", "static_scale", "clip", "accumulation"};
+const char* const kEngineKeys[] = {"stage", "bucket", "materialize"};
+
+bool listed(const char* const* begin, const char* const* end, const std::string& key) {
+  return std::find_if(begin, end, [&](const char* k) { return key == k; }) != end;
+}
+
+void check_keywords(const py::kwargs& kw, bool engine, const char* what) {
   for (auto item : kw) {
     const auto key = item.first.cast<std::string>();
-    ZRT_CHECK(std::find(std::begin(kKeys), std::end(kKeys), key) != std::end(kKeys),
-              "engine options: unknown keyword '", key, "'");
+    ZRT_CHECK(listed(std::begin(kOptimizerKeys), std::end(kOptimizerKeys), key) ||
+                  (engine && listed(std::begin(kEngineKeys), std::end(kEngineKeys), key)),
+              what, " options: unknown keyword '", key, "'");
   }
-  auto get = [&](const char* key, auto fallback) {
-    return kw.contains(key) ? kw[key].cast<decltype(fallback)>() : fallback;
-  };
-  EngineOptions o;
-  o.stage = get("stage", 2);
-  o.precision = parse_dtype(get("precision", std::string("bf16")));
-  o.adamw = AdamWHyper{get("lr", o.adamw.lr), get("beta1", o.adamw.beta1), get("beta2", o.adamw.beta2),
-                       get("eps", o.adamw.eps), get("weight_decay", o.adamw.weight_decay)};
-  o.loss_scale.initial_scale = std::ldexp(1.0, get("initial_scale_power", 16));
-  o.loss_scale.window = get("window", o.loss_scale.window);
-  o.loss_scale.hysteresis = get("hysteresis", o.loss_scale.hysteresis);
-  o.loss_scale.min_scale = get("min_scale", o.loss_scale.min_scale);
-  o.loss_scale.consecutive_hysteresis = get("consecutive_hysteresis", o.loss_scale.consecutive_hysteresis);
-  const double static_scale = get("static_scale", 0.0);  // > 0: fp16 with a fixed scale (DeepSpeed's loss_scale)
+}
+
+template <typename T>
+T get(const py::kwargs& kw, const char* key, T fallback) {
+  return kw.contains(key) ? kw[key].cast<T>() : fallback;
+}
+
+// The optimizer's keywords (the caller has checked the names).
+OptimizerOptions optimizer_keywords(const py::kwargs& kw) {
+  OptimizerOptions o;
+  o.precision = parse_dtype(get(kw, "precision", std::string("bf16")));
+  o.adamw = AdamWHyper{get(kw, "lr", o.adamw.lr), get(kw, "beta1", o.adamw.beta1), get(kw, "beta2", o.adamw.beta2),
+                       get(kw, "eps", o.adamw.eps), get(kw, "weight_decay", o.adamw.weight_decay)};
+  o.loss_scale.initial_scale = std::ldexp(1.0, get(kw, "initial_scale_power", 16));
+  o.loss_scale.window = get(kw, "window", o.loss_scale.window);
+  o.loss_scale.hysteresis = get(kw, "hysteresis", o.loss_scale.hysteresis);
+  o.loss_scale.min_scale = get(kw, "min_scale", o.loss_scale.min_scale);
+  o.loss_scale.consecutive_hysteresis = get(kw, "consecutive_hysteresis", o.loss_scale.consecutive_hysteresis);
+  const double static_scale = get(kw, "static_scale", 0.0);  // > 0: fp16 with a fixed scale (DeepSpeed's loss_scale)
   if (static_scale > 0) {
     o.loss_scale.dynamic = false;
     o.loss_scale.initial_scale = static_scale;
   }
-  o.gradient_clipping = get("clip", o.gradient_clipping);
-  o.gradient_accumulation_steps = get("accumulation", o.gradient_accumulation_steps);
-  o.reduce_bucket_numel = get("bucket", o.reduce_bucket_numel);
+  o.gradient_clipping = get(kw, "clip", o.gradient_clipping);
+  o.gradient_accumulation_steps = get(kw, "accumulation", o.gradient_accumulation_steps);
+  return o;
+}
+
+OptimizerOptions shard_optimizer_options(const py::kwargs& kw) {
+  check_keywords(kw, false, "ShardOptimizer");
+  return optimizer_keywords(kw);
+}
+
+EngineOptions engine_options(const py::kwargs& kw) {
+  check_keywords(kw, true, "Engine");
+  const OptimizerOptions opt = optimizer_keywords(kw);
+  EngineOptions o;
+  o.stage = get(kw, "stage", 2);
+  o.precision = opt.precision;
+  o.adamw = opt.adamw;
+  o.loss_scale = opt.loss_scale;
+  o.gradient_clipping = opt.gradient_clipping;
+  o.gradient_accumulation_steps = opt.gradient_accumulation_steps;
+  o.reduce_bucket_numel = get(kw, "bucket", o.reduce_bucket_numel);
   py::object materialize = kw.contains("materialize") ? py::object(kw["materialize"]) : py::none();
   if (!materialize.is_none()) {  // a meta-device model: (group, [param index]) -> [tensor]
     std::shared_ptr<py::object> fn(new py::object(materialize), [](py::object* p) {
@@ -110,7 +139,7 @@ EngineOptions engine_options(const py::kwargs& kw) {
 void bind_engine(py::module_& m) {
   py::class_<ShardOptimizer>(m, "ShardOptimizer")
       .def(py::init([](at::Tensor master, Communicator& comm, const py::kwargs& kw) {
-             return std::make_unique<ShardOptimizer>(std::move(master), comm, optimizer_options(engine_options(kw)));
+             return std::make_unique<ShardOptimizer>(std::move(master), comm, shard_optimizer_options(kw));
            }),
            py::keep_alive<1, 3>(), py::arg("master"), py::arg("comm"))  // it holds comm by reference
       .def("step", [](ShardOptimizer& o, std::vector<std::pair<size_t, at::Tensor>> outputs) {

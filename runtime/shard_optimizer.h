@@ -74,7 +74,6 @@ class ShardOptimizer {
   // every region (padding) take hypers[0]. Checked whole before anything changes.
   void set_hyper_groups(std::vector<AdamWHyper> hypers, std::vector<std::array<int64_t, 3>> regions);
   const std::vector<AdamWHyper>& hyper_groups() const { return hypers_; }
-  const LossScaler& scaler() const { return scaler_; }
   const OptimizerOptions& options() const { return options_; }
   const at::Tensor& master() const { return master_; }
   const LossScaler::State& scaler_state() const { return scaler_.state(); }
