@@ -86,7 +86,10 @@ def hidden_size(model):
 
 
 def _precision(args):
-    return "bf16" if args.bf16 else "fp16" if args.fp16 else "fp32"
+    """The Trainer's precision: --bf16 / --fp16, or accelerate launch --mixed_precision
+    (TrainingArguments.mixed_precision holds both)."""
+    mixed = getattr(args, "mixed_precision", "no")
+    return mixed if mixed in ("bf16", "fp16") else "bf16" if args.bf16 else "fp16" if args.fp16 else "fp32"
 
 
 # (DeepSpeed form, our form) key paths of the values that follow the model's hidden size h
@@ -115,15 +118,16 @@ def fill(raw, args, model):
     f.match(opt + "weight_decay", args.weight_decay, "weight_decay")
     f.only("scheduler.params.warmup_min_lr", 0)
     f.match("scheduler.params.warmup_max_lr", args.learning_rate, "learning_rate")
+    precision = _precision(args)
     if ds:
         for half in ("fp16", "bf16"):
-            if half in cfg or half == "bf16" and "bfloat16" in cfg:
-                f.match(f"{'bfloat16' if 'bfloat16' in cfg else half}.enabled", bool(getattr(args, half)),
-                        f"{half}")
-            elif getattr(args, half):  # as accelerate's DeepSpeedPlugin: a missing section follows the args
+            section = "bfloat16" if half == "bf16" and "bfloat16" in cfg else half
+            if section in cfg:
+                f.match(f"{section}.enabled", precision == half, f"{half} (or mixed_precision)")
+            elif precision == half:  # as accelerate's DeepSpeedPlugin: a missing section follows the args
                 cfg[half] = {"enabled": True}
     else:
-        f.match("precision", _precision(args), "bf16 / fp16 (neither: 'fp32')", absent=True)
+        f.match("precision", precision, "bf16 / fp16 / mixed_precision (none: 'fp32')", absent=True)
     stage = int(os.environ.get("ACCELERATE_DEEPSPEED_ZERO_STAGE", DEFAULT_STAGE))
     f.only("zero_optimization.stage" if ds else "stage", stage)
     if ds:

@@ -98,6 +98,9 @@ def zerort_side(out, work):
             t = zerort_trainer(fresh(name), f"{work}/p-{name}-{stage}", 2, PARITY_STEPS, config(stage))
             t.train()
             result["parity"][f"{name}:{stage}"] = logged(t)
+    t = zerort_trainer(fresh("llama"), f"{work}/p-llama-bf16", 2, PARITY_STEPS, config(3), bf16=True)
+    t.train()
+    result["bf16"] = logged(t)
     # Straight to 10 with checkpoints every 5 steps, then a second run resumed from step 5.
     t = zerort_trainer(fresh(RESUME_MODEL), f"{work}/straight", 2, STEPS, config(RESUME_STAGE, f"{work}/runs"),
                        save_strategy="steps", save_steps=SAVE_AT, save_total_limit=2)
