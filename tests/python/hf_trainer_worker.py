@@ -160,6 +160,15 @@ def stock_side(out, work):
         json.dump(result, f)
 
 
+def without_use_cpu(out, work):
+    """Several ranks on a machine without a GPU and without use_cpu=True: accelerate sees one
+    rank per process, and the Trainer must stop, not train W separate models."""
+    args = arguments(work, 1, 1, use_cpu=False)
+    in_order(zerort.hf.Trainer)(model=fresh("gpt2"), args=args, train_dataset=Samples(SAMPLES, 0),
+                                zerort_config=config(1)).train()
+
+
 if __name__ == "__main__":
     transformers.logging.set_verbosity_error()
-    {"zerort": zerort_side, "stock": stock_side}[sys.argv[1]](sys.argv[2], sys.argv[3])
+    modes = {"zerort": zerort_side, "stock": stock_side, "without_use_cpu": without_use_cpu}
+    modes[sys.argv[1]](sys.argv[2], sys.argv[3])

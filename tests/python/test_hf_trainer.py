@@ -140,3 +140,11 @@ def test_the_monitor_writes_what_the_trainer_logged(runs):
     assert p.returncode == 0, p.stderr
     with open(png, "rb") as f:
         assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="with a GPU, use_cpu=False gives accelerate its ranks")
+def test_ranks_that_accelerate_sees_as_alone_are_an_error(tmp_path):
+    p = launch("torchrun", 2, os.path.join(HERE, "hf_trainer_worker.py"), "without_use_cpu", tmp_path / "o",
+               tmp_path / "work", timeout=300, check=False)
+    assert p.returncode != 0
+    assert "zerort runs 2 ranks, the Trainer (accelerate) 1" in p.output and "use_cpu=True" in p.output, p.output
