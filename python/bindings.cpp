@@ -17,7 +17,7 @@
 #include "partition/bucket_plan.h"
 #include "partition/shard_layout.h"
 #include "python/without_gil.h"
-#include "runtime/device_kernels.h"
+#include "runtime/kernel_dispatch.h"
 #include "zerort/config.h"
 #if ZERORT_WITH_NCCL
 #include "comm/nccl/nccl_communicator.h"

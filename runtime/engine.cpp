@@ -10,8 +10,8 @@
 
 #include "core/error.h"
 #include "partition/bucket_plan.h"
-#include "runtime/device_kernels.h"
 #include "runtime/engine_parts.h"
+#include "runtime/kernel_dispatch.h"
 
 // pthread_exit unwinds a thread with a "forced unwind" that a catch (...) must rethrow:
 // swallowing it aborts the process. CPython ends a thread this way when it asks for the

@@ -12,8 +12,8 @@
 #include <algorithm>
 
 #include "core/error.h"
-#include "runtime/device_kernels.h"
 #include "runtime/engine_parts.h"
+#include "runtime/kernel_dispatch.h"
 
 namespace zerort {
 

@@ -1,4 +1,4 @@
-#include "runtime/device_kernels.h"
+#include "runtime/kernel_dispatch.h"
 
 #include "core/error.h"
 #include "optim/cast.h"

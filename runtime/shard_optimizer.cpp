@@ -13,7 +13,7 @@
 #include <string>
 
 #include "core/error.h"
-#include "runtime/device_kernels.h"
+#include "runtime/kernel_dispatch.h"
 #include "runtime/step_decision.h"
 
 namespace zerort {
