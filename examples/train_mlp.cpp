@@ -48,9 +48,9 @@ int main(int argc, char** argv) {
 
     EngineOptions o;
     o.stage = 2;
-    o.precision = DType::kBFloat16;
-    o.adamw = AdamWHyper{5e-3, 0.9, 0.999, 1e-8, 0.0};
-    o.gradient_clipping = 1.0;
+    o.optimizer.precision = DType::kBFloat16;
+    o.optimizer.adamw = AdamWHyper{5e-3, 0.9, 0.999, 1e-8, 0.0};
+    o.optimizer.gradient_clipping = 1.0;
     o.reduce_bucket_numel = 2048;
     Engine engine(student.params, *comm, o);
     if (comm->rank() == 0) {

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <iterator>
+#include <utility>
 
 #include "core/error.h"
 #include "python/without_gil.h"
@@ -58,12 +59,14 @@ std::vector<AdamWHyper> hypers(const std::vector<std::array<double, 5>>& rows) {
   return out;
 }
 
-// Options come from zerort/config.py's validated Config, as keyword arguments. A
-// ShardOptimizer takes the optimizer's keywords; an Engine takes those and its own.
-const char* const kOptimizerKeys[] = {"precision", "lr", "beta1", "beta2", "eps", "weight_decay",
-                                      "initial_scale_power", "window", "hysteresis", "min_scale",
-                                      "consecutive_hysteresis", "static_scale", "clip", "accumulation"};
-const char* const kEngineKeys[] = {"stage", "bucket", "materialize"};
+// Options come from zerort/config.py's validated Config as keyword arguments named as its
+// fields are (zerort._C.ENGINE_OPTIONS lists them, for python/zerort/engine.py). A
+// ShardOptimizer takes the optimizer's; an Engine takes those, its own and materialize.
+const char* const kOptimizerKeys[] = {"precision", "lr", "betas", "eps", "weight_decay",
+                                      "initial_scale_power", "loss_scale_window", "hysteresis",
+                                      "min_loss_scale", "consecutive_hysteresis", "static_loss_scale",
+                                      "gradient_clipping", "gradient_accumulation_steps"};
+const char* const kEngineKeys[] = {"stage", "reduce_bucket_numel"};
 
 bool listed(const char* const* begin, const char* const* end, const std::string& key) {
   return std::find_if(begin, end, [&](const char* k) { return key == k; }) != end;
@@ -73,7 +76,7 @@ void check_keywords(const py::kwargs& kw, bool engine, const char* what) {
   for (auto item : kw) {
     const auto key = item.first.cast<std::string>();
     ZRT_CHECK(listed(std::begin(kOptimizerKeys), std::end(kOptimizerKeys), key) ||
-                  (engine && listed(std::begin(kEngineKeys), std::end(kEngineKeys), key)),
+                  (engine && (key == "materialize" || listed(std::begin(kEngineKeys), std::end(kEngineKeys), key))),
               what, " options: unknown keyword '", key, "'");
   }
 }
@@ -83,24 +86,26 @@ T get(const py::kwargs& kw, const char* key, T fallback) {
   return kw.contains(key) ? kw[key].cast<T>() : fallback;
 }
 
-// The optimizer's keywords (the caller has checked the names).
+// The optimizer's keywords (the caller has checked the names). The loss-scale ones are
+// used for fp16 only (ShardOptimizer gives bf16 and fp32 a static scale of 1).
 OptimizerOptions optimizer_keywords(const py::kwargs& kw) {
   OptimizerOptions o;
   o.precision = parse_dtype(get(kw, "precision", std::string("bf16")));
-  o.adamw = AdamWHyper{get(kw, "lr", o.adamw.lr), get(kw, "beta1", o.adamw.beta1), get(kw, "beta2", o.adamw.beta2),
-                       get(kw, "eps", o.adamw.eps), get(kw, "weight_decay", o.adamw.weight_decay)};
+  const auto betas = get(kw, "betas", std::make_pair(o.adamw.beta1, o.adamw.beta2));
+  o.adamw = AdamWHyper{get(kw, "lr", o.adamw.lr), betas.first, betas.second, get(kw, "eps", o.adamw.eps),
+                       get(kw, "weight_decay", o.adamw.weight_decay)};
   o.loss_scale.initial_scale = std::ldexp(1.0, get(kw, "initial_scale_power", 16));
-  o.loss_scale.window = get(kw, "window", o.loss_scale.window);
+  o.loss_scale.window = get(kw, "loss_scale_window", o.loss_scale.window);
   o.loss_scale.hysteresis = get(kw, "hysteresis", o.loss_scale.hysteresis);
-  o.loss_scale.min_scale = get(kw, "min_scale", o.loss_scale.min_scale);
+  o.loss_scale.min_scale = get(kw, "min_loss_scale", o.loss_scale.min_scale);
   o.loss_scale.consecutive_hysteresis = get(kw, "consecutive_hysteresis", o.loss_scale.consecutive_hysteresis);
-  const double static_scale = get(kw, "static_scale", 0.0);  // > 0: fp16 with a fixed scale (DeepSpeed's loss_scale)
+  const double static_scale = get(kw, "static_loss_scale", 0.0);  // > 0: a fixed scale (DeepSpeed's loss_scale)
   if (static_scale > 0) {
     o.loss_scale.dynamic = false;
     o.loss_scale.initial_scale = static_scale;
   }
-  o.gradient_clipping = get(kw, "clip", o.gradient_clipping);
-  o.gradient_accumulation_steps = get(kw, "accumulation", o.gradient_accumulation_steps);
+  o.gradient_clipping = get(kw, "gradient_clipping", o.gradient_clipping);
+  o.gradient_accumulation_steps = get(kw, "gradient_accumulation_steps", o.gradient_accumulation_steps);
   return o;
 }
 
@@ -111,15 +116,10 @@ OptimizerOptions shard_optimizer_options(const py::kwargs& kw) {
 
 EngineOptions engine_options(const py::kwargs& kw) {
   check_keywords(kw, true, "Engine");
-  const OptimizerOptions opt = optimizer_keywords(kw);
   EngineOptions o;
-  o.stage = get(kw, "stage", 2);
-  o.precision = opt.precision;
-  o.adamw = opt.adamw;
-  o.loss_scale = opt.loss_scale;
-  o.gradient_clipping = opt.gradient_clipping;
-  o.gradient_accumulation_steps = opt.gradient_accumulation_steps;
-  o.reduce_bucket_numel = get(kw, "bucket", o.reduce_bucket_numel);
+  o.stage = get(kw, "stage", o.stage);
+  o.optimizer = optimizer_keywords(kw);
+  o.reduce_bucket_numel = get(kw, "reduce_bucket_numel", o.reduce_bucket_numel);
   py::object materialize = kw.contains("materialize") ? py::object(kw["materialize"]) : py::none();
   if (!materialize.is_none()) {  // a meta-device model: (group, [param index]) -> [tensor]
     std::shared_ptr<py::object> fn(new py::object(materialize), [](py::object* p) {
@@ -137,6 +137,11 @@ EngineOptions engine_options(const py::kwargs& kw) {
 }  // namespace
 
 void bind_engine(py::module_& m) {
+  py::list names;
+  for (const char* k : kOptimizerKeys) names.append(k);
+  for (const char* k : kEngineKeys) names.append(k);
+  m.attr("ENGINE_OPTIONS") = py::tuple(names);  // an Engine's keywords: zerort.config.Config fields
+
   py::class_<ShardOptimizer>(m, "ShardOptimizer")
       .def(py::init([](at::Tensor master, Communicator& comm, const py::kwargs& kw) {
              return std::make_unique<ShardOptimizer>(std::move(master), comm, shard_optimizer_options(kw));

@@ -100,17 +100,6 @@ double ms_since(std::chrono::steady_clock::time_point t0) {
 
 }  // namespace
 
-OptimizerOptions optimizer_options(const EngineOptions& e) {
-  OptimizerOptions o;
-  o.precision = e.precision;
-  o.adamw = e.adamw;
-  o.loss_scale = e.loss_scale;
-  o.gradient_clipping = e.gradient_clipping;
-  o.gradient_accumulation_steps = e.gradient_accumulation_steps;
-  o.replicated = e.stage == 0;
-  return o;
-}
-
 Engine::Engine(std::vector<at::Tensor> params, Communicator& comm, EngineOptions options,
                std::vector<at::Tensor> fp32_params, std::vector<UnitSpec> units)
     : comm_(comm), options_(validated(options)), device_(common_device(params, fp32_params, comm)) {
@@ -173,7 +162,7 @@ Engine::Engine(std::vector<at::Tensor> params, Communicator& comm, EngineOptions
     g->opt_numel = opt_total - g->opt_offset;
     groups_.push_back(std::move(g));
   };
-  add_group(std::move(params), options_.precision, "parameter", units);
+  add_group(std::move(params), options_.optimizer.precision, "parameter", units);
   ZRT_CHECK(!stage3 || !units.empty() || groups_[0]->params.empty(),
             "Engine: stage 3 needs units (UnitSpec) covering the parameters");
   std::vector<UnitSpec> fp32_units;  // stage 3: FP32-module parameters stay whole
@@ -206,7 +195,9 @@ Engine::Engine(std::vector<at::Tensor> params, Communicator& comm, EngineOptions
     for (auto& slot : pack_pool_) slot = at::empty({static_cast<int64_t>(largest_pack)}, bytes_options());
   }
 
-  optimizer_ = std::make_unique<ShardOptimizer>(master, comm_, optimizer_options(options_));
+  OptimizerOptions optimizer = options_.optimizer;
+  optimizer.replicated = replicated;  // stage 0: every rank holds the whole state
+  optimizer_ = std::make_unique<ShardOptimizer>(master, comm_, optimizer);
   if (replicated) {  // stage 0 reduces each bucket into this scratch shard first
     size_t largest = 0;
     for (Bucket* b : buckets_) largest = std::max(largest, b->layout.shard_numel());
@@ -327,7 +318,7 @@ at::Tensor Engine::gather_master(size_t g) const {
 }
 
 bool Engine::reducing_now() const {
-  return options_.stage >= 2 || (micro_steps_ + 1) % options_.gradient_accumulation_steps == 0;
+  return options_.stage >= 2 || (micro_steps_ + 1) % options_.optimizer.gradient_accumulation_steps == 0;
 }
 
 void Engine::grad_ready(size_t g, size_t i) {
@@ -550,7 +541,7 @@ StepStats Engine::step() {
     saw_backward_ = false;
   }
   ++micro_steps_;
-  stats.boundary = micro_steps_ % options_.gradient_accumulation_steps == 0;
+  stats.boundary = micro_steps_ % options_.optimizer.gradient_accumulation_steps == 0;
   if (stats.boundary) update(stats);
   return stats;
 }
@@ -582,7 +573,7 @@ void Engine::update(StepStats& stats) {
   try {
     applied = optimizer_->step(outputs, stats, missed);
   } catch (const UsageError&) {
-    micro_steps_ -= options_.gradient_accumulation_steps;  // the window is dropped whole
+    micro_steps_ -= options_.optimizer.gradient_accumulation_steps;  // the window is dropped whole
     --global_step_;
     throw;
   }

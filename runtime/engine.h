@@ -54,22 +54,18 @@
 namespace zerort {
 
 struct EngineOptions {
-  int stage = 2;                       // 0, 1, 2 or 3
-  DType precision = DType::kBFloat16;  // compute precision of `params`: bf16, f16 or f32
-  AdamWHyper adamw;  // every parameter's until optimizer().set_hyper_groups (param groups)
+  int stage = 2;  // 0, 1, 2 or 3
+  // optimizer.precision is the compute precision of `params` (bf16, f16 or f32); its adamw
+  // is every parameter's until optimizer().set_hyper_groups (param groups). The Engine sets
+  // optimizer.replicated itself (stage 0).
+  OptimizerOptions optimizer;
   // Optional, for a model built on the meta device: real tensors (float32 leaves that
   // require grad, on the engine's device, initialized) for these parameters of a group.
   // Called bucket by bucket, so at most about one bucket exists in FP32 at a time.
   std::function<std::vector<at::Tensor>(size_t group, const std::vector<size_t>& params)> materialize;
-  LossScalerOptions loss_scale;        // f16 only; bf16 and f32 use a static scale of 1
-  double gradient_clipping = 0.0;      // max global L2 norm; 0 disables
-  int64_t gradient_accumulation_steps = 1;
   size_t reduce_bucket_numel = size_t{1} << 24;  // gradient elements (all ranks) per bucket
   size_t alignment = 16;               // elements; each shard is a multiple of it
 };
-
-// The optimizer half of these options (stage 0 makes it replicated).
-OptimizerOptions optimizer_options(const EngineOptions& options);
 
 // Stage 3: one unit of `params` (indices into it), gathered and released as one. A
 // persistent unit is gathered once and kept (parameters too small or too shared to shard

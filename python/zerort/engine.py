@@ -148,19 +148,15 @@ class Engine:
         self._params = params  # every trainable parameter, each once
         self._frozen = frozen
         self.comm._c.reset_scratch_peak()  # the memory report measures from here
-        kwargs = dict(lr=c.lr, beta1=c.betas[0], beta2=c.betas[1], eps=c.eps, weight_decay=c.weight_decay,
-                      initial_scale_power=c.initial_scale_power if c.precision == "fp16" else 0,
-                      window=c.loss_scale_window, hysteresis=c.hysteresis, min_scale=c.min_loss_scale,
-                      consecutive_hysteresis=c.consecutive_hysteresis, clip=c.gradient_clipping,
-                      static_scale=c.static_loss_scale if c.precision == "fp16" else 0.0,
-                      accumulation=c.gradient_accumulation_steps)
+        # The binding takes the Config's fields by their own names (the loss-scale ones count for fp16 only).
+        kwargs = {name: getattr(c, name) for name in _C.ENGINE_OPTIONS}
         units = stage3.UnitPlan(model, params, fp32_ids, c) if c.stage == 3 else None
         if units:  # DeepSpeed's element counts become a number of units (zerort.stage3.prefetch_units)
             c = self.config = dataclasses.replace(c, prefetch=units.prefetch)
         if materialize is not None:
             kwargs["materialize"] = lambda g, idx: materialize([self._groups[g][i] for i in idx])
         self._impl = _C.Engine(self._groups[0], self._groups[1], self.comm._c, units=units.specs if units else [],
-                               stage=c.stage, precision=c.precision, bucket=c.reduce_bucket_numel, **kwargs)
+                               **kwargs)
         if materialize is not None:  # the real parameters replace the meta ones everywhere
             real = lambda ps: [materialize.replaced.get(id(p), p) for p in ps]
             self._groups = [real(g) for g in self._groups]

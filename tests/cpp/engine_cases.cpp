@@ -53,10 +53,10 @@ at::ScalarType lp_type(DType d) { return d == DType::kBFloat16 ? at::kBFloat16 :
 EngineOptions default_options(int stage, DType precision) {
   EngineOptions o;
   o.stage = stage;
-  o.precision = precision;
-  o.adamw = AdamWHyper{3e-3, 0.9, 0.999, 1e-8, 0.01};
-  o.loss_scale.initial_scale = 1024;  // f16: dynamic, from 2^10
-  o.loss_scale.window = 5;
+  o.optimizer.precision = precision;
+  o.optimizer.adamw = AdamWHyper{3e-3, 0.9, 0.999, 1e-8, 0.01};
+  o.optimizer.loss_scale.initial_scale = 1024;  // f16: dynamic, from 2^10
+  o.optimizer.loss_scale.window = 5;
   o.reduce_bucket_numel = 200;        // several buckets over 658 elements
   o.alignment = 4;
   return o;
@@ -66,7 +66,7 @@ EngineRun run_engine(Communicator& comm, const RunConfig& config) {
   auto params = init_params();
   Engine engine(params, comm, config.options);
   EngineRun run;
-  const int64_t gas = config.options.gradient_accumulation_steps;
+  const int64_t gas = config.options.optimizer.gradient_accumulation_steps;
   for (int step = 0; step < config.steps; ++step) {
     for (int64_t micro = 0; micro < gas; ++micro) {
       const bool skip = config.skip_backward && config.skip_backward(step, comm.rank(), micro);
@@ -94,7 +94,8 @@ EngineRun run_engine(Communicator& comm, const RunConfig& config) {
 }
 
 Reference run_reference(int world, const RunConfig& config, const std::vector<double>& scales) {
-  const EngineOptions& o = config.options;
+  const int stage = config.options.stage;
+  const OptimizerOptions& o = config.options.optimizer;
   auto init = init_params();
   std::vector<float> master;
   for (auto& p : init) {
@@ -128,7 +129,7 @@ Reference run_reference(int world, const RunConfig& config, const std::vector<do
         for (int pass = 0; pass < config.passes; ++pass) {
           auto [x, y] = batch(step, r, micro * config.passes + pass);
           forward_backward(p, x, y, scale);
-          if (o.stage != 2 && micro != gas - 1) continue;
+          if (stage != 2 && micro != gas - 1) continue;
           size_t k = 0;
           for (auto& t : p) {
             if (!t.grad().defined()) { k += static_cast<size_t>(t.numel()); continue; }

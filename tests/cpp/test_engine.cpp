@@ -47,7 +47,7 @@ TEST_P(EngineParity, MatchesSingleProcessReference) {
   auto [world, stage, precision, gas] = GetParam();
   RunConfig config;
   config.options = default_options(stage, precision);
-  config.options.gradient_accumulation_steps = gas;
+  config.options.optimizer.gradient_accumulation_steps = gas;
   config.steps = 20;
   auto runs = run_all(world, config);
   auto ref = run_reference(world, config, runs[0].scales);
@@ -81,12 +81,12 @@ TEST(EngineDeterminism, Stage1EqualsStage2AndRunsRepeatBitwise) {
   for (DType precision : {DType::kBFloat16, DType::kFloat16}) {
     RunConfig zero, one, two;
     zero.options = default_options(0, precision);
-    zero.options.gradient_clipping = 0;  // stage 0 sums the norm in another order
+    zero.options.optimizer.gradient_clipping = 0;  // stage 0 sums the norm in another order
     one.options = default_options(1, precision);
     two.options = default_options(2, precision);
     auto a = run_all(4, one), b = run_all(4, two), c = run_all(4, two);
     RunConfig one_noclip = one;
-    one_noclip.options.gradient_clipping = 0;
+    one_noclip.options.optimizer.gradient_clipping = 0;
     auto z = run_all(4, zero), o = run_all(4, one_noclip);
     EXPECT_EQ(0, std::memcmp(z[0].master.data(), o[0].master.data(), z[0].master.size() * 4)) << dtype_name(precision);
     EXPECT_EQ(0, std::memcmp(a[0].master.data(), b[0].master.data(), a[0].master.size() * 4)) << dtype_name(precision);
@@ -130,8 +130,8 @@ TEST(EngineOverflow, NonFiniteStepSkippedUnderBf16) { expect_global_skip(DType::
 TEST(EngineOverflow, Fp16ScaleBacksOffAndGatheredScalesAgree) {
   RunConfig config;
   config.options = default_options(2, DType::kFloat16);
-  config.options.loss_scale.initial_scale = 1 << 30;  // far too large: forces overflows
-  config.options.loss_scale.hysteresis = 1;
+  config.options.optimizer.loss_scale.initial_scale = 1 << 30;  // far too large: forces overflows
+  config.options.optimizer.loss_scale.hysteresis = 1;
   config.steps = 12;
   std::vector<std::vector<double>> gathered(4);
   auto errors = run_ranks(4, [&](Communicator& comm) {
@@ -151,7 +151,7 @@ TEST(EngineOverflow, Fp16ScaleBacksOffAndGatheredScalesAgree) {
 TEST(EngineClipping, GlobalNormEqualsReferenceNorm) {
   RunConfig config;
   config.options = default_options(2, DType::kBFloat16);
-  config.options.gradient_clipping = 0.05;  // small enough to clip every step
+  config.options.optimizer.gradient_clipping = 0.05;  // small enough to clip every step
   config.steps = 6;
   auto runs = run_all(4, config);
   auto ref = run_reference(4, config, runs[0].scales);
@@ -168,7 +168,7 @@ TEST(EngineClipping, GlobalNormEqualsReferenceNorm) {
 TEST(EngineOptions, EpsZeroIsRejectedAtConstruction) {
   RunConfig config;
   config.options = default_options(2, DType::kBFloat16);
-  config.options.adamw.eps = 0.0;
+  config.options.optimizer.adamw.eps = 0.0;
   config.steps = 1;
   auto errors = run_ranks(1, [&](Communicator& comm) { run_engine(comm, config); });
   EXPECT_NE(errors[0].find("eps must be a finite number > 0 (e.g. 1e-8), got 0"), std::string::npos) << errors[0];
@@ -182,7 +182,7 @@ TEST(EngineCallPatterns, TwoBackwardPassesPerStepMatchReference) {
     for (int64_t gas : {1, 2}) {
       RunConfig config;
       config.options = default_options(stage, DType::kBFloat16);
-      config.options.gradient_accumulation_steps = gas;
+      config.options.optimizer.gradient_accumulation_steps = gas;
       config.steps = 5;
       config.passes = 2;
       config.report_grads = true;  // the hooks' path: each pass is reduced on its own
@@ -201,7 +201,7 @@ TEST(EngineCallPatterns, StepWithoutBackwardOnOneRankThrowsOnEveryRank) {
   for (int stage : {0, 1, 2}) {
     RunConfig config;
     config.options = default_options(stage, DType::kBFloat16);
-    config.options.gradient_accumulation_steps = 2;
+    config.options.optimizer.gradient_accumulation_steps = 2;
     config.steps = 1;
     config.skip_backward = [](int, int rank, int64_t micro) { return rank == 1 && micro == 0; };
     auto errors = run_ranks(2, [&](Communicator& comm) { run_engine(comm, config); });
