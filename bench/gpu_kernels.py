@@ -17,7 +17,7 @@ import os
 import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
-from zerort import kernels  # noqa: E402
+from zerort._testing import kernels  # noqa: E402
 
 
 def median_ms(fn, reps=20, warmup=3):

@@ -16,7 +16,7 @@ import time
 import torch
 
 import zerort
-from zerort.kernels import adamw_step
+from zerort._testing.kernels import adamw_step
 
 HYPER = dict(lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01)
 

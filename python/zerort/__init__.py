@@ -27,8 +27,6 @@ __version__ = _C.__version__
 
 from . import comm  # noqa: E402,F401
 from .comm import Communicator, detect_launch_env  # noqa: E402,F401
-from .cast import cast  # noqa: E402,F401
-from . import kernels  # noqa: E402,F401
 from . import config  # noqa: E402,F401
 from . import checkpoint  # noqa: E402,F401
 from .engine import Engine, initialize  # noqa: E402,F401

@@ -2,11 +2,11 @@
 plain PyTorch on the same GPU (test_engine_parity.reference with device='cuda': the same low-precision matmuls,
 an FP64 gradient sum, torch.optim.AdamW). Bounds are test_engine_parity's."""
 import os
-import subprocess
-import sys
 
 import pytest
 import torch
+
+from zerort._testing.launch import launch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 from test_engine_parity import BOUND, global_rel, reference  # noqa: E402  (tests/python on sys.path)
@@ -18,14 +18,8 @@ CASES = [f"{m}:{s}:{p}:1:{STEPS}" for m in ("mlp", "transformer") for s in (1, 2
 def run_worker(launcher, cases, out):
     """The worker alone (NCCL with a local unique id) or under torchrun (the id through
     c10d's TCPStore). A crash prints every thread's Python stack (faulthandler)."""
-    worker = os.path.join(HERE, "gpu_engine_worker.py")
-    cmd = [sys.executable, worker, out, *cases]
-    if launcher == "torchrun":
-        cmd = [os.path.join(os.path.dirname(sys.executable), "torchrun"), "--standalone", "--nproc_per_node", "1",
-               worker, out, *cases]
-    env = dict(os.environ, PYTHONFAULTHANDLER="1")
-    p = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
-    assert p.returncode == 0, p.stdout[-3000:] + "\n--- stderr ---\n" + p.stderr[:5000]
+    p = launch("torchrun" if launcher == "torchrun" else "alone", 1, os.path.join(HERE, "gpu_engine_worker.py"), out,
+               *cases, timeout=300, env={"PYTHONFAULTHANDLER": "1"})
     assert "GPU ENGINE WORKER OK" in p.stdout
     return torch.load(f"{out}.rank0.pt")
 
@@ -61,18 +55,12 @@ def test_ranks_sharing_one_gpu_match_torch(tmp_path, world):
     """W ranks on one GPU over mpi, CUDA buffers staged through pinned host memory: every
     W > 1 path of the CUDA engine but NCCL, against plain PyTorch on the same GPU at W ranks
     (fp16: the dynamic loss scale's skipped steps too)."""
-    import shutil
-
     import zerort
 
     if not zerort._C.with_mpi:
         pytest.skip("this build has no MPI; the staged W > 1 cases run under mpirun")
     out = str(tmp_path / "staged")
-    env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", OMP_NUM_THREADS="1")
-    cmd = [shutil.which("mpirun"), "--oversubscribe", "-np", str(world), sys.executable,
-           os.path.join(HERE, "gpu_engine_worker.py"), out, "--staged", *STAGED]
-    p = subprocess.run(cmd, capture_output=True, text=True, timeout=400, env=env)
-    assert p.returncode == 0, (p.stdout + p.stderr)[-5000:]
+    launch("mpirun", world, os.path.join(HERE, "gpu_engine_worker.py"), out, "--staged", *STAGED, timeout=400)
     ranks = [torch.load(f"{out}.rank{r}.pt") for r in range(world)]
     for case in STAGED:
         ref_losses, ref_state = reference(case, world, device="cuda")

@@ -7,8 +7,8 @@ import os
 import pytest
 import torch
 
-from zerort import kernels
-from zerort.cast import cast
+from zerort._testing import kernels
+from zerort._testing.kernels import cast
 
 SEED = int.from_bytes(os.urandom(4), "little")
 SIZES = [0, 1, 7, 1000, (1 << 22) + 5]

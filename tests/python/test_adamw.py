@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import zerort
-from zerort.kernels import adamw_step, unscale_and_check
+from zerort._testing.kernels import adamw_step, unscale_and_check
 
 
 def schedule(step, total=100, peak=3e-3):
@@ -112,7 +112,7 @@ def test_unscale_and_check(n):
 def test_unscale_sum_is_reproducible_across_thread_counts():
     import subprocess
     import sys
-    code = ("import torch, zerort.kernels as k; g = torch.randn(1 << 20, generator=torch.Generator()"
+    code = ("import torch, zerort._testing.kernels as k; g = torch.randn(1 << 20, generator=torch.Generator()"
             ".manual_seed(3)); print(repr(k.unscale_and_check(g, 0.5)[1]))")
     outs = {subprocess.run([sys.executable, "-c", code], env={**__import__("os").environ,
                                                                "ZERORT_NUM_THREADS": str(t)},

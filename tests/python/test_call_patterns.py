@@ -61,10 +61,7 @@ nothing or the engine does otherwise today, what it does (marked "measured").
 """
 import json
 import os
-import shutil
-import subprocess
 import sys
-import time
 
 import pytest
 import torch
@@ -72,6 +69,7 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
 import zerort
+from zerort._testing.launch import launch as launch_ranks
 from zerort.config import ConfigError, parse
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -440,21 +438,10 @@ def launch(launcher, cases, tmp_path):
     path = tmp_path / "cases.json"
     path.write_text(json.dumps(cases))
     prefix = str(tmp_path / launcher)
-    env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", OMP_NUM_THREADS="1")
-    if launcher == "mpirun":
-        cmd = [shutil.which("mpirun"), "--oversubscribe", "-np", str(W), sys.executable, WORKER, str(path), prefix]
-    else:
-        cmd = [os.path.join(os.path.dirname(sys.executable), "torchrun"), "--standalone", "--nproc_per_node",
-               str(W), WORKER, str(path), prefix]
-    t0 = time.perf_counter()
-    try:
-        p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=LAUNCH_TIMEOUT_S)
-    except subprocess.TimeoutExpired as e:
-        pytest.fail(f"{launcher}: the workers hung (no exit in {LAUNCH_TIMEOUT_S} s)\n{e.stdout}{e.stderr}")
-    assert p.returncode == 0, f"{launcher} exited with {p.returncode}:\n{(p.stdout + p.stderr)[-6000:]}"
+    took = launch_ranks(launcher, W, WORKER, path, prefix, timeout=LAUNCH_TIMEOUT_S).seconds
     ranks = [torch.load(f"{prefix}.rank{r}.pt") for r in range(W)]
     slowest = max(ranks[0].values(), key=lambda res: res["seconds"])
-    print(f"[call patterns {launcher}] {len(cases)} cases in {time.perf_counter() - t0:.1f} s "
+    print(f"[call patterns {launcher}] {len(cases)} cases in {took:.1f} s "
           f"(slowest case {slowest['seconds']:.2f} s)")
     return ranks
 

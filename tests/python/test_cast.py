@@ -13,6 +13,7 @@ import pytest
 import torch
 
 import zerort
+from zerort._testing.kernels import cast
 
 U16 = {torch.bfloat16: np.uint16, torch.float16: np.uint16}
 
@@ -54,7 +55,7 @@ def expect_nan_pattern_narrow(x_bits, out_bits, dtype):
 def test_all_16bit_patterns_widen(dtype):
     pats = np.arange(65536, dtype=np.uint32)
     h = from_bits16(pats, dtype)
-    ours = zerort.cast(h, torch.float32)
+    ours = cast(h, torch.float32)
     ref = h.to(torch.float32)
     nan = torch.isnan(ref).numpy()
     assert nan.sum() == (254 if dtype == torch.bfloat16 else 2046)
@@ -73,7 +74,7 @@ def test_all_16bit_patterns_round_trip_narrow(dtype):
     # Every 16-bit value widened to fp32 and narrowed back gives the same bits as torch.
     h = from_bits16(np.arange(65536, dtype=np.uint32), dtype)
     f = h.to(torch.float32)
-    ours, ref = bits16(zerort.cast(f, dtype)), bits16(f.to(dtype))
+    ours, ref = bits16(cast(f, dtype)), bits16(f.to(dtype))
     nan = torch.isnan(f).numpy()
     np.testing.assert_array_equal(ours[~nan], ref[~nan])
 
@@ -81,19 +82,19 @@ def test_all_16bit_patterns_round_trip_narrow(dtype):
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_million_random_fp32_narrow(dtype):
     x = random_fp32(1_000_000, seed=7 if dtype == torch.bfloat16 else 8)
-    ours, ref = bits16(zerort.cast(x, dtype)), bits16(x.to(dtype))
+    ours, ref = bits16(cast(x, dtype)), bits16(x.to(dtype))
     nan = torch.isnan(x).numpy()
     assert 1000 < nan.sum() < 10000  # the random patterns include many NaNs
     mismatch = np.nonzero(ours[~nan] != ref[~nan])[0]
     assert mismatch.size == 0, (
         f"{mismatch.size} mismatches, first input bits {bits32(x)[~nan][mismatch[0]]:#010x}: "
         f"ours {ours[~nan][mismatch[0]]:#06x} torch {ref[~nan][mismatch[0]]:#06x}")
-    assert torch.isnan(zerort.cast(x, dtype)[torch.from_numpy(nan)].float()).all()
+    assert torch.isnan(cast(x, dtype)[torch.from_numpy(nan)].float()).all()
     expect_nan_pattern_narrow(bits32(x)[nan].astype(np.uint32), ours[nan], dtype)
 
 
 def test_cast_rejects_bad_dtypes():
     with pytest.raises(TypeError, match="one side must be torch.float32"):
-        zerort.cast(torch.zeros(3, dtype=torch.float16), torch.bfloat16)
+        cast(torch.zeros(3, dtype=torch.float16), torch.bfloat16)
     with pytest.raises(zerort.Error, match="target dtype must be bf16, f16 or f32"):
-        zerort.cast(torch.zeros(3), torch.int32)
+        cast(torch.zeros(3), torch.int32)

@@ -13,19 +13,17 @@ from safetensors.torch import load_file
 
 import zerort
 from zerort import consolidate
+from zerort._testing.launch import environment, launch
 from zerort.checkpoint import CheckpointError
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 WORKER = os.path.join(HERE, "ckpt_worker.py")
-ENV = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", OMP_NUM_THREADS="1")
 
 pytestmark = pytest.mark.skipif(not zerort._C.with_mpi, reason="MPI is optional at build time and this build has none; these tests run ranks under mpirun")
 
 
 def mpirun(np_, *args):
-    cmd = [shutil.which("mpirun"), "--oversubscribe", "-np", str(np_), sys.executable, WORKER, *map(str, args)]
-    p = subprocess.run(cmd, env=ENV, capture_output=True, text=True, timeout=300)
-    assert p.returncode == 0, (p.stdout + p.stderr)[-5000:]
+    launch("mpirun", np_, WORKER, *args, timeout=300)
 
 
 def equal(a, b):
@@ -156,7 +154,7 @@ e.save_checkpoint({d!r}, tag={tag2!r})
 @pytest.mark.parametrize("tag2", ["bad", "good"])  # a new tag, and the same tag saved again
 def test_sigkill_during_save_keeps_the_previous_checkpoint(tmp_path, tag2):
     d = str(tmp_path / "ckpt")
-    child = subprocess.Popen([sys.executable, "-c", KILL_CHILD.format(here=HERE, d=d, tag2=tag2)], env=ENV)
+    child = subprocess.Popen([sys.executable, "-c", KILL_CHILD.format(here=HERE, d=d, tag2=tag2)], env=environment())
     deadline = time.time() + 120
     while not os.path.exists(os.path.join(d, "in_save")):
         assert child.poll() is None and time.time() < deadline, "the child died before the save"

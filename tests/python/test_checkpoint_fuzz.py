@@ -4,7 +4,6 @@ and zerort.consolidate) with a CheckpointError naming the file and the field, ne
 another exception and never a silent load; edits that change nothing a loader uses load
 the same values; and seeded random byte mutations raise nothing but CheckpointError."""
 import os
-import shutil
 import subprocess
 import sys
 
@@ -12,6 +11,7 @@ import pytest
 import torch
 
 import zerort
+from zerort._testing.launch import launch
 from zerort.checkpoint import CheckpointError
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -25,11 +25,7 @@ pytestmark = pytest.mark.skipif(not zerort._C.with_mpi, reason="the seed checkpo
 @pytest.fixture(scope="module")
 def seed(tmp_path_factory):
     d = tmp_path_factory.mktemp("seed")
-    env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", OMP_NUM_THREADS="1")
-    cmd = [shutil.which("mpirun"), "--oversubscribe", "-np", "2", sys.executable, os.path.join(HERE, "ckpt_worker.py"),
-           "train", str(d), "transformer", "3", "1"]
-    p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)
-    assert p.returncode == 0, (p.stdout + p.stderr)[-4000:]
+    launch("mpirun", 2, os.path.join(HERE, "ckpt_worker.py"), "train", d, "transformer", 3, 1, timeout=120)
     return str(d / "ckpt")
 
 

@@ -15,7 +15,6 @@ import shutil
 import stat
 import subprocess
 import sys
-import time
 
 import pytest
 import torch
@@ -23,12 +22,12 @@ import torch
 import zerort
 from zerort import checkpoint as ck
 from zerort import consolidate
+from zerort._testing.launch import environment, launch
 from zerort.checkpoint import CheckpointError
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 WORKER = os.path.join(HERE, "ckpt_worker.py")
-BIN = os.path.dirname(sys.executable)
-ENV = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", OMP_NUM_THREADS="1")
+ENV = environment()
 TIMEOUT = 30  # comm.timeout_s in the worker: every failure must come well before it
 HANG = 300    # s: the whole launch; far above what it takes
 needs_mpi = pytest.mark.skipif(not zerort._C.with_mpi, reason="MPI is optional at build time and this build has none")
@@ -75,16 +74,6 @@ def unmount(path):
     subprocess.run(["umount", str(path)], capture_output=True)
 
 
-def launch(how, *args):
-    if how == "mpirun":
-        cmd = [shutil.which("mpirun"), "--oversubscribe", "-np", "2", sys.executable, WORKER, *map(str, args)]
-    else:
-        cmd = [os.path.join(BIN, "torchrun"), "--standalone", "--nproc_per_node", "2", WORKER, *map(str, args)]
-    t0 = time.monotonic()
-    p = subprocess.run(cmd, env=ENV, capture_output=True, text=True, timeout=HANG)
-    return p.returncode, p.stdout + p.stderr, time.monotonic() - t0
-
-
 @pytest.fixture(scope="module", params=[pytest.param("mpirun", marks=needs_mpi), "torchrun"])
 def run(request, tmp_path_factory):
     """One launch of every rank scenario: (launcher, base dir, [rank 0's, rank 1's results])."""
@@ -96,7 +85,8 @@ def run(request, tmp_path_factory):
     skip = {str(base / "ck"), str(base / "results"), str(tmpfs / "ck")}
     before = tree_digest(base, skip)
     try:
-        rc, out, took = launch(how, "safety", base, "mlp", STAGE[how])
+        p = launch(how, 2, WORKER, "safety", base, "mlp", STAGE[how], timeout=HANG, check=False)
+        rc, out, took = p.returncode, p.output, p.seconds
         after = tree_digest(base, skip)
     finally:
         if mounted:

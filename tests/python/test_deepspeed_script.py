@@ -15,8 +15,6 @@ two roundings drift apart there. Measured 8.9e-6 there; bound 1e-4 (the worst ca
 6 updates x lr 1e-2).
 """
 import os
-import shutil
-import subprocess
 import sys
 
 import pytest
@@ -27,6 +25,7 @@ sys.path.insert(0, HERE)
 import ds_script  # noqa: E402
 
 import zerort  # noqa: E402
+from zerort._testing.launch import launch as launch_ranks  # noqa: E402
 
 W, STAGES = 2, (1, 2, 3)
 UPDATES = ds_script.SAMPLES // W // 2 // 2  # samples per rank / micro batch / accumulation
@@ -88,15 +87,8 @@ def resume_at_world_one(work, saved_stage, stage, shares):
 
 def launch(launcher, tmp_path):
     out, work = str(tmp_path / "out"), str(tmp_path / "work")
-    env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", OMP_NUM_THREADS="1")
-    if launcher == "mpirun":
-        cmd = [shutil.which("mpirun"), "--oversubscribe", "-np", str(W), sys.executable]
-    else:
-        cmd = [os.path.join(os.path.dirname(sys.executable), "torchrun"), "--standalone", "--nproc_per_node", str(W)]
-    script = os.path.join(HERE, "ds_script.py")
-    p = subprocess.run(cmd + [script, out, work, ",".join(map(str, STAGES))], env=env, capture_output=True,
-                       text=True, timeout=400)
-    assert p.returncode == 0, (p.stdout + p.stderr)[-6000:]
+    p = launch_ranks(launcher, W, os.path.join(HERE, "ds_script.py"), out, work, ",".join(map(str, STAGES)),
+                     timeout=400)
     return p.stdout, {s: torch.load(f"{out}.stage{s}.pt") for s in STAGES}, work
 
 

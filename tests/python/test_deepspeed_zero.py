@@ -2,11 +2,11 @@
 stages 1 and 3, W = 2 under torchrun (zero_worker.py), with a HuggingFace GPT-2."""
 import math
 import os
-import subprocess
-import sys
 
 import pytest
 import torch
+
+from zerort._testing.launch import launch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 W = 2
@@ -15,10 +15,7 @@ W = 2
 @pytest.fixture(scope="module")
 def ranks(tmp_path_factory):
     out = str(tmp_path_factory.mktemp("zero") / "out")
-    cmd = [os.path.join(os.path.dirname(sys.executable), "torchrun"), "--standalone", "--nproc_per_node", str(W),
-           os.path.join(HERE, "zero_worker.py"), out]
-    p = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=dict(os.environ, OMP_NUM_THREADS="1"))
-    assert p.returncode == 0, (p.stdout + p.stderr)[-5000:]
+    launch("torchrun", W, os.path.join(HERE, "zero_worker.py"), out, timeout=300)
     return [torch.load(f"{out}.rank{r}.pt") for r in range(W)]
 
 

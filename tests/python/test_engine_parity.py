@@ -22,8 +22,6 @@ parameter of the model:
 """
 import copy
 import os
-import shutil
-import subprocess
 import sys
 
 import pytest
@@ -34,6 +32,7 @@ sys.path.insert(0, HERE)
 from engine_models import CONFIG, batch, loss_fn, make_model, model_config  # noqa: E402
 
 import zerort  # noqa: E402
+from zerort._testing.launch import launch as launch_ranks  # noqa: E402
 
 WORKER = os.path.join(HERE, "engine_worker.py")
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
@@ -53,14 +52,7 @@ def launch(kind, nranks, cases, tmp_path, staged=None):
     prefix = str(tmp_path / f"{kind}{nranks}{staged or ''}")
     if staged:
         cases = ["--staged", staged, *cases]
-    env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", OMP_NUM_THREADS="1")
-    if kind == "mpirun":
-        cmd = [shutil.which("mpirun"), "--oversubscribe", "-np", str(nranks), sys.executable, WORKER, prefix, *cases]
-    else:
-        cmd = [os.path.join(os.path.dirname(sys.executable), "torchrun"), "--standalone", "--nproc_per_node",
-               str(nranks), WORKER, prefix, *cases]
-    p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
-    assert p.returncode == 0, (p.stdout + p.stderr)[-6000:]
+    launch_ranks(kind, nranks, WORKER, prefix, *cases, timeout=600)
     return [torch.load(f"{prefix}.rank{r}.pt") for r in range(nranks)]
 
 

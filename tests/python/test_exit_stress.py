@@ -25,19 +25,14 @@ abort. Nothing is retried. Two launches run at a time. Measured on the 2-core ma
 """
 import concurrent.futures
 import os
-import shutil
-import socket
-import subprocess
-import sys
 
 import pytest
 
 import zerort
+from zerort._testing.launch import LaunchError, launch, launch_plain
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 WORKER = os.path.join(HERE, "exit_worker.py")
-BIN = os.path.dirname(sys.executable)
-ENV = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", OMP_NUM_THREADS="1")
 ROUNDS = 3
 STATUS = {"drop": 0, "alive": 0, "raise": 1, "sys_exit": 0, "inflight": 0, "inflight_user": 0}
 ANY = list(STATUS)
@@ -47,38 +42,13 @@ ABORT_MARKS = ("terminate called", "Aborted", "core dumped", "SIGABRT", "Signal 
 HANG_S = 180  # a launch takes 2-5 s; this only tells "ended" from "hung"
 
 
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _launch(launcher, ending, rounds=ROUNDS):
     """Runs one launch; returns [(returncode, output)] per process whose status is known
     (torchrun and mpirun: the launch's own)."""
-    args = [WORKER, str(rounds), ending]
     if launcher == "none":
-        port = _free_port()
-        procs = [subprocess.Popen([sys.executable, *args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                  env=dict(ENV, RANK=str(r), LOCAL_RANK=str(r), WORLD_SIZE="2",
-                                           MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port)))
-                 for r in range(2)]
-        out = []
-        try:
-            for p in procs:
-                text, _ = p.communicate(timeout=HANG_S)
-                out.append((p.returncode, text))
-        finally:
-            for p in procs:
-                if p.poll() is None:
-                    p.kill()
-        return out
-    mpirun = shutil.which("mpirun") or "mpirun"
-    cmd = {"alone": [sys.executable, *args],
-           "torchrun": [os.path.join(BIN, "torchrun"), "--standalone", "--nproc_per_node", "2", *args],
-           "mpirun": [mpirun, "--oversubscribe", "-np", "2", sys.executable, *args]}[launcher]
-    p = subprocess.run(cmd, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=HANG_S)
-    return [(p.returncode, p.stdout)]
+        return [(p.returncode, p.output) for p in launch_plain(2, WORKER, rounds, ending, timeout=HANG_S)]
+    p = launch(launcher, _exits(launcher), WORKER, rounds, ending, timeout=HANG_S, check=False)
+    return [(p.returncode, p.output)]
 
 
 def _problems(launcher, ending, rounds, results):
@@ -129,8 +99,8 @@ def test_engines_created_used_dropped_and_exiting_never_abort():
             launcher, ending, rounds = futures[f]
             try:
                 failures += _problems(launcher, ending, rounds, f.result())
-            except subprocess.TimeoutExpired:
-                failures.append(f"{launcher} {ending} (rounds {rounds}): still running after {HANG_S} s")
+            except LaunchError as e:  # it hung
+                failures.append(f"{launcher} {ending} (rounds {rounds}): {e}")
     exits = sum(_exits(launcher) for launcher, _, _ in plan)
     engines = sum(_exits(launcher) * 4 * rounds for launcher, _, rounds in plan)
     print(f"[exit stress] {len(plan)} launches, {exits} process exits, {engines} engines, "

@@ -22,8 +22,6 @@ by 2 * lr * steps instead.
 import contextlib
 import json
 import os
-import shutil
-import subprocess
 import sys
 
 import pytest
@@ -32,6 +30,7 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
 import zerort
+from zerort._testing.launch import LaunchError, launch as launch_ranks
 from zerort.config import ConfigError, parse
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -107,15 +106,10 @@ def launch(world, group, tmp_path):
     path = tmp_path / f"cases_w{world}.json"
     path.write_text(json.dumps(group))
     prefix = str(tmp_path / f"w{world}")
-    env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", OMP_NUM_THREADS="1")
-    cmd = [sys.executable, WORKER, str(path), prefix]
-    if world > 1:
-        cmd = [shutil.which("mpirun"), "--oversubscribe", "-np", str(world)] + cmd
     try:
-        p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=150)
-    except subprocess.TimeoutExpired as e:
-        pytest.fail(f"W={world}: the workers hung (no exit in 150 s) on cases {json.dumps(group)}\n{e.stdout}{e.stderr}")
-    assert p.returncode == 0, f"W={world} crashed on cases {json.dumps(group)}:\n{(p.stdout + p.stderr)[-6000:]}"
+        launch_ranks("mpirun" if world > 1 else "alone", world, WORKER, path, prefix, timeout=150)
+    except LaunchError as e:
+        pytest.fail(f"W={world} hung or crashed on cases {json.dumps(group)}:\n{e}")
     return [torch.load(f"{prefix}.rank{r}.pt") for r in range(world)]
 
 

@@ -17,28 +17,21 @@ stages 2 and 3 (each module initialized from its own seed, rank 0's values broad
 """
 import json
 import os
-import shutil
-import subprocess
-import sys
 
 import pytest
 import torch
 
 import zerort
+from zerort._testing.launch import launch as launch_ranks
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 WORKER = os.path.join(HERE, "meta_init_worker.py")
-ENV = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", OMP_NUM_THREADS="1")
 pytestmark = pytest.mark.skipif(not zerort._C.with_mpi, reason="multi-rank runs use mpirun; this build has no MPI")
 
 
 def launch(mode, world, tmp_path):
     out = str(tmp_path / f"{mode}{world}")
-    cmd = [sys.executable, WORKER, mode, out]
-    if world > 1:
-        cmd = [shutil.which("mpirun"), "--oversubscribe", "-np", str(world)] + cmd
-    p = subprocess.run(cmd, env=ENV, capture_output=True, text=True, timeout=300)
-    assert p.returncode == 0, (p.stdout + p.stderr)[-5000:]
+    launch_ranks("mpirun" if world > 1 else "alone", world, WORKER, mode, out, timeout=300)
     return [torch.load(f"{out}.rank{r}.pt") for r in range(world)]
 
 

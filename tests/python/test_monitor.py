@@ -11,6 +11,8 @@ import sys
 
 import pytest
 
+from zerort._testing.launch import launch
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 W = 2
 
@@ -19,11 +21,7 @@ W = 2
 def run(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("monitor")
     out, run_dir = str(tmp / "seen.json"), str(tmp / "runs")
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-    cmd = [os.path.join(os.path.dirname(sys.executable), "torchrun"), "--standalone", "--nproc_per_node", str(W),
-           os.path.join(HERE, "monitor_worker.py"), out, run_dir]
-    p = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
-    assert p.returncode == 0, (p.stdout + p.stderr)[-5000:]
+    launch("torchrun", W, os.path.join(HERE, "monitor_worker.py"), out, run_dir, timeout=300)
     with open(out) as f:
         seen = json.load(f)
     with open(os.path.join(run_dir, "job", "metrics.csv"), newline="") as f:

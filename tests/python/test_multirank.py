@@ -2,26 +2,19 @@
 Each rank runs multirank_worker.py, which checks every collective and dtype against plain
 torch, the reduce_scatter_accumulate accuracy, a count mismatch and a timeout."""
 import os
-import shutil
-import subprocess
-import sys
 
 import pytest
 import torch
 
 import zerort
+from zerort._testing.launch import launch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 WORKER = os.path.join(HERE, "multirank_worker.py")
-BIN = os.path.dirname(sys.executable)
 
 
-def run(cmd, nranks, backend):
-    env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
-               OMP_NUM_THREADS="1")
-    p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
-    out = p.stdout + p.stderr
-    assert p.returncode == 0, out[-6000:]
+def run(launcher, nranks, backend):
+    out = launch(launcher, nranks, WORKER, backend, timeout=240).output
     for r in range(nranks):
         assert f"WORKER OK rank {r}/{nranks} {backend}" in out, out[-6000:]
     print([line for line in out.splitlines() if line.startswith("[accuracy")])
@@ -29,16 +22,13 @@ def run(cmd, nranks, backend):
 
 @pytest.mark.parametrize("nproc", [2, 4])
 def test_gloo_under_torchrun(nproc):
-    torchrun = os.path.join(BIN, "torchrun")
-    run([torchrun, "--standalone", "--nproc_per_node", str(nproc), WORKER, "gloo"], nproc, "gloo")
+    run("torchrun", nproc, "gloo")
 
 
 @pytest.mark.skipif(not zerort._C.with_mpi, reason="MPI is optional at build time and this build has none")
 @pytest.mark.parametrize("np_", [2, 4])
 def test_mpi_under_mpirun(np_):
-    mpirun = shutil.which("mpirun")
-    assert mpirun, "mpirun not on PATH; make test installs openmpi-bin"
-    run([mpirun, "--oversubscribe", "-np", str(np_), sys.executable, WORKER, "mpi"], np_, "mpi")
+    run("mpirun", np_, "mpi")
 
 
 def test_launch_env_single_process():

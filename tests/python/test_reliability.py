@@ -10,21 +10,15 @@ loaded 2-core machine). A hang runs into HANG, far above it.
 import json
 import os
 import re
-import shutil
-import socket
-import subprocess
-import sys
-import time
 
 import pytest
 
 import zerort
+from zerort._testing.launch import launch as launch_ranks, launch_plain
 from zerort.consistency import first_difference
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 WORKER = os.path.join(HERE, "reliability_worker.py")
-BIN = os.path.dirname(sys.executable)
-ENV = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", OMP_NUM_THREADS="1")
 SHORT = 5     # comm.timeout_s where a rank must time out by itself
 LONG = 120    # comm.timeout_s where the launcher must end the job long before a timeout
 BOUND = 60    # s: a job that takes longer than this hung (see the module docstring)
@@ -34,42 +28,24 @@ COLLECTIVE = r"(all_reduce|reduce_scatter|reduce_scatter_accumulate|all_gather|a
 needs_mpi = pytest.mark.skipif(not zerort._C.with_mpi, reason="MPI is optional at build time and this build has none")
 
 
-def launch(cmd):
-    t0 = time.monotonic()
-    p = subprocess.run(cmd, env=ENV, capture_output=True, text=True, timeout=HANG)
-    return p.returncode, p.stdout + p.stderr, time.monotonic() - t0
+def launch(launcher, *args):
+    """(exit status, output, seconds) of W = 2 under launcher, whatever the status."""
+    p = launch_ranks(launcher, 2, WORKER, *args, timeout=HANG, check=False)
+    return p.returncode, p.output, p.seconds
 
 
 def mpirun(*args):
-    return launch([shutil.which("mpirun"), "--oversubscribe", "-np", "2", sys.executable, WORKER, *map(str, args)])
+    return launch("mpirun", *args)
 
 
 def torchrun(*args):
-    return launch([os.path.join(BIN, "torchrun"), "--standalone", "--nproc_per_node", "2", WORKER, *map(str, args)])
+    return launch("torchrun", *args)
 
 
 def no_launcher(*args):
     """Both ranks as plain processes (gloo, torchrun's variables): nobody ends a rank for
     us. Returns [(returncode, output, seconds)] per rank."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    t0 = time.monotonic()
-    procs = [subprocess.Popen([sys.executable, WORKER, *map(str, args)], stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT, text=True,
-                              env=dict(ENV, RANK=str(r), LOCAL_RANK=str(r), WORLD_SIZE="2",
-                                       MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port)))
-             for r in range(2)]
-    out = []
-    for p in procs:
-        try:
-            text, _ = p.communicate(timeout=HANG)
-        except subprocess.TimeoutExpired:
-            for q in procs:
-                q.kill()
-            raise
-        out.append((p.returncode, text, time.monotonic() - t0))
-    return out
+    return [(p.returncode, p.output, p.seconds) for p in launch_plain(2, WORKER, *args, timeout=HANG)]
 
 
 def launcher(name):

@@ -28,15 +28,12 @@ Before the stage-3 engine moved into C++, compile failed at stage 3 on the first
 swapped p.data, the new one empties the storage that every view shares.
 """
 import os
-import shutil
-import subprocess
-import sys
-import time
 
 import pytest
 import torch
 
 import zerort
+from zerort._testing.launch import launch as launch_ranks
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 WORKER = os.path.join(HERE, "stage3_compile_worker.py")
@@ -46,15 +43,9 @@ COMPILED = [c for c in CASES if ":eager" not in c]
 
 
 def launch(prefix, backend, cases, mpirun):
-    env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", OMP_NUM_THREADS="1",
-               TORCHINDUCTOR_COMPILE_THREADS="1")
-    cmd = [sys.executable, WORKER, prefix, backend, *cases]
-    if mpirun:
-        cmd = [shutil.which("mpirun"), "--oversubscribe", "-np", "2", *cmd]
-    t0 = time.perf_counter()
-    p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
-    assert p.returncode == 0, (p.stdout + p.stderr)[-6000:]
-    print(f"[stage3 compile] {backend} {'mpirun W=2' if mpirun else 'W=1'}: {time.perf_counter() - t0:.1f} s")
+    p = launch_ranks("mpirun" if mpirun else "alone", 2 if mpirun else 1, WORKER, prefix, backend, *cases,
+                     timeout=600, env={"TORCHINDUCTOR_COMPILE_THREADS": "1"})
+    print(f"[stage3 compile] {backend} {'mpirun W=2' if mpirun else 'W=1'}: {p.seconds:.1f} s")
     return [torch.load(f"{prefix}.rank{r}.pt") for r in range(2 if mpirun else 1)]
 
 

@@ -30,15 +30,12 @@ Held to:
    layout at rest to the byte, on both ranks alike.
 """
 import os
-import shutil
-import subprocess
-import sys
-import time
 
 import pytest
 import torch
 
 import zerort
+from zerort._testing.launch import launch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 WORKER = os.path.join(HERE, "stage3_memory_worker.py")
@@ -55,14 +52,9 @@ def ranks(tmp_path_factory):
     if not zerort._C.with_mpi:
         pytest.skip("this build has no MPI; the test runs under mpirun")
     prefix = str(tmp_path_factory.mktemp("stage3_memory") / "out")
-    env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", OMP_NUM_THREADS="1")
-    cmd = [shutil.which("mpirun"), "--oversubscribe", "-np", "2", sys.executable, WORKER, prefix,
-           *map(str, PREFETCH)]
-    t0 = time.perf_counter()
-    p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
-    assert p.returncode == 0, (p.stdout + p.stderr)[-6000:]
+    took = launch("mpirun", 2, WORKER, prefix, *PREFETCH, timeout=300).seconds
     out = [torch.load(f"{prefix}.rank{r}.pt") for r in range(2)]
-    print(f"[stage3 memory] mpirun W=2, prefetch {PREFETCH}: {time.perf_counter() - t0:.1f} s")
+    print(f"[stage3 memory] mpirun W=2, prefetch {PREFETCH}: {took:.1f} s")
     return out
 
 

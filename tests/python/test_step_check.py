@@ -18,19 +18,17 @@ per call). At W = 1 no collective reaches the backend at all.
 """
 import json
 import os
-import shutil
-import subprocess
-import sys
 
 import pytest
 import torch
 import torch.nn as nn
 
 import zerort
+from zerort._testing.launch import launch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 WORKER = os.path.join(HERE, "step_check_worker.py")
-ENV = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", OMP_NUM_THREADS="1")
+
 W = 2
 
 # The calls each bad case makes on rank 0 and rank 1, as the messages print them.
@@ -62,13 +60,7 @@ def launched(request, tmp_path_factory):
     tmp = tmp_path_factory.mktemp(request.param)
     (tmp / "cases.json").write_text(json.dumps(cases()))
     prefix = str(tmp / "out")
-    if request.param == "mpirun":
-        cmd = [shutil.which("mpirun"), "--oversubscribe", "-np", str(W), sys.executable]
-    else:
-        cmd = [os.path.join(os.path.dirname(sys.executable), "torchrun"), "--standalone", "--nproc_per_node", str(W)]
-    p = subprocess.run(cmd + [WORKER, str(tmp / "cases.json"), prefix], env=ENV, capture_output=True, text=True,
-                       timeout=180)
-    assert p.returncode == 0, (p.stdout + p.stderr)[-6000:]
+    launch(request.param, W, WORKER, tmp / "cases.json", prefix, timeout=180)
     ranks = []
     for r in range(W):
         with open(f"{prefix}.rank{r}.json") as f:

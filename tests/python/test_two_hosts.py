@@ -25,21 +25,18 @@ import json
 import os
 import re
 import shutil
-import signal
-import subprocess
 import sys
-import time
 
 import pytest
 import torch
 
 import zerort
+from zerort._testing.launch import run
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 SCRIPT = os.path.join(ROOT, "scripts", "two_hosts.sh")
-ENV = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", OMP_NUM_THREADS="1",
-           PY=sys.executable)
+
 LAUNCHERS = ["torchrun", "mpirun"]
 W = 4
 BOUND = 90  # s: start two hosts, a few steps, the kill, the launcher's teardown, with margin
@@ -51,18 +48,11 @@ from test_reliability import COLLECTIVE  # noqa: E402
 def two_hosts(launcher, *args, timeout=300):
     """(exit status, output, seconds) of one two-host job. A job past `timeout` hung: its
     whole process group is killed (the script's next run removes its namespaces)."""
-    t0 = time.monotonic()
-    p = subprocess.Popen(["bash", SCRIPT, launcher, *map(str, args)], env=ENV, stdout=subprocess.PIPE,
-                         stderr=subprocess.STDOUT, text=True, start_new_session=True)
-    try:
-        out, _ = p.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(p.pid, signal.SIGKILL)
-        out, _ = p.communicate()
-        pytest.fail(f"the two-host {launcher} job hung (no exit in {timeout} s):\n{out[-4000:]}")
+    p = run(["bash", SCRIPT, launcher, *map(str, args)], timeout=timeout, env={"PY": sys.executable}, check=False,
+            what=f"the two-host {launcher} job")
     if p.returncode == 77:
-        pytest.skip(out.strip().splitlines()[-1])
-    return p.returncode, out, time.monotonic() - t0
+        pytest.skip(p.stdout.strip().splitlines()[-1])
+    return p.returncode, p.output, p.seconds
 
 
 def needs(launcher):

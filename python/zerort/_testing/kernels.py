@@ -1,10 +1,27 @@
-"""The fused optimizer and reduction kernels on torch tensors, CPU or CUDA (tests and
-benchmarks use these; the engine calls them from C++). Every tensor of one call must be on
-one device; CUDA kernels run on the default stream."""
+"""zerort's own kernels on torch tensors, CPU or CUDA: the FP32 <-> bf16/f16 casts
+(optim/cast.h), the fused AdamW, the unscale/non-finite/norm pass and the local sum of a
+reduce-scatter. Tests and benchmarks call these; the engine calls the kernels from C++.
+Every tensor of one call must be on one device; CUDA kernels run on the default stream."""
 import torch
 
-from . import _C
-from ._tensor_args import buffer, device_index, dtype_name
+from .. import _C
+from .._tensor_args import buffer, device_index, dtype_name
+
+
+def cast(t, dtype):
+    """Returns t (contiguous, on CPU or CUDA) cast to dtype on the same device. One side must
+    be float32, the other bfloat16 or float16. Rounds to nearest even."""
+    out = torch.empty(t.shape, dtype=dtype, device=t.device)
+    n, dev = t.numel(), t.device
+    if t.dtype == torch.float32:
+        _C.cast_from_f32(buffer(t, "t", device=dev), buffer(out, "out", device=dev), dtype_name(out, "dtype"), n,
+                         device_index(dev))
+    elif dtype == torch.float32:
+        _C.cast_to_f32(buffer(t, "t", device=dev), dtype_name(t, "t"), buffer(out, "out", device=dev), n,
+                       device_index(dev))
+    else:
+        raise TypeError(f"cast: one side must be torch.float32, got {t.dtype} -> {dtype}")
+    return out
 
 
 def adamw_step(grad, master, exp_avg, exp_avg_sq, param, *, lr, betas, eps, weight_decay, step,
