@@ -141,6 +141,7 @@ void bind_engine(py::module_& m) {
   for (const char* k : kOptimizerKeys) names.append(k);
   for (const char* k : kEngineKeys) names.append(k);
   m.attr("ENGINE_OPTIONS") = py::tuple(names);  // an Engine's keywords: zerort.config.Config fields
+  m.attr("SHARD_ALIGNMENT") = kShardAlignment;   // elements: an Engine's shards are multiples of it
 
   py::class_<ShardOptimizer>(m, "ShardOptimizer")
       .def(py::init([](at::Tensor master, Communicator& comm, const py::kwargs& kw) {

@@ -53,6 +53,10 @@
 
 namespace zerort {
 
+// Elements: each shard of an Engine's buckets is a multiple of this by default. The one
+// definition: Python reads it as zerort._C.SHARD_ALIGNMENT (memory estimates, shard map).
+inline constexpr size_t kShardAlignment = 16;
+
 struct EngineOptions {
   int stage = 2;  // 0, 1, 2 or 3
   // optimizer.precision is the compute precision of `params` (bf16, f16 or f32); its adamw
@@ -64,7 +68,7 @@ struct EngineOptions {
   // Called bucket by bucket, so at most about one bucket exists in FP32 at a time.
   std::function<std::vector<at::Tensor>(size_t group, const std::vector<size_t>& params)> materialize;
   size_t reduce_bucket_numel = size_t{1} << 24;  // gradient elements (all ranks) per bucket
-  size_t alignment = 16;               // elements; each shard is a multiple of it
+  size_t alignment = kShardAlignment;  // elements; each shard is a multiple of it
 };
 
 // Stage 3: one unit of `params` (indices into it), gathered and released as one. A

@@ -31,7 +31,6 @@ from .precision import plan as fp32_plan
 from .phases import (PHASES, PhaseMemory, Phases, allocated, install_counting_allocator,  # noqa: F401
                      reset_peak)
 
-ALIGN = 16
 CATEGORIES = [
     ("lp_params", "low-precision params"),
     ("lp_grads", "low-precision grads / buckets"),
@@ -78,7 +77,7 @@ def exact(groups, world_size, stage, reduce_bucket_numel=1 << 24, prefetch=1, at
         largest_pack = largest_shard = 0
         for g in groups:
             padded = shard = 0
-            for _, b_padded, b_shard in _C.plan_buckets(g.numels, w, reduce_bucket_numel, ALIGN):
+            for _, b_padded, b_shard in _C.plan_buckets(g.numels, w, reduce_bucket_numel, _C.SHARD_ALIGNMENT):
                 padded += b_padded
                 shard += b_shard
                 largest_pack = max(largest_pack, b_padded * g.element_bytes)
@@ -98,7 +97,7 @@ def exact(groups, world_size, stage, reduce_bucket_numel=1 << 24, prefetch=1, at
         return out
     units = []
     for g in groups:
-        layout = _C.ShardLayout(g.numels, w, ALIGN)
+        layout = _C.ShardLayout(g.numels, w, _C.SHARD_ALIGNMENT)
         full = layout.padded_numel * g.element_bytes
         out["lp_params"] += full if g.persistent else 0  # units are cast from the master when gathered
         out["lp_grads"] = max(out["lp_grads"], full)      # the pack buffer of one unit
@@ -116,7 +115,7 @@ def exact(groups, world_size, stage, reduce_bucket_numel=1 << 24, prefetch=1, at
 def unit_bytes(groups, world_size):
     """Stage 3: the gathered bytes of each unit that is gathered and released (the
     non-persistent groups, padded as laid out), in execution order."""
-    return [_C.ShardLayout(g.numels, world_size, ALIGN).padded_numel * g.element_bytes
+    return [_C.ShardLayout(g.numels, world_size, _C.SHARD_ALIGNMENT).padded_numel * g.element_bytes
             for g in groups if not g.persistent]
 
 
