@@ -1,4 +1,5 @@
-// Engine's inner parts (buckets and groups), shared by engine.cpp and engine_units.cpp only.
+// Engine's inner parts (buckets and groups), shared by engine.cpp, engine_reduce.cpp and
+// engine_units.cpp only.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -7,7 +8,22 @@
 
 #include "runtime/engine.h"
 
+// pthread_exit unwinds a thread with a "forced unwind" that a catch (...) must rethrow:
+// swallowing it aborts the process. CPython ends a thread this way when it asks for the
+// GIL during interpreter shutdown.
+#if defined(__GLIBCXX__)
+#include <cxxabi.h>
+#define ZRT_RETHROW_FORCED_UNWIND catch (const abi::__forced_unwind&) { throw; }
+#else
+#define ZRT_RETHROW_FORCED_UNWIND
+#endif
+
 namespace zerort {
+
+// The ATen dtype of a bucket group's DType: bf16, f16, else f32.
+inline at::ScalarType scalar_type(DType d) {
+  return d == DType::kBFloat16 ? at::kBFloat16 : d == DType::kFloat16 ? at::kHalf : at::kFloat;
+}
 
 // A run of consecutive parameters (in reduce order) with its own W-way shard layout; at
 // stage 3, a unit.

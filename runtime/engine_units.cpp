@@ -1,4 +1,5 @@
-// Engine, stage 3: gathering and releasing units (the rest of the Engine is engine.cpp).
+// Engine, stage 3: gathering and releasing units (the rest of the Engine is engine.cpp and
+// engine_reduce.cpp).
 //
 // A unit's working copy is a tensor of its own. Released, its storage holds zero bytes and
 // its parameters are empty tensors; every view of it that autograd saved for backward
