@@ -35,7 +35,6 @@ import errno
 import fcntl
 import hashlib
 import json
-import math
 import os
 import re
 import shutil
@@ -48,6 +47,7 @@ from .checkpoint_meta import (FORMAT, SAVE_ID_DIGITS, STATE_TENSORS, CheckpointE
                               open_regular, read_meta)
 from . import checkpoint_state
 from .consistency import _ranks, gather_if_different
+from .shard_map import flat, optimizer_tensors, param_layout, write_state
 
 LOCK_NAME = ".zerort-save.lock"  # hidden: no tag can take the name
 
@@ -197,52 +197,6 @@ def _load_payload(path, missing):
             raise CheckpointError(f"shard file {path} is truncated or corrupt ({type(e).__name__}: "
                                   f"{str(e)[:300]})") from None
 
-
-# ---- where each parameter's elements live -----------------------------------------------
-
-def _pieces(a, n, flat_offset, shard, opt_offset, world, replicated):
-    """Runs [rank, master_index, param_offset, length] of flat elements [a, a+n) of a bucket
-    starting at flat_offset with per-rank shards of `shard` elements."""
-    if replicated:
-        return [[0, opt_offset + (a - flat_offset), 0, n]] if n else []
-    out, x = [], a
-    while x < a + n:
-        r = (x - flat_offset) // shard
-        end = min(a + n, flat_offset + (r + 1) * shard)
-        out.append([r, opt_offset + (x - flat_offset) - r * shard, x - a, end - x])
-        x = end
-    return out
-
-
-def param_layout(engine):
-    """{name: {"shape", "segments"}} for every trainable parameter of the engine."""
-    impl, w = engine._impl, engine.world_size
-    where = {}  # id(param) -> segments
-    for gi, params in enumerate(engine._groups):
-        buckets = impl.bucket_layout(gi) if params else []
-        for i, p in enumerate(params):
-            a, n = impl.param_offset(gi, i), math.prod(engine._shapes[id(p)])  # stage 3 empties params
-            f, padded, shard, opt = next(b for b in buckets if b[0] <= a < b[0] + b[1] or n == 0)
-            where[id(p)] = _pieces(a, n, f, shard, opt, w, engine.config.stage == 0)
-    out, seen = {}, set()
-    for name, p in engine.module.named_parameters():
-        if id(p) in where and id(p) not in seen:
-            seen.add(id(p))
-            out[name] = {"shape": list(engine._shapes[id(p)]), "dtype": "float32",  # the saved master
-                         "compute_dtype": str(engine._working_dtype(p)).replace("torch.", ""),
-                         "segments": where[id(p)]}
-    return out
-
-
-def _optimizer_tensors(engine):
-    impl = engine._impl
-    n = impl.num_groups
-    return {"master": [impl.master(g) for g in range(n)], "exp_avg": [impl.exp_avg(g) for g in range(n)],
-            "exp_avg_sq": [impl.exp_avg_sq(g) for g in range(n)]}
-
-
-def _flat(t):
-    return torch.cat([x.reshape(-1) for x in t]) if isinstance(t, list) else t.reshape(-1)
 
 
 # ---- save / load -----------------------------------------------------------------------
@@ -400,7 +354,7 @@ def save(engine, directory, tag=None, client_state=None, save_latest=True):
                 os.makedirs(work, exist_ok=True)
             except OSError as e:
                 raise _write_error(e, work, work, 4096) from None
-            tensors = {k: _flat(v).clone() for k, v in _optimizer_tensors(engine).items()}
+            tensors = {k: flat(v).clone() for k, v in optimizer_tensors(engine).items()}
             if rank == 0:
                 extras.update(_extras(engine))
                 path = os.path.join(work, checkpoint_state.FILE)
@@ -674,27 +628,6 @@ def _window(engine, meta, saved):
                               f"gradient_accumulation_steps {saved_gas}, or save at an accumulation boundary")
     saved["micro_steps"] = saved["global_step"] * gas + inside
     return saved
-
-
-def write_state(engine, key, full, layout=None):
-    """This rank's part of full[name] (each a whole parameter's values) into the engine's
-    `key` ("master", "exp_avg" or "exp_avg_sq"), for the parameters full names; layout:
-    param_layout(engine), when the caller has it."""
-    layout = layout or param_layout(engine)
-    views = _optimizer_tensors(engine)[key]
-    rank, stage0 = engine.rank, engine.config.stage == 0
-    with torch.no_grad():
-        flat = torch.cat([v.reshape(-1) for v in views]) if len(views) > 1 else views[0].reshape(-1)
-        for name, values in full.items():
-            values = values.reshape(-1)
-            for r, index, offset, length in layout[name]["segments"]:
-                if stage0 or r == rank:
-                    flat[index:index + length] = values[offset:offset + length]
-        if len(views) > 1:  # write back into each group's view
-            off = 0
-            for v in views:
-                v.reshape(-1).copy_(flat[off:off + v.numel()])
-                off += v.numel()
 
 
 def _restore(engine, meta, mine, reader, what="all"):

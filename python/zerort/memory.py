@@ -28,6 +28,7 @@ import torch
 from . import _C
 from .config import Config
 from .precision import plan as fp32_plan
+from .shard_map import layout
 from .phases import (PHASES, PhaseMemory, Phases, allocated, install_counting_allocator,  # noqa: F401
                      reset_peak)
 
@@ -97,13 +98,13 @@ def exact(groups, world_size, stage, reduce_bucket_numel=1 << 24, prefetch=1, at
         return out
     units = []
     for g in groups:
-        layout = _C.ShardLayout(g.numels, w, _C.SHARD_ALIGNMENT)
-        full = layout.padded_numel * g.element_bytes
+        unit = layout(g.numels, w)
+        full = unit.padded_numel * g.element_bytes
         out["lp_params"] += full if g.persistent else 0  # units are cast from the master when gathered
         out["lp_grads"] = max(out["lp_grads"], full)      # the pack buffer of one unit
         out["comm_buffers"] = max(out["comm_buffers"], full if w > 1 else 0)  # its reduce scratch (W > 1)
         for k in ("master", "adam_m", "adam_v", "grad_shard"):
-            out[k] += 4 * layout.shard_numel
+            out[k] += 4 * unit.shard_numel
         if not g.persistent:
             units.append(full)
     out["gathered_units"] = gathered_window(units, prefetch + 2)
@@ -115,7 +116,7 @@ def exact(groups, world_size, stage, reduce_bucket_numel=1 << 24, prefetch=1, at
 def unit_bytes(groups, world_size):
     """Stage 3: the gathered bytes of each unit that is gathered and released (the
     non-persistent groups, padded as laid out), in execution order."""
-    return [_C.ShardLayout(g.numels, world_size, _C.SHARD_ALIGNMENT).padded_numel * g.element_bytes
+    return [layout(g.numels, world_size).padded_numel * g.element_bytes
             for g in groups if not g.persistent]
 
 

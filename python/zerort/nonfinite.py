@@ -17,7 +17,7 @@ import weakref
 
 import torch
 
-from . import _C
+from . import _C, shard_map
 
 FIRST_K = 4  # parameters named in an error
 
@@ -41,22 +41,15 @@ class Guard:
     """Owned by an Engine; wraps its step()."""
 
     def __init__(self, engine):
-        from .checkpoint import param_layout
-
         self.engine = weakref.proxy(engine)  # owned by the engine: no reference cycle
         self.limit = engine.config.max_consecutive_skips
         self.consecutive = 0
         self.target = engine._impl  # has set_watch_regions
-        layout = param_layout(engine)  # trainable parameters, named_parameters() order
+        layout = shard_map.param_layout(engine)  # trainable parameters, named_parameters() order
         self.names = list(layout)
-        replicated = engine.config.stage == 0  # every rank holds the whole gradient
-        regions = []
-        for index, name in enumerate(self.names):
-            for rank, offset, _, numel in layout[name]["segments"]:
-                if replicated or rank == engine.rank:
-                    regions.append((offset, numel, index))
-        regions.sort()
-        self.target.set_watch_regions(regions)
+        index = {name: i for i, name in enumerate(self.names)}
+        self.target.set_watch_regions([(offset, numel, index[name])
+                                       for offset, numel, name in shard_map.owned(engine, layout)])
 
     def first_nonfinite(self):
         """Names of the first FIRST_K parameters (named_parameters() order) whose gradient

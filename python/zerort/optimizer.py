@@ -19,6 +19,7 @@ import weakref
 import torch
 
 from . import _C
+from .shard_map import owned
 
 HYPER_KEYS = ("lr", "betas", "eps", "weight_decay")
 # torch.optim.AdamW's options that zerort's AdamW does not have, with the value it implies.
@@ -178,14 +179,10 @@ def _normalize(engine, param_groups):
 
 def _regions(engine, groups):
     """(offset, numel, group) of this rank's shard, merged where neighbours share a group."""
-    from .checkpoint import param_layout
-
     group_of = {engine._names[id(p)]: k for k, g in enumerate(groups) for p in g["params"]}
-    replicated = engine.config.stage == 0  # every rank holds the whole state
-    pieces = sorted((offset, numel, group_of[name]) for name, info in param_layout(engine).items()
-                    for rank, offset, _, numel in info["segments"] if replicated or rank == engine.rank)
     merged = []
-    for offset, numel, k in pieces:
+    for offset, numel, name in owned(engine):
+        k = group_of[name]
         if merged and merged[-1][2] == k and merged[-1][0] + merged[-1][1] == offset:
             merged[-1][1] += numel
         else:

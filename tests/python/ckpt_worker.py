@@ -83,6 +83,7 @@ def safety(engine, name, base):
     """Every scenario of test_checkpoint_safety.py; returns {scenario: {"error", "type",
     "took", "value"}} for this rank. Files are set up by rank 0 between barriers."""
     from zerort import checkpoint as ck, consolidate
+    from zerort.shard_map import flat, optimizer_tensors
 
     comm, rank = engine.comm, engine.rank
     root = os.path.join(base, "ck")  # every checkpoint directory of this run
@@ -108,7 +109,7 @@ def safety(engine, name, base):
         return [os.path.basename(engine.load_checkpoint(directory, tag)[0]), engine.global_step]
 
     def state():
-        return [engine.global_step, float(ck._flat(ck._optimizer_tensors(engine)["master"]).double().sum())]
+        return [engine.global_step, float(flat(optimizer_tensors(engine)["master"]).double().sum())]
 
     def copy(src, dst, edit=None):
         def run():
