@@ -105,21 +105,18 @@ class Engine:
         failfast.install(self.comm.rank, self.comm.size)  # an uncaught error ends every rank
         lifecycle.track_engine(self)  # closed at exit if still alive (its comm thread joined)
         consistency.check_model(self.comm, model)  # the same model on every rank, or an error
-        plan = precision.plan(model, c.fp32_modules) if self.dtype != torch.float32 else precision.Plan()
+        grouping = precision.group_params(model, c.precision, c.fp32_modules)
+        plan = grouping.plan
         fp32_ids = plan.fp32_ids
         for m in plan.fp32_modules:
             m.register_forward_pre_hook(_cast_inputs(torch.float32), with_kwargs=True)
             m.register_forward_hook(_cast_outputs(self.dtype))
-        params, frozen = [], []
-        self._names = {}  # id(param) -> its first name, for errors
-        for name, p in model.named_parameters():  # named_parameters() yields a tied tensor once
-            if id(p) in self._names:
-                continue
-            self._names[id(p)] = name
-            if p.dtype != torch.float32:
-                raise TypeError(f"zerort: parameter {name!r} is {p.dtype}; build the model with float32 "
-                                "parameters (zerort keeps the FP32 master and casts itself)")
-            (params if p.requires_grad else frozen).append(p)
+        self._names = grouping.names  # id(param) -> its first name, for errors
+        wrong = [p for p in model.parameters() if p.dtype != torch.float32]
+        if wrong:
+            raise TypeError(f"zerort: parameter {self._names[id(wrong[0])]!r} is {wrong[0].dtype}; build the model "
+                            "with float32 parameters (zerort keeps the FP32 master and casts itself)")
+        params, frozen = grouping.trainable, grouping.frozen
         materialize = None
         if weights is not None and not meta_init.is_meta_model(model):
             raise ValueError("zerort.initialize: weights= is for a model built on the meta device (with "
@@ -143,7 +140,7 @@ class Engine:
                         self.comm.broadcast(b, 0)
                         if (id(m), name) in plan.cast_buffers:
                             setattr(m, name, b.to(self.dtype))
-        self._groups = [[p for p in params if id(p) not in fp32_ids], [p for p in params if id(p) in fp32_ids]]
+        self._groups = grouping.groups
         self._shapes = {id(p): tuple(p.shape) for p in params}  # stage 3 empties the params
         self._params = params  # every trainable parameter, each once
         self._frozen = frozen

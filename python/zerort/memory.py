@@ -27,7 +27,7 @@ import torch
 
 from . import _C
 from .config import Config
-from .precision import plan as fp32_plan
+from .precision import group_params
 from .shard_map import layout
 from .phases import (PHASES, PhaseMemory, Phases, allocated, install_counting_allocator,  # noqa: F401
                      reset_peak)
@@ -127,29 +127,24 @@ def gathered_window(units, k):
 
 
 def model_groups(model, stage, precision="bf16", config=None):
-    """The parameter groups zerort.initialize would build for this model."""
+    """The parameter groups zerort.initialize would build for this model (shared parameters
+    count once), as precision.group_params groups them."""
     from .stage3 import UnitPlan
 
     c = config or Config(stage=stage, precision=precision)
-    lp = _BYTES[precision]
-    fp32_ids = fp32_plan(model, c.fp32_modules).fp32_ids if precision != "fp32" else set()
-    seen, params = set(), []
-    for p in model.parameters():  # shared parameters count once
-        if id(p) not in seen and p.requires_grad:
-            seen.add(id(p))
-            params.append(p)
-    if stage < 3:
-        groups = [Group([p.numel() for p in params if id(p) not in fp32_ids], lp),
-                  Group([p.numel() for p in params if id(p) in fp32_ids], 4)]
-        return [g for g in groups if g.numels]
-    return _unit_groups(UnitPlan(model, params, fp32_ids, c), [p.numel() for p in params if id(p) not in fp32_ids],
-                        [p.numel() for p in params if id(p) in fp32_ids], lp)
+    grouping = group_params(model, precision, c.fp32_modules)
+    units = UnitPlan(model, grouping.trainable, grouping.plan.fp32_ids, c) if stage == 3 else None
+    return _layout_groups(grouping.groups, lambda p: p.numel(), _BYTES[precision], units)
 
 
-def _unit_groups(plan, numels, fp32_numels, lp):
-    """Stage 3's groups: one per Engine unit (in its order), then the FP32 group."""
-    groups = [Group([numels[i] for i in ps], lp, persistent) for ps, persistent in plan.specs]
-    return groups + ([Group(fp32_numels, 4, True)] if fp32_numels else [])
+def _layout_groups(engine_groups, numel, lp, units=None):
+    """Groups of the Engine's two parameter groups (compute dtype, FP32): stages 0-2 each
+    one that has parameters; stage 3 one per unit (in its order), then the FP32 group."""
+    low, fp32 = ([numel(p) for p in ps] for ps in engine_groups)
+    if units is None:
+        return [g for g in (Group(low, lp), Group(fp32, 4)) if g.numels]
+    groups = [Group([low[i] for i in ps], lp, persistent) for ps, persistent in units.specs]
+    return groups + ([Group(fp32, 4, True)] if fp32 else [])
 
 
 def count_groups(numel, stage, precision="bf16", reduce_bucket_numel=1 << 24, unit_numel=None):
@@ -329,12 +324,8 @@ def measure(engine):
 
 
 def _engine_groups(engine):
-    lp = _BYTES[engine.config.precision]
-    if engine._unit_plan is not None:
-        numel = lambda p: math.prod(engine._shapes[id(p)])  # stage 3 empties released parameters
-        return _unit_groups(engine._unit_plan, [numel(p) for p in engine._groups[0]],
-                            [numel(p) for p in engine._groups[1]], lp)
-    return [Group([p.numel() for p in ps], lp if i == 0 else 4) for i, ps in enumerate(engine._groups) if ps]
+    numel = lambda p: math.prod(engine._shapes[id(p)])  # stage 3 empties released parameters
+    return _layout_groups(engine._groups, numel, _BYTES[engine.config.precision], engine._unit_plan)
 
 
 def _allocator_figures(engine, groups):

@@ -1,6 +1,7 @@
 """Which modules compute in FP32 when the compute dtype is bf16 or fp16, and which float
 buffers keep their dtype. zerort.initialize (engine.py; stage 3 through the FP32 parameter
-ids it is given) and zerort.estimate_memory (memory.py) both follow plan() below.
+ids it is given) and zerort.estimate_memory (memory.py) both follow plan() below, and
+group their parameters with group_params().
 
 FP32 modules. A norm layer stays FP32 because of what it is: an instance of one of torch's
 norm classes (TORCH_NORMS: LayerNorm, RMSNorm, GroupNorm, LocalResponseNorm, CrossMapLRN2d
@@ -72,3 +73,27 @@ def plan(model, fp32_modules=()):
         if id(m) not in inside:
             p.cast_buffers.update((id(m), n) for n in _float_buffers(m))
     return p
+
+
+@dataclass
+class Grouping:
+    """A model's parameters as zerort.initialize groups them."""
+    plan: Plan       # plan() under bf16 or fp16; empty under fp32
+    names: dict      # id(param) -> its first name in named_parameters()
+    trainable: list  # requires_grad, each tensor once, in named_parameters() order
+    frozen: list
+    groups: list     # the Engine's two groups: [trainable in the compute dtype, trainable kept in FP32]
+
+
+def group_params(model, precision, fp32_modules=()):
+    """The parameter groups of model under precision ("bf16", "fp16" or "fp32") and config
+    fp32_modules: what zerort.initialize builds its Engine from, and what
+    zerort.estimate_memory lays out."""
+    p = plan(model, fp32_modules) if precision != "fp32" else Plan()
+    names, trainable, frozen = {}, [], []
+    for name, q in model.named_parameters():  # a tied tensor once
+        if id(q) not in names:
+            names[id(q)] = name
+            (trainable if q.requires_grad else frozen).append(q)
+    groups = [[q for q in trainable if id(q) not in p.fp32_ids], [q for q in trainable if id(q) in p.fp32_ids]]
+    return Grouping(p, names, trainable, frozen, groups)
