@@ -4,6 +4,7 @@ argument."""
 import torch
 
 from . import _C
+from .errors import DeviceError
 
 DTYPE_NAMES = {
     torch.float32: "f32",
@@ -29,7 +30,7 @@ def device_index(device):
     if device.type == "cpu":
         return -1
     if device.type != "cuda" or not _C.with_cuda:
-        raise ValueError(f"tensors on {device} are not supported by this build of zerort "
+        raise DeviceError(f"tensors on {device} are not supported by this build of zerort "
                          f"({'CPU and CUDA' if _C.with_cuda else 'CPU only: nvcc was not found at build time'})")
     return torch.cuda.current_device() if device.index is None else device.index
 
@@ -41,7 +42,7 @@ def buffer(t, arg, numel=None, dtype=None, device="cpu"):
     if t.device != torch.device(device):
         hint = ("the mpi and gloo backends take CPU tensors" if torch.device(device).type == "cpu"
                 else f"move it with .to('{device}')")
-        raise ValueError(f"{arg}: tensor is on {t.device}, expected {device}; {hint}")
+        raise DeviceError(f"{arg}: tensor is on {t.device}, expected {device}; {hint}")
     if not t.is_contiguous():
         raise ValueError(f"{arg}: tensor must be contiguous; call .contiguous() first")
     if dtype is not None and t.dtype != dtype:

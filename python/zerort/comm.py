@@ -15,6 +15,7 @@ import torch
 
 from . import _C, lifecycle
 from ._tensor_args import buffer, dtype_name
+from .errors import CommError
 
 
 def detect_launch_env():
@@ -61,7 +62,7 @@ def _init_staged(name, timeout_s, debug, staged):
     if staged != "cuda":
         raise ValueError(f"comm: staged must be None, 'cuda' or 'cpu', got {staged!r}")
     if not torch.cuda.is_available():
-        raise RuntimeError("comm: staged='cuda' needs a CUDA device, and torch sees none")
+        raise CommError("comm: staged='cuda' needs a CUDA device, and torch sees none")
     device = detect_launch_env()["local_rank"] % torch.cuda.device_count()
     torch.cuda.set_device(device)
     return Communicator(_C.make_staged_communicator(inner._c, device, timeout_s, debug), f"cuda:{device}")
@@ -72,11 +73,11 @@ def _init_nccl(timeout_s, debug):
     exchanges the unique id with MPI_Bcast; under torchrun it goes through c10d's TCPStore
     at MASTER_ADDR:MASTER_PORT (the torchrun agent's store, or one rank 0 hosts)."""
     if not _C.with_nccl:
-        raise RuntimeError("comm.backend 'nccl' is not in this build of zerort (nvcc was not found at build "
-                           "time); rebuild on a machine with the CUDA toolkit, or use 'mpi' or 'gloo'")
+        raise CommError("comm.backend 'nccl' is not in this build of zerort (nvcc was not found at build "
+                        "time); rebuild on a machine with the CUDA toolkit, or use 'mpi' or 'gloo'")
     if not torch.cuda.is_available():
-        raise RuntimeError("comm.backend 'nccl' needs a CUDA device, and torch sees none; use 'mpi' or "
-                           "'gloo' for CPU training")
+        raise CommError("comm.backend 'nccl' needs a CUDA device, and torch sees none; use 'mpi' or "
+                        "'gloo' for CPU training")
     env = detect_launch_env()
     device = env["local_rank"] % torch.cuda.device_count()
     torch.cuda.set_device(device)

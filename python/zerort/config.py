@@ -23,13 +23,7 @@ import reprlib
 from dataclasses import dataclass
 from typing import Callable, Optional
 
-
-class ConfigError(ValueError):
-    """A bad config. .problems lists one line per bad key."""
-
-    def __init__(self, problems):
-        self.problems = list(problems)
-        super().__init__("invalid zerort config:\n  " + "\n  ".join(self.problems))
+from .errors import ConfigError
 
 
 @dataclass
@@ -423,9 +417,10 @@ def _cross_key_rules(c, problems, scale_keys, precision_key):
                               "(it equals that product times the world size)")
 
 
-def _read_json(path):
-    """The dict in a JSON file; a key given twice in one object is a problem (JSON would
-    silently keep the last)."""
+def read_json(path):
+    """(the dict in a JSON file, its problems): a key given twice in one object is a
+    problem (JSON would silently keep the last); an unreadable file, bad JSON or a
+    non-object raises ConfigError naming the file."""
     name = os.fspath(path)
     twice = []
 
@@ -469,7 +464,7 @@ def parse(config, form=None):
         return Config()
     problems = _Problems()
     if isinstance(config, (str, os.PathLike)):
-        config, problems.lines = _read_json(config)
+        config, problems.lines = read_json(config)
     if not isinstance(config, dict):
         raise ConfigError([f"config: got {_kind(config)}; allowed: a dict, a JSON file path or a zerort.config.Config"])
     deep = _depth_problem(config, "config")
@@ -539,8 +534,10 @@ def _without_auto(d, prefix, lines, path_ids=()):
         path = f"{prefix}{_key_name(k)}"
         if isinstance(v, str) and v == "auto":
             lines.append(f"{path}: got 'auto'; \"auto\" is a value HuggingFace's Trainer integration fills in from "
-                         "its TrainingArguments and the model, and zerort.initialize is not that integration: "
-                         "give a number (or true/false)")
+                         "its TrainingArguments and the model: zerort.hf.Trainer fills the keys HuggingFace fills "
+                         "(batch sizes, gradient_clipping, the optimizer's params, fp16/bf16 enabled, bucket sizes, "
+                         "the scheduler's warm-up and step counts), zerort.initialize none; give a number (or "
+                         "true/false)")
         else:
             walk = isinstance(v, dict) and id(v) not in path_ids
             out[k] = _without_auto(v, path + ".", lines, path_ids) if walk else v

@@ -18,13 +18,13 @@ or from a function that builds one from model_parameters. training_data gives a
 DataLoader over a DistributedSampler (DeepSpeed's: shuffled, seed 0), one micro batch
 (train_micro_batch_size_per_gpu) per step.
 """
-import json
 import os
 
 import torch
 
 from . import deepspeed_zero as zero  # noqa: F401  (deepspeed.zero.Init, deepspeed.zero.GatheredParameters)
-from .config import ConfigError, parse
+from .config import parse, read_json
+from .errors import ConfigError
 from .engine import initialize as _zerort_initialize
 
 
@@ -54,8 +54,7 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None, tra
 def _raw(config):
     """The config's top-level keys (a dict, or a JSON file parse() has read already)."""
     if isinstance(config, (str, os.PathLike)):
-        with open(config, "rb") as f:
-            return json.load(f)
+        return read_json(config)[0]
     return config if isinstance(config, dict) else {}
 
 

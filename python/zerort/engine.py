@@ -32,7 +32,8 @@ import torch
 from . import _C
 from . import comm as comm_mod
 from . import consistency, failfast, lifecycle, meta_init, nonfinite, phases, precision
-from .config import ConfigError, parse, resolve_batch
+from .config import parse, resolve_batch
+from .errors import ConfigError, DeviceError
 from .optimizer import ZeroOptimizer
 from . import lr_schedules, monitor, progress, stage3
 
@@ -73,7 +74,7 @@ def _model_device(model):
         if device is None:
             device = t.device
         elif t.device != device:
-            raise TypeError(f"zerort: {name!r} is on {t.device} but the model's first tensor is on {device}; "
+            raise DeviceError(f"zerort: {name!r} is on {t.device} but the model's first tensor is on {device}; "
                             "move the whole model to one device (model.to(device)) first")
     if device is not None and device.type == "cuda" and device.index is None:
         device = torch.device("cuda", torch.cuda.current_device())

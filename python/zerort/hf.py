@@ -34,7 +34,6 @@ is alone, and zerort says so.
 """
 import contextlib
 import dataclasses
-import json
 import os
 
 import torch
@@ -42,9 +41,10 @@ import transformers
 from transformers.optimization import get_scheduler
 
 from . import lr_schedules
-from .config import parse
+from .config import parse, read_json
 from .deepspeed import optimizer_groups
 from .engine import initialize
+from .errors import ConfigError, Error
 from .hf_config import fill, scheduler_spec
 
 ADAMW = ("adamw_torch", "adamw_torch_fused")  # args.optim values zerort's fused AdamW stands for
@@ -81,14 +81,14 @@ class _ZeroModel(torch.nn.Module):
 
 class _OptimizerProxy:
     """The Trainer's self.optimizer: its step() and zero_grad() do nothing, because
-    engine.step() updates. Not a torch Optimizer, so accelerate leaves it unwrapped."""
+    engine.step() updates. Not a torch Optimizer, so accelerate leaves it unwrapped.
+    (The Trainer saves and loads no optimizer state of its own here: the engine's
+    checkpoint holds it.)"""
 
     def __init__(self, engine):
         self.engine = engine
 
     param_groups = property(lambda self: self.engine.optimizer.param_groups)
-    state = property(lambda self: self.engine.optimizer.state)
-    defaults = property(lambda self: self.engine.optimizer.defaults)
 
     def step(self, closure=None):
         pass
@@ -96,39 +96,31 @@ class _OptimizerProxy:
     def zero_grad(self, set_to_none=True):
         pass
 
-    def state_dict(self):
-        return self.engine.optimizer.state_dict()
-
-    def load_state_dict(self, state):
-        self.engine.optimizer.load_state_dict(state)
-
 
 class _SchedulerProxy:
-    """The Trainer's self.lr_scheduler: step() does nothing, because the engine steps the
-    schedule after each applied update; a ReduceLROnPlateau is stepped here, by evaluate's
-    metric, as the stock Trainer does."""
+    """The Trainer's self.lr_scheduler for a schedule the engine steps (after each applied
+    update): the loop's own step() does nothing."""
 
-    def __init__(self, scheduler, by_metric=False):
-        self.scheduler, self.by_metric = scheduler, by_metric
+    def __init__(self, scheduler):
+        self.scheduler = scheduler
 
     def step(self, *args, **kwargs):
-        if self.by_metric and args:
-            self.scheduler.step(*args, **kwargs)
+        pass
 
     def get_last_lr(self):
         return self.scheduler.get_last_lr()
 
-    def state_dict(self):
-        return self.scheduler.state_dict()
 
-    def load_state_dict(self, state):
-        self.scheduler.load_state_dict(state)
+BY_METRIC = (torch.optim.lr_scheduler.ReduceLROnPlateau,)  # stepped by evaluate()'s metric, not per update
+PLATEAU_KEY = "zerort.hf.metric_scheduler"  # its state in the engine checkpoint's client_state
 
 
 def _read(zerort_config):
     if isinstance(zerort_config, (str, os.PathLike)):
-        with open(zerort_config) as f:
-            return json.load(f)
+        config, problems = read_json(zerort_config)  # names the file; a key given twice is a problem
+        if problems:
+            raise ConfigError(problems)
+        return config
     if zerort_config is not None and not isinstance(zerort_config, dict):
         raise TypeError(f"zerort.hf.Trainer: zerort_config is a {type(zerort_config).__name__}; give a dict or the "
                         "path of a JSON file (zerort's form or DeepSpeed's)")
@@ -143,10 +135,18 @@ class Trainer(transformers.Trainer):
     def __init__(self, *args, zerort_config=None, **kwargs):
         self._zerort_raw = _read(zerort_config)
         self.engine = None
-        self._zerort_lr = None
+        self._zerort_lr = self._zerort_groups = None
+        given = kwargs.get("args", args[1] if len(args) > 1 else None)
+        if given is not None:
+            _ = given.device  # sets up accelerate's state, which computes n_gpu
+            given._n_gpu = 1  # one device per process: never nn.DataParallel, never batch x n_gpu
         super().__init__(*args, **kwargs)
-        self.args._n_gpu = 1  # one device per process: never nn.DataParallel, never batch x n_gpu
+        if self.args._n_gpu != 1:  # args= not given: the Trainer's default arguments
+            self.args._n_gpu = 1
+            self._train_batch_size = self.args.train_batch_size
         self._refuse_unsupported()
+        if self.optimizer is not None:  # optimizers=(AdamW, None): its groups, checked now
+            self._zerort_groups = optimizer_groups(self.optimizer, None, self.model, who="zerort.hf.Trainer")
 
     def _refuse_unsupported(self):
         a, refuse = self.args, []
@@ -167,9 +167,9 @@ class Trainer(transformers.Trainer):
         if self.optimizer_cls_and_kwargs is not None or self.lr_scheduler is not None:
             refuse.append("optimizer_cls_and_kwargs= / optimizers=(_, scheduler): zerort runs the Trainer's own "
                           "schedule (lr_scheduler_type) or the zerort_config scheduler section")
-        if self.optimizer is not None and not isinstance(self.optimizer, (torch.optim.AdamW, torch.optim.Adam)):
-            refuse.append(f"optimizers=({type(self.optimizer).__name__}, _): zerort takes only a torch AdamW's param "
-                          "groups")
+        if a.save_only_model:
+            refuse.append("save_only_model: checkpoints without zerort's shards cannot resume or load the best model; "
+                          "leave it False")
         if a.torch_compile:
             refuse.append("torch_compile: the Trainer compiles through accelerate, which zerort bypasses; call "
                           "block.compile() on the model's blocks before building the Trainer")
@@ -220,8 +220,8 @@ class Trainer(transformers.Trainer):
     def _param_groups(self):
         """The Trainer's groups (its no-decay rule), with the TrainingArguments' values; or
         the groups of a torch AdamW given as optimizers=(AdamW, None)."""
-        if self.optimizer is not None:
-            return optimizer_groups(self.optimizer, None, self.model, who="zerort.hf.Trainer")
+        if self._zerort_groups is not None:
+            return self._zerort_groups
         a = self.args
         decay = set(self.get_decay_parameter_names(self.model))
         named = [(n, p) for n, p in self.model.named_parameters() if p.requires_grad]
@@ -241,7 +241,6 @@ class Trainer(transformers.Trainer):
     def create_scheduler(self, num_training_steps, optimizer=None):
         if self.lr_scheduler is None:
             engine = self._zerort_engine()
-            by_metric = False
             if self._zerort_scheduler is not None:
                 spec = scheduler_spec(self._zerort_scheduler, self.args, num_training_steps)
                 scheduler = lr_schedules.build(spec, engine.optimizer)
@@ -250,9 +249,10 @@ class Trainer(transformers.Trainer):
                                           num_warmup_steps=self.args.get_warmup_steps(num_training_steps),
                                           num_training_steps=num_training_steps,
                                           scheduler_specific_kwargs=self.args.lr_scheduler_kwargs)
-                by_metric = isinstance(scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau)
-            engine.lr_scheduler = None if by_metric else scheduler
-            self.lr_scheduler = _SchedulerProxy(scheduler, by_metric)
+            if isinstance(scheduler, BY_METRIC):  # the Trainer steps it with evaluate()'s metric, as stock
+                engine.lr_scheduler, self.lr_scheduler = None, scheduler
+            else:
+                engine.lr_scheduler, self.lr_scheduler = scheduler, _SchedulerProxy(scheduler)
             self._created_lr_scheduler = True
         return self.lr_scheduler
 
@@ -278,7 +278,8 @@ class Trainer(transformers.Trainer):
 
     # ---- checkpoints ----------------------------------------------------------------
     def _save_optimizer_and_scheduler(self, output_dir):
-        self.engine.save_checkpoint(output_dir)  # every rank: its shard; rank 0 the rest
+        state = {PLATEAU_KEY: self.lr_scheduler.state_dict()} if isinstance(self.lr_scheduler, BY_METRIC) else None
+        self.engine.save_checkpoint(output_dir, client_state=state)  # every rank: its shard; rank 0 the rest
 
     def _load_from_checkpoint(self, resume_from_checkpoint, model=None):
         pass  # the engine loads its own checkpoint in _load_optimizer_and_scheduler
@@ -286,22 +287,32 @@ class Trainer(transformers.Trainer):
     def _load_optimizer_and_scheduler(self, checkpoint):
         if checkpoint is None:
             return
-        path, _ = self.engine.load_checkpoint(checkpoint)
+        path, client_state = self.engine.load_checkpoint(checkpoint)
         if path is None:
-            raise FileNotFoundError(f"zerort.hf.Trainer: {checkpoint} has no zerort checkpoint (no 'latest' file): "
-                                    "the save that wrote it did not finish; resume from an earlier checkpoint-N")
+            raise FileNotFoundError(_no_zerort_state(checkpoint))
+        if isinstance(self.lr_scheduler, BY_METRIC) and PLATEAU_KEY in (client_state or {}):
+            self.lr_scheduler.load_state_dict(client_state[PLATEAU_KEY])
 
     def _load_best_model(self):
         best = self.state.best_model_checkpoint
         path, _ = self.engine.load_checkpoint(best, load_module_only=True)
         if path is None:
-            raise FileNotFoundError(f"zerort.hf.Trainer: the best checkpoint {best} has no zerort checkpoint")
+            raise FileNotFoundError(_no_zerort_state(best))
 
     def save_model(self, output_dir=None, _internal_call=False):
-        """HuggingFace safetensors of the FP32 master weights (a collective: every rank
-        gathers them, rank 0 writes), with config.json saying float32."""
+        """HuggingFace safetensors of the FP32 master weights, with config.json saying
+        float32. A collective: every rank gathers the weights, rank 0 writes. Inside the
+        Trainer's checkpoints it is skipped when the config's
+        zero_optimization.stage3_gather_16bit_weights_on_model_save is false (DeepSpeed's
+        switch): the checkpoint's zerort shards hold the weights already."""
         output_dir = output_dir or self.args.output_dir
-        state = self._zerort_engine().full_state_dict(master=True)
+        if _internal_call and not self._zerort_weights_in_checkpoints():
+            return
+        try:
+            state = self._zerort_engine().full_state_dict(master=True)
+        except Error as e:  # a rank that is not here: say what it was asked to join
+            raise type(e)(f"zerort.hf.Trainer.save_model gathers the weights from every rank: call it on every "
+                          f"rank, not only on rank 0 ({e})") from e
         if self.args.should_save:
             self._save(output_dir, state_dict=state)
             config = getattr(self.model, "config", None)
@@ -309,6 +320,21 @@ class Trainer(transformers.Trainer):
                 working, config.dtype = config.dtype, torch.float32
                 config.save_pretrained(output_dir)
                 config.dtype = working
+        if self.args.push_to_hub and not _internal_call:
+            self.push_to_hub(commit_message="Model save", revision=self.args.hub_revision)
+
+    def _zerort_weights_in_checkpoints(self):
+        zero = self._zerort_raw.get("zero_optimization")
+        return not isinstance(zero, dict) or zero.get("stage3_gather_16bit_weights_on_model_save") is not False
+
+
+def _no_zerort_state(checkpoint):
+    stock = os.path.exists(os.path.join(checkpoint, "trainer_state.json"))
+    why = ("it holds the Trainer's state but no zerort checkpoint (no 'latest' file): a stock Trainer (or "
+           "save_only_model) wrote it, or the save that was writing it died" if stock else
+           "it holds no zerort checkpoint (no 'latest' file)")
+    return (f"zerort.hf.Trainer: {checkpoint}: {why}; resume from a checkpoint-N zerort.hf.Trainer wrote, or start "
+            f"from its weights with zerort.hf.from_pretrained(ModelClass, {checkpoint!r})")
 
 
 def from_pretrained(model_class, folder, **config_kwargs):
@@ -323,4 +349,6 @@ def from_pretrained(model_class, folder, **config_kwargs):
     with Init():
         model = build(config, dtype=torch.float32)
     model._zerort_weights = os.fspath(folder)
+    if os.path.exists(os.path.join(folder, transformers.utils.GENERATION_CONFIG_NAME)):
+        model.generation_config = transformers.GenerationConfig.from_pretrained(folder)
     return model

@@ -7,7 +7,9 @@
 Both sides see the same samples in every window: the data are read in order (a sequential
 sampler on both), the global batch is 8 (W = 2: 2 per device x accumulation 2; W = 1: 2 x 4).
 Rank 0 writes OUT.json (logged values, checks) and OUT.pt (weights)."""
+import glob
 import json
+import math
 import os
 import sys
 
@@ -57,6 +59,42 @@ def arguments(work, world, steps, **kw):
     return transformers.TrainingArguments(**{**values, **kw})
 
 
+def both_sides(world, trainer_class, work, config_for):
+    """The scenarios both sides run with the same arguments (config_for(stage) -> the
+    zerort_config keywords, {} for the stock Trainer): several epochs whose last window is
+    short, a ReduceLROnPlateau schedule, and load_best_model_at_end with checkpoint
+    rotation, predict() and evaluate()."""
+    out = {}
+    for name, stage in (("gpt2", 0), ("llama", 2)):  # 44 samples: each epoch ends with a half window
+        t = in_order(trainer_class)(model=fresh(name), train_dataset=Samples(44, 0), **config_for(stage),
+                                    args=arguments(f"{work}/epochs-{name}", world, -1, num_train_epochs=2))
+        t.train()
+        out[f"epochs:{name}:{stage}"] = logged(t)
+    t = in_order(trainer_class)(model=fresh("llama"), train_dataset=Samples(SAMPLES, 0), eval_dataset=Samples(8, 1),
+                                **config_for(2), args=arguments(
+                                    f"{work}/plateau", world, 8, lr_scheduler_type="reduce_lr_on_plateau",
+                                    lr_scheduler_kwargs={"patience": 0, "factor": 0.5}, eval_strategy="steps",
+                                    eval_steps=1, learning_rate=5e-2, warmup_steps=0, save_strategy="steps",
+                                    save_steps=4))
+    t.train()
+    out["plateau"] = logged(t)
+    best_dir = f"{work}/best"
+    t = in_order(trainer_class)(model=fresh("llama"), train_dataset=Samples(SAMPLES, 0), eval_dataset=Samples(10, 1),
+                                **config_for(3), args=arguments(
+                                    best_dir, world, STEPS, eval_strategy="steps", eval_steps=2,
+                                    save_strategy="steps", save_steps=2, save_total_limit=2, learning_rate=2e-2,
+                                    load_best_model_at_end=True, metric_for_best_model="eval_loss"))
+    before = t.evaluate()["eval_loss"]
+    predicted = t.predict(Samples(6, 2))
+    t.train()
+    out["best"] = {"eval_before": before, "predict_loss": predicted.metrics["test_loss"],
+                   "predict_sum": float(torch.as_tensor(predicted.predictions).double().sum()),
+                   "log": logged(t), "best": os.path.basename(t.state.best_model_checkpoint),
+                   "best_metric": t.state.best_metric, "eval_after": t.evaluate()["eval_loss"],
+                   "left": sorted(os.path.basename(d) for d in glob.glob(f"{best_dir}/checkpoint-*"))}
+    return out
+
+
 def logged(trainer):
     """The training steps' logged loss, grad_norm and learning_rate."""
     return [{k: h[k] for k in ("step", "loss", "grad_norm", "learning_rate")}
@@ -93,6 +131,14 @@ def master(trainer):
 def zerort_side(out, work):
     rank = int(os.environ.get("RANK", 0))
     result, weights = {"parity": {}}, {}
+    result.update(both_sides(2, zerort.hf.Trainer, work, lambda stage: {"zerort_config": config(stage)}))
+    # fp16 from 2**24: the first steps overflow and are skipped; the schedule moves on applied steps only
+    t = zerort_trainer(fresh("llama"), f"{work}/fp16", 2, STEPS + 6, {"zero_optimization": {"stage": 2},
+                       "fp16": {"enabled": "auto", "initial_scale_power": 24}}, fp16=True)
+    t.train()
+    result["fp16"] = [{**h, "grad_norm": h["grad_norm"] if math.isfinite(h["grad_norm"]) else None}
+                      for h in logged(t)]
+    result["fp16_skipped"] = t.engine.skipped_steps
     for name in MODELS:  # stages 1-3 against the stock Trainer
         for stage in STAGES:
             t = zerort_trainer(fresh(name), f"{work}/p-{name}-{stage}", 2, PARITY_STEPS, config(stage))
@@ -122,9 +168,12 @@ def zerort_side(out, work):
     lz.evaluate()
     weights["lazy"] = master(lz)
     # GPT2's tied head through save_model at stage 2.
-    g = zerort_trainer(fresh("gpt2"), f"{work}/gpt2", 2, 2, config(2))
+    no_weights = config(2)  # DeepSpeed's switch off: checkpoints hold zerort's shards, no safetensors
+    no_weights["zero_optimization"]["stage3_gather_16bit_weights_on_model_save"] = False
+    g = zerort_trainer(fresh("gpt2"), f"{work}/gpt2", 2, 2, no_weights, save_strategy="steps", save_steps=1)
     g.train()
-    g.save_model(f"{work}/gpt2-final")
+    result["no_weights_checkpoint"] = sorted(os.listdir(f"{work}/gpt2/checkpoint-1"))
+    g.save_model(f"{work}/gpt2-final")  # asked for by name: written
     weights["gpt2"] = master(g)
     if rank == 0:
         torch.save(weights, out + ".pt")
@@ -136,6 +185,7 @@ def stock_side(out, work):
     """W = 1: the stock Trainer's values, the saved models read back, and a W = 1 resume of
     W = 2's checkpoint."""
     result = {"parity": {}}
+    result.update(both_sides(1, transformers.Trainer, f"{work}/stock", lambda stage: {}))
     for name in MODELS:
         t = in_order(transformers.Trainer)(model=fresh(name), args=arguments(f"{work}/s-{name}", 1, PARITY_STEPS),
                                            train_dataset=Samples(SAMPLES, 0))
@@ -152,7 +202,7 @@ def stock_side(out, work):
     gpt2 = transformers.GPT2LMHeadModel.from_pretrained(f"{work}/gpt2-final")
     weights["gpt2"] = {k: v.detach() for k, v in gpt2.state_dict().items()}
     result["gpt2_tied"] = gpt2.lm_head.weight is gpt2.transformer.wte.weight
-    r = zerort_trainer(fresh(RESUME_MODEL), f"{work}/resumed-w1", 1, STEPS, config(RESUME_STAGE))
+    r = zerort_trainer(fresh(RESUME_MODEL), f"{work}/resumed-w1", 1, STEPS, config(RESUME_STAGE - 1))  # another stage
     r.train(resume_from_checkpoint=f"{work}/straight/checkpoint-{SAVE_AT}")
     result["resumed_w1"] = logged(r)
     torch.save(weights, out + ".pt")

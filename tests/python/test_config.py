@@ -3,7 +3,8 @@ import json
 
 import pytest
 
-from zerort.config import ConfigError, parse
+from zerort.config import parse
+from zerort.errors import ConfigError
 
 
 def problems(cfg):

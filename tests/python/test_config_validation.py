@@ -10,7 +10,8 @@ import math
 
 import pytest
 
-from zerort.config import ConfigError, known_keys, parse
+from zerort.config import known_keys, parse
+from zerort.errors import ConfigError
 
 NAN, INF = math.nan, math.inf
 SECTION_BAD = [1, [], "x", None]

@@ -11,7 +11,8 @@ import torch.nn as nn
 
 import zerort
 from zerort import ds_keys
-from zerort.config import ConfigError, parse, resolve_batch
+from zerort.config import parse, resolve_batch
+from zerort.errors import ConfigError
 from zerort.stage3 import prefetch_units
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

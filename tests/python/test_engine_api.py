@@ -6,7 +6,7 @@ import torch
 import torch.nn as nn
 
 import zerort
-from zerort.config import ConfigError
+from zerort.errors import ConfigError
 
 INPROC = {"comm": {"backend": "inprocess"}}
 

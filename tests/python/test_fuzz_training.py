@@ -31,7 +31,8 @@ from hypothesis import strategies as st
 
 import zerort
 from zerort._testing.launch import LaunchError, launch as launch_ranks
-from zerort.config import ConfigError, parse
+from zerort.config import parse
+from zerort.errors import ConfigError
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)

@@ -15,6 +15,7 @@ from engine_models import hf_model  # noqa: E402
 
 import zerort.hf  # noqa: E402
 from zerort.config import parse  # noqa: E402
+from zerort.errors import ConfigError  # noqa: E402
 from zerort.hf_config import fill, scheduler_spec  # noqa: E402
 
 
@@ -85,6 +86,7 @@ def test_hidden_size_autos_need_a_hidden_size(tmp_path):
     (dict(torch_compile=True), "torch_compile"),
     (dict(auto_find_batch_size=True), "auto_find_batch_size"),
     (dict(bf16_full_eval=True), "bf16_full_eval"),
+    (dict(save_only_model=True), "save_only_model"),
 ])
 def test_the_trainer_refuses_what_zerort_does_not_run(tmp_path, change, named):
     with pytest.raises(ValueError, match="zerort.hf.Trainer cannot run with") as e:
@@ -95,3 +97,18 @@ def test_the_trainer_refuses_what_zerort_does_not_run(tmp_path, change, named):
 def test_a_config_that_is_not_a_dict_or_path_is_refused(tmp_path):
     with pytest.raises(TypeError, match="zerort_config is a list"):
         zerort.hf.Trainer(model=hf_model("gpt2"), args=args(tmp_path), zerort_config=[1])
+
+
+def test_a_config_file_is_read_with_its_checks(tmp_path):
+    path = tmp_path / "twice.json"
+    path.write_text('{"stage": 3, "stage": 1}')
+    with pytest.raises(ConfigError, match="stage: given twice in one object of config file"):
+        zerort.hf.Trainer(model=hf_model("gpt2"), args=args(tmp_path), zerort_config=str(path))
+    with pytest.raises(ConfigError, match="missing.json"):
+        zerort.hf.Trainer(model=hf_model("gpt2"), args=args(tmp_path), zerort_config=str(tmp_path / "missing.json"))
+
+
+def test_a_checkpoint_without_zerort_state_is_named_with_its_cause(tmp_path):
+    (tmp_path / "trainer_state.json").write_text("{}")
+    text = zerort.hf._no_zerort_state(str(tmp_path))
+    assert "a stock Trainer (or save_only_model) wrote it" in text and "zerort.hf.from_pretrained" in text

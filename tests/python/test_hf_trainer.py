@@ -65,6 +65,41 @@ def test_logged_values_match_the_stock_trainer(runs, model, stage):
     close(zerort_log, stock_log, f"{model} stage {stage}")
 
 
+@pytest.mark.parametrize("case", ["epochs:gpt2:0", "epochs:llama:2"])
+def test_several_epochs_with_a_short_last_window_match_the_stock_trainer(runs, case):
+    stock = runs["w1"][case]
+    assert len(stock) == 12  # 2 epochs of 5 full windows and one of half the micro-batches
+    close(runs["w2"][case], stock, case)
+
+
+def test_reduce_lr_on_plateau_follows_the_evaluations_as_in_the_stock_trainer(runs):
+    ours, stock = runs["w2"]["plateau"], runs["w1"]["plateau"]
+    assert len({h["learning_rate"] for h in stock}) > 2  # the schedule did lower the lr
+    close(ours, stock, "reduce_lr_on_plateau")
+
+
+def test_load_best_model_at_end_rotation_predict_and_evaluate_match_the_stock_trainer(runs):
+    ours, stock = runs["w2"]["best"], runs["w1"]["best"]
+    close(ours["log"], stock["log"], "best-model run")
+    assert ours["best"] == stock["best"] and ours["left"] == stock["left"] and len(ours["left"]) == 2
+    for k in ("eval_before", "predict_loss", "predict_sum", "best_metric", "eval_after"):
+        assert ours[k] == pytest.approx(stock[k], rel=REL), k
+    assert ours["eval_after"] == pytest.approx(ours["best_metric"], rel=1e-6)  # the best model is the one loaded
+
+
+def test_fp16_skipped_steps_do_not_advance_the_schedule(runs):
+    """From a loss scale of 2**24 the first updates overflow: each is skipped (its grad_norm
+    not finite), and the lr schedule counts only applied updates, as with DeepSpeed."""
+    log, skipped = runs["w2"]["fp16"], runs["w2"]["fp16_skipped"]
+    applied = [h for h in log if h["grad_norm"] is not None]
+    assert skipped == len(log) - len(applied) and 0 < skipped < len(log) - 3
+    total, warmup, lr = worker.STEPS + 6, 2, 2e-3
+    for k, h in enumerate(applied):  # the k-th applied update runs at schedule step k
+        want = lr * k / warmup if k < warmup else lr * max(0.0, (total - k) / (total - warmup))
+        assert h["learning_rate"] == pytest.approx(want, rel=1e-12, abs=1e-15), (k, h)
+    assert all(h["learning_rate"] == 0.0 for h in log[:log.index(applied[0])])
+
+
 def test_bf16_follows_the_fp32_stock_trainer(runs):
     """--bf16 reaches the engine through bf16.enabled "auto": the Llama at stage 3 computes in
     bf16 (a 0.4% rounding step), so it follows the FP32 stock run within the parity tests'
@@ -85,7 +120,7 @@ def test_resume_from_step_5_is_bit_exact(runs):
         assert torch.equal(a[k], b[k]), k
 
 
-def test_resume_at_w1_from_a_w2_checkpoint(runs):
+def test_resume_at_w1_and_stage_2_from_a_w2_stage_3_checkpoint(runs):
     close(runs["w1"]["resumed_w1"][worker.SAVE_AT:], runs["w2"]["straight"][worker.SAVE_AT:], "W = 1 resume")
 
 
@@ -95,6 +130,11 @@ def test_save_model_gives_the_fp32_master_exactly(runs):
     assert master.keys() == loaded.keys()
     for k in master:
         assert loaded[k].dtype == torch.float32 and torch.equal(master[k], loaded[k]), k
+
+
+def test_checkpoints_leave_the_safetensors_out_when_deepspeeds_switch_says_so(runs):
+    files = runs["w2"]["no_weights_checkpoint"]
+    assert "latest" in files and "trainer_state.json" in files and "model.safetensors" not in files, files
 
 
 def test_tied_weights_stay_tied(runs):
