@@ -30,10 +30,11 @@ loadable. Rules:
   is raised on every rank, naming the failing rank's file, never a hang in a collective.
   Nothing of the engine's state changes until every rank has checked every shard.
 - A full disk names the file and the bytes it needs; the save's folder is removed.
+
+The files themselves (atomic writes, shard files and their checksums, memory-mapped
+reads) are zerort.checkpoint_files; what each parameter's segments are, zerort.shard_map.
 """
-import errno
 import fcntl
-import hashlib
 import json
 import os
 import re
@@ -43,160 +44,13 @@ import stat
 import torch
 
 from .checkpoint_meta import (FORMAT, SAVE_ID_DIGITS, STATE_TENSORS, CheckpointError,  # noqa: F401
-                              check_shard_contents, check_shard_payload, check_tag, file_kind, meta_digest,
-                              open_regular, read_meta)
+                              check_tag, file_kind, meta_digest, read_meta)
+from . import checkpoint_files as files
 from . import checkpoint_state
 from .consistency import _ranks, gather_if_different
 from .shard_map import flat, optimizer_tensors, param_layout, write_state
 
 LOCK_NAME = ".zerort-save.lock"  # hidden: no tag can take the name
-
-
-# ---- files ------------------------------------------------------------------------------
-
-def _fsync_dir(path):
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _size(n):
-    return f"{n} bytes ({n / 2 ** 20:.1f} MiB)"
-
-
-class _Sink:
-    """The file object a writer writes into. It keeps the first OSError, since torch.save
-    reports a failed write as a RuntimeError without errno, and counts the bytes."""
-
-    def __init__(self, f):
-        self.f, self.written, self.error = f, 0, None
-
-    def write(self, data):
-        try:
-            n = self.f.write(data)
-        except OSError as e:
-            self.error = self.error or e
-            raise
-        self.written += n
-        return n
-
-    def flush(self):
-        try:
-            self.f.flush()
-        except OSError as e:
-            self.error = self.error or e
-            raise
-
-
-def write_new_file(path, write, needed, shown=None):
-    """Creates path (never through an existing file or link: O_EXCL | O_NOFOLLOW), lets
-    write(f) fill it, fsyncs it. On any error the file is removed; a full disk or another
-    OSError is a CheckpointError naming `shown` (the file the user asked for; default path)
-    and, for a full disk, the bytes it needs (`needed`, an estimate) and the bytes free."""
-    shown = shown or path
-    try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0), 0o644)
-    except OSError as e:
-        raise _write_error(e, shown, path, needed) from None
-    sink = _Sink(os.fdopen(fd, "wb"))
-    try:
-        try:
-            write(sink)
-            sink.flush()
-            os.fsync(fd)
-        finally:
-            sink.f.close()  # may raise too (a delayed write error)
-    except BaseException as e:
-        _remove(path)
-        error = sink.error or (e if isinstance(e, OSError) else None)
-        if error is None or not isinstance(e, Exception):
-            raise
-        raise _write_error(error, shown, path, needed) from None
-
-
-def _write_error(e, shown, path, needed):
-    if e.errno in (errno.ENOSPC, errno.EDQUOT):
-        try:
-            st = os.statvfs(os.path.dirname(path) or ".")
-            free = f"{_size(st.f_bavail * st.f_frsize)} are free there"
-        except OSError:
-            free = "the free space is unknown"
-        what = "no space left on device" if e.errno == errno.ENOSPC else "disk quota exceeded"
-        return CheckpointError(f"{what} while writing {shown}: it needs about {_size(needed)} and {free}; nothing "
-                               "of this save is kept (its temporary files are removed) and an earlier checkpoint is "
-                               "untouched: free some space or save elsewhere")
-    return CheckpointError(f"cannot write {shown}: {e.strerror or e}")
-
-
-def _remove(path):
-    try:
-        os.unlink(path)
-    except FileNotFoundError:
-        pass
-
-
-def _atomic_write(path, write, needed=1 << 16, tmp_id="tmp"):
-    """path written whole or not at all: a hidden temporary file next to it, renamed over it
-    (a link at path is replaced, never followed)."""
-    folder, name = os.path.split(path)
-    tmp = os.path.join(folder, f".{name}.{tmp_id}.{os.getpid()}")
-    write_new_file(tmp, write, needed, shown=path)
-    try:
-        os.replace(tmp, path)
-    except OSError as e:
-        _remove(tmp)
-        raise CheckpointError(f"cannot write {path}: {e.strerror}") from None
-    _fsync_dir(folder or ".")
-
-
-def _digest(tensors, meta):
-    h = hashlib.sha256(json.dumps(meta, sort_keys=True).encode())
-    for k in sorted(tensors):
-        t = tensors[k].contiguous()
-        h.update(k.encode())
-        if t.numel():
-            h.update(t.reshape(-1).view(torch.uint8).numpy())  # hashes the (mapped) bytes in place
-    return h.hexdigest()
-
-
-def write_shard(path, tensors, meta):
-    """Writes a shard file; returns its SHA-256 (the one meta.json records for it)."""
-    digest = _digest(tensors, meta)
-    payload = {"format": FORMAT, "meta": meta, "tensors": tensors, "sha256": digest}
-    needed = sum(t.numel() * t.element_size() + 4096 for t in tensors.values()) + len(json.dumps(meta)) + (1 << 16)
-    _atomic_write(path, lambda f: torch.save(payload, f), needed, tmp_id=meta.get("save_id", "tmp"))
-    return digest
-
-
-def read_shard(path, rank, meta):
-    """(tensors, meta) of rank's shard file, memory-mapped; checks its structure, checksum
-    and agreement with the checkpoint's metadata (zerort.checkpoint_meta)."""
-    payload = _load_payload(path, f"missing shard file {path}: the checkpoint is incomplete or was saved by more "
-                                  "ranks than this directory holds")
-    check_shard_payload(payload, path)
-    try:
-        digest = _digest(payload["tensors"], payload["meta"])
-    except (TypeError, ValueError) as e:  # metadata that JSON cannot hold
-        raise CheckpointError(f"shard file {path} is corrupt: its metadata cannot be hashed ({e})") from None
-    if digest != payload["sha256"]:
-        raise CheckpointError(f"checksum mismatch in {path}: the file was modified or damaged")
-    check_shard_contents(payload, path, rank, meta)
-    return payload["tensors"], payload["meta"]
-
-
-def _load_payload(path, missing):
-    """torch.load of a regular file, memory-mapped. On Linux it maps the file opened and
-    checked here (/proc/self/fd), so nothing swapped in after the check is read."""
-    with open_regular(path, missing) as f:
-        proc = f"/proc/self/fd/{f.fileno()}"
-        try:
-            return torch.load(proc if os.path.exists(proc) else path, mmap=True, weights_only=True)
-        except Exception as e:  # a truncated zip, or not a torch file at all
-            raise CheckpointError(f"shard file {path} is truncated or corrupt ({type(e).__name__}: "
-                                  f"{str(e)[:300]})") from None
-
 
 
 # ---- save / load -----------------------------------------------------------------------
@@ -353,16 +207,16 @@ def save(engine, directory, tag=None, client_state=None, save_latest=True):
             try:
                 os.makedirs(work, exist_ok=True)
             except OSError as e:
-                raise _write_error(e, work, work, 4096) from None
+                raise files.write_error(e, work, work, 4096) from None
             tensors = {k: flat(v).clone() for k, v in optimizer_tensors(engine).items()}
             if rank == 0:
                 extras.update(_extras(engine))
                 path = os.path.join(work, checkpoint_state.FILE)
-                _atomic_write(path, lambda f: f.write(state_body[0]), len(state_body[0]) + 4096, save_id)
+                files.atomic_write(path, lambda f: f.write(state_body[0]), len(state_body[0]) + 4096, save_id)
                 created.append(path)
             tensors.update({f"extra::{k}": v for k, v in extras.items()})
             path = os.path.join(work, f"shard_{rank:05d}.pt")
-            digest = write_shard(path, tensors, {"rank": rank, "world_size": engine.world_size,
+            digest = files.write_shard(path, tensors, {"rank": rank, "world_size": engine.world_size,
                                                  "save_id": save_id, "state": engine._impl.state()})
             created.append(path)
             return digest
@@ -382,7 +236,7 @@ def save(engine, directory, tag=None, client_state=None, save_latest=True):
             meta["sha256"] = meta_digest(meta)
             body = json.dumps(meta, indent=1).encode()
             path = os.path.join(work, "meta.json")
-            _atomic_write(path, lambda f: f.write(body), len(body), save_id)
+            files.atomic_write(path, lambda f: f.write(body), len(body), save_id)
             created.append(path)
             link = os.path.join(directory, tag)
             old = os.readlink(link) if os.path.islink(link) else None
@@ -391,12 +245,12 @@ def save(engine, directory, tag=None, client_state=None, save_latest=True):
             try:
                 os.symlink(os.path.basename(work), tmp_link)
             except OSError as e:
-                raise _write_error(e, link, tmp_link, 4096) from None
+                raise files.write_error(e, link, tmp_link, 4096) from None
             created.append(tmp_link)
             latest = os.path.join(directory, "latest")
             latest_tmp = os.path.join(directory, f".latest.{save_id}")
             if save_latest:
-                write_new_file(latest_tmp, lambda f: f.write(tag.encode()), len(tag.encode()), shown=latest)
+                files.write_new_file(latest_tmp, lambda f: f.write(tag.encode()), len(tag.encode()), shown=latest)
                 created.append(latest_tmp)
             try:
                 os.replace(tmp_link, link)  # atomic: `tag` now names the new, complete checkpoint
@@ -407,7 +261,7 @@ def save(engine, directory, tag=None, client_state=None, save_latest=True):
             if save_latest:
                 os.replace(latest_tmp, latest)
                 created.remove(latest_tmp)
-            _fsync_dir(directory)
+            files.fsync_dir(directory)
             earlier = old and _earlier_folder(directory, tag, old, os.path.basename(work))
             if earlier:
                 shutil.rmtree(earlier, ignore_errors=True)
@@ -435,10 +289,10 @@ def _clean_up(comm, rank, work, created, committed):
     if flag.item():
         for path in created:  # only the temporary names; the checkpoint itself is complete
             if os.path.basename(path).startswith("."):
-                _remove(path)
+                files.remove(path)
         return
     for path in created:
-        _remove(path)
+        files.remove(path)
     try:
         os.rmdir(work)
     except OSError:
@@ -502,42 +356,6 @@ def _version():
     return __version__
 
 
-class ShardReader:
-    """Reads saved shards memory-mapped, one parameter's elements at a time, keeping only
-    the shard in use mapped (the page cache keeps the others cheap to map again)."""
-
-    def __init__(self, directory, tag, meta):
-        self.dir = os.path.join(directory, tag)
-        self.meta = meta
-        self._rank, self._data = None, None
-        self._verified = set()
-
-    def shard(self, rank):
-        if self._rank != rank:
-            self._rank, self._data = None, None  # unmap the previous shard first
-            path = os.path.join(self.dir, self.meta["shards"][rank])
-            if rank in self._verified:
-                payload = _load_payload(path, f"shard file {path} disappeared during the load")
-                self._data = (payload["tensors"], payload["meta"])
-            else:
-                self._data = read_shard(path, rank, self.meta)
-                self._verified.add(rank)
-            self._rank = rank
-        return self._data
-
-    def check_all(self):
-        """Every shard present, whole and matching its checksum, before anything changes."""
-        for r in range(len(self.meta["shards"])):
-            self.shard(r)
-
-    def assemble(self, name, key):
-        info = self.meta["params"][name]
-        out = torch.empty(info["shape"]).reshape(-1)
-        for rank, index, offset, length in info["segments"]:
-            out[offset:offset + length] = self.shard(rank)[0][key][index:index + length]
-        return out.reshape(info["shape"])
-
-
 def _same_checkpoint(comm, directory, tag, meta):
     """Every rank resolved the same tag of the same save, or a CheckpointError on every rank
     naming which rank saw which."""
@@ -595,7 +413,7 @@ def load(engine, directory, tag=None, load_optimizer_states=True, load_lr_schedu
     tag, meta = steps.run("reading the checkpoint's meta.json", lambda: read_meta(directory, tag))
     _same_checkpoint(comm, directory, tag, meta)
     mine = param_layout(engine)
-    reader = ShardReader(directory, tag, meta)
+    reader = files.ShardReader(directory, tag, meta)
     folder = os.path.join(directory, tag)
     state = []
 

@@ -21,8 +21,8 @@ import sys
 
 import torch
 
-from .checkpoint import CheckpointError, ShardReader, read_meta, write_new_file
-from .checkpoint_meta import file_kind, stat_or_none
+from .checkpoint_files import ShardReader, write_new_file
+from .checkpoint_meta import CheckpointError, file_kind, read_meta, stat_or_none
 
 
 def _progress(i, n, name):

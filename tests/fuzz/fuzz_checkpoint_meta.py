@@ -27,7 +27,7 @@ sys.path.insert(0, os.path.join(HERE, "..", "python"))
 
 import torch  # noqa: E402
 
-from zerort import checkpoint, consolidate  # noqa: E402
+from zerort import checkpoint_files, consolidate  # noqa: E402
 from zerort.checkpoint import CheckpointError  # noqa: E402
 from zerort.checkpoint_meta import meta_digest  # noqa: E402
 
@@ -70,7 +70,7 @@ def rewrite_shard(ckpt, rank, edit, resign=True):
     edit(payload)
     if resign:
         try:
-            payload["sha256"] = checkpoint._digest(payload["tensors"], payload["meta"])
+            payload["sha256"] = checkpoint_files.shard_digest(payload["tensors"], payload["meta"])
         except (KeyError, TypeError, AttributeError, IndexError):  # the edit broke what the hash covers: keep the old one
             pass
     torch.save(payload, path)

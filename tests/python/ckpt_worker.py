@@ -42,9 +42,9 @@ class DiskFull:
         self.limit = limit
 
     def __enter__(self):
-        from zerort import checkpoint as ck
+        from zerort.checkpoint_files import Sink
 
-        self.real, limit = ck._Sink.__init__, self.limit
+        self.real, limit = Sink.__init__, self.limit
         real = self.real
 
         class File:
@@ -65,13 +65,13 @@ class DiskFull:
                 self.f.close()
 
         if limit is not None:
-            ck._Sink.__init__ = lambda sink, f: real(sink, File(f))
+            Sink.__init__ = lambda sink, f: real(sink, File(f))
         return self
 
     def __exit__(self, *exc):
-        from zerort import checkpoint as ck
+        from zerort.checkpoint_files import Sink
 
-        ck._Sink.__init__ = self.real
+        Sink.__init__ = self.real
 
 
 SAFETY_TIMEOUT = 30

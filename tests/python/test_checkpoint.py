@@ -129,7 +129,7 @@ def test_bad_checkpoints_name_the_file(saved_w4, tmp_path):
 KILL_CHILD = r"""
 import os, sys, time
 sys.path.insert(0, {here!r})
-import torch, zerort, zerort.checkpoint as ck
+import torch, zerort, zerort.checkpoint_files as files
 from engine_models import CONFIG, batch, loss_fn, make_model
 e = zerort.initialize(make_model("mlp"), dict(CONFIG, stage=2, precision="fp16"), comm=zerort.comm.init("inprocess"))
 def step(i):
@@ -138,7 +138,7 @@ step(0)
 e.save_checkpoint({d!r}, tag="good")
 torch.save(e.full_state_dict(master=True), {d!r} + "/good_master.pt")
 step(1)
-real = ck._atomic_write
+real = files.atomic_write
 def slow(path, write, *args, **kwargs):  # the second save stops half-way through its first file
     tmp = path + ".tmp"
     with open(tmp, "wb") as f:
@@ -146,7 +146,7 @@ def slow(path, write, *args, **kwargs):  # the second save stops half-way throug
         f.flush()
     open({d!r} + "/in_save", "w").close()
     time.sleep(60)
-ck._atomic_write = slow
+files.atomic_write = slow
 e.save_checkpoint({d!r}, tag={tag2!r})
 """
 
