@@ -109,9 +109,7 @@ class Engine:
         grouping = precision.group_params(model, c.precision, c.fp32_modules)
         plan = grouping.plan
         fp32_ids = plan.fp32_ids
-        for m in plan.fp32_modules:
-            m.register_forward_pre_hook(_cast_inputs(torch.float32), with_kwargs=True)
-            m.register_forward_hook(_cast_outputs(self.dtype))
+        precision.compute_in_fp32(plan, self.dtype)
         self._names = grouping.names  # id(param) -> its first name, for errors
         wrong = [p for p in model.parameters() if p.dtype != torch.float32]
         if wrong:
@@ -188,7 +186,7 @@ class Engine:
         with self._phase("forward"):
             if self._monitor and self.module.training:
                 self._monitor.forward(args, kwargs)
-            args, kwargs = _cast((args, kwargs), self.dtype)
+            args, kwargs = precision.cast_floats((args, kwargs), self.dtype)
             t0 = time.perf_counter()
             out = self.module(*args, **kwargs)
             self._t_forward = time.perf_counter() - t0
@@ -575,23 +573,3 @@ def alive(ref):
                            "(and at stage 3 its parameters) went with it; keep the engine alive while you "
                            "use the model, or wrap the model again")
     return engine
-
-
-def _cast(x, dtype):
-    """Floating-point tensors anywhere in x (tuples, lists, dicts) cast to dtype, except
-    0-dimensional ones: those are scalars, not activations (HuggingFace's Trainer passes
-    num_items_in_batch so; in bf16 a count of 1001 would become 1000)."""
-    return torch.utils._pytree.tree_map(
-        lambda t: t.to(dtype) if isinstance(t, torch.Tensor) and t.is_floating_point() and t.dim() else t, x)
-
-
-def _cast_inputs(dtype):
-    def hook(module, args, kwargs):
-        return _cast((args, kwargs), dtype)
-    return hook
-
-
-def _cast_outputs(dtype):
-    def hook(module, args, out):
-        return _cast(out, dtype)
-    return hook

@@ -28,6 +28,7 @@ compute dtype:
 """
 from dataclasses import dataclass, field
 
+import torch
 import torch.nn as nn
 
 TORCH_NORMS = (nn.modules.batchnorm._NormBase, nn.LayerNorm, nn.RMSNorm, nn.GroupNorm, nn.LocalResponseNorm,
@@ -49,6 +50,23 @@ class Plan:
     fp32_modules: list = field(default_factory=list)  # run in FP32 (inputs cast up, outputs down); outermost only
     fp32_ids: set = field(default_factory=set)         # ids of the parameters kept in FP32
     cast_buffers: set = field(default_factory=set)     # (id(module), name) of float buffers cast to the compute dtype
+
+
+def cast_floats(x, dtype):
+    """Floating-point tensors anywhere in x (tuples, lists, dicts) cast to dtype, except
+    0-dimensional ones: those are scalars, not activations (HuggingFace's Trainer passes
+    num_items_in_batch so; in bf16 a count of 1001 would become 1000)."""
+    return torch.utils._pytree.tree_map(
+        lambda t: t.to(dtype) if isinstance(t, torch.Tensor) and t.is_floating_point() and t.dim() else t, x)
+
+
+def compute_in_fp32(plan, dtype):
+    """Each FP32 module of plan computes in FP32: forward hooks cast its floating inputs
+    (positional and keyword) to FP32 and its floating outputs back to dtype."""
+    for m in plan.fp32_modules:
+        m.register_forward_pre_hook(lambda module, args, kwargs: cast_floats((args, kwargs), torch.float32),
+                                    with_kwargs=True)
+        m.register_forward_hook(lambda module, args, out: cast_floats(out, dtype))
 
 
 def _float_buffers(module):
