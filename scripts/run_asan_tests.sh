@@ -25,7 +25,7 @@ mkdir -p "$BUILD"
 cmake -S . -B "$BUILD" -DPython3_EXECUTABLE="$(cd "$(dirname "$PY")" && pwd)/$(basename "$PY")" -DZERORT_SANITIZE=ON \
   -DZERORT_BUILD_PYTHON=OFF -DZERORT_BUILD_EXAMPLES=OFF -DCMAKE_BUILD_TYPE=RelWithDebInfo >"$BUILD/configure.log" \
   || { cat "$BUILD/configure.log"; exit 1; }
-targets=(zerort_unit_tests zerort_core_tests)
+targets=(zerort_unit_tests zerort_optim_tests)
 with_mpi=0
 if grep -q "define ZERORT_WITH_MPI 1" "$BUILD/include/zerort/config.h"; then
   with_mpi=1
