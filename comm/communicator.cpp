@@ -50,7 +50,7 @@ Communicator::Communicator(int rank, int size, CommOptions options)
     : rank_(rank), size_(size), options_(options), scratch_(std::make_shared<ScratchCounter>()) {
   ZRT_CHECK(size >= 1, "world size must be at least 1, got ", size);
   ZRT_CHECK(rank >= 0 && rank < size, "rank ", rank, " is outside the world of size ", size);
-  ZRT_CHECK(options.timeout.count() > 0, "comm.timeout_s must be at least 1 ms, got ",
+  ZRT_CHECK_AS(ConfigError, options.timeout.count() > 0, "comm.timeout_s must be at least 1 ms, got ",
             options.timeout.count(), " ms");
 }
 
@@ -112,8 +112,8 @@ void Communicator::check_consistent_across_ranks(const CollectiveDesc& d) {
   auto wait_probe = [&](const WorkPtr& work, const char* what) {
     try {
       work->wait(options_.timeout);
-    } catch (const TimeoutError&) {
-      throw TimeoutError(__FILE__, __LINE__,
+    } catch (const CommTimeoutError&) {
+      throw CommTimeoutError(__FILE__, __LINE__,
                          detail::concat(d.to_string(), ": ", what, " did not finish within ",
                                         options_.timeout.count(),
                                         " ms; a peer rank is missing, stuck, or failed its own "

@@ -36,7 +36,7 @@ std::unique_ptr<Communicator> make_communicator(const std::string& backend, cons
 #if ZERORT_WITH_MPI
     return make_mpi_communicator(options);
 #else
-    ZRT_THROW("comm.backend 'mpi' is not in this build (MPI was not found at configure time); "
+    ZRT_THROW_AS(CommError, "comm.backend 'mpi' is not in this build (MPI was not found at configure time); "
               "install libopenmpi-dev and rebuild, or use 'gloo' under torchrun");
 #endif
   }
@@ -47,7 +47,7 @@ std::unique_ptr<Communicator> make_communicator(const std::string& backend, cons
               "id through c10d's TCPStore: create it from Python with zerort.comm.init(backend='nccl')");
     return make_nccl_communicator_mpi(-1, options);
 #else
-    ZRT_THROW("comm.backend 'nccl' is not in this build (nvcc was not found at configure time); "
+    ZRT_THROW_AS(CommError, "comm.backend 'nccl' is not in this build (nvcc was not found at configure time); "
               "install the CUDA toolkit and nvidia-nccl-cu13 and rebuild, or use 'mpi' or 'gloo' for CPU tensors");
 #endif
   }
@@ -55,7 +55,7 @@ std::unique_ptr<Communicator> make_communicator(const std::string& backend, cons
     ZRT_THROW("comm.backend 'gloo' wraps a torch.distributed process group; create it from "
               "Python with zerort.comm.init(backend='gloo') under torchrun");
   }
-  ZRT_THROW("unknown comm.backend '", backend, "'; use one of auto, mpi, gloo, nccl, inprocess");
+  ZRT_THROW_AS(ConfigError, "unknown comm.backend '", backend, "'; use one of auto, mpi, gloo, nccl, inprocess");
 }
 
 }  // namespace zerort

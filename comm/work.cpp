@@ -40,7 +40,7 @@ void Work::wait() { wait(default_timeout_); }
 void Work::wait(std::chrono::milliseconds timeout) {
   std::lock_guard<std::mutex> lock(mu_);
   if (done_) return;
-  if (!timeout_message_.empty()) throw TimeoutError(__FILE__, __LINE__, timeout_message_);
+  if (!timeout_message_.empty()) throw CommTimeoutError(__FILE__, __LINE__, timeout_message_);
   if (!then_error_.empty()) throw Error(__FILE__, __LINE__, then_error_);
   // Saturate: a huge timeout means "no deadline", never an overflowed one in the past.
   const auto now = std::chrono::steady_clock::now();
@@ -55,7 +55,7 @@ void Work::wait(std::chrono::milliseconds timeout) {
         "rank's); raise comm.timeout_s if the peers are just slow");
     on_timeout();
     retire_buffers();
-    throw TimeoutError(__FILE__, __LINE__, timeout_message_);
+    throw CommTimeoutError(__FILE__, __LINE__, timeout_message_);
   }
   if (then_) {
     auto fn = std::move(then_);  // runs once: a second wait must not redo it

@@ -52,7 +52,7 @@ class Work {
   Work(const Work&) = delete;
   Work& operator=(const Work&) = delete;
 
-  // Blocks until the collective is done and its output is valid. Throws TimeoutError
+  // Blocks until the collective is done and its output is valid. Throws CommTimeoutError
   // naming the collective, rank and sizes when it is not done within the timeout, and
   // zerort::Error when the backend failed. Waiting again after success is a no-op; after a
   // timeout every later wait throws again (the collective is abandoned, and the
@@ -73,7 +73,7 @@ class Work {
  protected:
   // True once the transfer finished by `deadline`; false on timeout. Throws on failure.
   virtual bool wait_until(std::chrono::steady_clock::time_point deadline) = 0;
-  // Called once when a wait expires, before the TimeoutError is thrown.
+  // Called once when a wait expires, before the CommTimeoutError is thrown.
   virtual void on_timeout() {}
   // Parks the kept-alive buffers for the rest of the process: for backends whose
   // transfer may still land after the Work is gone (a timeout, a Work dropped unwaited).

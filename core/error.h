@@ -17,24 +17,52 @@ class Error : public std::runtime_error {
   std::string message_;
 };
 
-// Timeouts are errors too, but callers (tests, the engine) may want to tell them apart.
-class TimeoutError : public Error {
- public:
-  using Error::Error;
-};
-
-// comm.debug's check at the call: ranks called different collectives (or the same one
-// with different arguments). Raised on every rank, listing each rank's call.
-class CollectiveMismatchError : public Error {
- public:
-  using Error::Error;
-};
+// The kinds of failure, each with the class of the same name in python/zerort/errors.py
+// (the binding translates one into the other), so a failure has one type whichever
+// language raised it.
 
 // The training loop called the engine in an order it cannot honour (step() without a
 // backward(), a second gradient outside engine.backward(), ...). Raised on every rank.
 class UsageError : public Error {
  public:
   using Error::Error;
+};
+
+// A tensor (or the model) on a device, or in a build, that the call cannot use.
+class DeviceError : public UsageError {
+ public:
+  using UsageError::UsageError;
+};
+
+// A bad option: the value named, and what is allowed.
+class ConfigError : public Error {
+ public:
+  using Error::Error;
+};
+
+// An fp16 overflow with the loss scale already at its minimum (loss_scale.min_scale).
+class LossScaleError : public Error {
+ public:
+  using Error::Error;
+};
+
+// A communicator that cannot be made or used (a backend not in this build, a dead peer).
+class CommError : public Error {
+ public:
+  using Error::Error;
+};
+
+// A collective that did not finish within comm.timeout_s.
+class CommTimeoutError : public CommError {
+ public:
+  using CommError::CommError;
+};
+
+// comm.debug's check at the call: ranks called different collectives (or the same one
+// with different arguments). Raised on every rank, listing each rank's call.
+class CollectiveMismatchError : public CommError {
+ public:
+  using CommError::CommError;
 };
 
 namespace detail {
@@ -57,3 +85,13 @@ std::string concat(const Args&... args) {
   } while (0)
 
 #define ZRT_THROW(...) throw ::zerort::Error(__FILE__, __LINE__, ::zerort::detail::concat(__VA_ARGS__))
+
+// The same, throwing one of the kinds above: ZRT_CHECK_AS(ConfigError, cond, parts...).
+#define ZRT_CHECK_AS(Kind, cond, ...)                                                \
+  do {                                                                               \
+    if (!(cond)) {                                                                   \
+      throw ::zerort::Kind(__FILE__, __LINE__, ::zerort::detail::concat(__VA_ARGS__)); \
+    }                                                                                \
+  } while (0)
+
+#define ZRT_THROW_AS(Kind, ...) throw ::zerort::Kind(__FILE__, __LINE__, ::zerort::detail::concat(__VA_ARGS__))

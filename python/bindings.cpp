@@ -39,7 +39,7 @@ c10::Device device_of(int index) {
 }
 
 CommOptions comm_options(double timeout_s, bool debug) {
-  ZRT_CHECK(timeout_s >= 1e-3 && timeout_s <= 1e9, "comm.timeout_s must be between 0.001 and 1e9 "
+  ZRT_CHECK_AS(ConfigError, timeout_s >= 1e-3 && timeout_s <= 1e9, "comm.timeout_s must be between 0.001 and 1e9 "
             "seconds, got ", timeout_s);
   CommOptions o;
   o.timeout = std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000.0));
@@ -65,18 +65,44 @@ void run(Launch&& launch) {
 
 PYBIND11_MODULE(_C, m) {
   m.doc() = "zerort C++ core";
-  static py::exception<Error> error(m, "Error", PyExc_RuntimeError);
-  static py::exception<TimeoutError> timeout_error(m, "CommTimeoutError", error.ptr());
-  static py::exception<UsageError> usage_error(m, "UsageError", error.ptr());
+  // Each C++ kind of failure (core/error.h) is raised as the Python class of the same
+  // name in zerort.errors, so a failure has one type whichever language raised it. The
+  // classes live as long as the process (the translator may run at any time).
+  py::module_ errors = py::module_::import("zerort.errors");
+  const auto kind = [&errors](const char* name) {
+    return py::object(errors.attr(name)).release().ptr();  // one reference kept for good
+  };
+  for (const char* name : {"Error", "UsageError", "DeviceError", "ConfigError", "LossScaleError", "CommError",
+                           "CommTimeoutError", "CollectiveMismatchError"}) {
+    m.attr(name) = errors.attr(name);  // zerort._C.X is zerort.errors.X
+  }
+  static PyObject* const error = kind("Error");
+  static PyObject* const usage_error = kind("UsageError");
+  static PyObject* const device_error = kind("DeviceError");
+  static PyObject* const config_error = kind("ConfigError");
+  static PyObject* const loss_scale_error = kind("LossScaleError");
+  static PyObject* const comm_error = kind("CommError");
+  static PyObject* const comm_timeout_error = kind("CommTimeoutError");
+  static PyObject* const mismatch_error = kind("CollectiveMismatchError");
   py::register_exception_translator([](std::exception_ptr p) {
     try {
       if (p) std::rethrow_exception(p);
-    } catch (const TimeoutError& e) {
-      py::set_error(timeout_error, e.what());
+    } catch (const DeviceError& e) {  // most derived first
+      PyErr_SetString(device_error, e.what());
     } catch (const UsageError& e) {
-      py::set_error(usage_error, e.what());
+      PyErr_SetString(usage_error, e.what());
+    } catch (const ConfigError& e) {
+      PyErr_SetString(config_error, e.what());
+    } catch (const LossScaleError& e) {
+      PyErr_SetString(loss_scale_error, e.what());
+    } catch (const CommTimeoutError& e) {
+      PyErr_SetString(comm_timeout_error, e.what());
+    } catch (const CollectiveMismatchError& e) {
+      PyErr_SetString(mismatch_error, e.what());
+    } catch (const CommError& e) {
+      PyErr_SetString(comm_error, e.what());
     } catch (const Error& e) {
-      py::set_error(error, e.what());
+      PyErr_SetString(error, e.what());
     }
   });
 

@@ -44,13 +44,13 @@ c10::Device common_device(const std::vector<at::Tensor>& a, const std::vector<at
       if (!p.defined() || p.is_meta()) continue;  // meta: materialized on the model's device
       if (first) device = p.device();
       first = false;
-      ZRT_CHECK(p.device() == device, "Engine: ", list == &a ? "parameter " : "fp32 parameter ", i, " is on ",
+      ZRT_CHECK_AS(DeviceError, p.device() == device, "Engine: ", list == &a ? "parameter " : "fp32 parameter ", i, " is on ",
                 p.device().str(), " but the first parameter is on ", device.str(),
                 "; move the whole model to one device first");
     }
   }
   check_device_supported(device, "the model");
-  ZRT_CHECK(comm.device_memory() == device.is_cuda(), "Engine: the model is on ", device.str(),
+  ZRT_CHECK_AS(DeviceError, comm.device_memory() == device.is_cuda(), "Engine: the model is on ", device.str(),
             " but the '", comm.backend_name(), "' communicator moves ", comm.device_memory() ? "device" : "host",
             " buffers; ", device.is_cuda() ? "CUDA models need the nccl backend, or mpi/gloo staged for CUDA"
                                            : "a device communicator needs a CUDA model (model.cuda())");
@@ -58,8 +58,8 @@ c10::Device common_device(const std::vector<at::Tensor>& a, const std::vector<at
 }
 
 const EngineOptions& validated(const EngineOptions& o) {
-  ZRT_CHECK(o.stage >= 0 && o.stage <= 3, "stage must be 0, 1, 2 or 3, got ", o.stage);
-  ZRT_CHECK(o.reduce_bucket_numel >= 1, "reduce_bucket_numel must be >= 1, got ", o.reduce_bucket_numel);
+  ZRT_CHECK_AS(ConfigError, o.stage >= 0 && o.stage <= 3, "stage must be 0, 1, 2 or 3, got ", o.stage);
+  ZRT_CHECK_AS(ConfigError, o.reduce_bucket_numel >= 1, "reduce_bucket_numel must be >= 1, got ", o.reduce_bucket_numel);
   return o;
 }
 

@@ -8,14 +8,14 @@
 namespace zerort {
 
 LossScaler::LossScaler(LossScalerOptions o) : options_(o) {
-  ZRT_CHECK(std::isfinite(o.initial_scale) && o.initial_scale > 0,
+  ZRT_CHECK_AS(ConfigError, std::isfinite(o.initial_scale) && o.initial_scale > 0,
             "loss_scale.initial_scale must be a positive finite number, got ", o.initial_scale);
   if (o.dynamic) {
-    ZRT_CHECK(o.window >= 1, "loss_scale.window must be >= 1, got ", o.window);
-    ZRT_CHECK(o.hysteresis >= 1, "loss_scale.hysteresis must be >= 1, got ", o.hysteresis);
-    ZRT_CHECK(o.min_scale > 0 && o.min_scale <= o.initial_scale, "loss_scale.min_scale must be in (0, ",
+    ZRT_CHECK_AS(ConfigError, o.window >= 1, "loss_scale.window must be >= 1, got ", o.window);
+    ZRT_CHECK_AS(ConfigError, o.hysteresis >= 1, "loss_scale.hysteresis must be >= 1, got ", o.hysteresis);
+    ZRT_CHECK_AS(ConfigError, o.min_scale > 0 && o.min_scale <= o.initial_scale, "loss_scale.min_scale must be in (0, ",
               "initial_scale=", o.initial_scale, "], got ", o.min_scale);
-    ZRT_CHECK(o.factor > 1, "loss_scale.factor must be > 1, got ", o.factor);
+    ZRT_CHECK_AS(ConfigError, o.factor > 1, "loss_scale.factor must be > 1, got ", o.factor);
   }
   state_.scale = o.initial_scale;
   state_.hysteresis_left = o.hysteresis;
@@ -30,7 +30,7 @@ void LossScaler::update(bool overflow) {
   }
   if (overflow) {
     if (s.hysteresis_left <= 1) {
-      ZRT_CHECK(s.scale > options_.min_scale, "gradients overflowed at step ", s.iteration + 1,
+      ZRT_CHECK_AS(LossScaleError, s.scale > options_.min_scale, "gradients overflowed at step ", s.iteration + 1,
                 " with the loss scale already at its minimum ", options_.min_scale,
                 " (loss_scale.min_scale); the model produces non-finite gradients at any scale. "
                 "Lower the learning rate, check the data, or use bf16");

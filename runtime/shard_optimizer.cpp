@@ -29,11 +29,11 @@ LossScalerOptions scaler_options(const OptimizerOptions& o) {
 }
 
 const OptimizerOptions& validated(const OptimizerOptions& o) {
-  ZRT_CHECK(o.precision == DType::kBFloat16 || o.precision == DType::kFloat16 || o.precision == DType::kFloat32,
+  ZRT_CHECK_AS(ConfigError, o.precision == DType::kBFloat16 || o.precision == DType::kFloat16 || o.precision == DType::kFloat32,
             "precision must be bf16, f16 or f32, got ", dtype_name(o.precision));
-  ZRT_CHECK(o.gradient_accumulation_steps >= 1, "gradient_accumulation_steps must be >= 1, got ",
+  ZRT_CHECK_AS(ConfigError, o.gradient_accumulation_steps >= 1, "gradient_accumulation_steps must be >= 1, got ",
             o.gradient_accumulation_steps);
-  ZRT_CHECK(o.gradient_clipping >= 0 && std::isfinite(o.gradient_clipping),
+  ZRT_CHECK_AS(ConfigError, o.gradient_clipping >= 0 && std::isfinite(o.gradient_clipping),
             "gradient_clipping must be >= 0 (0 disables), got ", o.gradient_clipping);
   check_adamw_hyper(o.adamw, "optimizer options (AdamWHyper)");  // at construction, not at the first step
   return o;

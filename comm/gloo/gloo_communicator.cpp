@@ -52,7 +52,7 @@ class GlooWork final : public Work {
   // all_reduce, all_gather, all_to_all, broadcast and barrier. Its reduce_scatter work
   // ignores that timeout (seen in torch 2.13) and is bounded by the process group's own
   // timeout instead, which zerort.comm.init sets to the same comm.timeout_s. Either way
-  // a timeout becomes our TimeoutError naming the collective.
+  // a timeout becomes our CommTimeoutError naming the collective.
   bool wait_until(std::chrono::steady_clock::time_point deadline) override {
     auto remaining = std::chrono::duration_cast<std::chrono::milliseconds>(
         deadline - std::chrono::steady_clock::now());

@@ -206,7 +206,7 @@ class NcclCommunicator final : public Communicator {
     }
     if (phases.nccl && !st.settle(deadline_after(options().timeout), collective_name(d.kind))) {
       st.abort(detail::concat(d.to_string(), " could not be enqueued"));
-      throw TimeoutError(__FILE__, __LINE__,
+      throw CommTimeoutError(__FILE__, __LINE__,
                          detail::concat(d.to_string(), ": NCCL did not accept the collective within ",
                                         options().timeout.count(), " ms; a peer rank is missing or stuck"));
     }
@@ -261,7 +261,7 @@ class NcclCommunicator final : public Communicator {
     if (d.count == 0) return;
     int index = 0;
     for (const void* p : buffers) {
-      ZRT_CHECK(is_device_pointer(p, state_->device), d.to_string(), ": buffer argument ", index,
+      ZRT_CHECK_AS(DeviceError, is_device_pointer(p, state_->device), d.to_string(), ": buffer argument ", index,
                 " is not memory of this communicator's GPU; the nccl backend moves device buffers (put the "
                 "tensor on cuda:", state_->device, ", or use the mpi or gloo backend for CPU tensors)");
       ++index;

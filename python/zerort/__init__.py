@@ -21,7 +21,9 @@ def _preload_mpi():
 _preload_mpi()
 
 from . import _C  # noqa: E402
-from ._C import CommTimeoutError, Error, ShardLayout, UsageError  # noqa: E402,F401
+from ._C import ShardLayout  # noqa: E402,F401
+from .errors import (CollectiveMismatchError, CommError, CommTimeoutError, ConfigError, DeviceError,  # noqa: E402,F401
+                     Error, LossScaleError, ModelMismatchError, NonFiniteError, UsageError)
 
 __version__ = _C.__version__
 

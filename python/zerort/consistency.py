@@ -12,12 +12,9 @@ import json
 
 import torch
 
+from .errors import ModelMismatchError
+
 DIGEST_WORDS = 4  # int64 words of the SHA-256, plus the entry count
-
-
-class ModelMismatchError(RuntimeError):
-    """The ranks were given different models. The message names the first parameter (or
-    buffer) that differs and the ranks on each side."""
 
 
 def describe(model):

@@ -33,7 +33,7 @@ from . import _C
 from . import comm as comm_mod
 from . import consistency, failfast, lifecycle, meta_init, nonfinite, phases, precision
 from .config import parse, resolve_batch
-from .errors import ConfigError, DeviceError
+from .errors import ConfigError, DeviceError, UsageError
 from .optimizer import ZeroOptimizer
 from . import lr_schedules, monitor, progress, stage3
 
@@ -225,7 +225,7 @@ class Engine:
         the previous step (the step's one decision collective compares them): the error names
         the first call that differs on each rank (comm.debug: true names it at the call)."""
         if self._no_sync:
-            raise _C.UsageError("engine.step() inside engine.no_sync(): leave the no_sync() block first; the "
+            raise UsageError("engine.step() inside engine.no_sync(): leave the no_sync() block first; the "
                                 "last backward() of the accumulation window runs outside it, then step()")
         self._check_requires_grad()
         self._progress.before_step()
@@ -267,11 +267,11 @@ class Engine:
         and 1 only: at stages 2 and 3 each rank keeps only its gradient shard, so gradients
         are reduced during every backward; use gradient_accumulation_steps there."""
         if self.config.stage >= 2:
-            raise _C.UsageError(f"engine.no_sync(): not at ZeRO stage {self.config.stage}, which reduce-scatters "
+            raise UsageError(f"engine.no_sync(): not at ZeRO stage {self.config.stage}, which reduce-scatters "
                                 "gradients during every backward pass (each rank keeps only its shard); use "
                                 "gradient_accumulation_steps in the config, or stage 0 or 1")
         if self._no_sync:
-            raise _C.UsageError("engine.no_sync(): already inside a no_sync() block")
+            raise UsageError("engine.no_sync(): already inside a no_sync() block")
         self._no_sync = True
         try:
             yield
@@ -287,11 +287,11 @@ class Engine:
         accumulation window, where it would drop the window's local sum."""
         inside = self._impl.micro_steps % self.config.gradient_accumulation_steps and self.config.stage < 2
         if self._backward_since_step:
-            raise _C.UsageError("engine.zero_grad(): called after backward() and before the step(); part of these "
+            raise UsageError("engine.zero_grad(): called after backward() and before the step(); part of these "
                                 "gradients may already be reduced on other ranks. zerort zeroes gradients after "
                                 "every step() that ends the window: call zero_grad() (if at all) after step()")
         if inside:
-            raise _C.UsageError(f"engine.zero_grad(): called at stages 0 and 1 inside an accumulation window "
+            raise UsageError(f"engine.zero_grad(): called at stages 0 and 1 inside an accumulation window "
                                 f"(micro-step {self._impl.micro_steps % self.config.gradient_accumulation_steps} of "
                                 f"{self.config.gradient_accumulation_steps}), where it would drop the window's "
                                 "gradients, which this rank holds until the window ends; call it after the step() "
@@ -383,7 +383,7 @@ class Engine:
         for ps, was in ((self._params, True), (self._frozen, False)):
             for p in ps:
                 if p.requires_grad != was:
-                    raise _C.UsageError(
+                    raise UsageError(
                         f"zerort: parameter {self._names[id(p)]!r} was {'trainable' if was else 'frozen'} at "
                         f"initialize and now has requires_grad={p.requires_grad}; zerort lays out its shards and "
                         "optimizer state at initialize, so set requires_grad before zerort.initialize (freeze "

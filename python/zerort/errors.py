@@ -5,6 +5,7 @@ translates a C++ exception into the class of the same name here.
     Error (RuntimeError)                  every failure zerort reports on purpose
     +-- UsageError                        the training loop called zerort in an order it cannot honour
     |   +-- DeviceError (also TypeError)  a tensor or model on a device (or build) zerort cannot use there
+    |   +-- ModelMismatchError            the ranks were given different models
     +-- ConfigError (also ValueError)     a bad config key or option; .problems: one line per key
     +-- NonFiniteError                    non-finite gradients for longer than allowed; .params, .loss_scale
     |   +-- LossScaleError                an fp16 overflow with the loss scale already at its minimum
@@ -27,6 +28,11 @@ class UsageError(Error):
 
 class DeviceError(UsageError, TypeError):
     """A tensor or a model on a device zerort cannot use there."""
+
+
+class ModelMismatchError(UsageError):
+    """The ranks were given different models. The message names the first parameter (or
+    buffer) that differs and the ranks on each side."""
 
 
 class ConfigError(Error, ValueError):

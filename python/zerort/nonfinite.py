@@ -10,31 +10,17 @@ skipped on every rank alike (runtime/shard_optimizer.h). This module adds:
   engine.stats["nonfinite_params"] lists them after each skipped step.
 - a limit: after config max_consecutive_skips skipped steps in a row, step() raises
   NonFiniteError naming those parameters and the loss scale. Under fp16, the loss
-  scaler's own error (an overflow with the scale already at its minimum) is raised as a
-  NonFiniteError with the same details.
+  scaler's own LossScaleError (an overflow with the scale already at its minimum) is
+  raised again with the same details.
 """
 import weakref
 
 import torch
 
-from . import _C, shard_map
+from . import shard_map
+from .errors import LossScaleError, NonFiniteError
 
 FIRST_K = 4  # parameters named in an error
-
-
-class NonFiniteError(RuntimeError):
-    """Training produced non-finite gradients for too long. .params: the first parameters
-    whose gradients were not finite; .loss_scale: the scale of the last skipped step."""
-
-    def __init__(self, message, params, loss_scale):
-        super().__init__(message)
-        self.params = params
-        self.loss_scale = loss_scale
-
-
-def _min_scale_error(e):
-    """The loss scaler's error: an overflow at the minimum scale (runtime/loss_scaler.cpp)."""
-    return isinstance(e, _C.Error) and "(loss_scale.min_scale)" in str(e)
 
 
 class Guard:
@@ -74,12 +60,10 @@ class Guard:
     def step(self, run):
         try:
             s = run()
-        except Exception as e:
-            if not _min_scale_error(e):
-                raise
+        except LossScaleError as e:  # the scaler's (runtime/loss_scaler.cpp): an overflow at the minimum scale
             # Raised on every rank alike, after the shard was checked: name the params.
             params, scale = self.first_nonfinite(), self.engine.loss_scale
-            raise NonFiniteError(f"{e}; {self._describe(params, scale)}", params, scale) from e
+            raise LossScaleError(f"{e}; {self._describe(params, scale)}", params, scale) from e
         if not s["boundary"]:
             return s
         if not s["skipped"]:

@@ -19,6 +19,7 @@ import weakref
 import torch
 
 from . import _C
+from .errors import UsageError
 from .shard_map import owned
 
 HYPER_KEYS = ("lr", "betas", "eps", "weight_decay")
@@ -60,7 +61,7 @@ class ZeroOptimizer(torch.optim.Optimizer):
         defaults go in. (Not torch's, which imports torch._dynamo: imported after gloo's
         worker threads had started, exits with collectives in flight aborted.)"""
         if getattr(self, "_laid_out", False):
-            raise _C.UsageError("engine.optimizer.add_param_group: zerort lays out the parameters and their "
+            raise UsageError("engine.optimizer.add_param_group: zerort lays out the parameters and their "
                                 "optimizer state at initialize; pass every group to zerort.initialize "
                                 "(param_groups=) or deepspeed.initialize (model_parameters=)")
         for key, value in self.defaults.items():
@@ -70,7 +71,7 @@ class ZeroOptimizer(torch.optim.Optimizer):
     def step(self, closure=None):
         """Called by engine.step() at each accumulation boundary, before the update."""
         if not self._in_step:
-            raise _C.UsageError("engine.optimizer.step(): zerort's update is engine.step(), which reduces the "
+            raise UsageError("engine.optimizer.step(): zerort's update is engine.step(), which reduces the "
                                 "gradients and then updates with these param groups; call engine.step() "
                                 "after engine.backward(loss) instead")
         self.push()

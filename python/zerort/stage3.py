@@ -27,6 +27,7 @@ import weakref
 import torch
 
 from . import _C
+from .errors import Error
 from .units import choose_units, unit_names
 
 
@@ -147,7 +148,7 @@ class UnitHooks:
         different paths through the model gather different units)."""
         try:
             yield
-        except _C.Error as e:
+        except Error as e:
             tags = sorted({int(t) for t in re.findall(r"tag=(\d+)", str(e)) if int(t) < len(self.names)})
             if not tags:
                 raise

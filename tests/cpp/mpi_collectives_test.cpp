@@ -58,7 +58,7 @@ TEST(Mpi, NullBufferAndUnknownDtype) {
 }
 
 // Rank 0 waits 300 ms for an all_reduce that the other ranks join only after 1 s: rank 0
-// gets a TimeoutError naming the call; the late calls still complete, and all exit cleanly.
+// gets a CommTimeoutError naming the call; the late calls still complete, and all exit cleanly.
 TEST(Mpi, TimeoutNamesTheCollective) {
   if (comm().size() < 2) {  // ctest runs this binary at -np 2, 4 and 8 only
     GTEST_SKIP() << "a timeout needs a peer that arrives late: run under mpirun -np 2 or more";
@@ -73,7 +73,7 @@ TEST(Mpi, TimeoutNamesTheCollective) {
     try {
       late->all_reduce(&x, 1, DType::kFloat32)->wait();
       ADD_FAILURE() << "no timeout";
-    } catch (const TimeoutError& e) {
+    } catch (const CommTimeoutError& e) {
       std::string what = e.what();
       EXPECT_NE(what.find("all_reduce(count=1, dtype=f32, op=sum) on rank 0"), std::string::npos) << what;
       EXPECT_NE(what.find("300 ms"), std::string::npos) << what;

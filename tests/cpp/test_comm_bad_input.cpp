@@ -120,7 +120,7 @@ void expect_timeout(bool debug) {
     if (comm.rank() == 0) {
       try {
         comm.all_reduce(&x, 1, DType::kFloat32)->wait();
-      } catch (const TimeoutError& e) {
+      } catch (const CommTimeoutError& e) {
         throw std::runtime_error(std::string("TIMEOUT: ") + e.what());
       }
     } else {
@@ -144,8 +144,8 @@ TEST(CommBadInput, WaitAfterTimeoutThrowsAgainInsteadOfReturningGarbage) {
     std::vector<float> x(4, 1.0f);
     if (comm.rank() == 0) {
       auto w = comm.all_reduce(x.data(), 4, DType::kFloat32);
-      EXPECT_THROW(w->wait(), TimeoutError);
-      EXPECT_THROW(w->wait(std::chrono::seconds(5)), TimeoutError);  // no silent success
+      EXPECT_THROW(w->wait(), CommTimeoutError);
+      EXPECT_THROW(w->wait(std::chrono::seconds(5)), CommTimeoutError);  // no silent success
     }
   }, fast_timeout(false));
   EXPECT_EQ(errors[0], "");

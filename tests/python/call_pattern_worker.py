@@ -99,7 +99,7 @@ def case_comm(launcher_comm, timeout_s=CASE_TIMEOUT_S, debug=True):
 
 def describe(e, phase):
     return {"error": type(e).__name__, "module": type(e).__module__, "zerort_error": isinstance(e, zerort.Error),
-            "usage_error": isinstance(e, _C.UsageError), "message": str(e), "phase": phase,
+            "usage_error": isinstance(e, zerort.UsageError), "message": str(e), "phase": phase,
             "traceback": traceback.format_exc()[-3000:]}
 
 
@@ -158,7 +158,7 @@ def run_case(case, comm, control, parked):
                 index = w * gas + m
                 try:
                     run_micro(case, engine, case["micro"][index], index, rank)
-                except _C.UsageError as e:
+                except zerort.UsageError as e:
                     if e.phase == "step" and m == gas - 1 and "of this accumulation window had none" in str(e):
                         status, error = 1, describe(e, "step")
                         break

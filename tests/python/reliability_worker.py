@@ -24,8 +24,8 @@ import torch.nn as nn  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 import zerort  # noqa: E402
-from zerort.consistency import ModelMismatchError  # noqa: E402
-from zerort.nonfinite import NonFiniteError  # noqa: E402
+from zerort.errors import ModelMismatchError  # noqa: E402
+from zerort.errors import NonFiniteError  # noqa: E402
 
 FAULT_STEP = 3
 

@@ -21,7 +21,7 @@ import torch
 import torch.nn as nn
 
 import zerort
-from zerort.nonfinite import NonFiniteError
+from zerort.errors import NonFiniteError
 
 # name: (initial_scale_power, window, hysteresis, min scale, consecutive_hysteresis,
 #        events: 'C' clean, 'O' overflow, one per step,
