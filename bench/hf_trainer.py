@@ -1,4 +1,4 @@
-"""zerort.hf.Trainer against the stock transformers.Trainer (DDP through accelerate), in one
+"""zerort.integrations.hf.Trainer against the stock transformers.Trainer (DDP through accelerate), in one
 launch, on the same model, data and arguments.
 
     .venv/bin/torchrun --standalone --nproc_per_node 2 bench/hf_trainer.py [--steps 24 --hidden 256]
@@ -24,7 +24,7 @@ sys.path.insert(0, os.path.join(ROOT, "examples"))
 from train_hf_trainer import Windows  # noqa: E402
 from gpt import stdlib_bytes  # noqa: E402
 
-import zerort.hf  # noqa: E402
+import zerort.integrations.hf  # noqa: E402
 
 WARMUP = 4
 
@@ -71,7 +71,7 @@ def main():
     rows = [("stock Trainer (DDP)", run(transformers.Trainer, a, {}))]
     for stage in (1, 2, 3):
         cfg = {"zero_optimization": {"stage": stage}, "bf16": {"enabled": False}}
-        rows.append((f"zerort.hf.Trainer, stage {stage}", run(zerort.hf.Trainer, a, {"zerort_config": cfg})))
+        rows.append((f"zerort.integrations.hf.Trainer, stage {stage}", run(zerort.integrations.hf.Trainer, a, {"zerort_config": cfg})))
     if dist.get_rank() == 0:
         base = statistics.median(rows[0][1])
         print(f"W = {dist.get_world_size()}, Llama hidden {a.hidden}, 4 layers, seq 128, batch 4 x accumulation 2 "

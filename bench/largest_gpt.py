@@ -86,7 +86,7 @@ def make_gpt(d, layers, seq, meta):
 
 def estimate(kind, d, layers, seq, micro):
     """(parameters, bytes one rank needs at its peak) for this runtime."""
-    from zerort.memory import estimate_memory, gpt_numel
+    from zerort.accounting.memory import estimate_memory, gpt_numel
 
     n = gpt_numel(layers, d, 256, seq)
     block = 12 * d * d + 13 * d
@@ -112,7 +112,7 @@ def worker(out, kind, d, layers, seq, micro, steps):
 
     import e2e_worker
     from gpt import batch, stdlib_bytes
-    from zerort.memory import Phases, allocated, install_counting_allocator
+    from zerort.accounting.memory import Phases, allocated, install_counting_allocator
 
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     install_counting_allocator()

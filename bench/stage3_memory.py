@@ -1,6 +1,6 @@
 """Stage 3 side by side: zerort stages 2 and 3 (prefetch 0 and 1), PyTorch FSDP2 and, when
 it is installed, DeepSpeed ZeRO-3 (default prefetch and prefetch off), all measured by the
-same instrument: zerort's counting CPU allocator (zerort.memory.Phases), installed in every
+same instrument: zerort's counting CPU allocator (zerort.accounting.memory.Phases), installed in every
 rank before the model is created.
 
     .venv/bin/python bench/stage3_memory.py                          # both models, every runtime
@@ -111,7 +111,7 @@ def worker(out, model_name, kind, steps):
 
     import e2e_worker
     from gpt import stdlib_bytes
-    from zerort.memory import Phases, allocated, install_counting_allocator
+    from zerort.accounting.memory import Phases, allocated, install_counting_allocator
 
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     install_counting_allocator()  # before anything below allocates

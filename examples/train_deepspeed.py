@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import zerort.deepspeed as deepspeed  # noqa: E402
+import zerort.integrations.deepspeed as deepspeed  # noqa: E402
 from gpt import GPT, stdlib_bytes  # noqa: E402
 
 

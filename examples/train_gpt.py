@@ -30,7 +30,7 @@ def main():
     ap.add_argument("--batch", type=int, default=8, help="sequences per micro-batch per rank")
     ap.add_argument("--lr", type=float, default=2e-3)
     ap.add_argument("--metrics-dir", metavar="DIR", help="write DIR/train_gpt/metrics.csv and TensorBoard events "
-                    "(zerort.monitor); draw them with python -m zerort.plot DIR/train_gpt")
+                    "(zerort.monitoring.monitor); draw them with python -m zerort.monitoring.plot DIR/train_gpt")
     args = ap.parse_args()
 
     torch.set_num_threads(max(1, torch.get_num_threads()))

@@ -13,7 +13,7 @@ namespace {
 CountingAllocator& installed() {
   CountingAllocator* a = installed_counting_allocator();
   ZRT_CHECK(a != nullptr, "the counting CPU allocator is not installed; call "
-            "zerort._C.install_counting_allocator() (zerort.memory.install_counting_allocator()) first");
+            "zerort._C.install_counting_allocator() (zerort.accounting.memory.install_counting_allocator()) first");
   return *a;
 }
 

@@ -60,7 +60,7 @@ std::vector<AdamWHyper> hypers(const std::vector<std::array<double, 5>>& rows) {
 }
 
 // Options come from zerort/config.py's validated Config as keyword arguments named as its
-// fields are (zerort._C.ENGINE_OPTIONS lists them, for python/zerort/engine.py). A
+// fields are (zerort._C.ENGINE_OPTIONS lists them, for python/zerort/engine/engine.py). A
 // ShardOptimizer takes the optimizer's; an Engine takes those, its own and materialize.
 const char* const kOptimizerKeys[] = {"precision", "lr", "betas", "eps", "weight_decay",
                                       "initial_scale_power", "loss_scale_window", "hysteresis",
@@ -219,7 +219,7 @@ void bind_engine(py::module_& m) {
       .def_property_readonly("num_groups", &Engine::num_groups)
       .def("grad_ready", &Engine::grad_ready)  // from post-accumulate-grad hooks
       .def("begin_backward", &Engine::begin_backward, py::call_guard<py::gil_scoped_release>())
-      // Stage 3's units (from python/zerort/stage3.py's module hooks). gather and
+      // Stage 3's units (from python/zerort/engine/stage3.py's module hooks). gather and
       // hold_gathered wait for the comm thread; release may wait for a gather in flight.
       .def("prefetch", &Engine::prefetch, py::call_guard<py::gil_scoped_release>())
       .def("gather", &Engine::gather, py::call_guard<py::gil_scoped_release>())

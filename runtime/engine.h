@@ -97,7 +97,7 @@ class Engine {
   int64_t global_step() const { return global_step_; }      // boundaries passed
   int64_t skipped_steps() const { return skipped_steps_; }
   int64_t adam_steps() const { return optimizer_->adam_steps(); }
-  ShardOptimizer& optimizer() { return *optimizer_; }  // non-finite diagnostics (python/zerort/nonfinite.py)
+  ShardOptimizer& optimizer() { return *optimizer_; }  // non-finite diagnostics (python/zerort/engine/nonfinite.py)
   const EngineOptions& options() const { return options_; }
   const c10::Device& device() const { return device_; }  // the model's: CPU or CUDA
 

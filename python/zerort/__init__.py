@@ -20,22 +20,21 @@ def _preload_mpi():
 
 _preload_mpi()
 
-from . import _C  # noqa: E402
-from ._C import ShardLayout  # noqa: E402,F401
-from .errors import (CollectiveMismatchError, CommError, CommTimeoutError, ConfigError, DeviceError,  # noqa: E402,F401
-                     Error, LossScaleError, ModelMismatchError, NonFiniteError, UsageError)
+from zerort import _C  # noqa: E402
+from zerort._C import ShardLayout  # noqa: E402,F401
+from zerort.errors import (CollectiveMismatchError, CommError, CommTimeoutError, ConfigError,  # noqa: E402,F401
+                           DeviceError, Error, LossScaleError, ModelMismatchError, NonFiniteError, UsageError)
 
 __version__ = _C.__version__
 
-from . import comm  # noqa: E402,F401
-from .comm import Communicator, detect_launch_env  # noqa: E402,F401
-from . import config  # noqa: E402,F401
-from . import checkpoint  # noqa: E402,F401
-from .engine import Engine, initialize  # noqa: E402,F401
-
+# The package by concern (dependencies point down): integrations/ (deepspeed, hf) ->
+# engine/ -> monitoring/, accounting/, state/ -> config/, comm/ -> zerort._C.
+from zerort import comm, config, state  # noqa: E402,F401
+from zerort.comm import Communicator, detect_launch_env  # noqa: E402,F401
+from zerort.engine import Engine, initialize  # noqa: E402,F401
 
 def estimate_memory(*args, **kwargs):
-    """Model-state bytes per rank by category (zerort.memory.estimate_memory)."""
-    from .memory import estimate_memory as estimate  # not at import: python -m zerort.memory
+    """Model-state bytes per rank by category (zerort.accounting.memory.estimate_memory)."""
+    from zerort.accounting.memory import estimate_memory as estimate  # not at import: python -m zerort.accounting.memory
 
     return estimate(*args, **kwargs)

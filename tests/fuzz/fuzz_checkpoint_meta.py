@@ -1,6 +1,6 @@
 """Fuzz target for the checkpoint loaders: corrupted meta.json, `latest` and shard files.
 
-Every input either loads, or raises zerort.checkpoint.CheckpointError; any other exception
+Every input either loads, or raises zerort.state.checkpoint.CheckpointError; any other exception
 (KeyError, TypeError, IndexError, ...) is a bug in the parser. The deterministic corpus
 (corpus() below, run by tests/python/test_checkpoint_fuzz.py) also requires each of its
 damaged inputs to be rejected with a message naming the file and the field.
@@ -27,9 +27,10 @@ sys.path.insert(0, os.path.join(HERE, "..", "python"))
 
 import torch  # noqa: E402
 
-from zerort import checkpoint_files, consolidate  # noqa: E402
-from zerort.checkpoint import CheckpointError  # noqa: E402
-from zerort.checkpoint_meta import meta_digest  # noqa: E402
+from zerort.state import files as checkpoint_files  # noqa: E402
+from zerort.state import consolidate
+from zerort.state.checkpoint import CheckpointError  # noqa: E402
+from zerort.state.metadata import meta_digest  # noqa: E402
 
 
 # ---- files of a checkpoint --------------------------------------------------------------
@@ -85,7 +86,7 @@ def fresh_copy(seed, work):
 
 def exercise(ckpt):
     """Reads the checkpoint as the offline loader does: metadata, every shard, and every
-    parameter assembled and streamed (zerort.consolidate)."""
+    parameter assembled and streamed (zerort.state.consolidate)."""
     consolidate.consolidate(ckpt, os.path.join(ckpt, "fuzz_out.safetensors"), safetensors=True, adam=True)
 
 

@@ -36,13 +36,13 @@ def train(engine, name, first, steps):
 
 class DiskFull:
     """with DiskFull(n): every file zerort writes takes n bytes, then fails with ENOSPC, as
-    on a full disk (None: no effect). Wraps the file under zerort.checkpoint's writer."""
+    on a full disk (None: no effect). Wraps the file under zerort.state.checkpoint's writer."""
 
     def __init__(self, limit):
         self.limit = limit
 
     def __enter__(self):
-        from zerort.checkpoint_files import Sink
+        from zerort.state.files import Sink
 
         self.real, limit = Sink.__init__, self.limit
         real = self.real
@@ -69,7 +69,7 @@ class DiskFull:
         return self
 
     def __exit__(self, *exc):
-        from zerort.checkpoint_files import Sink
+        from zerort.state.files import Sink
 
         Sink.__init__ = self.real
 
@@ -82,8 +82,9 @@ BAD_TAGS = ["best ", " best", "a\nb", "tab\t", "", ".hidden", ".", "..", "a/b", 
 def safety(engine, name, base):
     """Every scenario of test_checkpoint_safety.py; returns {scenario: {"error", "type",
     "took", "value"}} for this rank. Files are set up by rank 0 between barriers."""
-    from zerort import checkpoint as ck, consolidate
-    from zerort.shard_map import flat, optimizer_tensors
+    from zerort.state import checkpoint as ck
+    from zerort.state import consolidate
+    from zerort.state.shard_map import flat, optimizer_tensors
 
     comm, rank = engine.comm, engine.rank
     root = os.path.join(base, "ck")  # every checkpoint directory of this run

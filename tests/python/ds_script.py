@@ -17,7 +17,7 @@ import sys
 import torch
 import transformers
 
-import zerort.deepspeed as deepspeed
+import zerort.integrations.deepspeed as deepspeed
 
 SAVE_AT = 3  # updates
 SAMPLES, SEQ, VOCAB = 48, 8, 96

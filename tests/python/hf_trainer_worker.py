@@ -1,4 +1,4 @@
-"""A Trainer script on zerort.hf.Trainer, and the stock transformers.Trainer it must match.
+"""A Trainer script on zerort.integrations.hf.Trainer, and the stock transformers.Trainer it must match.
 
     torchrun --nproc_per_node 2 hf_trainer_worker.py zerort OUT WORK   (W = 2)
     python hf_trainer_worker.py stock OUT WORK                          (W = 1: the reference,
@@ -22,7 +22,7 @@ from engine_models import HF_SEQ, HF_VOCAB, hf_model  # noqa: E402
 import transformers  # noqa: E402
 
 import zerort  # noqa: E402
-import zerort.hf  # noqa: E402
+import zerort.integrations.hf  # noqa: E402
 
 SAMPLES, GLOBAL_BATCH, PER_DEVICE = 80, 8, 2  # 10 steps of 8
 MODELS = ("gpt2", "llama")
@@ -102,7 +102,7 @@ def logged(trainer):
 
 
 def zerort_trainer(model, work, world, steps, config, **kw):
-    return in_order(zerort.hf.Trainer)(model=model, args=arguments(work, world, steps, **kw),
+    return in_order(zerort.integrations.hf.Trainer)(model=model, args=arguments(work, world, steps, **kw),
                                        train_dataset=Samples(SAMPLES, 0), eval_dataset=Samples(8, 1),
                                        zerort_config=config)
 
@@ -131,7 +131,7 @@ def master(trainer):
 def zerort_side(out, work):
     rank = int(os.environ.get("RANK", 0))
     result, weights = {"parity": {}}, {}
-    result.update(both_sides(2, zerort.hf.Trainer, work, lambda stage: {"zerort_config": config(stage)}))
+    result.update(both_sides(2, zerort.integrations.hf.Trainer, work, lambda stage: {"zerort_config": config(stage)}))
     # fp16 from 2**24: the first steps overflow and are skipped; the schedule moves on applied steps only
     t = zerort_trainer(fresh("llama"), f"{work}/fp16", 2, STEPS + 6, {"zero_optimization": {"stage": 2},
                        "fp16": {"enabled": "auto", "initial_scale_power": 24}}, fp16=True)
@@ -162,7 +162,7 @@ def zerort_side(out, work):
     prompt = torch.arange(2, 8).view(1, -1)
     with t.engine.gathered_parameters():
         result["generated"] = t.model.generate(prompt, max_new_tokens=5, do_sample=False).tolist()
-    lazy = zerort.hf.from_pretrained(MODEL_CLASS[RESUME_MODEL], f"{work}/final")
+    lazy = zerort.integrations.hf.from_pretrained(MODEL_CLASS[RESUME_MODEL], f"{work}/final")
     result["lazy_meta"] = all(p.is_meta for p in lazy.parameters())
     lz = zerort_trainer(lazy, f"{work}/lazy", 2, STEPS, config(3))
     lz.evaluate()
@@ -214,7 +214,7 @@ def without_use_cpu(out, work):
     """Several ranks on a machine without a GPU and without use_cpu=True: accelerate sees one
     rank per process, and the Trainer must stop, not train W separate models."""
     args = arguments(work, 1, 1, use_cpu=False)
-    in_order(zerort.hf.Trainer)(model=fresh("gpt2"), args=args, train_dataset=Samples(SAMPLES, 0),
+    in_order(zerort.integrations.hf.Trainer)(model=fresh("gpt2"), args=args, train_dataset=Samples(SAMPLES, 0),
                                 zerort_config=config(1)).train()
 
 

@@ -12,7 +12,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 import torch  # noqa: E402
 
 import zerort  # noqa: E402
-from zerort import phases  # noqa: E402
+from zerort.accounting import phases  # noqa: E402
 
 
 def small():

@@ -7,7 +7,7 @@ import sys
 import torch
 import torch.nn as nn
 
-import zerort.deepspeed as deepspeed
+import zerort.integrations.deepspeed as deepspeed
 
 
 def main(out, run_dir):

@@ -16,7 +16,8 @@ sys.path.insert(0, os.path.join(HERE, "..", "..", "python"))
 import torch  # noqa: E402
 
 import zerort  # noqa: E402
-from zerort import memory, units  # noqa: E402
+from zerort.accounting import memory  # noqa: E402
+from zerort.engine import units
 from engine_worker import run_cases  # noqa: E402
 
 WIDTH, LAYERS, BATCH = 4096, 8, 4

@@ -1,4 +1,4 @@
-"""zerort's counting CPU allocator (zerort._C) and the per-phase helper (zerort.memory.Phases).
+"""zerort's counting CPU allocator (zerort._C) and the per-phase helper (zerort.accounting.memory.Phases).
 
 Installing it is for the whole process, as zerort.initialize does; what must happen before
 installation runs in a subprocess."""
@@ -13,7 +13,8 @@ import pytest
 import torch
 
 import zerort
-from zerort import _C, memory
+from zerort import _C
+from zerort.accounting import memory
 
 MIB = 1 << 20
 

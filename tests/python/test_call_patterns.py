@@ -65,7 +65,6 @@ import sys
 
 import pytest
 import torch
-from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
 import zerort
@@ -77,7 +76,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import test_engine_parity as parity  # noqa: E402
 from call_pattern_worker import PatternModel, expert_of, loss_of, make_batch, runs_backward  # noqa: E402
-from test_fuzz_training import parameter_mismatch, spread  # noqa: E402
+from test_fuzz_training import drawn_cases, parameter_mismatch, spread  # noqa: E402
 
 WORKER = os.path.join(HERE, "call_pattern_worker.py")
 W = 2
@@ -142,16 +141,7 @@ def cases(draw):
 def draw_cases():
     """N_CASES drawn cases (DRAWS draws, derandomized, no example database), spread over
     (stage, precision, accumulation, whether a micro-step misses its backward)."""
-    drawn = []
-
-    @settings(max_examples=DRAWS, derandomize=True, database=None, phases=[Phase.generate], deadline=None,
-              suppress_health_check=list(HealthCheck))
-    @given(cases())
-    def collect(case):
-        drawn.append(case)
-
-    collect()
-    return spread(drawn, N_CASES, lambda c: (c["stage"], c["precision"], c["gas"],
+    return spread(drawn_cases(cases(), DRAWS), N_CASES, lambda c: (c["stage"], c["precision"], c["gas"],
                                              any(m.get("skip") is not None for m in c["micro"])))
 
 

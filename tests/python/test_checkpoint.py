@@ -12,9 +12,9 @@ import torch
 from safetensors.torch import load_file
 
 import zerort
-from zerort import consolidate
+from zerort.state import consolidate
 from zerort._testing.launch import environment, launch
-from zerort.checkpoint import CheckpointError
+from zerort.state.checkpoint import CheckpointError
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 WORKER = os.path.join(HERE, "ckpt_worker.py")
@@ -63,7 +63,7 @@ def test_reshard_from_4_ranks(saved_w4, tmp_path, world):
 
 def test_consolidation_round_trip(saved_w4, tmp_path):
     out = tmp_path / "full.pt"
-    p = subprocess.run([sys.executable, "-m", "zerort.consolidate", str(saved_w4 / "ckpt"), str(out)],
+    p = subprocess.run([sys.executable, "-m", "zerort.state.consolidate", str(saved_w4 / "ckpt"), str(out)],
                        capture_output=True, text=True, timeout=120)
     assert p.returncode == 0, p.stderr
     sd = torch.load(out)
@@ -118,7 +118,7 @@ def test_bad_checkpoints_name_the_file(saved_w4, tmp_path):
 
     assert _load(tmp_path) == (None, None)  # no `latest` here: nothing loaded, as DeepSpeed (rank 0 says so)
     with pytest.raises(CheckpointError, match="not a zerort checkpoint directory"):
-        zerort.checkpoint_meta.read_meta(str(tmp_path))
+        zerort.state.metadata.read_meta(str(tmp_path))
     from engine_models import CONFIG, make_model
 
     e = zerort.initialize(make_model("mlp"), dict(CONFIG, stage=2, precision="fp16"), comm=zerort.comm.init("inprocess"))
@@ -129,7 +129,7 @@ def test_bad_checkpoints_name_the_file(saved_w4, tmp_path):
 KILL_CHILD = r"""
 import os, sys, time
 sys.path.insert(0, {here!r})
-import torch, zerort, zerort.checkpoint_files as files
+import torch, zerort, zerort.state.files as files
 from engine_models import CONFIG, batch, loss_fn, make_model
 e = zerort.initialize(make_model("mlp"), dict(CONFIG, stage=2, precision="fp16"), comm=zerort.comm.init("inprocess"))
 def step(i):

@@ -1,6 +1,6 @@
 """Corrupted checkpoints (tests/fuzz/fuzz_checkpoint_meta.py): every damaged meta.json,
 `latest` or shard file of the corpus is rejected by both loaders (engine.load_checkpoint
-and zerort.consolidate) with a CheckpointError naming the file and the field, never
+and zerort.state.consolidate) with a CheckpointError naming the file and the field, never
 another exception and never a silent load; edits that change nothing a loader uses load
 the same values; and seeded random byte mutations raise nothing but CheckpointError."""
 import os
@@ -12,7 +12,7 @@ import torch
 
 import zerort
 from zerort._testing.launch import launch
-from zerort.checkpoint import CheckpointError
+from zerort.state.checkpoint import CheckpointError
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "fuzz"))

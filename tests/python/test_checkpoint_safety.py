@@ -20,10 +20,10 @@ import pytest
 import torch
 
 import zerort
-from zerort import checkpoint as ck
-from zerort import consolidate
+from zerort.state import checkpoint as ck
+from zerort.state import consolidate
 from zerort._testing.launch import environment, launch
-from zerort.checkpoint import CheckpointError
+from zerort.state.checkpoint import CheckpointError
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 WORKER = os.path.join(HERE, "ckpt_worker.py")
@@ -290,7 +290,7 @@ ATTEMPTS = {attempts}
 sys.path.insert(0, {here!r})
 import zerort
 from engine_models import CONFIG, make_model
-from zerort.checkpoint import CheckpointError
+from zerort.state.checkpoint import CheckpointError
 e = zerort.initialize(make_model("mlp"), dict(CONFIG, stage=2, precision="fp16"), comm=zerort.comm.init("inprocess"))
 open({ready!r} + sys.argv[1], "w").close()
 while len([n for n in os.listdir({start!r}) if n.startswith("ready")]) < 2:  # both jobs start together
@@ -338,7 +338,7 @@ def test_two_jobs_saving_one_tag_race_cleanly(tmp_path):
 
 def test_a_tag_is_checked_the_same_way_at_load(small_ckpt):
     """`latest` holding 'best ' (a hand edit) is rejected, not stripped to 'best'."""
-    from zerort.checkpoint_meta import check_tag
+    from zerort.state.metadata import check_tag
 
     assert check_tag("step4", "x") == "step4"
     for tag in ("best ", "a\nb", "\u2028", ".x", "x" * 201, "é" * 101, 4):

@@ -1,4 +1,4 @@
-"""deepspeed.zero.Init and deepspeed.zero.GatheredParameters under zerort.deepspeed, at
+"""deepspeed.zero.Init and deepspeed.zero.GatheredParameters under zerort.integrations.deepspeed, at
 stages 1 and 3, W = 2 under torchrun (zero_worker.py), with a HuggingFace GPT-2."""
 import math
 import os
@@ -31,7 +31,7 @@ def test_init_builds_on_meta_and_gathered_parameters_reads_and_writes(ranks, sta
 
 
 def test_init_refuses_what_zerort_does_not_do():
-    import zerort.deepspeed as deepspeed
+    import zerort.integrations.deepspeed as deepspeed
 
     with pytest.raises(ValueError, match="no parameter offload"):
         deepspeed.zero.Init(remote_device="cpu")

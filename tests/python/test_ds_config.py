@@ -1,4 +1,4 @@
-"""DeepSpeed configs under zerort: every key of zerort.ds_keys' table in its class, the
+"""DeepSpeed configs under zerort: every key of zerort.config.deepspeed_keys' table in its class, the
 key sets of HuggingFace's DeepSpeed test configs and of DeepSpeed's documentation examples
 (values here are our own), "auto" outside the HuggingFace integration, and the mapped keys
 (fp16.loss_scale, the optimizer types, communication and accumulation dtypes, the stage-3
@@ -10,10 +10,10 @@ import torch
 import torch.nn as nn
 
 import zerort
-from zerort import ds_keys
+from zerort.config import deepspeed_keys as ds_keys
 from zerort.config import parse, resolve_batch
 from zerort.errors import ConfigError
-from zerort.stage3 import prefetch_units
+from zerort.engine.stage3 import prefetch_units
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -191,7 +191,7 @@ def test_each_accepted_key_is_taken_and_type_checked(key):
 
 def test_the_readme_holds_the_key_table():
     with open(os.path.join(ROOT, "README.md")) as f:
-        assert ds_keys.markdown() in f.read(), "README.md's DeepSpeed key table is stale: python -m zerort.ds_keys"
+        assert ds_keys.markdown() in f.read(), "README.md's DeepSpeed key table is stale: python -m zerort.config.deepspeed_keys"
 
 
 def test_loss_scale_zero_is_dynamic_and_a_number_is_static():

@@ -5,7 +5,7 @@ import torch
 
 import zerort
 from zerort import _C, errors
-from zerort._tensor_args import buffer
+from zerort.comm.tensor_args import buffer
 
 KINDS = ("Error", "UsageError", "DeviceError", "ConfigError", "LossScaleError", "CommError", "CommTimeoutError",
          "CollectiveMismatchError")

@@ -71,19 +71,25 @@ def draw_cases():
     """N_CASES drawn cases, spread over (world, stage, precision): hypothesis draws DRAWS
     cases (its neighbouring draws are often near copies), and they are taken round-robin
     over those combinations, first drawn first, skipping repeats."""
+    picked = spread(drawn_cases(cases(), DRAWS), N_CASES,
+                    lambda case: (case["world"], case["stage"], case["precision"]))
+    for i, case in enumerate(picked):
+        case["id"] = i
+    return picked
+
+
+def drawn_cases(strategy, draws):
+    """draws examples of strategy, the same ones every run (derandomized, no example database)."""
     drawn = []
 
-    @settings(max_examples=DRAWS, derandomize=True, database=None, phases=[Phase.generate], deadline=None,
+    @settings(max_examples=draws, derandomize=True, database=None, phases=[Phase.generate], deadline=None,
               suppress_health_check=list(HealthCheck))
-    @given(cases())
+    @given(strategy)
     def collect(case):
         drawn.append(case)
 
     collect()
-    picked = spread(drawn, N_CASES, lambda case: (case["world"], case["stage"], case["precision"]))
-    for i, case in enumerate(picked):
-        case["id"] = i
-    return picked
+    return drawn
 
 
 def spread(drawn, n, kind):

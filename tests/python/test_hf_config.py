@@ -1,6 +1,6 @@
-"""zerort.hf_config: "auto" filled from TrainingArguments as HuggingFace fills it for
+"""zerort.integrations.hf.config: "auto" filled from TrainingArguments as HuggingFace fills it for
 DeepSpeed (transformers' HfTrainerDeepSpeedConfig: fill when "auto", else must match), in
-both config forms; and zerort.hf.Trainer's refusals, each naming what to change."""
+both config forms; and zerort.integrations.hf.Trainer's refusals, each naming what to change."""
 import os
 import sys
 
@@ -13,10 +13,10 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 from engine_models import hf_model  # noqa: E402
 
-import zerort.hf  # noqa: E402
+import zerort.integrations.hf  # noqa: E402
 from zerort.config import parse  # noqa: E402
 from zerort.errors import ConfigError  # noqa: E402
-from zerort.hf_config import fill, scheduler_spec  # noqa: E402
+from zerort.integrations.hf.config import fill, scheduler_spec  # noqa: E402
 
 
 def args(tmp_path, **kw):
@@ -89,26 +89,26 @@ def test_hidden_size_autos_need_a_hidden_size(tmp_path):
     (dict(save_only_model=True), "save_only_model"),
 ])
 def test_the_trainer_refuses_what_zerort_does_not_run(tmp_path, change, named):
-    with pytest.raises(ValueError, match="zerort.hf.Trainer cannot run with") as e:
-        zerort.hf.Trainer(model=hf_model("gpt2"), args=args(tmp_path, **change), zerort_config={"stage": 1})
+    with pytest.raises(ValueError, match="zerort.integrations.hf.Trainer cannot run with") as e:
+        zerort.integrations.hf.Trainer(model=hf_model("gpt2"), args=args(tmp_path, **change), zerort_config={"stage": 1})
     assert named in str(e.value)
 
 
 def test_a_config_that_is_not_a_dict_or_path_is_refused(tmp_path):
     with pytest.raises(TypeError, match="zerort_config is a list"):
-        zerort.hf.Trainer(model=hf_model("gpt2"), args=args(tmp_path), zerort_config=[1])
+        zerort.integrations.hf.Trainer(model=hf_model("gpt2"), args=args(tmp_path), zerort_config=[1])
 
 
 def test_a_config_file_is_read_with_its_checks(tmp_path):
     path = tmp_path / "twice.json"
     path.write_text('{"stage": 3, "stage": 1}')
     with pytest.raises(ConfigError, match="stage: given twice in one object of config file"):
-        zerort.hf.Trainer(model=hf_model("gpt2"), args=args(tmp_path), zerort_config=str(path))
+        zerort.integrations.hf.Trainer(model=hf_model("gpt2"), args=args(tmp_path), zerort_config=str(path))
     with pytest.raises(ConfigError, match="missing.json"):
-        zerort.hf.Trainer(model=hf_model("gpt2"), args=args(tmp_path), zerort_config=str(tmp_path / "missing.json"))
+        zerort.integrations.hf.Trainer(model=hf_model("gpt2"), args=args(tmp_path), zerort_config=str(tmp_path / "missing.json"))
 
 
 def test_a_checkpoint_without_zerort_state_is_named_with_its_cause(tmp_path):
     (tmp_path / "trainer_state.json").write_text("{}")
-    text = zerort.hf._no_zerort_state(str(tmp_path))
-    assert "a stock Trainer (or save_only_model) wrote it" in text and "zerort.hf.from_pretrained" in text
+    text = zerort.integrations.hf._no_zerort_state(str(tmp_path))
+    assert "a stock Trainer (or save_only_model) wrote it" in text and "zerort.integrations.hf.from_pretrained" in text

@@ -1,7 +1,7 @@
-"""zerort.hf.Trainer against the stock transformers.Trainer (hf_trainer_worker.py).
+"""zerort.integrations.hf.Trainer against the stock transformers.Trainer (hf_trainer_worker.py).
 
 One torchrun launch at W = 2 trains GPT2 and Llama (small configs, no downloads) at
-stages 1-3 with zerort.hf.Trainer, saves and resumes, saves the model, evaluates and
+stages 1-3 with zerort.integrations.hf.Trainer, saves and resumes, saves the model, evaluates and
 generates at stage 3; one process at W = 1 then runs the stock Trainer on the same windows
 (global batch 8), reads the saved models back with from_pretrained, and resumes W = 2's
 checkpoint at W = 1.
@@ -175,7 +175,7 @@ def test_the_monitor_writes_what_the_trainer_logged(runs):
     assert [e.step for e in events] == [int(r["step"]) for r in rows]
     assert all(math.isclose(e.value, float(r["loss"]), rel_tol=1e-6) for e, r in zip(events, rows))
     png = os.path.join(runs["work"], "curve.png")
-    p = subprocess.run([sys.executable, "-m", "zerort.plot", job, "--out", png], capture_output=True, text=True,
+    p = subprocess.run([sys.executable, "-m", "zerort.monitoring.plot", job, "--out", png], capture_output=True, text=True,
                        timeout=120)
     assert p.returncode == 0, p.stderr
     with open(png, "rb") as f:

@@ -115,7 +115,7 @@ def test_deepspeed_trajectories(name, spelling):
 @pytest.mark.parametrize("stage", [0, 1, 2, 3])
 @pytest.mark.parametrize("name", ["no_overflow", "hysteresis2"])
 def test_every_stage_follows_the_rule(name, stage, spelling):
-    check(spelling, stage, name)  # stage 3 runs python/zerort/stage3.py over the same ShardOptimizer
+    check(spelling, stage, name)  # stage 3 runs python/zerort/engine/stage3.py over the same ShardOptimizer
 
 
 def test_the_default_window_doubles_on_the_1001st_clean_step():

@@ -6,7 +6,7 @@ import sys
 import pytest
 
 import zerort
-from zerort.memory import CATEGORIES, paper_formula
+from zerort.accounting.memory import CATEGORIES, paper_formula
 
 PSI, W = 7.5e9, 64
 PAPER_GB = {0: 120.0, 1: 31.40625, 2: 16.640625, 3: 1.875}  # 16Ψ, 4Ψ+12Ψ/W, 2Ψ+14Ψ/W, 16Ψ/W
@@ -49,7 +49,7 @@ def test_exact_differs_from_paper_only_by_padding_and_our_buffers(stage):
 
 
 def cli(*args):
-    p = subprocess.run([sys.executable, "-m", "zerort.memory", *args], capture_output=True, text=True, timeout=120)
+    p = subprocess.run([sys.executable, "-m", "zerort.accounting.memory", *args], capture_output=True, text=True, timeout=120)
     assert p.returncode == 0, p.stderr
     return p.stdout
 

@@ -1,4 +1,4 @@
-"""Models built on the meta device (zerort.meta_init): initialize never holds the whole FP32
+"""Models built on the meta device (zerort.engine.meta_init): initialize never holds the whole FP32
 model, and the initial weights do not depend on the world size.
 
 Memory: 8 x Linear(4096, 4096) (64 MiB of FP32 weight each, 512 MiB in all) at stage 3, W=2,

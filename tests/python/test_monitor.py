@@ -1,7 +1,7 @@
-"""The training monitor (zerort.monitor) under torchrun, W = 2: DeepSpeed's csv_monitor and
+"""The training monitor (zerort.monitoring.monitor) under torchrun, W = 2: DeepSpeed's csv_monitor and
 tensorboard keys; one CSV row and one TensorBoard point per optimizer step holding what the
 engine reported (the step's stats, the lr it used, the skip), the TensorBoard events read
-back with the tensorboard package's own reader, and python -m zerort.plot's PNG."""
+back with the tensorboard package's own reader, and python -m zerort.monitoring.plot's PNG."""
 import csv
 import json
 import math
@@ -66,7 +66,7 @@ def test_tensorboard_events_read_back_equal_the_csv(run):
 def test_the_plot_command_writes_a_png(run, tmp_path):
     _, _, job = run
     out = str(tmp_path / "curve.png")
-    p = subprocess.run([sys.executable, "-m", "zerort.plot", job, "--out", out], capture_output=True, text=True,
+    p = subprocess.run([sys.executable, "-m", "zerort.monitoring.plot", job, "--out", out], capture_output=True, text=True,
                        timeout=120, cwd=os.path.join(HERE, "..", "..", "python"))
     assert p.returncode == 0, p.stderr
     with open(out, "rb") as f:

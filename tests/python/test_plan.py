@@ -1,4 +1,4 @@
-"""The planner (python -m zerort.plan) against references computed another way.
+"""The planner (python -m zerort.accounting.planner) against references computed another way.
 
 - Communication: the textbook per-rank volumes of a step, written out here (DDP
   2(W-1)/W*Ψ*b_g; ZeRO-1/2 (W-1)/W*Ψ*(b_g+b_p); ZeRO-3 (W-1)/W*Ψ*(2b_p+b_g)), and the
@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 
 import zerort
-from zerort import plan
+from zerort.accounting import planner as plan
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.join(ROOT, "examples"))
@@ -234,7 +234,7 @@ def test_smallest_world_fits_and_the_next_smaller_does_not():
 
 
 def cli(*args, ok=True):
-    p = subprocess.run([sys.executable, "-m", "zerort.plan", *args], capture_output=True, text=True, timeout=120)
+    p = subprocess.run([sys.executable, "-m", "zerort.accounting.planner", *args], capture_output=True, text=True, timeout=120)
     assert (p.returncode == 0) == ok, p.stdout + p.stderr
     return p.stdout if ok else p.stderr
 

@@ -1,4 +1,4 @@
-"""zerort.precision: which modules stay FP32 under bf16/fp16 (norm layers by what they are,
+"""zerort.engine.precision: which modules stay FP32 under bf16/fp16 (norm layers by what they are,
 config fp32_modules adding and removing classes) and which float buffers keep their dtype.
 One process, world size 1; the HuggingFace models are in test_hf_models.py."""
 import pytest
@@ -6,7 +6,7 @@ import torch
 import torch.nn as nn
 
 import zerort
-from zerort import precision
+from zerort.engine import precision
 
 INPROC = {"comm": {"backend": "inprocess"}}
 
@@ -199,7 +199,7 @@ def test_fp32_precision_casts_nothing():
 
 def test_memory_estimate_follows_the_same_rule():
     # The FP32 group that zerort.estimate_memory counts is the engine's.
-    from zerort.memory import model_groups
+    from zerort.accounting.memory import model_groups
 
     for change in ((), ("Gate", "-LayerNorm")):
         cfg = zerort.config.parse(dict(stage=2, fp32_modules=list(change)))

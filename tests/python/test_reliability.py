@@ -15,7 +15,7 @@ import pytest
 
 import zerort
 from zerort._testing.launch import launch as launch_ranks, launch_plain
-from zerort.consistency import first_difference
+from zerort.engine.same_model import first_difference
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 WORKER = os.path.join(HERE, "reliability_worker.py")

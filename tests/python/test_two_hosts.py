@@ -15,7 +15,7 @@ pair, each with its own hostname), 2 ranks per host (W = 4), under `torchrun --n
   all-gather at W = 4 is a direct exchange (the same split), gloo's a ring over ranks
   0-1-2-3 (per rank on average (G-1)/G and 1/G of (W-1)/W). Tolerance +5% and 64 KiB: TCP/IP
   headers (large segments on both devices), the barriers around the step and the step's
-  decision. python -m zerort.plan models the reduce-scatter as this all-to-all (its row must
+  decision. python -m zerort.accounting.planner models the reduce-scatter as this all-to-all (its row must
   equal the model's) and the all-gather as a hierarchical ring (NCCL's); its figures are
   printed beside.
 
@@ -140,7 +140,7 @@ def model_bytes(stage, numel, launcher, w=W, g=2):
 
 @pytest.mark.parametrize("launcher", LAUNCHERS)
 def test_bytes_within_and_across_hosts(launcher, tmp_path):
-    from zerort import plan
+    from zerort.accounting import planner as plan
 
     needs(launcher)
     rc, out, _ = two_hosts(launcher, os.path.join(HERE, "two_hosts_worker.py"), "bytes", tmp_path / "bytes")

@@ -6,7 +6,7 @@ import sys
 import torch
 import transformers
 
-import zerort.deepspeed as deepspeed
+import zerort.integrations.deepspeed as deepspeed
 
 
 def main(out):

@@ -4,8 +4,8 @@ reduce-scatter. Tests and benchmarks call these; the engine calls the kernels fr
 Every tensor of one call must be on one device; CUDA kernels run on the default stream."""
 import torch
 
-from .. import _C
-from .._tensor_args import buffer, device_index, dtype_name
+from zerort import _C
+from zerort.comm.tensor_args import buffer, device_index, dtype_name
 
 
 def cast(t, dtype):

@@ -1,0 +1,462 @@
+"""Where the memory goes: model-state bytes per rank at each ZeRO stage.
+
+    python -m zerort.accounting.memory --params 7.5e9 --world-size 64            # stages 0-3, GB per rank
+    python -m zerort.accounting.memory --model gpt --layers 24 --hidden 2048 --vocab 50257 --world-size 8
+    python -m zerort.accounting.memory --params 7.5e9 --world-size 64 --stage 3 --json
+    python -m zerort.accounting.memory --params 7.5e9 --world-size 64 --plot stages.png
+
+Two columns per category: the ZeRO paper's formula (stage 0: 16Ψ; 1: 4Ψ+12Ψ/W; 2: 2Ψ+14Ψ/W;
+3: 16Ψ/W) and the exact bytes of our layout, with the padding of every bucket or unit to
+W x 16 elements, the FP32 gradient shard our design adds, the reduce scratch and the
+gathered stage-3 units.
+
+engine.memory_report() (report(), MemoryReport) puts a running engine beside it: first what
+the allocator measured (zerort.accounting.phases.EngineMemory, which zerort.initialize sets up and the
+engine's forward, backward and step feed: the bytes the engine holds, each phase's peak
+growth beside what zerort's buffers should add in it, the rest shown as "other"), then the
+engine's own counters per category beside exact().
+"""
+import argparse
+import dataclasses
+import json
+import math
+import resource
+import sys
+
+import torch
+
+from zerort import _C
+from zerort.config import Config
+from zerort.engine.precision import group_params
+from zerort.state.shard_map import layout
+from zerort.accounting.phases import (PHASES, PhaseMemory, Phases, allocated, install_counting_allocator,  # noqa: F401
+                     reset_peak)
+
+CATEGORIES = [
+    ("lp_params", "low-precision params"),
+    ("lp_grads", "low-precision grads / buckets"),
+    ("master", "FP32 master"),
+    ("adam_m", "Adam m"),
+    ("adam_v", "Adam v"),
+    ("grad_shard", "FP32 grad shard"),
+    ("comm_buffers", "comm buffers"),
+    ("gathered_units", "gathered stage-3 units"),
+]
+# Bytes that follow from the layout alone. Stage 3's gathered units depend on execution
+# order too; the estimate is then the largest prefetch + 2 consecutive units, an upper bound.
+BOUND_ONLY = {"gathered_units"}
+_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
+
+
+def paper_formula(numel, world_size, stage):
+    """The ZeRO paper's bytes per rank (2-byte params and grads, K = 12), by category."""
+    psi, w = float(numel), float(world_size)
+    shard = {0: (1, 1, 1), 1: (1, 1, w), 2: (1, w, w), 3: (w, w, w)}[stage]
+    p, g, o = (psi / s for s in shard)
+    return {"lp_params": 2 * p, "lp_grads": 2 * g, "master": 4 * o, "adam_m": 4 * o, "adam_v": 4 * o,
+            "grad_shard": 0.0, "comm_buffers": 0.0, "gathered_units": 0.0}
+
+
+@dataclasses.dataclass
+class Group:
+    """Parameters that share one flat layout: their sizes, element bytes, and at stage 3
+    whether they stay whole (persistent) or form a unit."""
+    numels: list
+    element_bytes: int
+    persistent: bool = False
+
+
+def exact(groups, world_size, stage, reduce_bucket_numel=1 << 24, prefetch=1, at_rest=False):
+    """Exact bytes per rank of our layout for these parameter groups (stages 0-2: one group
+    per dtype, cut into reduce buckets; stage 3: the units in execution order). at_rest:
+    only what initialize allocates and keeps, without the buffers that live during a
+    phase (gathered units, stage 3's per-unit pack buffer, the communicator's reduce
+    scratch, which it allocates outside torch's allocator)."""
+    w = world_size
+    out = dict.fromkeys((k for k, _ in CATEGORIES), 0)
+    if stage < 3:
+        largest_pack = largest_shard = 0
+        for g in groups:
+            padded = shard = 0
+            for _, b_padded, b_shard in _C.plan_buckets(g.numels, w, reduce_bucket_numel, _C.SHARD_ALIGNMENT):
+                padded += b_padded
+                shard += b_shard
+                largest_pack = max(largest_pack, b_padded * g.element_bytes)
+                largest_shard = max(largest_shard, b_shard)
+            opt = padded if stage == 0 else shard
+            out["lp_params"] += padded * g.element_bytes
+            if stage < 2:  # stages 0, 1: the whole flat gradient buffer
+                out["lp_grads"] += padded * g.element_bytes
+            for k in ("master", "adam_m", "adam_v", "grad_shard"):
+                out[k] += 4 * opt
+        if stage == 2:  # two pack buffers of the largest bucket: one filling, one reducing
+            out["lp_grads"] = 2 * largest_pack
+        # reduce_scatter_accumulate's received chunks for one bucket (none at W = 1, where it
+        # is a local conversion); stage 0 also keeps an FP32 scratch shard for the all-gather.
+        received = 0 if at_rest or w == 1 else largest_pack
+        out["comm_buffers"] = received + (4 * largest_shard if stage == 0 else 0)
+        return out
+    units = []
+    for g in groups:
+        unit = layout(g.numels, w)
+        full = unit.padded_numel * g.element_bytes
+        out["lp_params"] += full if g.persistent else 0  # units are cast from the master when gathered
+        out["lp_grads"] = max(out["lp_grads"], full)      # the pack buffer of one unit
+        out["comm_buffers"] = max(out["comm_buffers"], full if w > 1 else 0)  # its reduce scratch (W > 1)
+        for k in ("master", "adam_m", "adam_v", "grad_shard"):
+            out[k] += 4 * unit.shard_numel
+        if not g.persistent:
+            units.append(full)
+    out["gathered_units"] = gathered_window(units, prefetch + 2)
+    if at_rest:
+        out["lp_grads"] = out["comm_buffers"] = out["gathered_units"] = 0
+    return out
+
+
+def unit_bytes(groups, world_size):
+    """Stage 3: the gathered bytes of each unit that is gathered and released (the
+    non-persistent groups, padded as laid out), in execution order."""
+    return [layout(g.numels, world_size).padded_numel * g.element_bytes
+            for g in groups if not g.persistent]
+
+
+def gathered_window(units, k):
+    """The most bytes k consecutive units hold (all of them when there are fewer)."""
+    k = max(1, min(k, len(units)))
+    return max((sum(units[i:i + k]) for i in range(len(units) - k + 1)), default=0)
+
+
+def model_groups(model, stage, precision="bf16", config=None):
+    """The parameter groups zerort.initialize would build for this model (shared parameters
+    count once), as precision.group_params groups them."""
+    from zerort.engine.stage3 import UnitPlan
+
+    c = config or Config(stage=stage, precision=precision)
+    grouping = group_params(model, precision, c.fp32_modules)
+    units = UnitPlan(model, grouping.trainable, grouping.plan.fp32_ids, c) if stage == 3 else None
+    return _layout_groups(grouping.groups, lambda p: p.numel(), _BYTES[precision], units)
+
+
+def _layout_groups(engine_groups, numel, lp, units=None):
+    """Groups of the Engine's two parameter groups (compute dtype, FP32): stages 0-2 each
+    one that has parameters; stage 3 one per unit (in its order), then the FP32 group."""
+    low, fp32 = ([numel(p) for p in ps] for ps in engine_groups)
+    if units is None:
+        return [g for g in (Group(low, lp), Group(fp32, 4)) if g.numels]
+    groups = [Group([low[i] for i in ps], lp, persistent) for ps, persistent in units.specs]
+    return groups + ([Group(fp32, 4, True)] if fp32 else [])
+
+
+def count_groups(numel, stage, precision="bf16", reduce_bucket_numel=1 << 24, unit_numel=None):
+    """Groups for a bare parameter count: tensors of reduce_bucket_numel elements (stages
+    0-2), or units of unit_numel elements (stage 3; default numel / 32)."""
+    numel = int(numel)
+    piece = reduce_bucket_numel if stage < 3 else (unit_numel or max(1, numel // 32))
+    sizes = [piece] * (numel // piece) + ([numel % piece] if numel % piece else [])
+    lp = _BYTES[precision]
+    if stage < 3:
+        return [Group(sizes, lp)]
+    return [Group([s], lp) for s in sizes]
+
+
+def estimate_memory(model_or_numel, world_size, stage, precision="bf16", *, reduce_bucket_numel=1 << 24,
+                    prefetch=1, unit_numel=None, config=None):
+    """Bytes of model states per rank, by category: {"paper": {...}, "exact": {...}} with
+    a "total" in each. model_or_numel: a torch.nn.Module (shared parameters counted once)
+    or a parameter count."""
+    if isinstance(model_or_numel, torch.nn.Module):
+        groups = model_groups(model_or_numel, stage, precision, config)
+        numel = sum(sum(g.numels) for g in groups)
+    else:
+        numel = int(model_or_numel)
+        groups = count_groups(numel, stage, precision, reduce_bucket_numel, unit_numel)
+    paper = paper_formula(numel, world_size, stage)
+    ours = exact(groups, world_size, stage, reduce_bucket_numel, prefetch)
+    paper["total"] = sum(paper.values())
+    ours["total"] = sum(ours.values())
+    return {"paper": paper, "exact": ours, "numel": numel, "world_size": world_size, "stage": stage,
+            "precision": precision}
+
+
+def phase_estimates(groups, world_size, stage, prefetch=1):
+    """What zerort's own buffers add in each phase, from the layout: {phase: [{"label",
+    "bytes", "bound"}]}. Stage 3, forward: the units gathered at once when each unit runs
+    once, in order: the running one and the next `prefetch` (exact for such a model). Backward:
+    the unit whose gradients are still coming in, the one whose output gradient has
+    arrived and the next `prefetch`, i.e. prefetch + 2 units (a bound: autograd decides
+    the order of a unit's last gradient and the next unit's hook), plus the gradient pack
+    buffer of the unit being reduced (one; more when reduces queue behind the comm
+    thread). Stages 0-2 allocate nothing per phase (the flat buffers, the gradient buffer
+    or pack buffers exist from initialize), nor does any stage's step (it updates the
+    shards in place). The communicator's reduce scratch is allocated outside torch's
+    allocator and is not counted here."""
+    if stage < 3:
+        return {"forward": [], "backward": [], "step": []}
+    units = unit_bytes(groups, world_size)
+    n = len(units)
+    fwd, bwd = min(prefetch + 1, n), min(prefetch + 2, n)
+    return {
+        "forward": [_part(f"gathered units: {fwd} (prefetch {prefetch} + running)",
+                          gathered_window(units, fwd))] if n else [],
+        "backward": [_part(f"gathered units: {bwd} (prefetch {prefetch} + 2)",
+                           gathered_window(units, bwd), bound=True),
+                     _part("gradient pack buffer: one unit", max(units))] if n else [],
+        "step": [],
+    }
+
+
+def _part(label, nbytes, bound=False):
+    return {"label": label, "bytes": nbytes, "bound": bound}
+
+
+_OTHER = {
+    "forward": "other (activations, autograd)",
+    "backward": "other (autograd's grads, queued packs)",
+    "step": "other (temporaries)",
+}
+
+
+class MemoryReport:
+    """What one run allocated on every rank, beside our exact estimate.
+
+    allocator: the allocator's figures (zerort's counting CPU allocator; on CUDA torch's
+    memory statistics), per rank with min and max across ranks: the bytes the engine held
+    when zerort.initialize returned (allocated during it and still live), beside the layout's
+    resident bytes; and for each phase (forward: engine(...), backward: engine.backward,
+    step: engine.step) the most it allocated at its peak above what was live when it began
+    (the largest over its calls), beside what zerort's own buffers should add in it
+    (phase_estimates). The difference is not zerort's: activations and what autograd saves
+    and computes, which the engine cannot know, shown as "other".
+
+    measured (per category): the engine's own counters, its bookkeeping of the buffers it
+    made, beside the exact estimate of the same layout (estimate_memory)."""
+
+    def __init__(self, measured, across, estimate, peak_rss, cuda_peak, stage, world_size, allocator=None):
+        self.measured, self.across, self.estimate = measured, across, estimate
+        self.peak_rss, self.cuda_peak, self.stage, self.world_size = peak_rss, cuda_peak, stage, world_size
+        self.allocator = allocator
+
+    def to_dict(self):
+        rows = {}
+        for k, _ in CATEGORIES:
+            rows[k] = {"measured": self.measured[k], "min": self.across[k][0], "max": self.across[k][1],
+                       "sum": self.across[k][2], "estimate": self.estimate[k],
+                       "diff": self.measured[k] - self.estimate[k], "bound_only": k in BOUND_ONLY}
+        return {"stage": self.stage, "world_size": self.world_size, "categories": rows,
+                "total_measured": sum(self.measured.values()), "peak_rss_bytes": self.peak_rss,
+                "cuda_max_allocated_bytes": self.cuda_peak, "allocator": self.allocator}
+
+    def table(self):
+        mib, w = 1 << 20, 46
+        f = lambda b: "" if b is None else f"{b / mib:.3f}"
+        lines = [f"memory report: ZeRO stage {self.stage}, W={self.world_size}, per rank (MiB)"]
+        head = lambda first: lines.append(f"{first:{w}s}{'this rank':>11s}{'min':>10s}{'max':>10s}"
+                                          f"{'estimate':>10s}{'diff':>10s}")
+        row = lambda label, m=None, lo=None, hi=None, e=None, d=None: lines.append(
+            f"{label:{w}s}{f(m):>11s}{f(lo):>10s}{f(hi):>10s}{f(e):>10s}{f(d):>10s}".rstrip())
+        a = self.allocator
+        if a is not None:
+            head("measured by the allocator")
+            lines.append(f"  ({a['source']})")
+            h = a["held"]
+            if h["measured"] is None:
+                row("held by the engine: not measured (no initialize)")
+            else:
+                row("held by the engine after initialize", h["measured"], h["min"], h["max"], h["estimate"],
+                    h["measured"] - h["estimate"])
+            row("  the categories below at rest (no gathered", e=h["layout"])
+            row("  units, stage-3 pack buffer, reduce scratch)")
+            row("  frozen params + FP32 copies, cast buffers", e=h["other_tensors"])
+            for name in PHASES:
+                ph = a["phases"][name]
+                if ph["growth"] is None:
+                    row(f"{name}: not run yet")
+                    continue
+                calls = f"{ph['calls']} call{'s' if ph['calls'] != 1 else ''}"
+                row(f"{name}: peak growth ({calls})", ph["growth"], ph["min"], ph["max"], ph["estimate"],
+                    ph["growth"] - ph["estimate"])
+                for part in ph["parts"]:
+                    row(f"  {part['label']}{', a bound' if part['bound'] else ''}", e=part["bytes"])
+                if not ph["parts"]:
+                    row("  zerort's buffers: none in this phase", e=0)
+                if ph["engine_gathered"] is not None:
+                    row("  gathered units, engine's counter", m=ph["engine_gathered"])
+                row(f"  {_OTHER[name]}", d=ph["growth"] - ph["estimate"])
+            lines += ["  peak growth: the most allocated during the phase above what was live at its start;",
+                      "  estimate: what zerort's own buffers add in it (phase_estimates); other = diff: what",
+                      "  zerort cannot know. forward: activations and what autograd saves; backward: autograd's",
+                      "  gradients before zerort packs them, pack buffers of reduces queued behind the comm",
+                      "  thread, less the activations backward frees; step: temporaries"]
+            if a["not_counted"]:
+                lines.append(f"  not seen by the allocator: the communicator's reduce scratch (peak "
+                             f"{f(a['not_counted'])} MiB, in 'comm\n  buffers' below), which it allocates outside it")
+        head("engine bookkeeping (zerort's own counters)")
+        for k, label in CATEGORIES:
+            m, (lo, hi, _), e = self.measured[k], self.across[k], self.estimate[k]
+            note = "  (estimate is a bound)" if k in BOUND_ONLY and e else ""
+            row(label, m, lo, hi, e, m - e)
+            lines[-1] += note
+        total_m, total_e = sum(self.measured.values()), sum(self.estimate.values())
+        row("model states", total_m, e=total_e, d=total_m - total_e)
+        lines.append(f"peak process RSS: {self.peak_rss / mib:.1f} MiB" +
+                     ("" if self.cuda_peak is None else f"; CUDA max allocated {self.cuda_peak / mib:.1f} MiB"))
+        return "\n".join(lines)
+
+
+def measure(engine):
+    """Bytes the engine's runtime allocated on this rank, per category (its own counters)."""
+    nbytes = lambda t: t.numel() * t.element_size()
+    impl, out = engine._impl, dict.fromkeys((k for k, _ in CATEGORIES), 0)
+    scratch = engine.comm._c.scratch_peak_bytes
+    mem = getattr(engine, "_memory", None)
+    out["lp_params"] = impl.resident_param_bytes  # stage 3: the persistent units
+    out["gathered_units"] = mem.gathered_peak(impl) if mem is not None else impl.gathered_peak
+    for g in range(impl.num_groups):
+        flat_grads = impl.flat_grads(g)
+        out["lp_grads"] += nbytes(flat_grads) if flat_grads is not None else 0
+        out["master"] += nbytes(impl.master(g))
+        out["adam_m"] += nbytes(impl.exp_avg(g))
+        out["adam_v"] += nbytes(impl.exp_avg_sq(g))
+    out["lp_grads"] += impl.pack_buffer_bytes  # stages 2, 3
+    out["grad_shard"] = nbytes(impl.grad_shard)
+    out["comm_buffers"] = scratch + (nbytes(impl.stage0_scratch) if impl.stage0_scratch is not None else 0)
+    return out
+
+
+def _engine_groups(engine):
+    numel = lambda p: math.prod(engine._shapes[id(p)])  # stage 3 empties released parameters
+    return _layout_groups(engine._groups, numel, _BYTES[engine.config.precision], engine._unit_plan)
+
+
+def _allocator_figures(engine, groups):
+    """This rank's allocator figures (MemoryReport.allocator, without min and max)."""
+    c = engine.config
+    mem = getattr(engine, "_memory", None)
+    if mem is None:  # no phase ran and not made by initialize
+        from zerort.accounting.phases import EngineMemory
+
+        mem = engine._memory = EngineMemory(engine.device)
+    layout = sum(exact(groups, engine.world_size, c.stage, c.reduce_bucket_numel, c.prefetch, at_rest=True).values())
+    source = ("zerort's counting CPU allocator" if mem.key == "cpu" else
+              f"torch.cuda.memory_allocated / max_memory_allocated on {mem.key}")
+    out = {"source": source, "device": mem.key,
+           "held": {"measured": mem.held, "estimate": layout + mem.other_tensors, "layout": layout,
+                    "other_tensors": mem.other_tensors},
+           "phases": {}, "not_counted": engine.comm._c.scratch_peak_bytes if mem.key == "cpu" else 0}
+    est = phase_estimates(groups, engine.world_size, c.stage, c.prefetch)
+    for name in PHASES:
+        r = mem.phases.result.get(name)
+        parts = est[name]
+        out["phases"][name] = {
+            "growth": r.growth if r else None, "peak": r.peak if r else None, "start": r.start if r else None,
+            "end": r.end if r else None, "calls": r.calls if r else 0,
+            "estimate": sum(part["bytes"] for part in parts), "parts": parts,
+            "engine_gathered": mem.gathered.get(name) if c.stage == 3 else None}
+    return out
+
+
+def report(engine):
+    """The MemoryReport of a running engine (a collective: call it on every rank)."""
+    c = engine.config
+    measured = measure(engine)
+    groups = _engine_groups(engine)
+    alloc = _allocator_figures(engine, groups)
+    keys = [k for k, _ in CATEGORIES]
+    figures = [alloc["held"]["measured"]] + [alloc["phases"][n]["growth"] for n in PHASES]
+    vals = torch.tensor([measured[k] for k in keys] + [0 if v is None else v for v in figures], dtype=torch.int64)
+    lo, hi, tot = vals.clone(), vals.clone(), vals.clone()
+    engine.comm.all_reduce(lo, "min")
+    engine.comm.all_reduce(hi, "max")
+    engine.comm.all_reduce(tot, "sum")
+    across = {k: (int(lo[i]), int(hi[i]), int(tot[i])) for i, k in enumerate(keys)}
+    n = len(keys)
+    alloc["held"]["min"], alloc["held"]["max"] = int(lo[n]), int(hi[n])
+    for i, name in enumerate(PHASES):
+        alloc["phases"][name]["min"], alloc["phases"][name]["max"] = int(lo[n + 1 + i]), int(hi[n + 1 + i])
+    est = exact(groups, engine.world_size, c.stage, c.reduce_bucket_numel, c.prefetch)
+    peak_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    cuda_peak = torch.cuda.max_memory_allocated() if torch.cuda.is_available() else None
+    return MemoryReport(measured, across, est, peak_rss, cuda_peak, c.stage, engine.world_size, alloc)
+
+
+def gpt_numel(layers, hidden, vocab, seq=2048, tied=True):
+    """Parameters of a GPT-2-style model: per block 12h^2 + 13h (attention, MLP, two
+    LayerNorms, biases); token and position embeddings; final LayerNorm; head tied or not."""
+    block = 12 * hidden * hidden + 13 * hidden
+    return layers * block + vocab * hidden + seq * hidden + 2 * hidden + (0 if tied else vocab * hidden)
+
+
+def _plot(results, path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(10, 5))
+    stages = [r["stage"] for r in results]
+    bottom = [0.0] * len(results)
+    for k, label in CATEGORIES:
+        vals = [r["exact"][k] / 1e9 for r in results]
+        if any(vals):
+            ax.bar([f"stage {s}" for s in stages], vals, bottom=bottom, label=label)
+            bottom = [b + v for b, v in zip(bottom, vals)]
+    r0 = results[0]
+    ax.set_ylabel("GB per rank (model states)")
+    ax.set_title(f"zerort model-state memory per rank: {r0['numel'] / 1e9:.2f}B parameters, "
+                 f"W={r0['world_size']}, {r0['precision']}")
+    ax.legend(bbox_to_anchor=(1.02, 1), loc="upper left")
+    fig.tight_layout()
+    fig.savefig(path)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(prog="python -m zerort.accounting.memory", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--params", type=float, help="parameter count, e.g. 7.5e9")
+    ap.add_argument("--model", choices=["gpt"], help="count a model's parameters instead")
+    ap.add_argument("--layers", type=int)
+    ap.add_argument("--hidden", type=int)
+    ap.add_argument("--vocab", type=int, default=50257)
+    ap.add_argument("--seq", type=int, default=2048)
+    ap.add_argument("--world-size", type=int, required=True)
+    ap.add_argument("--stage", type=int, choices=[0, 1, 2, 3])
+    ap.add_argument("--precision", choices=["bf16", "fp16", "fp32"], default="bf16")
+    ap.add_argument("--reduce-bucket-numel", type=int, default=1 << 24)
+    ap.add_argument("--unit-numel", type=int, help="stage-3 unit size (default: one GPT block, or params/32)")
+    ap.add_argument("--json", action="store_true")
+    ap.add_argument("--plot", metavar="FILE.png")
+    a = ap.parse_args(argv)
+    if a.model == "gpt":
+        if not (a.layers and a.hidden):
+            ap.error("--model gpt needs --layers and --hidden")
+        numel = gpt_numel(a.layers, a.hidden, a.vocab, a.seq)
+        unit = a.unit_numel or 12 * a.hidden * a.hidden + 13 * a.hidden
+    elif a.params:
+        numel, unit = int(a.params), a.unit_numel
+    else:
+        ap.error("give --params N or --model gpt --layers L --hidden H")
+    if a.world_size < 1:
+        ap.error("--world-size must be >= 1")
+    stages = [a.stage] if a.stage is not None else [0, 1, 2, 3]
+    results = [estimate_memory(numel, a.world_size, s, a.precision, reduce_bucket_numel=a.reduce_bucket_numel,
+                               unit_numel=unit) for s in stages]
+    if a.plot:
+        _plot(results, a.plot)
+    if a.json:
+        print(json.dumps(results if a.stage is None else results[0], indent=2))
+        return 0
+    gb = 1e9
+    print(f"model states per rank: {numel:,} parameters ({numel / 1e9:.3f}B), W={a.world_size}, {a.precision} "
+          f"(GB = 1e9 bytes; paper = the ZeRO paper's formula, ours = our exact layout)")
+    head = f"{'stage':>5s} {'paper':>9s} {'ours':>9s}  " + "  ".join(f"{k:>14s}" for k, _ in CATEGORIES)
+    print(head)
+    for r in results:
+        cats = "  ".join(f"{r['exact'][k] / gb:14.3f}" for k, _ in CATEGORIES)
+        print(f"{r['stage']:5d} {r['paper']['total'] / gb:9.3f} {r['exact']['total'] / gb:9.3f}  {cats}")
+    if a.plot:
+        print(f"wrote {a.plot}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

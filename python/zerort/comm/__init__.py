@@ -1,0 +1,232 @@
+"""zerort.comm: the C++ Communicator on torch tensors (CPU for mpi and gloo, CUDA for nccl).
+
+    comm = zerort.comm.init()          # backend by launcher: mpirun -> mpi, torchrun -> gloo
+    comm = zerort.comm.init("nccl")    # CUDA tensors on cuda:LOCAL_RANK
+    comm.all_reduce(t)                 # in place, sum
+    comm.reduce_scatter_accumulate(grads_bf16, shard_f32)
+
+Every call blocks until done (the GIL is released) and raises zerort.CommTimeoutError when
+a peer does not join within timeout_s.
+"""
+import datetime
+import os
+
+import torch
+
+from zerort import _C
+from zerort.engine import lifecycle
+from zerort.comm.tensor_args import buffer, dtype_name
+from zerort.errors import CommError
+
+
+def detect_launch_env():
+    """Rank and world from torchrun, Open MPI or PMI variables, in that order."""
+    return _C.detect_launch_env()
+
+
+def init(backend="auto", timeout_s=600.0, debug=False, staged=None):
+    """Creates a Communicator. debug (comm.debug): check every collective across ranks as it
+    is called (one blocking round-trip each); otherwise the step's decision checks them. backend: 'auto', 'mpi', 'gloo', 'nccl' (CUDA tensors on
+    cuda:LOCAL_RANK) or 'inprocess' (one rank). 'auto' picks by launcher: mpi under mpirun,
+    gloo under torchrun. gloo initialises torch.distributed (env:// rendezvous on MASTER_ADDR/MASTER_PORT, with
+    timeout_s as the process group's timeout) unless it is already initialised; a group it
+    initialises it also destroys at exit (zerort.engine.lifecycle). gloo's reduce_scatter honours
+    only the process group's timeout, so when you initialise torch.distributed yourself,
+    pass it the same timeout. staged: 'cuda' carries CUDA buffers (on cuda:LOCAL_RANK) through
+    pinned host memory over an mpi or gloo communicator, so ranks that share one GPU train
+    together (NCCL refuses them); 'cpu' pushes CPU buffers through the same staging code."""
+    name = _C.resolve_backend(backend)
+    if staged is not None:
+        return _init_staged(name, timeout_s, debug, staged)
+    if name == "nccl":
+        return _init_nccl(timeout_s, debug)
+    if name != "gloo":
+        return Communicator(_C.make_communicator(name, timeout_s, debug))
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        env = detect_launch_env()
+        dist.init_process_group("gloo", init_method="env://", rank=env["rank"],
+                                world_size=env["world_size"],
+                                timeout=datetime.timedelta(seconds=timeout_s))
+        lifecycle.created_process_group(dist.group.WORLD)
+    group = dist.group.WORLD
+    return Communicator(_C.make_gloo_communicator(group.group_name, timeout_s, debug))
+
+
+def _init_staged(name, timeout_s, debug, staged):
+    if name not in ("mpi", "gloo", "inprocess"):
+        raise ValueError(f"comm: staged={staged!r} carries buffers over a host backend (mpi, gloo), not {name!r}")
+    inner = init(name, timeout_s)  # the staged communicator checks the calls under debug
+    if staged == "cpu":
+        return Communicator(_C.make_staged_communicator(inner._c, -1, timeout_s, debug))
+    if staged != "cuda":
+        raise ValueError(f"comm: staged must be None, 'cuda' or 'cpu', got {staged!r}")
+    if not torch.cuda.is_available():
+        raise CommError("comm: staged='cuda' needs a CUDA device, and torch sees none")
+    device = detect_launch_env()["local_rank"] % torch.cuda.device_count()
+    torch.cuda.set_device(device)
+    return Communicator(_C.make_staged_communicator(inner._c, device, timeout_s, debug), f"cuda:{device}")
+
+
+def _init_nccl(timeout_s, debug):
+    """NCCL on cuda:LOCAL_RANK (modulo the visible devices). Under mpirun the C++ side
+    exchanges the unique id with MPI_Bcast; under torchrun it goes through c10d's TCPStore
+    at MASTER_ADDR:MASTER_PORT (the torchrun agent's store, or one rank 0 hosts)."""
+    if not _C.with_nccl:
+        raise CommError("comm.backend 'nccl' is not in this build of zerort (nvcc was not found at build "
+                        "time); rebuild on a machine with the CUDA toolkit, or use 'mpi' or 'gloo'")
+    if not torch.cuda.is_available():
+        raise CommError("comm.backend 'nccl' needs a CUDA device, and torch sees none; use 'mpi' or "
+                        "'gloo' for CPU training")
+    env = detect_launch_env()
+    device = env["local_rank"] % torch.cuda.device_count()
+    torch.cuda.set_device(device)
+    if env["launcher"] != "torchrun":
+        return Communicator(_C.make_communicator("nccl", timeout_s, debug), f"cuda:{device}")
+    import torch.distributed as dist
+
+    agent_store = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
+    store = dist.TCPStore(env["master_addr"], env["master_port"], env["world_size"],
+                          is_master=env["rank"] == 0 and not agent_store,
+                          timeout=datetime.timedelta(seconds=timeout_s))
+    key = f"zerort/nccl_unique_id/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}"
+    if env["rank"] == 0:
+        store.set(key, _C.nccl_unique_id())
+    unique_id = store.get(key)  # waits up to timeout_s for rank 0
+    impl = _C.make_nccl_communicator(env["rank"], env["world_size"], device, unique_id, timeout_s,
+                                     debug)
+    comm = Communicator(impl, f"cuda:{device}")
+    comm._store = store  # a store rank 0 hosts must live as long as the job
+    return comm
+
+
+class Communicator:
+    def __init__(self, impl, device="cpu"):
+        self._c = impl
+        self.device = torch.device(device)  # where this backend's buffers live
+        lifecycle.track_comm(self)  # closed at exit if still alive
+
+    def _close(self):
+        """Drops the C++ communicator now (zerort.engine.lifecycle, at exit, after every engine that
+        used it): for gloo, its reference to c10d's backend goes while the interpreter is
+        whole. Unusable afterwards."""
+        self._c = None
+
+    @property
+    def rank(self):
+        return self._c.rank
+
+    @property
+    def size(self):
+        return self._c.size
+
+    @property
+    def backend(self):
+        return self._c.backend
+
+    @property
+    def backend_calls(self):
+        """Collectives handed to the backend so far (none at W = 1: each call is the local
+        copy it amounts to)."""
+        return self._c.backend_calls
+
+    def _staged(self, call, *tensors):
+        """Small CPU control tensors (flags, digests, counters) given to a CUDA communicator
+        travel through device copies; the results are copied back. Returns the last tensor."""
+        on_device = [t.to(self.device) if isinstance(t, torch.Tensor) else t for t in tensors]
+        call(*on_device)
+        for t, d in zip(tensors, on_device):
+            if d is not t:
+                t.copy_(d)
+        return tensors[-1]
+
+    def _needs_staging(self, *tensors):
+        return self.device.type == "cuda" and any(isinstance(t, torch.Tensor) and t.device.type == "cpu"
+                                                  for t in tensors)
+
+    def all_reduce(self, t, op="sum"):
+        if self._needs_staging(t):
+            return self._staged(lambda d: self.all_reduce(d, op), t)
+        self._c.all_reduce(self._ptr(t, "t"), t.numel(), dtype_name(t, "t"), op)
+        return t
+
+    def reduce_scatter(self, inp, out, op="sum"):
+        if self._needs_staging(inp, out):
+            return self._staged(lambda i, o: self.reduce_scatter(i, o, op), inp, out)
+        n = out.numel()
+        self._c.reduce_scatter(self._ptr(inp, "inp", n * self.size, out.dtype), self._ptr(out, "out"), n,
+                               dtype_name(out, "out"), op)
+        return out
+
+    # tag (reduce_scatter_accumulate, all_gather): what the call serves, a bucket or unit
+    # index; the cross-rank check requires every rank to pass the same one (-1: none).
+    def reduce_scatter_accumulate(self, inp, out, accumulate=False, tag=-1):
+        """inp: bf16/f16 with size*out.numel() elements; out: float32 shard."""
+        n = out.numel()
+        self._c.reduce_scatter_accumulate(self._ptr(inp, "inp", n * self.size), dtype_name(inp, "inp"),
+                                          self._ptr(out, "out", dtype=torch.float32), n, accumulate, tag)
+        return out
+
+    def all_gather(self, inp, out, tag=-1):
+        if self._needs_staging(inp, out):
+            return self._staged(lambda i, o: self.all_gather(i, o, tag), inp, out)
+        n = inp.numel()
+        self._c.all_gather(self._ptr(inp, "inp"), self._ptr(out, "out", n * self.size, inp.dtype), n,
+                           dtype_name(inp, "inp"), tag)
+        return out
+
+    def all_gather_async(self, inp, out, tag=-1):
+        """Starts an all_gather; returns a handle whose .wait() finishes it. Keep inp and out
+        alive until then (the handle holds references). On CUDA it runs on the
+        communicator's own stream, so it overlaps compute."""
+        n = inp.numel()
+        work = self._c.all_gather_async(self._ptr(inp, "inp"), self._ptr(out, "out", n * self.size, inp.dtype), n,
+                                        dtype_name(inp, "inp"), tag)
+        return _Pending(work, (inp, out))
+
+    def all_to_all(self, inp, out):
+        if inp.numel() % self.size:
+            raise ValueError(f"all_to_all: inp has {inp.numel()} elements, not a multiple of the "
+                             f"world size {self.size}")
+        n = inp.numel() // self.size
+        self._c.all_to_all(self._ptr(inp, "inp"), self._ptr(out, "out", inp.numel(), inp.dtype), n,
+                           dtype_name(inp, "inp"))
+        return out
+
+    def broadcast(self, t, root=0):
+        if self._needs_staging(t):
+            return self._staged(lambda d: self.broadcast(d, root), t)
+        self._c.broadcast(self._ptr(t, "t"), t.numel(), dtype_name(t, "t"), root)
+        return t
+
+    def barrier(self):
+        self._c.barrier()
+
+    def _ptr(self, t, arg, numel=None, dtype=None):
+        return buffer(t, arg, numel, dtype, self.device)
+
+
+class _Pending:
+    """An async collective in flight, holding its tensors until wait()."""
+
+    def __init__(self, work, tensors):
+        self._work = work
+        self._tensors = tensors
+
+    def wait(self):
+        if self._work is not None:
+            self._work.wait()
+            self._work, self._tensors = None, None
+
+    def __del__(self):
+        # Dropped unwaited (an exception between start and wait): the transfer may still
+        # write the tensors, so finish it first; if it cannot finish, keep them forever.
+        if self._work is not None:
+            try:
+                self._work.wait()
+            except Exception:
+                _PARKED.append(self._tensors)
+
+
+_PARKED = []  # tensors of transfers that failed unwaited: never freed under a live transfer

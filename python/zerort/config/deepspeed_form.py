@@ -1,0 +1,153 @@
+"""A DeepSpeed JSON config read into a zerort Config (zerort.config.parse calls this).
+
+Every key is in zerort.config.deepspeed_keys' table with its class: (a) done, (b) mapped, (c)
+implemented, (d) rejected unless off. The (b) and (c) keys, and the (a) keys whose value
+zerort uses, are read here; the rest are checked from the table alone. zerort's own keys
+sit under one "zerort" section. All problems of one config come in one ConfigError.
+"""
+import os
+
+from zerort.config import Config, _Reader, _loss_scale, _optimizer_params, common, runtime_keys, show
+from zerort.config.deepspeed_keys import TABLE
+
+ADAM_TYPES = ("adam", "adamw")
+WIRE_DTYPES = {"bf16": "bf16", "bfloat16": "bf16", "fp16": "fp16", "float16": "fp16", "half": "fp16",
+               "fp32": "fp32", "float32": "fp32", "float": "fp32"}
+
+
+def parse_deepspeed(cfg, problems):
+    c = Config(stage=0, weight_decay=0.0)  # DeepSpeed's defaults: no ZeRO, AdamW without decay
+    r = _Reader(problems)
+    c.train_batch_size = r.number(cfg, "train_batch_size", None, integer=True, low=1, integral_float=True)
+    gas = r.number(cfg, "gradient_accumulation_steps", None, integer=True, low=1)
+    c.gradient_accumulation_given = gas is not None
+    c.gradient_accumulation_steps = gas or 1
+    common(r, cfg, c)
+    _zero(r, cfg, c)
+    scale_keys = _precision(r, cfg, c)
+    _optimizer(r, cfg, c)
+    _dtypes(r, cfg, c)
+    c.monitor_csv, c.monitor_tensorboard = _monitor(r, cfg, "csv_monitor"), _monitor(r, cfg, "tensorboard")
+    ours, ro = r.child(cfg, "zerort")
+    runtime_keys(ro, ours, c)
+    ro.leftover(ours, "unknown zerort key")
+    _table(r, cfg, "")
+    r.leftover(cfg, "unknown or unsupported DeepSpeed key")
+    return c, scale_keys, "fp16.enabled"
+
+
+def _monitor(r, cfg, name):
+    """DeepSpeed's csv_monitor / tensorboard section: the folder output_path/job_name when
+    enabled, else None."""
+    section, rs = r.child(cfg, name)
+    on = rs.boolean(section, "enabled", False)
+    where = os.path.join(rs.text(section, "output_path", ""), rs.text(section, "job_name", "DeepSpeedJobName"))
+    rs.leftover(section, "unknown or unsupported DeepSpeed key")
+    return where if on else None
+
+
+def _zero(r, cfg, c):
+    if isinstance(cfg.get("zero_optimization"), bool):  # DeepSpeed's old form: true is stage 1
+        cfg["zero_optimization"] = {"stage": int(cfg["zero_optimization"])}
+    zero, rz = r.child(cfg, "zero_optimization")
+    c.stage = rz.number(zero, "stage", c.stage, integer=True, low=0, high=3)
+    # DeepSpeed configs often write sizes as 5e8: an integral float is an integer here.
+    size = lambda key: rz.number(zero, key, None, integer=True, low=1, integral_float=True)
+    reduce, gather = size("reduce_bucket_size"), size("allgather_bucket_size")
+    c.reduce_bucket_numel = reduce or gather or c.reduce_bucket_numel  # one bucket serves both
+    c.prefetch_numel = rz.number(zero, "stage3_prefetch_bucket_size", None, integer=True, low=0, integral_float=True)
+    c.persistence_threshold = rz.number(zero, "stage3_param_persistence_threshold", c.persistence_threshold,
+                                        integer=True, low=0, integral_float=True)
+    c.max_live_numel = rz.number(zero, "stage3_max_live_parameters", None, integer=True, low=1, integral_float=True)
+    _table(rz, zero, "zero_optimization.")
+    rz.leftover(zero, "unknown or unsupported DeepSpeed key")
+
+
+def _precision(r, cfg, c):
+    if "bfloat16" in cfg and "bf16" in cfg:
+        r.problems.lines.append("bfloat16: given with bf16, its newer name; keep only bf16")
+    name = "bfloat16" if "bfloat16" in cfg and "bf16" not in cfg else "bf16"
+    bf16, rb = r.child(cfg, name)
+    bf16_on = rb.boolean(bf16, "enabled", False)
+    _table(rb, bf16, "bf16.")
+    rb.leftover(bf16, "unknown or unsupported DeepSpeed key")
+    fp16, rf = r.child(cfg, "fp16")
+    fp16_on = rf.boolean(fp16, "enabled", False)
+    scale_keys = _loss_scale(rf, fp16, c, window="loss_scale_window", min_scale="min_loss_scale")
+    c.static_loss_scale = rf.number(fp16, "loss_scale", 0.0, low=0)  # 0: dynamic
+    _table(rf, fp16, "fp16.")
+    rf.leftover(fp16, "unknown or unsupported DeepSpeed key")
+    if bf16_on and fp16_on:
+        r.problems.lines.append(f"{name}.enabled and fp16.enabled: both true; allowed: enable at most one")
+    c.precision = "bf16" if bf16_on else "fp16" if fp16_on else "fp32"
+    return scale_keys
+
+
+def _optimizer(r, cfg, c):
+    opt, ro = r.child(cfg, "optimizer")
+    present, kind = ro._take(opt, "type")
+    if present and not (isinstance(kind, str) and kind.lower() in ADAM_TYPES):
+        ro.bad("type", kind, "'Adam' or 'AdamW' (any case): zerort runs its own fused AdamW; other optimizers "
+               "are not supported")
+    params, rp = ro.child(opt, "params")
+    _optimizer_params(rp, params, c)
+    adam_w = rp.boolean(params, "adam_w_mode", True)
+    rp.boolean(params, "torch_adam", False)  # either way: torch.optim.AdamW's math
+    if present and isinstance(kind, str) and kind.lower() == "adam" and not adam_w and c.weight_decay:
+        r.problems.lines.append(f"{rp.key('adam_w_mode')}: false with weight_decay {c.weight_decay:g} asks for Adam's "
+                                "L2 weight decay (added to the gradient); zerort's AdamW decays the weights "
+                                "directly: set adam_w_mode to true (AdamW), or weight_decay to 0")
+    _table(rp, params, "optimizer.params.")
+    if present and not (isinstance(kind, str) and kind.lower() in ADAM_TYPES):
+        params.clear()  # another optimizer's parameters: its type is the one problem to name
+    rp.leftover(params, "unknown or unsupported optimizer parameter")
+    _table(ro, opt, "optimizer.")
+    ro.leftover(opt, "unknown or unsupported DeepSpeed key")
+
+
+def _dtypes(r, cfg, c):
+    """communication_data_type and data_types.grad_accum_dtype: what zerort does, or an error."""
+    present, wire = r._take(cfg, "communication_data_type")
+    compute = c.precision
+    if present and wire is not None and WIRE_DTYPES.get(wire) != compute:
+        r.bad("communication_data_type", wire, f"{compute!r} (or null): zerort sends gradients in the compute "
+              "dtype and sums them in FP32; another wire dtype is not supported")
+    types, rt = r.child(cfg, "data_types")
+    present, accum = rt._take(types, "grad_accum_dtype")
+    if present and accum is not None:
+        # Stages 2-3 accumulate micro-steps into the FP32 gradient shard; stages 0-1 in the
+        # flat gradient buffer, which holds the compute dtype.
+        held = "fp32" if c.stage >= 2 else compute
+        if WIRE_DTYPES.get(accum) != held:
+            rt.bad("grad_accum_dtype", accum, f"{held!r} at stage {c.stage} (zerort accumulates gradients in "
+                   f"{'the FP32 gradient shard' if c.stage >= 2 else 'the compute dtype'}), or null")
+    _table(rt, types, "data_types.")
+    rt.leftover(types, "unknown or unsupported DeepSpeed key")
+
+
+def _table(r, d, prefix):
+    """The keys of d that the table alone decides: (a) accepted (type-checked), (d)
+    accepted only off; a section whose keys are in the table is walked."""
+    for k in sorted((k for k in d if isinstance(k, str)), key=str):
+        path = prefix + k
+        key = TABLE.get(path)
+        if key is None:
+            if isinstance(d[k], dict) and any(p.startswith(path + ".") for p in TABLE):
+                section, rs = r.child(d, k)
+                _table(rs, section, path + ".")
+                rs.leftover(section, "unknown or unsupported DeepSpeed key")
+            continue
+        if key.cls not in "ad":
+            continue  # read by the functions above
+        present, v = r._take(d, k)
+        if key.cls == "d" and not key.off(v):
+            r.problems.lines.append(f"{path}: got {show(v)}; zerort does not support {key.note}: remove the key or set "
+                                    f"it to {key.off_text}")
+        elif key.cls == "a" and key.kind is not None and v is not None:
+            numeric = key.kind in ((int, float), int)
+            if not isinstance(v, key.kind) or numeric and isinstance(v, bool):
+                r.bad(k, v, f"a JSON {_json_kind(key.kind)} (zerort accepts the key: {key.note})", True)
+
+
+def _json_kind(kind):
+    return {bool: "bool", int: "integer", str: "string", dict: "object"}.get(kind, "number")

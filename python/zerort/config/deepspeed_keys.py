@@ -1,0 +1,242 @@
+"""Every DeepSpeed config key zerort knows, with its class, for zerort.config.deepspeed_form.
+
+    (a) done: zerort already does what the key asks; accepted.
+    (b) mapped: read into zerort's equivalent setting.
+    (c) implemented: zerort does what DeepSpeed does with it.
+    (d) rejected unless off: zerort does not support the feature; the key is accepted
+        only with the value that leaves the feature off, and otherwise is an error naming it.
+
+Keys of classes (b) and (c), and the (a) keys whose value zerort uses, are read by
+zerort.config.deepspeed_form; the rest are checked from this table alone. The README's key table is
+printed from it: python -m zerort.config.deepspeed_keys.
+"""
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+
+@dataclass(frozen=True)
+class Key:
+    path: str
+    cls: str  # "a", "b", "c" or "d"
+    note: str
+    off: Optional[Callable] = None  # (d): the value is accepted when off(value) is true
+    off_text: str = ""  # (d): the accepted value, for the message
+    kind: Optional[type] = None  # (a) read from the table only: the JSON type its value must have
+
+
+def _falsy(v):
+    return v in (False, None, 0, "", [], {}, "none")
+
+
+def _disabled(v):
+    return isinstance(v, dict) and not v.get("enabled", False)
+
+
+def _empty(v):
+    return v in (None, {}, [], False)
+
+
+FALSY, DISABLED, EMPTY = (_falsy, "false (or leave the key out)"), (_disabled, '{"enabled": false}'), \
+    (_empty, "nothing (leave the section out)")
+NULL = (lambda v: v is None, "null (or leave the key out)")
+NO_DEVICE = (lambda v: isinstance(v, dict) and v.get("device", "none") in ("none", None), '{"device": "none"}')
+
+
+def a(path, note, kind=None):
+    return Key(path, "a", note, kind=kind)
+
+
+def b(path, note):
+    return Key(path, "b", note)
+
+
+def c(path, note):
+    return Key(path, "c", note)
+
+
+def d(path, note, off=FALSY):
+    return Key(path, "d", note, off[0], off[1])
+
+
+def _only(*values):
+    return (lambda v: v in values, " or ".join(repr(x) for x in values))
+
+
+BOOL, NUM = bool, (int, float)
+
+KEYS = [
+    # ---- batch and training loop ----
+    a("train_batch_size", "the same; with the micro batch it sets gradient_accumulation_steps"),
+    a("train_micro_batch_size_per_gpu", "the same"),
+    a("gradient_accumulation_steps", "the same"),
+    a("gradient_clipping", "the same: the global L2 norm, 0 off (zerort's default is 0)"),
+    d("managed_gradient_accumulation", "a caller-managed accumulation boundary (false)", _only(True)),
+    c("steps_per_print", "prints DeepSpeed's step/skipped/lr/mom line every N updates on rank 0"),
+    c("wall_clock_breakdown", "prints DeepSpeed's fwd/bwd/bwd_inner/bwd_allreduce/step timings (ms) on rank 0"),
+    c("dataloader_drop_last", "the training_data loader of zerort.integrations.deepspeed.initialize drops the last batch"),
+    a("prescale_gradients", "either way: zerort sums gradients in FP32 and divides once", kind=BOOL),
+    a("gradient_predivide_factor", "any: zerort sums in FP32 and divides by the world size once", kind=NUM),
+    a("zero_allow_untested_optimizer", "zerort runs its own fused AdamW", kind=BOOL),
+    a("zero_force_ds_cpu_optimizer", "no CPU offload: nothing to force", kind=BOOL),
+    a("vocabulary_size", "a hint DeepSpeed only warns about", kind=int),
+    a("disable_allgather", "no effect in DeepSpeed either", kind=BOOL),
+    a("log_level", "zerort prints only what steps_per_print and wall_clock_breakdown ask", kind=str),
+    a("seq_parallel_communication_data_type", "zerort has no sequence parallelism", kind=str),
+    a("timers", "no throughput timer line; the step timings come with wall_clock_breakdown", kind=dict),
+    d("gradient_allreduce_op", "a sum instead of the mean of gradients", _only("mean")),
+    b("communication_data_type", "the wire dtype of gradient reduces: the compute dtype (summed in FP32); "
+      "another dtype is an error"),
+    d("sparse_gradients", "sparse embedding gradients"),
+    d("dump_state", "printing the engine state"),
+    d("memory_breakdown", "memory prints after each step: use engine.memory_report()"),
+    d("graph_harvesting", "CUDA graph capture"),
+    d("use_data_before_expert_parallelism", "expert parallelism"),
+    # ---- optimizer and scheduler ----
+    b("optimizer.type", "Adam and AdamW (any case) run zerort's fused AdamW; other types are an error"),
+    a("optimizer.params.lr", "the same (param groups may override it)"),
+    a("optimizer.params.betas", "the same"),
+    a("optimizer.params.eps", "the same"),
+    a("optimizer.params.weight_decay", "the same, decoupled (AdamW)"),
+    b("optimizer.params.adam_w_mode", "true: AdamW; false with weight_decay 0: the same update; false with "
+      "weight decay (Adam's L2 decay) is an error"),
+    b("optimizer.params.torch_adam", "either way: zerort's fused kernel does torch.optim.AdamW's math"),
+    d("optimizer.params.fp32_optimizer_states", "optimizer states in low precision (false): the master and moments "
+      "are FP32", _only(True)),
+    d("optimizer.params.bias_correction", "Adam without bias correction", _only(True)),
+    d("optimizer.params.amsgrad", "AMSGrad"),
+    d("optimizer.params.max_grad_norm", "an optimizer-side clip: use the top-level gradient_clipping",
+      NULL),
+    a("optimizer.legacy_fusion", "no effect", kind=BOOL),
+    c("scheduler.type", "WarmupLR, WarmupDecayLR, WarmupCosineLR, OneCycle, LRRangeTest (zerort.engine.lr_schedules)"),
+    c("scheduler.params", "each schedule's parameters, DeepSpeed's formulas, stepped after every applied update"),
+    # ---- precision ----
+    a("bf16.enabled", "the same: bf16 compute, FP32 master"),
+    b("bfloat16", "DeepSpeed's old name for the bf16 section"),
+    a("bf16.immediate_grad_update", "gradients go to the FP32 shard as buckets complete", kind=BOOL),
+    a("bf16.check_grad_overflow", "zerort always checks and skips a non-finite step", kind=BOOL),
+    d("bf16.bf16_master_weights_and_grads", "a bf16 master"),
+    d("bf16.bf16_optimizer_states", "bf16 optimizer states"),
+    a("fp16.enabled", "the same: fp16 compute, FP32 master, loss scaling"),
+    b("fp16.loss_scale", "0: the dynamic scale; > 0: that fixed scale"),
+    a("fp16.initial_scale_power", "the same"),
+    a("fp16.loss_scale_window", "the same"),
+    a("fp16.hysteresis", "the same"),
+    a("fp16.consecutive_hysteresis", "the same"),
+    a("fp16.min_loss_scale", "the same"),
+    d("fp16.auto_cast", "autocasting the inputs: zerort casts floating inputs itself"),
+    d("fp16.fp16_master_weights_and_grads", "an fp16 master"),
+    d("amp", "Apex AMP", DISABLED),
+    d("torch_autocast", "torch.autocast: zerort computes in the precision it is given", DISABLED),
+    b("data_types.grad_accum_dtype", "fp32 at stages 2-3 (the FP32 gradient shard), the compute dtype at "
+      "stages 0-1; another dtype is an error"),
+    d("data_types.param_dtype", "a parameter dtype beside bf16.enabled/fp16.enabled", NULL),
+    d("data_types.buffer_dtype", "a buffer dtype: zerort.engine.precision decides", NULL),
+    # ---- ZeRO ----
+    a("zero_optimization.stage", "the same: 0, 1, 2, 3"),
+    a("zero_optimization.overlap_comm", "zerort always overlaps reduces with backward (its comm thread)", kind=BOOL),
+    a("zero_optimization.contiguous_gradients", "gradients always land in flat buffers", kind=BOOL),
+    a("zero_optimization.reduce_scatter", "either way: each rank receives its shard summed in FP32", kind=BOOL),
+    a("zero_optimization.allgather_partitions", "either way: the updated shards are all-gathered", kind=BOOL),
+    a("zero_optimization.round_robin_gradients", "shards are balanced per bucket already", kind=BOOL),
+    a("zero_optimization.use_multi_rank_bucket_allreduce", "no effect: no all-reduce of buckets", kind=BOOL),
+    d("zero_optimization.load_from_fp32_weights", "restoring the master from the 16-bit weights (false): checkpoints "
+      "restore the FP32 master", _only(True)),
+    a("zero_optimization.elastic_checkpoint", "checkpoints load at any world size", kind=BOOL),
+    a("zero_optimization.sub_group_size", "the optimizer runs over the shard in one pass", kind=NUM),
+    a("zero_optimization.ignore_unused_parameters", "unused parameters get zero gradients", kind=BOOL),
+    a("zero_optimization.memory_efficient_linear", "no effect on memory: autograd saves what it needs", kind=BOOL),
+    a("zero_optimization.stage3_gather_16bit_weights_on_model_save", "save_16bit_model always gathers", kind=BOOL),
+    a("zero_optimization.gather_16bit_weights_on_model_save", "save_16bit_model always gathers", kind=BOOL),
+    a("zero_optimization.stage3_gather_fp16_weights_on_model_save", "save_16bit_model always gathers", kind=BOOL),
+    a("zero_optimization.stage3_max_reuse_distance", "a hint: zerort releases a unit after each use", kind=NUM),
+    a("zero_optimization.stage3_model_persistence_threshold", "a hint: persistence is decided per parameter",
+      kind=NUM),
+    a("zero_optimization.stage3_module_granularity_threshold", "a hint: units are modules already", kind=NUM),
+    a("zero_optimization.stage3_use_all_reduce_for_fetch_params", "either way: units are all-gathered", kind=BOOL),
+    a("zero_optimization.stage3_allgather_sequential", "either way", kind=BOOL),
+    a("zero_optimization.override_module_apply", "no effect", kind=BOOL),
+    a("zero_optimization.log_trace_cache_warnings", "no trace cache", kind=BOOL),
+    a("zero_optimization.enable_sanity_checks", "the step's decision checks every rank's collectives", kind=BOOL),
+    a("zero_optimization.save_muon_momentum_buffer_in_memory", "no Muon optimizer", kind=BOOL),
+    a("zero_optimization.cpu_offload_use_pin_memory", "no offload", kind=BOOL),
+    b("zero_optimization.reduce_bucket_size", "reduce_bucket_numel: elements per gradient bucket"),
+    b("zero_optimization.allgather_bucket_size", "reduce_bucket_numel when reduce_bucket_size is not given: "
+      "zerort's buckets serve the reduce and the gather"),
+    b("zero_optimization.stage3_prefetch_bucket_size", "stage3.prefetch: as many units ahead as fit in it (not "
+      "given: zerort's 1 unit, not DeepSpeed's 5e7 elements)"),
+    b("zero_optimization.stage3_param_persistence_threshold", "stage3.persistence_threshold (not given: zerort's 0, "
+      "not DeepSpeed's 1e5)"),
+    b("zero_optimization.stage3_max_live_parameters", "caps stage3.prefetch: the unit running and those gathered "
+      "ahead hold at most this many elements (not given: no cap)"),
+    d("zero_optimization.offload_optimizer", "optimizer offload to CPU or NVMe", NO_DEVICE),
+    d("zero_optimization.offload_param", "parameter offload to CPU or NVMe", NO_DEVICE),
+    d("zero_optimization.cpu_offload", "CPU offload"),
+    d("zero_optimization.cpu_offload_param", "CPU offload"),
+    d("zero_optimization.zero_quantized_weights", "quantized weights (ZeRO++)"),
+    d("zero_optimization.zero_quantized_nontrainable_weights", "quantized weights (ZeRO++)"),
+    d("zero_optimization.zero_quantized_gradients", "quantized gradients (ZeRO++)"),
+    d("zero_optimization.zero_hpz_partition_size", "hierarchical partitioning (ZeRO++ hpZ)", _only(1, 0)),
+    d("zero_optimization.zeropp_loco_param", "ZeRO++ LoCo", EMPTY),
+    d("zero_optimization.mics_shard_size", "MiCS sub-group sharding", _only(-1, 0)),
+    d("zero_optimization.mics_hierarchical_params_gather", "MiCS"),
+    d("zero_optimization.legacy_stage1", "legacy stage 1"),
+    d("zero_optimization.pipeline_loading_checkpoint", "pipeline checkpoint loading"),
+    d("zero_optimization.zenflow", "ZenFlow", EMPTY),
+    d("zero_optimization.leaf_module", "leaf modules: use zerort.engine.stage3.unit_modules", EMPTY),
+    a("aio", "asynchronous I/O settings, used only by NVMe offload", kind=dict),
+    # ---- features zerort does not have ----
+    d("activation_checkpointing.partition_activations", "partitioned activations (use torch.utils.checkpoint)"),
+    d("activation_checkpointing.cpu_checkpointing", "CPU activation checkpoints (use torch.utils.checkpoint)"),
+    d("activation_checkpointing.contiguous_memory_optimization", "contiguous activation checkpoints"),
+    d("activation_checkpointing.synchronize_checkpoint_boundary", "deepspeed.checkpointing"),
+    d("activation_checkpointing.profile", "deepspeed.checkpointing"),
+    a("activation_checkpointing.number_checkpoints", "only with partition_activations, rejected above"),
+    d("pipeline", "pipeline parallelism", EMPTY),
+    d("flops_profiler", "the FLOPS profiler", DISABLED),
+    c("tensorboard", "the monitor's TensorBoard events in output_path/job_name (zerort.monitoring.monitor)"),
+    d("wandb", "the Weights & Biases monitor", DISABLED),
+    c("csv_monitor", "the monitor's metrics.csv in output_path/job_name (zerort.monitoring.monitor)"),
+    d("comet", "the Comet monitor", DISABLED),
+    d("comms_logger", "the communication logger", DISABLED),
+    d("sparse_attention", "sparse attention kernels", EMPTY),
+    d("autotuning", "the autotuner", DISABLED),
+    d("elasticity", "elastic training", DISABLED),
+    d("compression_training", "compression training", EMPTY),
+    d("data_efficiency", "data efficiency (curriculum, routing)", DISABLED),
+    d("curriculum_learning", "curriculum learning", DISABLED),
+    d("progressive_layer_drop", "progressive layer drop", DISABLED),
+    d("eigenvalue", "eigenvalue computation", DISABLED),
+    d("quantize_training", "quantized training", DISABLED),
+    d("hybrid_engine", "the hybrid (RLHF) engine", DISABLED),
+    d("expert_parallel", "expert parallelism", DISABLED),
+    d("compile", "DeepCompile", DISABLED),
+    d("tensor_parallel", "tensor parallelism",
+      (lambda v: isinstance(v, dict) and v.get("autotp_size", 1) in (0, 1), '{"autotp_size": 1}')),
+    d("nebula", "Nebula checkpointing", DISABLED),
+    a("checkpoint.tag_validation", "zerort always fails a save whose ranks pass different tags", kind=str),
+    a("checkpoint.use_node_local_storage", "every rank writes its own shard", kind=BOOL),
+    d("checkpoint.load_universal", "DeepSpeed's universal checkpoints"),
+    d("checkpoint.parallel_write", "DeepSpeed's parallel checkpoint writer", EMPTY),
+    c("zerort", "zerort's own keys: stage3 (prefetch, persistence_threshold, unit_modules), comm (backend, "
+      "timeout_s, debug), fp32_modules, max_consecutive_skips"),
+]
+
+TABLE = {k.path: k for k in KEYS}
+assert len(TABLE) == len(KEYS), "a key listed twice"
+
+CLASS_NAMES = {"a": "done", "b": "mapped", "c": "implemented", "d": "rejected unless off"}
+
+
+def markdown():
+    """The README's table of DeepSpeed keys."""
+    counts = {cls: sum(k.cls == cls for k in KEYS) for cls in CLASS_NAMES}
+    lines = ["| key | class | what zerort does |", "|---|---|---|"]
+    for k in KEYS:
+        what = k.note + (f" (accepted: {k.off_text})" if k.cls == "d" else "")
+        lines.append(f"| `{k.path}` | ({k.cls}) {CLASS_NAMES[k.cls]} | {what} |")
+    total = ", ".join(f"{counts[cls]} ({cls}) {CLASS_NAMES[cls]}" for cls in CLASS_NAMES)
+    return f"{len(TABLE)} keys: {total}.\n\n" + "\n".join(lines)
+
+
+if __name__ == "__main__":
+    print(markdown())

@@ -1,0 +1,584 @@
+"""zerort.initialize(model, config) -> Engine: ZeRO training for a torch.nn.Module.
+
+    engine = zerort.initialize(model, {"stage": 2, "precision": "bf16"})
+    for x, y in data:
+        loss = loss_fn(engine(x), y)
+        engine.backward(loss)
+        engine.step()
+
+Stages 0, 1 and 2 go through the C++ Engine (runtime/engine.h): parameters become views of
+one flat buffer per dtype, their grads views of a flat grad buffer that autograd
+accumulates into, and each rank owns its shard of the FP32 master and Adam states (stage 0:
+all of it). Stage 3 is the same Engine with units (zerort/stage3.py plans them and holds
+the module hooks that gather and release them). Compute runs in bf16,
+fp16 or fp32. Under bf16 and fp16, FP32 modules keep FP32 parameters and compute, with their
+inputs cast to FP32 and their outputs back to the compute dtype: norm layers, by what they
+are (torch's norm classes and any class whose name ends in "Norm", such as HuggingFace's
+LlamaRMSNorm), with config fp32_modules adding ("Name") or removing ("-Name") classes. Float
+buffers keep the dtype the model gave them (rotary inv_freq, BatchNorm's running
+statistics) except in modules with parameters in the compute dtype, whose forward mixes
+the two: there they are cast to it. A module without parameters that holds float buffers
+computes in FP32 like an FP32 module. The rule is zerort.engine.precision's. Every buffer lives on
+the model's device: CPU (mpi or gloo communicators) or one CUDA device (nccl).
+"""
+import contextlib
+import dataclasses
+import math
+import time
+import weakref
+
+import torch
+
+from zerort import _C
+from zerort import comm as comm_mod
+from zerort.engine import same_model as consistency
+from zerort.engine import failfast
+from zerort.engine import lifecycle
+from zerort.engine import meta_init
+from zerort.engine import nonfinite
+from zerort.accounting import phases
+from zerort.engine import precision
+from zerort.config import parse, resolve_batch
+from zerort.errors import ConfigError, DeviceError, UsageError
+from zerort.engine.optimizer import ZeroOptimizer
+from zerort.engine import lr_schedules
+from zerort.monitoring import monitor
+from zerort.monitoring import progress
+from zerort.engine import stage3
+
+_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+
+
+def initialize(model, config=None, comm=None, weights=None, param_groups=None, lr_scheduler=None):
+    """Wraps model (a torch.nn.Module with float32 parameters, the same on every rank; rank
+    0's values win) for ZeRO training. config: a dict, a JSON path (our keys or DeepSpeed's
+    schema) or a zerort.config.Config. comm: a zerort.comm.Communicator (default: created
+    from config's comm.backend and comm.timeout_s). weights: for a model built on the meta
+    device, its starting values instead of its modules' own initialization: a state dict, a
+    .safetensors file, or a folder of safetensors files (HuggingFace's, with or without its
+    index JSON), read one unit at a time (zerort.engine.meta_init). param_groups: torch's param
+    groups (dicts with "params" and any of lr, betas, eps, weight_decay) or a list of
+    parameters; default one group of every trainable parameter (zerort.engine.optimizer).
+    lr_scheduler: a schedule on engine.optimizer (a torch LRScheduler or one of
+    zerort.engine.lr_schedules), or a function optimizer -> schedule; the engine steps it after
+    every applied update. Not with a config scheduler or lr_schedule.
+
+    Memory: before the engine allocates anything this installs zerort's counting CPU
+    allocator (zerort.accounting.phases), and notes what is allocated; engine.memory_report() then
+    shows what the engine holds and each phase's peak as the allocator (on CUDA: torch's
+    memory statistics) saw them."""
+    config = parse(config)
+    token = phases.EngineMemory.begin_initialize(model)
+    engine = Engine(model, config, comm, weights, param_groups, lr_scheduler)
+    engine._memory = phases.EngineMemory.end_initialize(token, engine)
+    return engine
+
+
+def _model_device(model):
+    """The one device of every parameter and buffer (CPU for a model with none)."""
+    device = None
+    for name, t in list(model.named_parameters()) + list(model.named_buffers()):
+        if t.is_meta:  # built on the meta device: made real on the model's device (zerort.engine.meta_init)
+            continue
+        if device is None:
+            device = t.device
+        elif t.device != device:
+            raise DeviceError(f"zerort: {name!r} is on {t.device} but the model's first tensor is on {device}; "
+                            "move the whole model to one device (model.to(device)) first")
+    if device is not None and device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    return device or torch.device("cpu")
+
+
+class Engine:
+    def __init__(self, model, config, comm=None, weights=None, param_groups=None, lr_scheduler=None):
+        c = config
+        self.module = model
+        self.config = c
+        self.dtype = _DTYPES[c.precision]
+        self.device = _model_device(model)
+        cuda = self.device.type == "cuda"
+        backend = "nccl" if cuda and c.comm_backend == "auto" else c.comm_backend
+        if comm is None and backend == "nccl" and not cuda:
+            raise ConfigError([f"comm.backend: got 'nccl' but the model is on {self.device}; nccl moves CUDA "
+                               "buffers: move the model (model.cuda()), or use 'auto', 'mpi' or 'gloo'"])
+        # A CUDA model over mpi or gloo: its buffers travel through pinned host memory (ranks
+        # that share one GPU, where NCCL refuses them).
+        staged = "cuda" if cuda and backend != "nccl" else None
+        self.comm = comm if comm is not None else comm_mod.init(backend, c.comm_timeout_s, c.comm_debug, staged)
+        if self.comm.device != self.device:
+            raise ConfigError([f"comm.backend: the model is on {self.device} but the '{self.comm.backend}' "
+                               f"communicator moves {self.comm.device} buffers; use 'nccl' (or 'auto') for CUDA "
+                               "models, or zerort.comm.init(..., staged='cuda'), and 'mpi' or 'gloo' for CPU "
+                               "models"])
+        c = self.config = resolve_batch(c, self.comm.size)  # DeepSpeed's batch rule, at this world size
+        failfast.install(self.comm.rank, self.comm.size)  # an uncaught error ends every rank
+        lifecycle.track_engine(self)  # closed at exit if still alive (its comm thread joined)
+        consistency.check_model(self.comm, model)  # the same model on every rank, or an error
+        grouping = precision.group_params(model, c.precision, c.fp32_modules)
+        plan = grouping.plan
+        fp32_ids = plan.fp32_ids
+        precision.compute_in_fp32(plan, self.dtype)
+        self._names = grouping.names  # id(param) -> its first name, for errors
+        wrong = [p for p in model.parameters() if p.dtype != torch.float32]
+        if wrong:
+            raise TypeError(f"zerort: parameter {self._names[id(wrong[0])]!r} is {wrong[0].dtype}; build the model "
+                            "with float32 parameters (zerort keeps the FP32 master and casts itself)")
+        params, frozen = grouping.trainable, grouping.frozen
+        materialize = None
+        if weights is not None and not meta_init.is_meta_model(model):
+            raise ValueError("zerort.initialize: weights= is for a model built on the meta device (with "
+                             "torch.device('meta'): ...); this model's parameters already hold values")
+        if meta_init.is_meta_model(model):  # made real bucket by bucket inside the Engine
+            meta_init.check_buffers(model)
+            materialize = meta_init.Materializer(model, self.device, weights)
+            frozen = materialize(frozen)  # frozen parameters stay whole: real from the start
+        # Frozen parameters take part in compute only: rank 0's values, in the working
+        # precision. Their FP32 values are kept for full_state_dict(master=True).
+        self._frozen_fp32 = {}
+        with torch.no_grad():
+            for p in frozen:
+                self.comm.broadcast(p.data, 0)
+                self._frozen_fp32[id(p)] = p.data.clone()
+                if id(p) not in fp32_ids:
+                    p.data = p.data.to(self.dtype)
+            for m in model.modules():  # rank 0's buffers; cast only where zerort.engine.precision says
+                for name, b in m.named_buffers(recurse=False):
+                    if b is not None and b.is_floating_point():
+                        self.comm.broadcast(b, 0)
+                        if (id(m), name) in plan.cast_buffers:
+                            setattr(m, name, b.to(self.dtype))
+        self._groups = grouping.groups
+        self._shapes = {id(p): tuple(p.shape) for p in params}  # stage 3 empties the params
+        self._params = params  # every trainable parameter, each once
+        self._frozen = frozen
+        self.comm._c.reset_scratch_peak()  # the memory report measures from here
+        # The binding takes the Config's fields by their own names (the loss-scale ones count for fp16 only).
+        kwargs = {name: getattr(c, name) for name in _C.ENGINE_OPTIONS}
+        units = stage3.UnitPlan(model, params, fp32_ids, c) if c.stage == 3 else None
+        if units:  # DeepSpeed's element counts become a number of units (zerort.engine.stage3.prefetch_units)
+            c = self.config = dataclasses.replace(c, prefetch=units.prefetch)
+        if materialize is not None:
+            kwargs["materialize"] = lambda g, idx: materialize([self._groups[g][i] for i in idx])
+        self._impl = _C.Engine(self._groups[0], self._groups[1], self.comm._c, units=units.specs if units else [],
+                               **kwargs)
+        if materialize is not None:  # the real parameters replace the meta ones everywhere
+            real = lambda ps: [materialize.replaced.get(id(p), p) for p in ps]
+            self._groups = [real(g) for g in self._groups]
+            self._params = real(self._params)
+            self._shapes = {id(p): self._shapes[id(q)] for p, q in zip(self._params, params)}
+            self._names = {id(p): n for n, p in reversed(list(model.named_parameters()))}
+            self._replaced = materialize.replaced  # for param groups built from the meta parameters
+        self._unit_plan = units
+        self.unit_names = units.names if units else []  # stage 3: Engine unit i's module
+        self._units = stage3.UnitHooks(self, model, units, units.prefetch) if units else None
+        # Each gradient, once complete, lets its bucket go to the comm thread while backward
+        # continues (at stage 3 it also lets a finished unit be released).
+        ref = weakref.ref(self)  # the model's hooks must not keep the engine alive
+        for g, group in enumerate(self._groups):
+            for i, p in enumerate(group):
+                p.register_post_accumulate_grad_hook(lambda _p, g=g, i=i: alive(ref)._grad_ready(g, i))
+        self.stats = {}
+        self._nonfinite = nonfinite.Guard(self)  # names non-finite params; max_consecutive_skips
+        self.optimizer = ZeroOptimizer(self, param_groups)
+        self.lr_scheduler = _scheduler(c, self.optimizer, lr_scheduler)
+        self._no_sync = False
+        self._backward_since_step = False
+        self._step_applied = False
+        self._progress = progress.Progress(self)  # steps_per_print, wall_clock_breakdown
+        self._monitor = monitor.make(self)  # the config's CSV / TensorBoard monitor, or None
+
+    # ---- training loop -------------------------------------------------------------
+    def __call__(self, *args, **kwargs):
+        """Forward. Floating-point tensor arguments are cast to the compute dtype (0-dim
+        ones, scalars such as a token count, are passed as they are)."""
+        with self._phase("forward"):
+            if self._monitor and self.module.training:
+                self._monitor.forward(args, kwargs)
+            args, kwargs = precision.cast_floats((args, kwargs), self.dtype)
+            t0 = time.perf_counter()
+            out = self.module(*args, **kwargs)
+            self._t_forward = time.perf_counter() - t0
+        return out
+
+    def backward(self, loss, retain_graph=False, scale_wrt_gas=True):
+        """loss.backward() with the loss scaled by the current loss scale (in FP32). The
+        engine averages over ranks and micro-steps itself: pass the plain mean loss.
+        Several backward() calls before one step() add up, as in PyTorch. Works under
+        torch.no_grad() too. DeepSpeed's arguments: retain_graph as in torch;
+        scale_wrt_gas=False sums the micro-steps' gradients instead of averaging them."""
+        self._check_requires_grad()
+        self._backward_since_step = True
+        if self._monitor:
+            self._monitor.backward(loss)
+        with self._phase("backward"):
+            t0 = time.perf_counter()
+            self._impl.begin_backward()  # a previous pass's reduces finish first
+            if self._units:
+                self._units.in_backward = True  # recomputed forwards keep their units
+            try:
+                with torch.enable_grad():  # the scaling multiply must be part of the graph
+                    scale = self._impl.loss_scale * (1 if scale_wrt_gas else self.config.gradient_accumulation_steps)
+                    (loss.float() * scale).backward(retain_graph=retain_graph)
+            finally:
+                if self._units:
+                    self._units.in_backward = False
+            self._t_backward = time.perf_counter() - t0
+
+    def step(self, lr_kwargs=None):
+        """Reduces this micro-step's gradients; at the accumulation boundary, updates the
+        parameters (or skips on non-finite gradients) and zeroes the gradients. Every rank
+        must have run backward() since its previous step(): otherwise the step() that ends
+        the accumulation window raises zerort.UsageError on every rank, naming the ranks,
+        and applies nothing. The same holds when the ranks issued different collectives since
+        the previous step (the step's one decision collective compares them): the error names
+        the first call that differs on each rank (comm.debug: true names it at the call)."""
+        if self._no_sync:
+            raise UsageError("engine.step() inside engine.no_sync(): leave the no_sync() block first; the "
+                                "last backward() of the accumulation window runs outside it, then step()")
+        self._check_requires_grad()
+        self._progress.before_step()
+        boundary = self.is_gradient_accumulation_boundary()
+        if boundary:  # the param groups' values (a scheduler may have changed them) go to the update
+            self.optimizer._in_step = True
+            try:
+                self.optimizer.step()
+            finally:
+                self.optimizer._in_step = False
+        names = self._units.naming() if self._units else contextlib.nullcontext()
+        with self._phase("step"), names:  # the step's decision names diverging units too
+            s = self._nonfinite.step(self._impl.step)
+        self._backward_since_step = False
+        self._step_applied = s["boundary"] and not s["skipped"]
+        if s["boundary"]:
+            s["forward_ms"] = 1e3 * getattr(self, "_t_forward", 0.0)
+            s["backward_ms"] = 1e3 * getattr(self, "_t_backward", 0.0)
+            self.stats = s
+            if self._monitor:  # one all-gather, on every rank; the row holds the lr this update used
+                self._monitor.after_update(self, s)
+            if self._step_applied and self.lr_scheduler is not None:
+                self.lr_scheduler.step(**(lr_kwargs or {}))  # as DeepSpeed: after every applied update
+        self._progress.after_step(s, self)
+        return s
+
+    forward = __call__  # engine.forward(x), as DeepSpeed scripts call it, is engine(x)
+
+    def _grad_ready(self, g, i):
+        """A parameter's gradient is complete (its post-accumulate-grad hook): its bucket may
+        be reduced now, except inside no_sync(), where the gradients stay local."""
+        if not self._no_sync:
+            self._impl.grad_ready(g, i)
+
+    @contextlib.contextmanager
+    def no_sync(self):
+        """Inside, backward() accumulates gradients on this rank only; the backward() after
+        the block, then step(), reduces them all (DeepSpeed's and DDP's no_sync). Stages 0
+        and 1 only: at stages 2 and 3 each rank keeps only its gradient shard, so gradients
+        are reduced during every backward; use gradient_accumulation_steps there."""
+        if self.config.stage >= 2:
+            raise UsageError(f"engine.no_sync(): not at ZeRO stage {self.config.stage}, which reduce-scatters "
+                                "gradients during every backward pass (each rank keeps only its shard); use "
+                                "gradient_accumulation_steps in the config, or stage 0 or 1")
+        if self._no_sync:
+            raise UsageError("engine.no_sync(): already inside a no_sync() block")
+        self._no_sync = True
+        try:
+            yield
+        finally:
+            self._no_sync = False
+
+    def zero_grad(self, set_to_none=True):
+        """zerort zeroes the gradients itself after every step() that ends the window, so
+        this does nothing between step() and the next backward(): at stages 2 and 3 the
+        window's gradients are in the FP32 shard already (as DeepSpeed's ZeRO-2/3 keep
+        them). It is an error after backward() and before step(), where part of the
+        gradients may already be reduced on other ranks, and at stages 0 and 1 inside an
+        accumulation window, where it would drop the window's local sum."""
+        inside = self._impl.micro_steps % self.config.gradient_accumulation_steps and self.config.stage < 2
+        if self._backward_since_step:
+            raise UsageError("engine.zero_grad(): called after backward() and before the step(); part of these "
+                                "gradients may already be reduced on other ranks. zerort zeroes gradients after "
+                                "every step() that ends the window: call zero_grad() (if at all) after step()")
+        if inside:
+            raise UsageError(f"engine.zero_grad(): called at stages 0 and 1 inside an accumulation window "
+                                f"(micro-step {self._impl.micro_steps % self.config.gradient_accumulation_steps} of "
+                                f"{self.config.gradient_accumulation_steps}), where it would drop the window's "
+                                "gradients, which this rank holds until the window ends; call it after the step() "
+                                "that ends the window")
+
+    def train(self, mode=True):
+        """engine.module.train(mode); returns the engine."""
+        self.module.train(mode)
+        return self
+
+    def eval(self):
+        return self.train(False)
+
+    def is_gradient_accumulation_boundary(self):
+        """Whether the next step() ends the accumulation window (and updates)."""
+        return (self._impl.micro_steps + 1) % self.config.gradient_accumulation_steps == 0
+
+    def was_step_applied(self):
+        """Whether the last step() updated the parameters: False after a micro-step that only
+        accumulated, and after a step skipped for non-finite gradients."""
+        return self._step_applied
+
+    def get_lr(self):
+        """Each param group's learning rate for the next update."""
+        return [g["lr"] for g in self.optimizer.param_groups]
+
+    def get_global_grad_norm(self):
+        """The global L2 norm of the last update's averaged, unscaled gradient, before
+        clipping (None before the first one)."""
+        return self.stats.get("grad_norm")
+
+    def zero_optimization_stage(self):
+        return self.config.stage
+
+    def fp16_enabled(self):
+        return self.config.precision == "fp16"
+
+    def bfloat16_enabled(self):
+        return self.config.precision == "bf16"
+
+    def gradient_clipping(self):
+        return self.config.gradient_clipping
+
+    def train_micro_batch_size_per_gpu(self):
+        return self.config.train_micro_batch_size_per_gpu
+
+    def gradient_accumulation_steps(self):
+        return self.config.gradient_accumulation_steps
+
+    def train_batch_size(self):
+        """Samples per update on all ranks: micro batch x accumulation x world size."""
+        micro = self.config.train_micro_batch_size_per_gpu
+        if micro is None:
+            raise ConfigError(["train_micro_batch_size_per_gpu: not set; zerort needs it (or train_batch_size) "
+                               "in the config to count samples"])
+        return micro * self.config.gradient_accumulation_steps * self.world_size
+
+    def __getattr__(self, name):
+        """Unknown public attributes are the module's (as DeepSpeed's engine forwards them)."""
+        module = self.__dict__.get("module")
+        if module is None or name.startswith("_"):
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+        try:
+            return getattr(module, name)
+        except AttributeError:
+            raise AttributeError(f"neither the zerort engine nor its module ({type(module).__name__}) has an "
+                                 f"attribute {name!r}") from None
+
+    @contextlib.contextmanager
+    def _phase(self, name):
+        """The allocator's peak over one phase (zerort.accounting.phases.EngineMemory), for the memory
+        report."""
+        mem = getattr(self, "_memory", None)
+        if mem is None:  # made as zerort.Engine(...), not by zerort.initialize
+            mem = self._memory = phases.EngineMemory(self.device)
+        mem.begin(name, self._impl)
+        try:
+            yield
+        finally:
+            mem.end(name, self._impl)
+            done = mem.phases.result.get(name)
+            if getattr(self, "_monitor", None) and done is not None:
+                self._monitor.phase_peak(done.last_peak)
+
+    def _check_requires_grad(self):
+        """The trainable set is planned at initialize: a later requires_grad change is an
+        error naming the parameter (raised before any collective, so on every rank that
+        made the change)."""
+        for ps, was in ((self._params, True), (self._frozen, False)):
+            for p in ps:
+                if p.requires_grad != was:
+                    raise UsageError(
+                        f"zerort: parameter {self._names[id(p)]!r} was {'trainable' if was else 'frozen'} at "
+                        f"initialize and now has requires_grad={p.requires_grad}; zerort lays out its shards and "
+                        "optimizer state at initialize, so set requires_grad before zerort.initialize (freeze "
+                        "or unfreeze, then wrap the model again, or restore requires_grad)")
+
+    # ---- properties ----------------------------------------------------------------
+    @property
+    def rank(self):
+        return self.comm.rank
+
+    @property
+    def world_size(self):
+        return self.comm.size
+
+    @property
+    def loss_scale(self):
+        return self._impl.loss_scale
+
+    @property
+    def global_step(self):
+        return self._impl.global_step
+
+    @property
+    def skipped_steps(self):
+        return self._impl.skipped_steps
+
+    @property
+    def global_rank(self):
+        return self.comm.rank
+
+    @property
+    def local_rank(self):
+        """This rank's index on its host (the launcher's LOCAL_RANK and the like)."""
+        return comm_mod.detect_launch_env()["local_rank"]
+
+    @property
+    def global_steps(self):
+        """Accumulation boundaries passed, skipped ones included (DeepSpeed's name)."""
+        return self._impl.global_step
+
+    @property
+    def global_samples(self):
+        return self.global_steps * self.train_batch_size()
+
+    def set_lr(self, lr):
+        """Sets every param group's learning rate for the next steps. Not with a config
+        lr_schedule, which decides the lr at every step."""
+        if self.config.lr_schedule is not None:
+            raise RuntimeError("set_lr: this engine has an lr_schedule in its config, which sets the "
+                               "lr every step; remove lr_schedule to set the lr by hand")
+        if not (isinstance(lr, (int, float)) and math.isfinite(lr) and lr >= 0):
+            raise ValueError(f"set_lr: lr must be a finite number >= 0, got {lr!r}")
+        for g in self.optimizer.param_groups:
+            g["lr"] = float(lr)
+
+    def _close(self):
+        """Drops the C++ engine (or the stage-3 one) now, whatever else refers to this object:
+        zerort.engine.lifecycle calls it at exit, so the comm thread is joined while the interpreter
+        is whole. Unusable afterwards."""
+        self._impl = None
+        self._nonfinite = None
+        if getattr(self, "_monitor", None):
+            self._monitor.close()
+
+    # ---- state ---------------------------------------------------------------------
+    def full_state_dict(self, master=False):
+        """The full parameters on every rank, at every stage: the low-precision working
+        copy, or with master=True the FP32 master weights gathered from every shard."""
+        if not master and self._units:
+            with self.gathered_parameters():  # stage 3: whole while inside
+                return {k: t.detach().clone() for k, t in self.module.state_dict(keep_vars=True).items()}
+        values = {}  # id(param) -> full tensor
+        if master:
+            for g in range(self._impl.num_groups):
+                full = self._impl.gather_master(g)
+                for i, p in enumerate(self._groups[g]):
+                    off = self._impl.param_offset(g, i)
+                    shape = self._shapes[id(p)]  # stage 3 empties released parameters
+                    values[id(p)] = full[off:off + math.prod(shape)].view(shape).clone()
+        out = {}
+        for name, t in self.module.state_dict(keep_vars=True).items():
+            if id(t) in values:
+                out[name] = values[id(t)]
+            elif master and id(t) in self._frozen_fp32:
+                out[name] = self._frozen_fp32[id(t)].clone()
+            else:
+                out[name] = t.detach().clone()
+        return out
+
+    def _working_dtype(self, p):
+        """The dtype p computes in: float32 for FP32 modules, else the compute dtype."""
+        return torch.float32 if any(p is q for q in self._groups[1]) else self.dtype
+
+    def save_checkpoint(self, save_dir, tag=None, client_state=None, save_latest=True,
+                        exclude_frozen_parameters=False):
+        """Every rank writes its shard; rank 0 the metadata, the param groups, the lr
+        schedule's state and client_state (tensors, numbers, strings and containers of
+        them), then `latest` unless save_latest is false (a collective). Returns the
+        checkpoint's path. See zerort.state.checkpoint."""
+        from zerort.state import checkpoint
+
+        if exclude_frozen_parameters:
+            raise ValueError("save_checkpoint: exclude_frozen_parameters=True is not supported; zerort's checkpoints "
+                             "hold the frozen parameters (a load restores the whole model); leave it False")
+        return checkpoint.save(self, save_dir, tag, client_state, save_latest)
+
+    def load_checkpoint(self, load_dir, tag=None, load_module_strict=True, load_optimizer_states=True,
+                        load_lr_scheduler_states=True, load_module_only=False, custom_load_fn=None):
+        """Loads `tag` (default: the one in `latest`), saved at any world size and stage
+        for this same model (a collective). Returns (path, client_state), or (None, None)
+        when load_dir has no `latest` (nothing loaded), as DeepSpeed does."""
+        from zerort.state import checkpoint
+
+        if not load_module_strict or custom_load_fn is not None:
+            raise ValueError("load_checkpoint: zerort loads every parameter strictly, by its own loader; "
+                             "load_module_strict=False and custom_load_fn are not supported")
+        return checkpoint.load(self, load_dir, tag, load_optimizer_states, load_lr_scheduler_states,
+                               load_module_only)
+
+    def save_16bit_model(self, save_dir, save_filename="pytorch_model.bin", exclude_frozen_parameters=False):
+        """Rank 0 writes the whole model's state_dict, parameters in the compute dtype
+        (bf16/fp16; FP32 modules' stay FP32) and buffers as the module holds them, to
+        save_dir/save_filename with torch.save (a .safetensors name: safetensors). At
+        stage 3 every rank takes part in the gather. Returns True."""
+        import os
+
+        state = self.full_state_dict()
+        if exclude_frozen_parameters:
+            frozen = {n for n, p in self.module.named_parameters() if not p.requires_grad}
+            state = {k: v for k, v in state.items() if k not in frozen}
+        from zerort.state.checkpoint import Steps
+
+        def write():  # rank 0; a failure is raised on every rank, not left to a barrier's timeout
+            if self.rank != 0:
+                return
+            os.makedirs(save_dir, exist_ok=True)
+            path = os.path.join(save_dir, save_filename)
+            tmp = f"{path}.tmp{os.getpid()}"
+            if save_filename.endswith(".safetensors"):
+                from safetensors.torch import save_file
+
+                save_file({k: v.contiguous() for k, v in state.items()}, tmp)
+            else:
+                torch.save(state, tmp)
+            os.replace(tmp, path)
+
+        Steps(self.comm, f"save_16bit_model({save_dir!r})").run("writing the model", write)
+        return True
+
+    def memory_report(self):
+        """What this run allocated on every rank, beside our exact estimate
+        (zerort.accounting.memory.MemoryReport): the allocator's figures first (what initialize left
+        allocated, each phase's peak growth), then the engine's own counters per category.
+        A collective: call it on every rank."""
+        from zerort.accounting import memory
+
+        return memory.report(self)
+
+    @contextlib.contextmanager
+    def gathered_parameters(self):
+        """Inside, every parameter of engine.module is whole (stage 3 gathers them; stages
+        1 and 2 always hold them whole). For evaluation and export."""
+        if self._units:
+            with stage3.gathered(self._impl):
+                yield
+        else:
+            yield
+
+
+def _scheduler(config, optimizer, given):
+    """The engine's lr schedule: the config's scheduler section, or the one given (a
+    schedule, or a function optimizer -> schedule), or None."""
+    if given is not None and (config.scheduler is not None or config.lr_schedule is not None):
+        key = "scheduler" if config.scheduler is not None else "lr_schedule"
+        raise ConfigError([f"{key}: the config has one and initialize() was given lr_scheduler= too; keep one of "
+                           "them"])
+    if given is not None:
+        return given(optimizer) if callable(given) and not hasattr(given, "step") else given
+    return lr_schedules.build(config.scheduler, optimizer)
+
+
+def alive(ref):
+    """The engine behind a model hook's weak reference, or a clear error once it is gone."""
+    engine = ref()
+    if engine is None:
+        raise RuntimeError("zerort: the engine this model was wrapped by has been deleted, and its hooks "
+                           "(and at stage 3 its parameters) went with it; keep the engine alive while you "
+                           "use the model, or wrap the model again")
+    return engine

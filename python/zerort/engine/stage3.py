@@ -1,0 +1,176 @@
+"""ZeRO stage 3: the planning of units and the module hooks over the C++ Engine.
+
+The Engine (runtime/engine.h, stage 3) owns the shards, the gathers, the releases, the
+reduce-scatters and the step; this module only decides what the units are and tells the
+Engine when a unit is needed:
+
+- Units are zerort.engine.units.choose_units' modules (a HuggingFace model's `_no_split_modules`,
+  else the layers repeated in a ModuleList/Sequential, else by size; config
+  stage3.unit_modules overrides). A unit's trainable compute-dtype parameters that belong
+  to it alone and hold at least stage3.persistence_threshold elements form one Engine unit.
+  The rest (parameters on the root, shared by several units or with the outside like a tied
+  lm_head, small ones) form one persistent unit, kept whole; FP32-module parameters form the
+  Engine's persistent FP32 group. Frozen parameters stay whole in the working precision.
+- Before a unit (or any of its submodules called on its own, such as a tied head) runs
+  forward, its Engine unit is gathered and the next stage3.prefetch units start gathering
+  on the comm thread; after it, the unit is released, and a hook on its outputs gathers it
+  again when backward reaches them (prefetching the units before it). The Engine releases a
+  unit once all its gradients are in and reduces them on its comm thread.
+
+Released means the unit's storage holds zero bytes, even where autograd saved a view of a
+weight for backward: the backward gather refills that same storage.
+"""
+import contextlib
+import re
+import weakref
+
+import torch
+
+from zerort.errors import Error
+from zerort.engine.units import choose_units, unit_names
+
+
+class UnitPlan:
+    """Which Engine unit each parameter belongs to, and which modules enter which unit."""
+
+    def __init__(self, model, params, fp32_ids, config):
+        units = choose_units(model, config.unit_modules, config.persistence_threshold)
+        names = unit_names(model, units)
+        owners = {}
+        for u, module in enumerate(units):
+            for p in module.parameters():
+                owners.setdefault(id(p), set()).add(u)
+        outside = {id(p) for p in _parameters_outside(model, units)}
+        index = {id(p): i for i, p in enumerate(p for p in params if id(p) not in fp32_ids)}
+        members = [[] for _ in units]
+        persistent = []
+        for p in params:
+            if id(p) in fp32_ids:
+                continue
+            us = owners.get(id(p), set())
+            if len(us) == 1 and id(p) not in outside and p.numel() >= config.persistence_threshold:
+                members[next(iter(us))].append(index[id(p)])
+            else:
+                persistent.append(index[id(p)])
+        # Engine units in forward (registration) order, then the persistent one.
+        self.specs, self.names, self.modules = [], [], []  # per Engine unit
+        for module, name, ps in zip(units, names, members):
+            if ps:
+                self.specs.append((ps, False))
+                self.names.append(name)
+                self.modules.append(module)
+        if persistent:
+            self.specs.append((persistent, True))
+            self.names.append("persistent")
+        group = [p for p in params if id(p) not in fp32_ids]
+        self.numels = [sum(group[i].numel() for i in ps) for ps, persistent in self.specs if not persistent]
+        self.prefetch = prefetch_units(self.numels, config)
+
+
+def prefetch_units(numels, config):
+    """Units gathered ahead: config.prefetch, or from DeepSpeed's element counts: as many
+    units (of the mean size) as fit in stage3_prefetch_bucket_size, and no more than
+    stage3_max_live_parameters leaves room for beside the largest unit running."""
+    if not numels or config.prefetch_numel is None and config.max_live_numel is None:
+        return config.prefetch
+    mean, largest = sum(numels) / len(numels), max(numels)
+    ahead = config.prefetch if config.prefetch_numel is None else int(config.prefetch_numel // max(mean, 1))
+    if config.max_live_numel is not None:
+        ahead = min(ahead, max(0, config.max_live_numel // max(largest, 1) - 1))
+    return ahead
+
+
+class UnitHooks:
+    """The module hooks that gather and release an Engine's stage-3 units."""
+
+    def __init__(self, engine, model, plan, prefetch):
+        self.prefetch = prefetch
+        self.names = plan.names
+        self.in_backward = False  # set by Engine.backward: a recomputed forward keeps its unit
+        self.depth = [0] * len(plan.modules)  # forwards of the unit running now
+        self.units = len(plan.modules)  # Engine units 0..units-1 in forward order; the persistent one follows
+        ref = weakref.ref(engine)
+        for u, unit in enumerate(plan.modules):
+            mine = {id(p) for p in unit.parameters()}
+            for m in unit.modules():  # the unit itself, and submodules that may be called alone
+                if m is unit or any(id(p) in mine for p in m.parameters(recurse=False)):
+                    m.register_forward_pre_hook(self._pre_forward(ref, u))
+                    m.register_forward_hook(self._post_forward(ref, u))
+
+    def _impl(self, ref):
+        from zerort.engine.engine import alive
+        return alive(ref)._impl
+
+    def _pre_forward(self, ref, u):
+        def hook(module, args):
+            impl = self._impl(ref)
+            if self.in_backward:  # a recomputation (which may stop early): gather, keep
+                with self.naming():
+                    impl.gather(u)
+                return
+            if self.depth[u] == 0:
+                with self.naming():
+                    impl.gather(u)
+                    for k in range(1, self.prefetch + 1):
+                        if u + k < self.units:
+                            impl.prefetch(u + k)
+            self.depth[u] += 1
+        return hook
+
+    def _post_forward(self, ref, u):
+        def hook(module, args, out):
+            if self.in_backward:
+                return
+            self.depth[u] -= 1
+            if self.depth[u]:
+                return
+            impl = self._impl(ref)
+            outs = [t for t in torch.utils._pytree.tree_leaves(out) if isinstance(t, torch.Tensor) and t.requires_grad]
+            if outs:  # gather again when backward reaches this unit's outputs
+                torch.autograd.graph.register_multi_grad_hook(outs, self._pre_backward(ref, u), mode="any")
+            impl.release(u)
+        return hook
+
+    def _pre_backward(self, ref, u):
+        def hook(grad):
+            impl = self._impl(ref)
+            with self.naming():
+                impl.gather(u)
+                for k in range(1, self.prefetch + 1):
+                    if u - k >= 0:
+                        impl.prefetch(u - k)
+        return hook
+
+    @contextlib.contextmanager
+    def naming(self):
+        """A collective's error names the units behind the tags it lists (ranks that take
+        different paths through the model gather different units)."""
+        try:
+            yield
+        except Error as e:
+            tags = sorted({int(t) for t in re.findall(r"tag=(\d+)", str(e)) if int(t) < len(self.names)})
+            if not tags:
+                raise
+            named = ", ".join(f"tag {t} = {self.names[t]!r}" for t in tags)
+            raise type(e)(f"{e}\n(stage-3 units: {named})") from e
+
+
+@contextlib.contextmanager
+def gathered(impl):
+    """Every unit whole (and kept) inside."""
+    impl.hold_gathered(True)
+    try:
+        yield
+    finally:
+        impl.hold_gathered(False)
+
+
+def _parameters_outside(model, units):
+    """Parameters of modules outside every unit (a tied lm_head's weight, shared with an
+    embedding inside a unit, must stay whole)."""
+    inside = {id(m) for u in units for m in u.modules()}
+    out = []
+    for m in model.modules():
+        if id(m) not in inside:
+            out.extend(m.parameters(recurse=False))
+    return out

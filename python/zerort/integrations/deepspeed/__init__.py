@@ -1,0 +1,127 @@
+"""DeepSpeed's entry points on zerort: a DeepSpeed training script runs with one import
+changed.
+
+    import zerort.integrations.deepspeed as deepspeed
+
+    engine, optimizer, loader, scheduler = deepspeed.initialize(
+        model=model, model_parameters=param_groups, training_data=dataset, config="ds_config.json")
+    for x, y in loader:
+        loss = loss_fn(engine(x), y)
+        engine.backward(loss)
+        engine.step()
+
+initialize() returns (engine, optimizer, training_dataloader, lr_scheduler) as DeepSpeed's
+does. The config is DeepSpeed's JSON (zerort.config.deepspeed_form and its key table zerort.config.deepspeed_keys)
+or zerort's own. The optimizer is zerort's fused AdamW over the param groups: from
+model_parameters, from a torch AdamW (or Adam without weight decay) passed as optimizer,
+or from a function that builds one from model_parameters. training_data gives a
+DataLoader over a DistributedSampler (DeepSpeed's: shuffled, seed 0), one micro batch
+(train_micro_batch_size_per_gpu) per step.
+"""
+import os
+
+import torch
+
+from zerort.integrations.deepspeed import zero as zero  # noqa: F401  (deepspeed.zero.Init, deepspeed.zero.GatheredParameters)
+from zerort.config import parse, read_json
+from zerort.errors import ConfigError
+from zerort.engine.engine import initialize as _zerort_initialize
+
+
+def initialize(args=None, model=None, optimizer=None, model_parameters=None, training_data=None, lr_scheduler=None,
+               distributed_port=None, mpu=None, dist_init_required=None, collate_fn=None, config=None,
+               mesh_param=None, config_params=None):
+    """DeepSpeed's deepspeed.initialize: (engine, optimizer, training_dataloader or None,
+    lr_scheduler or None). config (or config_params, or args.deepspeed_config): a dict or
+    a JSON path. distributed_port and dist_init_required are accepted and unused: zerort
+    creates its communicator from the launcher's environment."""
+    if model is None:
+        raise ValueError("deepspeed.initialize: model= is required (a torch.nn.Module)")
+    if mpu is not None or mesh_param is not None:
+        raise ValueError("deepspeed.initialize: mpu= / mesh_param= ask for model or sequence parallelism, which "
+                         "zerort does not have; zerort shards over data-parallel ranks only")
+    config = _config_source(args, config, config_params)
+    c = parse(config, form="deepspeed")
+    if optimizer is not None and "optimizer" in _raw(config):
+        raise ConfigError(["optimizer: the config has an optimizer section and initialize() was given optimizer= "
+                           "too; keep one of them (as DeepSpeed requires)"])
+    groups = optimizer_groups(optimizer, model_parameters, model)
+    engine = _zerort_initialize(model, c, param_groups=groups, lr_scheduler=lr_scheduler)
+    loader = None if training_data is None else dataloader(engine, training_data, collate_fn)
+    return engine, engine.optimizer, loader, engine.lr_scheduler
+
+
+def _raw(config):
+    """The config's top-level keys (a dict, or a JSON file parse() has read already)."""
+    if isinstance(config, (str, os.PathLike)):
+        return read_json(config)[0]
+    return config if isinstance(config, dict) else {}
+
+
+def _config_source(args, config, config_params):
+    given = [x for x in (config, config_params) if x is not None]
+    from_args = getattr(args, "deepspeed_config", None) if args is not None else None
+    if from_args is not None:
+        given.append(from_args)
+    if len(given) > 1:
+        raise ConfigError(["config: given more than once (config=, config_params= and args.deepspeed_config); "
+                           "pass one"])
+    if not given:
+        raise ConfigError(["config: none given; pass config= (a dict or a JSON path), or args with "
+                           "--deepspeed_config"])
+    return given[0]
+
+
+def optimizer_groups(optimizer, model_parameters, model, who="deepspeed.initialize"):
+    """The param groups for zerort's AdamW, from DeepSpeed's optimizer= / model_parameters=
+    (who: the caller named in errors)."""
+    if optimizer is None:
+        return model_parameters
+    if callable(optimizer) and not isinstance(optimizer, torch.optim.Optimizer):
+        optimizer = optimizer(model_parameters if model_parameters is not None else model.parameters())
+    name = type(optimizer).__name__
+    if not isinstance(optimizer, (torch.optim.AdamW, torch.optim.Adam)):
+        raise TypeError(f"{who}: optimizer is a {name}; zerort runs its own fused AdamW, and takes "
+                        "a torch.optim.AdamW (or Adam without weight decay) only for its param groups. Pass "
+                        "model_parameters= and an \"optimizer\" config section instead")
+    groups = []
+    for k, g in enumerate(optimizer.param_groups):
+        decoupled = g.get("decoupled_weight_decay", isinstance(optimizer, torch.optim.AdamW))
+        if not decoupled and g["weight_decay"]:
+            raise ValueError(f"{who}: the {name} optimizer has coupled weight_decay "
+                             f"{g['weight_decay']:g} in param group {k}: Adam's L2 decay is added to the gradient, "
+                             "zerort's AdamW decays the weights directly; use torch.optim.AdamW or weight_decay 0")
+        if g.get("amsgrad") or g.get("maximize"):
+            raise ValueError(f"{who}: param group {k} of the {name} asks for amsgrad or maximize, "
+                             "which zerort's AdamW does not do")
+        groups.append({"params": list(g["params"]), "lr": g["lr"], "betas": tuple(g["betas"]), "eps": g["eps"],
+                       "weight_decay": g["weight_decay"]})
+    return groups
+
+
+def dataloader(engine, dataset, collate_fn=None):
+    """DeepSpeed's training_data loader: a DistributedSampler over this rank's share, one
+    micro batch per step."""
+    micro = engine.config.train_micro_batch_size_per_gpu
+    if micro is None:
+        raise ConfigError(["train_micro_batch_size_per_gpu: not set; training_data= needs it (or train_batch_size) "
+                           "to batch the dataset"])
+    sampler = torch.utils.data.distributed.DistributedSampler(dataset, num_replicas=engine.world_size,
+                                                              rank=engine.rank)
+    return torch.utils.data.DataLoader(dataset, batch_size=micro, sampler=sampler, collate_fn=collate_fn,
+                                       drop_last=engine.config.dataloader_drop_last)
+
+
+def add_config_arguments(parser):
+    """DeepSpeed's --deepspeed and --deepspeed_config arguments, on an argparse parser."""
+    group = parser.add_argument_group("DeepSpeed", "DeepSpeed configurations")
+    group.add_argument("--deepspeed", default=False, action="store_true", help="enable DeepSpeed (zerort)")
+    group.add_argument("--deepspeed_config", default=None, type=str, help="the DeepSpeed JSON config file")
+    return parser
+
+
+def init_distributed(*args, **kwargs):
+    """Accepted for DeepSpeed scripts: zerort's communicator is made by initialize()."""
+    return None
+
+

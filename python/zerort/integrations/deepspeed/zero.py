@@ -1,0 +1,105 @@
+"""deepspeed.zero's two context managers, for zerort.integrations.deepspeed (import zerort.integrations.deepspeed as
+deepspeed; deepspeed.zero.Init(), deepspeed.zero.GatheredParameters(...)).
+
+    with deepspeed.zero.Init():
+        model = MyModel()                    # parameters on the meta device, buffers real
+    engine, *_ = deepspeed.initialize(model=model, config=ds_config)   # made real unit by unit
+
+    with deepspeed.zero.GatheredParameters(model.lm_head.weight, modifier_rank=0):
+        if engine.global_rank == 0:
+            model.lm_head.weight.zero_()     # rank 0's change goes to every rank's FP32 master
+
+Init builds every parameter created inside on the meta device (its values are made by the
+module's own initialization inside initialize(), zerort.engine.meta_init); buffers stay real, as
+zerort needs them. GatheredParameters makes the given parameters whole inside (at stage 3
+all units are gathered; stages 0-2 hold them whole) and, with modifier_rank, writes that
+rank's values of them into every rank's FP32 master on exit (a collective: every rank
+enters it). Parameters of no engine yet are whole already: nothing to do.
+"""
+import contextlib
+
+import torch
+
+from zerort.engine import lifecycle
+
+
+class Init:
+    """DeepSpeed's zero.Init: parameters created inside are built on the meta device."""
+
+    def __init__(self, module=None, data_parallel_group=None, mem_efficient_linear=True, remote_device=None,
+                 pin_memory=False, config_dict_or_path=None, config=None, enabled=True, dtype=None, mpu=None,
+                 **kwargs):
+        if module is not None:
+            raise ValueError("deepspeed.zero.Init(module=...): zerort cannot partition a model built already; "
+                             "build it inside `with deepspeed.zero.Init():` instead")
+        if remote_device not in (None, "none"):
+            raise ValueError(f"deepspeed.zero.Init(remote_device={remote_device!r}): zerort has no parameter "
+                             "offload; leave remote_device out")
+        self.enabled = enabled
+        self._saved = None
+
+    def __enter__(self):
+        if not self.enabled:
+            return self
+        original = self._saved = torch.nn.Module.register_parameter
+
+        def register_on_meta(module, name, param):
+            original(module, name, param)
+            if param is not None and not param.is_meta:
+                meta = type(param)(param.detach().to("meta"), requires_grad=param.requires_grad)
+                module._parameters[name] = meta
+
+        torch.nn.Module.register_parameter = register_on_meta
+        return self
+
+    def __exit__(self, *exc):
+        if self._saved is not None:
+            torch.nn.Module.register_parameter = self._saved
+            self._saved = None
+        return False
+
+
+def _owner(params):
+    """The live engine that trains any of params, or None."""
+    ids = {id(p) for p in params}
+    for engine in lifecycle.engines():
+        if getattr(engine, "_impl", None) is not None and ids & set(engine._names):
+            return engine
+    return None
+
+
+@contextlib.contextmanager
+def GatheredParameters(params, modifier_rank=None, fwd_module=None, enabled=True):
+    """DeepSpeed's zero.GatheredParameters: params (one parameter or an iterable) whole
+    inside; with modifier_rank, that rank's values written to every rank's master on exit."""
+    params = [params] if isinstance(params, torch.Tensor) else [p for p in params if p is not None]
+    engine = _owner(params) if enabled else None
+    if engine is None:
+        yield
+        return
+    with engine.gathered_parameters():
+        yield
+        if modifier_rank is not None:
+            _take_values(engine, params, modifier_rank)
+
+
+def _take_values(engine, params, rank):
+    """rank's values of params become every rank's FP32 master (and working copy)."""
+    from zerort.state.shard_map import param_layout, write_state
+
+    names = {id(p): n for n, p in engine.module.named_parameters()}
+    layout = param_layout(engine)
+    full = {}
+    for p in params:
+        name = names.get(id(p))
+        if name not in layout:  # frozen: its working copy and its FP32 copy
+            with torch.no_grad():
+                engine.comm.broadcast(p.data, rank)
+                if id(p) in engine._frozen_fp32:
+                    engine._frozen_fp32[id(p)].copy_(p.data)
+            continue
+        value = p.detach().float().clone()
+        engine.comm.broadcast(value, rank)
+        full[name] = value
+    write_state(engine, "master", full, layout)
+    engine._impl.refresh_params()  # the working copies from the new master (a collective)

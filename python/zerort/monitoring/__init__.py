@@ -1,0 +1,2 @@
+"""What a run reports while it trains: DeepSpeed's printed lines (progress), the CSV and
+TensorBoard monitor (monitor) and its plot (plot)."""

@@ -1,0 +1,111 @@
+"""The shard map: which rank holds which run of every trainable parameter's elements, and at
+what index of its optimizer state (FP32 master, Adam m and v, the FP32 gradient shard).
+
+Every bucket (stage-3 unit) of an engine group is a ShardLayout (partition/shard_layout.h):
+its parameters back to back, padded, cut into one shard per rank. The map asks the C++
+ShardLayout for each parameter's slices; the checkpoint (what meta.json records, what a load
+writes back), the optimizer's param-group regions and the non-finite guard's watched regions
+all read it from here, and memory.py sizes its layouts with layout().
+
+A segment is [rank, index, offset, length]: `length` elements of the parameter from `offset`
+(row-major) are elements [index, index + length) of `rank`'s optimizer state. At stage 0
+every rank holds every element: the segments then name rank 0, and each rank reads them as
+its own (replicated()).
+"""
+import math
+
+import torch
+
+from zerort import _C
+
+def layout(numels, world_size):
+    """The ShardLayout of parameters of these sizes (in flat order) over world_size ranks,
+    with the Engine's alignment (zerort._C.SHARD_ALIGNMENT)."""
+    return _C.ShardLayout(list(numels), world_size, _C.SHARD_ALIGNMENT)
+
+
+def replicated(engine):
+    """Whether every rank holds the whole optimizer state (stage 0)."""
+    return engine.config.stage == 0
+
+
+def _group_segments(engine, g, params):
+    """{id(p): segments} for group g's parameters, from each bucket's ShardLayout."""
+    impl, stage0 = engine._impl, replicated(engine)
+    numels = [math.prod(engine._shapes[id(p)]) for p in params]  # stage 3 empties the params
+    offsets = [impl.param_offset(g, i) for i in range(len(params))]
+    out = {id(p): [] for p in params}
+    for start, padded, shard, opt in impl.bucket_layout(g) if params else []:
+        inside = sorted((offsets[i], i) for i in range(len(params)) if numels[i] and start <= offsets[i] < start + padded)
+        if not inside:
+            continue
+        # Stage 0: one rank holds the whole bucket (the parameters at their flat offsets).
+        bucket = layout([numels[i] for _, i in inside], 1 if stage0 else engine.world_size)
+        if not stage0 and (bucket.shard_numel, bucket.padded_numel) != (shard, padded):
+            raise RuntimeError(f"zerort shard map: group {g}'s bucket at {start} has shards of {shard} elements, "
+                               f"its ShardLayout {bucket.shard_numel}")
+        for j, (_, i) in enumerate(inside):
+            out[id(params[i])] = [[s.rank, opt + s.shard_offset, s.param_offset, s.numel]
+                                  for s in bucket.slices_of_param(j)]
+    return out
+
+
+def param_layout(engine):
+    """{name: {"shape", "dtype", "compute_dtype", "segments"}} for every trainable parameter
+    of the engine, in named_parameters() order (a shared parameter under its first name)."""
+    where = {}
+    for g, params in enumerate(engine._groups):
+        where.update(_group_segments(engine, g, params))
+    out, seen = {}, set()
+    for name, p in engine.module.named_parameters():
+        if id(p) in where and id(p) not in seen:
+            seen.add(id(p))
+            out[name] = {"shape": list(engine._shapes[id(p)]), "dtype": "float32",  # the saved master
+                         "compute_dtype": str(engine._working_dtype(p)).replace("torch.", ""),
+                         "segments": where[id(p)]}
+    return out
+
+
+def owned(engine, layout=None):
+    """(index, length, name) of every run of optimizer state this rank holds, in index order."""
+    layout = layout or param_layout(engine)
+    everything = replicated(engine)
+    return sorted((index, length, name) for name, info in layout.items()
+                  for rank, index, _, length in info["segments"] if everything or rank == engine.rank)
+
+
+def optimizer_tensors(engine):
+    """{"master", "exp_avg", "exp_avg_sq"}: one flat FP32 tensor per engine group, each
+    this rank's optimizer state (the indices of the segments run across the groups)."""
+    impl = engine._impl
+    n = impl.num_groups
+    return {"master": [impl.master(g) for g in range(n)], "exp_avg": [impl.exp_avg(g) for g in range(n)],
+            "exp_avg_sq": [impl.exp_avg_sq(g) for g in range(n)]}
+
+
+def flat(tensors):
+    """One flat tensor of a list of them (a copy when there are several), or of one tensor."""
+    if isinstance(tensors, list):
+        return torch.cat([t.reshape(-1) for t in tensors]) if len(tensors) > 1 else tensors[0].reshape(-1)
+    return tensors.reshape(-1)
+
+
+def write_state(engine, key, full, layout=None):
+    """This rank's part of full[name] (each a whole parameter's values) into the engine's
+    `key` ("master", "exp_avg" or "exp_avg_sq"), for the parameters full names; layout:
+    param_layout(engine), when the caller has it."""
+    layout = layout or param_layout(engine)
+    views = optimizer_tensors(engine)[key]
+    rank, everything = engine.rank, replicated(engine)
+    with torch.no_grad():
+        state = flat(views)  # a view of the one group's tensor, or a copy of several
+        for name, values in full.items():
+            values = values.reshape(-1)
+            for r, index, offset, length in layout[name]["segments"]:
+                if everything or r == rank:
+                    state[index:index + length] = values[offset:offset + length]
+        if len(views) > 1:  # write back into each group's view
+            off = 0
+            for v in views:
+                v.reshape(-1).copy_(state[off:off + v.numel()])
+                off += v.numel()
