@@ -28,7 +28,8 @@ from zerort.errors import (CollectiveMismatchError, CommError, CommTimeoutError,
 __version__ = _C.__version__
 
 # The package by concern (dependencies point down): integrations/ (deepspeed, hf) ->
-# engine/ -> monitoring/, accounting/, state/ -> config/, comm/ -> zerort._C.
+# engine/ -> monitoring/, accounting/ -> state/ -> layout/ -> config/, comm/ -> errors,
+# lifecycle -> zerort._C.
 from zerort import comm, config, state  # noqa: E402,F401
 from zerort.comm import Communicator, detect_launch_env  # noqa: E402,F401
 from zerort.engine import Engine, initialize  # noqa: E402,F401

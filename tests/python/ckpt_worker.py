@@ -84,7 +84,7 @@ def safety(engine, name, base):
     "took", "value"}} for this rank. Files are set up by rank 0 between barriers."""
     from zerort.state import checkpoint as ck
     from zerort.state import consolidate
-    from zerort.state.shard_map import flat, optimizer_tensors
+    from zerort.layout.shard_map import flat, optimizer_tensors
 
     comm, rank = engine.comm, engine.rank
     root = os.path.join(base, "ck")  # every checkpoint directory of this run

@@ -12,7 +12,7 @@ engine's comm thread joined). The last round's engines stay alive unless ENDING 
 - raise: engines alive, an uncaught exception at the end (exit status 1);
 - sys_exit: engines alive, sys.exit(0);
 - inflight (gloo only): engines alive and torch.distributed all_reduces of Python tensors
-  still queued, never waited, at exit (what aborted a process before zerort.engine.lifecycle
+  still queued, never waited, at exit (what aborted a process before zerort.lifecycle
   closed engines and communicators at exit);
 - inflight_user (gloo only): the same on a process group this script creates and destroys
   itself, with zerort's engines still holding its backend.

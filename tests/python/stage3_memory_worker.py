@@ -17,7 +17,7 @@ import torch  # noqa: E402
 
 import zerort  # noqa: E402
 from zerort.accounting import memory  # noqa: E402
-from zerort.engine import units
+from zerort.layout import units
 from engine_worker import run_cases  # noqa: E402
 
 WIDTH, LAYERS, BATCH = 4096, 8, 4

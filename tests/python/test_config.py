@@ -66,7 +66,7 @@ def test_bad_files(tmp_path):
 
 
 def test_fp32_modules_adds_and_removes_in_both_spellings():
-    assert parse({}).fp32_modules == ()  # the norm rule alone (zerort.engine.precision)
+    assert parse({}).fp32_modules == ()  # the norm rule alone (zerort.layout.precision)
     change = ["MoEGate", "-BatchNorm2d"]
     change_t = tuple(change)
     assert parse({"fp32_modules": change}).fp32_modules == ("MoEGate", "-BatchNorm2d")

@@ -13,7 +13,7 @@ import zerort
 from zerort.config import deepspeed_keys as ds_keys
 from zerort.config import parse, resolve_batch
 from zerort.errors import ConfigError
-from zerort.engine.stage3 import prefetch_units
+from zerort.layout.units import prefetch_units
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 

@@ -93,7 +93,7 @@ def reference(case, world, device="cpu"):
 
 
 def _low_precision_copy(model, dtype):
-    """The model cast to dtype, except what zerort keeps FP32 (zerort.engine.precision's rule,
+    """The model cast to dtype, except what zerort keeps FP32 (zerort.layout.precision's rule,
     written out for the test models): norm layers (torch's LayerNorm, HuggingFace's
     *RMSNorm) keep their FP32 values and compute in FP32, inputs cast to FP32 and outputs
     back; the float buffers of modules without parameters (HF's rotary inv_freq) keep their

@@ -15,7 +15,7 @@ Endings (exit_worker.py): engines dropped; left alive at exit; an uncaught excep
 end (exit status 1); sys.exit(0) with engines alive; and, under gloo, torch.distributed
 all_reduces still queued at exit on zerort's process group or on one the script created
 and destroyed itself. The last two aborted with "terminate called without an active
-exception" before zerort.engine.lifecycle closed engines and communicators at exit (measured: 4 of
+exception" before zerort.lifecycle closed engines and communicators at exit (measured: 4 of
 6 such launches).
 
 A launch passes when it exits with the status its ending expects (0, or 1 after the

@@ -1,4 +1,4 @@
-"""zerort.engine.precision: which modules stay FP32 under bf16/fp16 (norm layers by what they are,
+"""zerort.layout.precision: which modules stay FP32 under bf16/fp16 (norm layers by what they are,
 config fp32_modules adding and removing classes) and which float buffers keep their dtype.
 One process, world size 1; the HuggingFace models are in test_hf_models.py."""
 import pytest
@@ -6,7 +6,7 @@ import torch
 import torch.nn as nn
 
 import zerort
-from zerort.engine import precision
+from zerort.layout import precision
 
 INPROC = {"comm": {"backend": "inprocess"}}
 
@@ -125,7 +125,7 @@ def test_nested_fp32_modules_stay_fp32_inside():
     model = nn.Sequential(nn.Linear(6, 6), Block())
     e = zerort.initialize(model, dict(INPROC, stage=1, precision="bf16", fp32_modules=["Block"]))
     step(e)
-    assert [m for m in precision.plan(model, ("Block",)).fp32_modules] == [model[1]]
+    assert [m for m in precision.fp32_plan(model, ("Block",)).fp32_modules] == [model[1]]
     assert model[1].fc.weight.dtype == FP32 and model[0].weight.dtype == BF16
 
 
@@ -184,7 +184,7 @@ def test_buffers_keep_their_dtype_unless_their_module_computes_in_bf16(stage):
 
 def test_removing_a_parameter_free_class_casts_its_buffers():
     model = Buffers()
-    plan = precision.plan(model, ("-PositionTable",))
+    plan = precision.fp32_plan(model, ("-PositionTable",))
     assert model.table not in plan.fp32_modules and model.fixed in plan.fp32_modules
     e = zerort.initialize(model, dict(INPROC, stage=2, precision="bf16", fp32_modules=["-PositionTable"]))
     step(e)

@@ -1,4 +1,4 @@
-"""zerort.state.shard_map against a reference computed another way: for engine-like bucket
+"""zerort.layout.shard_map against a reference computed another way: for engine-like bucket
 layouts (zerort._C.plan_buckets at W = 1-4, stages 0-3, sizes 0, 1, odd and large), every
 parameter's segments equal a plain walk over the flat buffer that cuts it at each shard
 boundary, and the segments cover each parameter exactly once. The engines of the other
@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import zerort
-from zerort.state import shard_map
+from zerort.layout import shard_map
 
 
 def reference(a, n, start, shard, opt, replicated):

@@ -3,7 +3,7 @@ same bits.
 
 The model (stage3_compile_worker.py): a small transformer, an input Linear, 3 blocks of
 LayerNorm (an FP32 module), MultiheadAttention and an MLP, a head; 3 training steps in
-bf16. Stage 3's units are the blocks (zerort.engine.units: the layers repeated in a ModuleList).
+bf16. Stage 3's units are the blocks (zerort.layout.units: the layers repeated in a ModuleList).
 
 - W = 2 under mpirun, backend aot_eager (dynamo and AOTAutograd, which is where the module
   hooks, the graph breaks they cause and the emptied unit storages meet the compiler; the

@@ -2,7 +2,7 @@
 items 2 and 6), and engine.memory_report() says so exactly.
 
 The model: 8 x nn.Linear(4096, 4096, bias=False) in an nn.Sequential, each a 32 MiB unit
-in bf16 (zerort.engine.units picks one unit per Linear); stage 3, bf16, W = 2 under mpirun, one
+in bf16 (zerort.layout.units picks one unit per Linear); stage 3, bf16, W = 2 under mpirun, one
 training step per prefetch value 0, 1 and 2 (stage3_memory_worker.py), batch 4.
 
 What is compared, per rank (the worker records it; measured by zerort's counting CPU

@@ -1,4 +1,4 @@
-"""zerort.engine.units: the stage-3 units chosen for a model (one process, no launch). HuggingFace
+"""zerort.layout.units: the stage-3 units chosen for a model (one process, no launch). HuggingFace
 models are built from small configs with HF_HUB_OFFLINE=1, nothing downloaded.
 
 Every case also checks what the caller relies on: units in registration order, each module
@@ -16,7 +16,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.join(ROOT, "examples"))
 
-from zerort.engine.units import _choose, choose_units, unit_names  # noqa: E402
+from zerort.layout.units import _choose, choose_units, unit_names  # noqa: E402
 
 VOCAB, SEQ, LAYERS = 96, 16, 3
 

@@ -27,8 +27,8 @@ import torch
 
 from zerort import _C
 from zerort.config import Config
-from zerort.engine.precision import group_params
-from zerort.state.shard_map import layout
+from zerort.layout.precision import group_params
+from zerort.layout.shard_map import layout
 from zerort.accounting.phases import (PHASES, PhaseMemory, Phases, allocated, install_counting_allocator,  # noqa: F401
                      reset_peak)
 
@@ -129,11 +129,11 @@ def gathered_window(units, k):
 def model_groups(model, stage, precision="bf16", config=None):
     """The parameter groups zerort.initialize would build for this model (shared parameters
     count once), as precision.group_params groups them."""
-    from zerort.engine.stage3 import UnitPlan
+    from zerort.layout.units import UnitPlan
 
     c = config or Config(stage=stage, precision=precision)
     grouping = group_params(model, precision, c.fp32_modules)
-    units = UnitPlan(model, grouping.trainable, grouping.plan.fp32_ids, c) if stage == 3 else None
+    units = UnitPlan(model, grouping.trainable, grouping.fp32_plan.fp32_ids, c) if stage == 3 else None
     return _layout_groups(grouping.groups, lambda p: p.numel(), _BYTES[precision], units)
 
 

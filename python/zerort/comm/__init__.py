@@ -14,7 +14,7 @@ import os
 import torch
 
 from zerort import _C
-from zerort.engine import lifecycle
+from zerort import lifecycle
 from zerort.comm.tensor_args import buffer, dtype_name
 from zerort.errors import CommError
 
@@ -30,7 +30,7 @@ def init(backend="auto", timeout_s=600.0, debug=False, staged=None):
     cuda:LOCAL_RANK) or 'inprocess' (one rank). 'auto' picks by launcher: mpi under mpirun,
     gloo under torchrun. gloo initialises torch.distributed (env:// rendezvous on MASTER_ADDR/MASTER_PORT, with
     timeout_s as the process group's timeout) unless it is already initialised; a group it
-    initialises it also destroys at exit (zerort.engine.lifecycle). gloo's reduce_scatter honours
+    initialises it also destroys at exit (zerort.lifecycle). gloo's reduce_scatter honours
     only the process group's timeout, so when you initialise torch.distributed yourself,
     pass it the same timeout. staged: 'cuda' carries CUDA buffers (on cuda:LOCAL_RANK) through
     pinned host memory over an mpi or gloo communicator, so ranks that share one GPU train
@@ -108,7 +108,7 @@ class Communicator:
         lifecycle.track_comm(self)  # closed at exit if still alive
 
     def _close(self):
-        """Drops the C++ communicator now (zerort.engine.lifecycle, at exit, after every engine that
+        """Drops the C++ communicator now (zerort.lifecycle, at exit, after every engine that
         used it): for gloo, its reference to c10d's backend goes while the interpreter is
         whole. Unusable afterwards."""
         self._c = None

@@ -54,7 +54,7 @@ class Config:
     comm_timeout_s: float = 600.0
     comm_debug: bool = False  # check every collective across ranks as it is called
     max_consecutive_skips: int = 100  # skipped (non-finite) steps in a row before training stops
-    fp32_modules: tuple = ()  # changes to the norm rule of zerort.engine.precision: "Name" adds a class, "-Name" removes it
+    fp32_modules: tuple = ()  # changes to the norm rule of zerort.layout.precision: "Name" adds a class, "-Name" removes it
     train_micro_batch_size_per_gpu: Optional[int] = None  # checked against train_batch_size
     train_batch_size: Optional[int] = None
     gradient_accumulation_given: bool = True  # False: derived from train_batch_size at initialize
@@ -361,7 +361,7 @@ POSITIVE = ("warmup_num_steps", "lr_range_test_step_size", "cycle_first_step_siz
 
 def _scheduler(r, cfg):
     """{"type": one of zerort.engine.lr_schedules.SCHEDULES, "params": {...}}, each param checked."""
-    from zerort.engine.lr_schedules import PARAMS
+    from zerort.config.schedule_params import PARAMS
 
     sched, rs = r.child(cfg, "scheduler")
     if not sched:

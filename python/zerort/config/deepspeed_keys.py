@@ -130,7 +130,7 @@ KEYS = [
     b("data_types.grad_accum_dtype", "fp32 at stages 2-3 (the FP32 gradient shard), the compute dtype at "
       "stages 0-1; another dtype is an error"),
     d("data_types.param_dtype", "a parameter dtype beside bf16.enabled/fp16.enabled", NULL),
-    d("data_types.buffer_dtype", "a buffer dtype: zerort.engine.precision decides", NULL),
+    d("data_types.buffer_dtype", "a buffer dtype: zerort.layout.precision decides", NULL),
     # ---- ZeRO ----
     a("zero_optimization.stage", "the same: 0, 1, 2, 3"),
     a("zero_optimization.overlap_comm", "zerort always overlaps reduces with backward (its comm thread)", kind=BOOL),

@@ -18,7 +18,7 @@ LlamaRMSNorm), with config fp32_modules adding ("Name") or removing ("-Name") cl
 buffers keep the dtype the model gave them (rotary inv_freq, BatchNorm's running
 statistics) except in modules with parameters in the compute dtype, whose forward mixes
 the two: there they are cast to it. A module without parameters that holds float buffers
-computes in FP32 like an FP32 module. The rule is zerort.engine.precision's. Every buffer lives on
+computes in FP32 like an FP32 module. The rule is zerort.layout.precision's. Every buffer lives on
 the model's device: CPU (mpi or gloo communicators) or one CUDA device (nccl).
 """
 import contextlib
@@ -29,22 +29,16 @@ import weakref
 
 import torch
 
-from zerort import _C
+from zerort import _C, lifecycle
 from zerort import comm as comm_mod
-from zerort.engine import same_model as consistency
-from zerort.engine import failfast
-from zerort.engine import lifecycle
-from zerort.engine import meta_init
-from zerort.engine import nonfinite
 from zerort.accounting import phases
-from zerort.engine import precision
 from zerort.config import parse, resolve_batch
-from zerort.errors import ConfigError, DeviceError, UsageError
+from zerort.engine import failfast, lr_schedules, meta_init, nonfinite, same_model, stage3
 from zerort.engine.optimizer import ZeroOptimizer
-from zerort.engine import lr_schedules
-from zerort.monitoring import monitor
-from zerort.monitoring import progress
-from zerort.engine import stage3
+from zerort.errors import ConfigError, DeviceError, UsageError
+from zerort.layout import precision
+from zerort.layout import units as unit_plan
+from zerort.monitoring import monitor, progress
 
 _DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
@@ -114,9 +108,9 @@ class Engine:
         c = self.config = resolve_batch(c, self.comm.size)  # DeepSpeed's batch rule, at this world size
         failfast.install(self.comm.rank, self.comm.size)  # an uncaught error ends every rank
         lifecycle.track_engine(self)  # closed at exit if still alive (its comm thread joined)
-        consistency.check_model(self.comm, model)  # the same model on every rank, or an error
+        same_model.check_model(self.comm, model)  # the same model on every rank, or an error
         grouping = precision.group_params(model, c.precision, c.fp32_modules)
-        plan = grouping.plan
+        plan = grouping.fp32_plan
         fp32_ids = plan.fp32_ids
         precision.compute_in_fp32(plan, self.dtype)
         self._names = grouping.names  # id(param) -> its first name, for errors
@@ -142,7 +136,7 @@ class Engine:
                 self._frozen_fp32[id(p)] = p.data.clone()
                 if id(p) not in fp32_ids:
                     p.data = p.data.to(self.dtype)
-            for m in model.modules():  # rank 0's buffers; cast only where zerort.engine.precision says
+            for m in model.modules():  # rank 0's buffers; cast only where zerort.layout.precision says
                 for name, b in m.named_buffers(recurse=False):
                     if b is not None and b.is_floating_point():
                         self.comm.broadcast(b, 0)
@@ -155,8 +149,8 @@ class Engine:
         self.comm._c.reset_scratch_peak()  # the memory report measures from here
         # The binding takes the Config's fields by their own names (the loss-scale ones count for fp16 only).
         kwargs = {name: getattr(c, name) for name in _C.ENGINE_OPTIONS}
-        units = stage3.UnitPlan(model, params, fp32_ids, c) if c.stage == 3 else None
-        if units:  # DeepSpeed's element counts become a number of units (zerort.engine.stage3.prefetch_units)
+        units = unit_plan.UnitPlan(model, params, fp32_ids, c) if c.stage == 3 else None
+        if units:  # DeepSpeed's element counts become a number of units (zerort.layout.units.prefetch_units)
             c = self.config = dataclasses.replace(c, prefetch=units.prefetch)
         if materialize is not None:
             kwargs["materialize"] = lambda g, idx: materialize([self._groups[g][i] for i in idx])
@@ -450,7 +444,7 @@ class Engine:
 
     def _close(self):
         """Drops the C++ engine (or the stage-3 one) now, whatever else refers to this object:
-        zerort.engine.lifecycle calls it at exit, so the comm thread is joined while the interpreter
+        zerort.lifecycle calls it at exit, so the comm thread is joined while the interpreter
         is whole. Unusable afterwards."""
         self._impl = None
         self._nonfinite = None

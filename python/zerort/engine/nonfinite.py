@@ -17,7 +17,7 @@ import weakref
 
 import torch
 
-from zerort.state import shard_map
+from zerort.layout import shard_map
 from zerort.errors import LossScaleError, NonFiniteError
 
 FIRST_K = 4  # parameters named in an error

@@ -20,7 +20,7 @@ import torch
 
 from zerort import _C
 from zerort.errors import UsageError
-from zerort.state.shard_map import owned
+from zerort.layout.shard_map import owned
 
 HYPER_KEYS = ("lr", "betas", "eps", "weight_decay")
 # torch.optim.AdamW's options that zerort's AdamW does not have, with the value it implies.
@@ -86,8 +86,13 @@ class ZeroOptimizer(torch.optim.Optimizer):
         return {"param_groups": describe(self._live(), self.param_groups)}
 
     def load_state_dict(self, state_dict):
-        restore(self._live(), self.param_groups, state_dict["param_groups"], "optimizer.load_state_dict")
+        self.restore_groups(state_dict["param_groups"], "optimizer.load_state_dict")
         self.push()
+
+    def restore_groups(self, saved, who, check_only=False):
+        """Takes saved param groups (state_dict()'s form) after checking they hold this
+        engine's parameters; check_only: only the check (who: the caller named in errors)."""
+        restore(self._live(), [dict(g) for g in self.param_groups] if check_only else self.param_groups, saved, who)
 
     # ---- zerort ----------------------------------------------------------------------
     def _live(self):

@@ -7,14 +7,10 @@ their full descriptions, so the error can name the first entry that differs and 
 ranks hold which version of it. Every rank reaches the same verdict and raises the same
 error, so no rank goes on to wait in a collective its peers never join.
 """
-import hashlib
 import json
 
-import torch
-
+from zerort.comm.agreement import gather_if_different, ranks_text
 from zerort.errors import ModelMismatchError
-
-DIGEST_WORDS = 4  # int64 words of the SHA-256, plus the entry count
 
 
 def describe(model):
@@ -25,44 +21,6 @@ def describe(model):
     out += [("buffer", n, list(b.shape), str(b.dtype).replace("torch.", ""), False)
             for n, b in model.named_buffers() if b is not None and b.is_floating_point()]
     return out
-
-
-def _digest(data):
-    h = hashlib.sha256(data).digest()
-    words = [int.from_bytes(h[8 * i:8 * i + 8], "little", signed=True) for i in range(DIGEST_WORDS)]
-    return torch.tensor(words + [len(data)], dtype=torch.int64)
-
-
-def _gather_bytes(comm, data):
-    """Every rank's bytes, as a list indexed by rank (two all-gathers: lengths, padded data)."""
-    w = comm.size
-    n = torch.tensor([len(data)], dtype=torch.int64)
-    lens = comm.all_gather(n, torch.empty(w, dtype=torch.int64))
-    words = (int(lens.max()) + 7) // 8
-    mine = torch.zeros(words * 8, dtype=torch.uint8)
-    mine[:len(data)] = torch.frombuffer(bytearray(data), dtype=torch.uint8) if data else mine[:0]
-    out = comm.all_gather(mine.view(torch.int64), torch.empty(w * words, dtype=torch.int64))
-    raw = out.view(torch.uint8).view(w, words * 8)
-    return [bytes(raw[r, :int(lens[r])].tolist()) for r in range(w)]
-
-
-def gather_if_different(comm, data):
-    """None when every rank holds the same bytes (one all-gather of a 5-word digest);
-    otherwise every rank's bytes, indexed by rank. A collective: every rank gets the same
-    answer."""
-    if comm.size == 1:
-        return None
-    digest = _digest(data)
-    everyone = comm.all_gather(digest, torch.empty(comm.size * digest.numel(), dtype=torch.int64))
-    everyone = everyone.view(comm.size, -1)
-    if bool((everyone == everyone[0]).all()):
-        return None
-    return _gather_bytes(comm, data)
-
-
-def _ranks(rs):
-    rs = list(rs)
-    return f"rank {rs[0]}" if len(rs) == 1 else "ranks " + ", ".join(map(str, rs))
 
 
 def _entry(e):
@@ -85,10 +43,10 @@ def first_difference(lists):
         for key, rs in groups.items():
             if key is None:
                 counts = sorted({len(lists[r]) for r in rs})
-                parts.append(f"{_ranks(rs)}: no entry #{i} (only {'/'.join(map(str, counts))} "
+                parts.append(f"{ranks_text(rs)}: no entry #{i} (only {'/'.join(map(str, counts))} "
                              "parameters and floating buffers)")
             else:
-                parts.append(f"{_ranks(rs)}: {_entry(json.loads(key))}")
+                parts.append(f"{ranks_text(rs)}: {_entry(json.loads(key))}")
         return (f"the first difference is entry #{i} (named_parameters(), then floating named_buffers()): "
                 + "; ".join(parts))
     return None

@@ -1,10 +1,11 @@
-"""ZeRO stage 3: the planning of units and the module hooks over the C++ Engine.
+"""ZeRO stage 3: the module hooks over the C++ Engine (the units are planned by
+zerort.layout.units.UnitPlan).
 
 The Engine (runtime/engine.h, stage 3) owns the shards, the gathers, the releases, the
 reduce-scatters and the step; this module only decides what the units are and tells the
 Engine when a unit is needed:
 
-- Units are zerort.engine.units.choose_units' modules (a HuggingFace model's `_no_split_modules`,
+- Units are zerort.layout.units.choose_units' modules (a HuggingFace model's `_no_split_modules`,
   else the layers repeated in a ModuleList/Sequential, else by size; config
   stage3.unit_modules overrides). A unit's trainable compute-dtype parameters that belong
   to it alone and hold at least stage3.persistence_threshold elements form one Engine unit.
@@ -27,57 +28,6 @@ import weakref
 import torch
 
 from zerort.errors import Error
-from zerort.engine.units import choose_units, unit_names
-
-
-class UnitPlan:
-    """Which Engine unit each parameter belongs to, and which modules enter which unit."""
-
-    def __init__(self, model, params, fp32_ids, config):
-        units = choose_units(model, config.unit_modules, config.persistence_threshold)
-        names = unit_names(model, units)
-        owners = {}
-        for u, module in enumerate(units):
-            for p in module.parameters():
-                owners.setdefault(id(p), set()).add(u)
-        outside = {id(p) for p in _parameters_outside(model, units)}
-        index = {id(p): i for i, p in enumerate(p for p in params if id(p) not in fp32_ids)}
-        members = [[] for _ in units]
-        persistent = []
-        for p in params:
-            if id(p) in fp32_ids:
-                continue
-            us = owners.get(id(p), set())
-            if len(us) == 1 and id(p) not in outside and p.numel() >= config.persistence_threshold:
-                members[next(iter(us))].append(index[id(p)])
-            else:
-                persistent.append(index[id(p)])
-        # Engine units in forward (registration) order, then the persistent one.
-        self.specs, self.names, self.modules = [], [], []  # per Engine unit
-        for module, name, ps in zip(units, names, members):
-            if ps:
-                self.specs.append((ps, False))
-                self.names.append(name)
-                self.modules.append(module)
-        if persistent:
-            self.specs.append((persistent, True))
-            self.names.append("persistent")
-        group = [p for p in params if id(p) not in fp32_ids]
-        self.numels = [sum(group[i].numel() for i in ps) for ps, persistent in self.specs if not persistent]
-        self.prefetch = prefetch_units(self.numels, config)
-
-
-def prefetch_units(numels, config):
-    """Units gathered ahead: config.prefetch, or from DeepSpeed's element counts: as many
-    units (of the mean size) as fit in stage3_prefetch_bucket_size, and no more than
-    stage3_max_live_parameters leaves room for beside the largest unit running."""
-    if not numels or config.prefetch_numel is None and config.max_live_numel is None:
-        return config.prefetch
-    mean, largest = sum(numels) / len(numels), max(numels)
-    ahead = config.prefetch if config.prefetch_numel is None else int(config.prefetch_numel // max(mean, 1))
-    if config.max_live_numel is not None:
-        ahead = min(ahead, max(0, config.max_live_numel // max(largest, 1) - 1))
-    return ahead
 
 
 class UnitHooks:
@@ -163,14 +113,3 @@ def gathered(impl):
         yield
     finally:
         impl.hold_gathered(False)
-
-
-def _parameters_outside(model, units):
-    """Parameters of modules outside every unit (a tied lm_head's weight, shared with an
-    embedding inside a unit, must stay whole)."""
-    inside = {id(m) for u in units for m in u.modules()}
-    out = []
-    for m in model.modules():
-        if id(m) not in inside:
-            out.extend(m.parameters(recurse=False))
-    return out

@@ -32,7 +32,7 @@ loadable. Rules:
 - A full disk names the file and the bytes it needs; the save's folder is removed.
 
 The files themselves (atomic writes, shard files and their checksums, memory-mapped
-reads) are zerort.state.files; what each parameter's segments are, zerort.state.shard_map.
+reads) are zerort.state.files; what each parameter's segments are, zerort.layout.shard_map.
 """
 import fcntl
 import json
@@ -45,10 +45,10 @@ import torch
 
 from zerort.state.metadata import (FORMAT, SAVE_ID_DIGITS, STATE_TENSORS, CheckpointError,  # noqa: F401
                               check_tag, file_kind, meta_digest, read_meta)
-from zerort.state import files as files
-from zerort.state import loop_state as checkpoint_state
-from zerort.engine.same_model import _ranks, gather_if_different
-from zerort.state.shard_map import flat, optimizer_tensors, param_layout, write_state
+from zerort.state import files
+from zerort.state import loop_state
+from zerort.comm.agreement import gather_if_different, ranks_text
+from zerort.layout.shard_map import flat, optimizer_tensors, param_layout, write_state
 
 LOCK_NAME = ".zerort-save.lock"  # hidden: no tag can take the name
 
@@ -83,9 +83,9 @@ class Steps:
         for r, t in enumerate(texts):
             if t:
                 failed.setdefault(t.decode("utf-8", "replace"), []).append(r)
-        raise CheckpointError(f"{self.what} failed while {step} on {_ranks(sum(failed.values(), []))} of "
+        raise CheckpointError(f"{self.what} failed while {step} on {ranks_text(sum(failed.values(), []))} of "
                               f"{self.comm.size} (this is rank {self.comm.rank}): "
-                              + "; ".join(f"{_ranks(rs)}: {t}" for t, rs in failed.items()))
+                              + "; ".join(f"{ranks_text(rs)}: {t}" for t, rs in failed.items()))
 
 
 class _SaveLock:
@@ -191,7 +191,7 @@ def save(engine, directory, tag=None, client_state=None, save_latest=True):
     def check():
         _prepare(directory, tag, rank, lock)
         if rank == 0:  # a client_state that cannot be saved fails here, on every rank
-            state_body.append(checkpoint_state.encode(engine, client_state))
+            state_body.append(loop_state.encode(engine, client_state))
 
     try:
         steps.run("checking the tag, the directory and client_state", check)
@@ -211,7 +211,7 @@ def save(engine, directory, tag=None, client_state=None, save_latest=True):
             tensors = {k: flat(v).clone() for k, v in optimizer_tensors(engine).items()}
             if rank == 0:
                 extras.update(_extras(engine))
-                path = os.path.join(work, checkpoint_state.FILE)
+                path = os.path.join(work, loop_state.FILE)
                 files.atomic_write(path, lambda f: f.write(state_body[0]), len(state_body[0]) + 4096, save_id)
                 created.append(path)
             tensors.update({f"extra::{k}": v for k, v in extras.items()})
@@ -232,7 +232,7 @@ def save(engine, directory, tag=None, client_state=None, save_latest=True):
                     "config": to_dict(engine.config), "params": param_layout(engine),
                     "aliases": _aliases(engine), "extras": sorted(extras), "save_id": save_id,
                     "shards": [f"shard_{r:05d}.pt" for r in range(engine.world_size)], "shard_sha256": digests,
-                    **checkpoint_state.meta_entries(engine, state_body[0])}
+                    **loop_state.meta_entries(engine, state_body[0])}
             meta["sha256"] = meta_digest(meta)
             body = json.dumps(meta, indent=1).encode()
             path = os.path.join(work, "meta.json")
@@ -369,7 +369,7 @@ def _same_checkpoint(comm, directory, tag, meta):
     tags = {t.split(", save ")[0] for t in groups}
     what = "different tags" if len(tags) > 1 else f"the same {next(iter(tags))} of different saves"
     raise CheckpointError(f"load_checkpoint({directory!r}) on rank {comm.rank} of {comm.size}: the ranks resolved "
-                          f"{what}: " + "; ".join(f"{_ranks(rs)}: {t}" for t, rs in groups.items())
+                          f"{what}: " + "; ".join(f"{ranks_text(rs)}: {t}" for t, rs in groups.items())
                           + ". Every rank must load the same save: keep the checkpoint directory on storage that all "
                           "ranks share, or copy the same files to every host")
 
@@ -421,16 +421,16 @@ def load(engine, directory, tag=None, load_optimizer_states=True, load_lr_schedu
         _check_model(engine, directory, tag, meta, mine, reader)
         if what != "module":
             _window(engine, meta, dict(reader.shard(0)[1]["state"]))  # raises before anything loads
-        state.extend(checkpoint_state.read(folder, meta))
+        state.extend(loop_state.read(folder, meta))
         if what != "module":
-            checkpoint_state.check(engine, meta, state[1] if load_lr_scheduler_states else None, what)
+            loop_state.check(engine, meta, state[1] if load_lr_scheduler_states else None, what)
 
     steps.run("checking the shards", check)
     client_state, scheduler_state = state
     steps.run("restoring the state", lambda: _restore(engine, meta, mine, reader, what))
     if what != "module":
         scheduler = "all" if what == "all" else "scheduler"
-        checkpoint_state.restore(engine, meta, scheduler_state if load_lr_scheduler_states else None, scheduler)
+        loop_state.restore(engine, meta, scheduler_state if load_lr_scheduler_states else None, scheduler)
     return folder, client_state
 
 

@@ -15,7 +15,6 @@ import os
 import torch
 
 from zerort.state.metadata import CheckpointError, open_regular
-from zerort.engine.optimizer import describe, restore as restore_groups
 
 FILE = "engine_state.pt"
 
@@ -24,7 +23,7 @@ def encode(engine, client_state):
     """engine_state.pt's bytes, checked to load back as weights_only (and the param groups
     checked to be JSON for meta.json), before anything is written."""
     try:
-        json.dumps(describe(engine, engine.optimizer.param_groups))
+        json.dumps(engine.optimizer.state_dict()["param_groups"])
     except (TypeError, ValueError) as e:
         raise CheckpointError(f"save_checkpoint: engine.optimizer.param_groups hold a value JSON cannot store ({e}); "
                               "keep group values to numbers, strings, lists and dicts") from None
@@ -45,7 +44,7 @@ def encode(engine, client_state):
 
 def meta_entries(engine, body):
     """What meta.json records: the param groups, and engine_state.pt's name and digest."""
-    return {"optimizer": {"param_groups": describe(engine, engine.optimizer.param_groups)},
+    return {"optimizer": engine.optimizer.state_dict(),
             "engine_state": {"file": FILE, "sha256": hashlib.sha256(body).hexdigest()}}
 
 
@@ -70,8 +69,7 @@ def check(engine, meta, scheduler, what):
     (type name, state), or None when the schedule is not to be loaded)."""
     saved = meta.get("optimizer")
     if what == "all" and saved is not None:
-        restore_groups(engine, [dict(g) for g in engine.optimizer.param_groups], saved["param_groups"],
-                       "load_checkpoint")
+        engine.optimizer.restore_groups(saved["param_groups"], "load_checkpoint", check_only=True)
     kind, state = scheduler or (None, None)
     mine = engine.lr_scheduler
     if state is not None and mine is not None and kind != type(mine).__name__:
@@ -86,7 +84,7 @@ def restore(engine, meta, scheduler, what):
     scheduler_state = scheduler[1] if scheduler else None
     saved = meta.get("optimizer")
     if what == "all" and saved is not None:
-        restore_groups(engine, engine.optimizer.param_groups, saved["param_groups"], "load_checkpoint")
+        engine.optimizer.restore_groups(saved["param_groups"], "load_checkpoint")
     if what in ("all", "scheduler") and scheduler_state is not None and engine.lr_scheduler is not None:
         engine.lr_scheduler.load_state_dict(scheduler_state)
 

@@ -20,7 +20,7 @@ import contextlib
 
 import torch
 
-from zerort.engine import lifecycle
+from zerort import lifecycle
 
 
 class Init:
@@ -85,7 +85,7 @@ def GatheredParameters(params, modifier_rank=None, fwd_module=None, enabled=True
 
 def _take_values(engine, params, rank):
     """rank's values of params become every rank's FP32 master (and working copy)."""
-    from zerort.state.shard_map import param_layout, write_state
+    from zerort.layout.shard_map import param_layout, write_state
 
     names = {id(p): n for n, p in engine.module.named_parameters()}
     layout = param_layout(engine)

@@ -1,6 +1,6 @@
 """Which modules compute in FP32 when the compute dtype is bf16 or fp16, and which float
 buffers keep their dtype. zerort.initialize (engine.py; stage 3 through the FP32 parameter
-ids it is given) and zerort.estimate_memory (memory.py) both follow plan() below, and
+ids it is given) and zerort.estimate_memory (memory.py) both follow fp32_plan() below, and
 group their parameters with group_params().
 
 FP32 modules. A norm layer stays FP32 because of what it is: an instance of one of torch's
@@ -45,7 +45,7 @@ def is_norm(module, fp32_modules=()):
 
 
 @dataclass
-class Plan:
+class FP32Plan:
     """What zerort.initialize does to a model under bf16 or fp16."""
     fp32_modules: list = field(default_factory=list)  # run in FP32 (inputs cast up, outputs down); outermost only
     fp32_ids: set = field(default_factory=set)         # ids of the parameters kept in FP32
@@ -73,10 +73,10 @@ def _float_buffers(module):
     return [n for n, b in module.named_buffers(recurse=False) if b is not None and b.is_floating_point()]
 
 
-def plan(model, fp32_modules=()):
+def fp32_plan(model, fp32_modules=()):
     """The FP32 modules of model, their parameters, and the float buffers to cast (see the
     module docstring for the rule)."""
-    p = Plan()
+    p = FP32Plan()
     inside = set()  # ids of the modules within an FP32 module, the FP32 module included
     for m in model.modules():  # parents before children
         if id(m) in inside:
@@ -96,7 +96,7 @@ def plan(model, fp32_modules=()):
 @dataclass
 class Grouping:
     """A model's parameters as zerort.initialize groups them."""
-    plan: Plan       # plan() under bf16 or fp16; empty under fp32
+    fp32_plan: FP32Plan  # fp32_plan() under bf16 or fp16; empty under fp32
     names: dict      # id(param) -> its first name in named_parameters()
     trainable: list  # requires_grad, each tensor once, in named_parameters() order
     frozen: list
@@ -107,7 +107,7 @@ def group_params(model, precision, fp32_modules=()):
     """The parameter groups of model under precision ("bf16", "fp16" or "fp32") and config
     fp32_modules: what zerort.initialize builds its Engine from, and what
     zerort.estimate_memory lays out."""
-    p = plan(model, fp32_modules) if precision != "fp32" else Plan()
+    p = fp32_plan(model, fp32_modules) if precision != "fp32" else FP32Plan()
     names, trainable, frozen = {}, [], []
     for name, q in model.named_parameters():  # a tied tensor once
         if id(q) not in names:

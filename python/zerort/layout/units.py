@@ -185,3 +185,64 @@ def _by_size(model, size):
     target = math.ceil(size(model) / UNITS_PER_MODEL)
     return _outermost(model, lambda m: (size(m) > 0 and not isinstance(m, _NEVER_CALLED)
                                         and (size(m) <= target or not _splittable(m, size))))
+
+
+class UnitPlan:
+    """Which Engine unit each parameter belongs to, and which modules enter which unit."""
+
+    def __init__(self, model, params, fp32_ids, config):
+        units = choose_units(model, config.unit_modules, config.persistence_threshold)
+        names = unit_names(model, units)
+        owners = {}
+        for u, module in enumerate(units):
+            for p in module.parameters():
+                owners.setdefault(id(p), set()).add(u)
+        outside = {id(p) for p in _parameters_outside(model, units)}
+        index = {id(p): i for i, p in enumerate(p for p in params if id(p) not in fp32_ids)}
+        members = [[] for _ in units]
+        persistent = []
+        for p in params:
+            if id(p) in fp32_ids:
+                continue
+            us = owners.get(id(p), set())
+            if len(us) == 1 and id(p) not in outside and p.numel() >= config.persistence_threshold:
+                members[next(iter(us))].append(index[id(p)])
+            else:
+                persistent.append(index[id(p)])
+        # Engine units in forward (registration) order, then the persistent one.
+        self.specs, self.names, self.modules = [], [], []  # per Engine unit
+        for module, name, ps in zip(units, names, members):
+            if ps:
+                self.specs.append((ps, False))
+                self.names.append(name)
+                self.modules.append(module)
+        if persistent:
+            self.specs.append((persistent, True))
+            self.names.append("persistent")
+        group = [p for p in params if id(p) not in fp32_ids]
+        self.numels = [sum(group[i].numel() for i in ps) for ps, persistent in self.specs if not persistent]
+        self.prefetch = prefetch_units(self.numels, config)
+
+
+def prefetch_units(numels, config):
+    """Units gathered ahead: config.prefetch, or from DeepSpeed's element counts: as many
+    units (of the mean size) as fit in stage3_prefetch_bucket_size, and no more than
+    stage3_max_live_parameters leaves room for beside the largest unit running."""
+    if not numels or config.prefetch_numel is None and config.max_live_numel is None:
+        return config.prefetch
+    mean, largest = sum(numels) / len(numels), max(numels)
+    ahead = config.prefetch if config.prefetch_numel is None else int(config.prefetch_numel // max(mean, 1))
+    if config.max_live_numel is not None:
+        ahead = min(ahead, max(0, config.max_live_numel // max(largest, 1) - 1))
+    return ahead
+
+
+def _parameters_outside(model, units):
+    """Parameters of modules outside every unit (a tied lm_head's weight, shared with an
+    embedding inside a unit, must stay whole)."""
+    inside = {id(m) for u in units for m in u.modules()}
+    out = []
+    for m in model.modules():
+        if id(m) not in inside:
+            out.extend(m.parameters(recurse=False))
+    return out
