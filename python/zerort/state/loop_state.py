@@ -90,7 +90,7 @@ def restore(engine, meta, scheduler, what):
 
 
 def validate(f, meta):
-    """The optional fields in checkpoint_meta's validator (f: its _Fields)."""
+    """The optional fields in zerort.state.metadata's validator (f: its _Fields)."""
     if "optimizer" in meta:
         groups = f.list(f.dict(meta, "optimizer"), "param_groups", "optimizer.param_groups")
         for k, g in enumerate(groups):
