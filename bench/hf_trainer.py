@@ -71,7 +71,8 @@ def main():
     rows = [("stock Trainer (DDP)", run(transformers.Trainer, a, {}))]
     for stage in (1, 2, 3):
         cfg = {"zero_optimization": {"stage": stage}, "bf16": {"enabled": False}}
-        rows.append((f"zerort.integrations.hf.Trainer, stage {stage}", run(zerort.integrations.hf.Trainer, a, {"zerort_config": cfg})))
+        trainer = run(zerort.integrations.hf.Trainer, a, {"zerort_config": cfg})
+        rows.append((f"zerort.integrations.hf.Trainer, stage {stage}", trainer))
     if dist.get_rank() == 0:
         base = statistics.median(rows[0][1])
         print(f"W = {dist.get_world_size()}, Llama hidden {a.hidden}, 4 layers, seq 128, batch 4 x accumulation 2 "

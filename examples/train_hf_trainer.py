@@ -8,8 +8,9 @@ A small Llama (4 layers, hidden 128, byte vocabulary) learns the standard librar
 with the config in examples/hf_trainer_config.json (DeepSpeed's form, HuggingFace's "auto"
 values; ZeRO-3, bf16 from TrainingArguments). It checkpoints every --save-steps, and the
 config's monitor writes OUTPUT_DIR/runs/llama/metrics.csv and TensorBoard events there
-(python -m zerort.monitoring.plot OUTPUT_DIR/runs/llama draws them). At the end it saves the model, loads it back with from_pretrained and greedy-decodes
-a line with the trained weights gathered.
+(python -m zerort.monitoring.plot OUTPUT_DIR/runs/llama draws them). At the end it saves
+the model, loads it back with from_pretrained and greedy-decodes a line with the trained
+weights gathered.
 """
 import argparse
 import json

@@ -36,6 +36,6 @@ from zerort.engine import Engine, initialize  # noqa: E402,F401
 
 def estimate_memory(*args, **kwargs):
     """Model-state bytes per rank by category (zerort.accounting.memory.estimate_memory)."""
-    from zerort.accounting.memory import estimate_memory as estimate  # not at import: python -m zerort.accounting.memory
+    from zerort.accounting.memory import estimate_memory as estimate  # not at import: it is also a python -m
 
     return estimate(*args, **kwargs)

@@ -54,7 +54,7 @@ class Config:
     comm_timeout_s: float = 600.0
     comm_debug: bool = False  # check every collective across ranks as it is called
     max_consecutive_skips: int = 100  # skipped (non-finite) steps in a row before training stops
-    fp32_modules: tuple = ()  # changes to the norm rule of zerort.layout.precision: "Name" adds a class, "-Name" removes it
+    fp32_modules: tuple = ()  # changes to zerort.layout.precision's norm rule: "Name" adds a class, "-Name" removes it
     train_micro_batch_size_per_gpu: Optional[int] = None  # checked against train_batch_size
     train_batch_size: Optional[int] = None
     gradient_accumulation_given: bool = True  # False: derived from train_batch_size at initialize
@@ -534,10 +534,10 @@ def _without_auto(d, prefix, lines, path_ids=()):
         path = f"{prefix}{_key_name(k)}"
         if isinstance(v, str) and v == "auto":
             lines.append(f"{path}: got 'auto'; \"auto\" is a value HuggingFace's Trainer integration fills in from "
-                         "its TrainingArguments and the model: zerort.integrations.hf.Trainer fills the keys HuggingFace fills "
-                         "(batch sizes, gradient_clipping, the optimizer's params, fp16/bf16 enabled, bucket sizes, "
-                         "the scheduler's warm-up and step counts), zerort.initialize none; give a number (or "
-                         "true/false)")
+                         "its TrainingArguments and the model: zerort.integrations.hf.Trainer fills the keys "
+                         "HuggingFace fills (batch sizes, gradient_clipping, the optimizer's params, fp16/bf16 "
+                         "enabled, bucket sizes, the scheduler's warm-up and step counts), zerort.initialize none; "
+                         "give a number (or true/false)")
         else:
             walk = isinstance(v, dict) and id(v) not in path_ids
             out[k] = _without_auto(v, path + ".", lines, path_ids) if walk else v

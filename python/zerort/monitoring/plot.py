@@ -18,8 +18,8 @@ def read(run_dir):
     """metrics.csv as columns of floats."""
     path = os.path.join(run_dir, CSV_NAME)
     if not os.path.isfile(path):
-        raise SystemExit(f"zerort.monitoring.plot: {path} is missing; RUN_DIR is the monitor's output_path/job_name folder "
-                         "(config monitor: {\"csv\": true})")
+        raise SystemExit(f"zerort.monitoring.plot: {path} is missing; RUN_DIR is the monitor's "
+                         "output_path/job_name folder (config monitor: {\"csv\": true})")
     with open(path, newline="") as f:
         rows = list(csv.DictReader(f))
     if not rows:

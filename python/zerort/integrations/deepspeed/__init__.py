@@ -22,7 +22,7 @@ import os
 
 import torch
 
-from zerort.integrations.deepspeed import zero as zero  # noqa: F401  (deepspeed.zero.Init, deepspeed.zero.GatheredParameters)
+from zerort.integrations.deepspeed import zero  # noqa: F401  (deepspeed.zero.Init, deepspeed.zero.GatheredParameters)
 from zerort.config import parse, read_json
 from zerort.errors import ConfigError
 from zerort.engine.engine import initialize as _zerort_initialize

@@ -47,6 +47,7 @@ from zerort.engine.engine import initialize
 from zerort.errors import ConfigError, Error
 from zerort.integrations.hf.config import fill, scheduler_spec
 
+WHO = "zerort.integrations.hf.Trainer"  # how errors name it
 ADAMW = ("adamw_torch", "adamw_torch_fused")  # args.optim values zerort's fused AdamW stands for
 
 
@@ -122,8 +123,8 @@ def _read(zerort_config):
             raise ConfigError(problems)
         return config
     if zerort_config is not None and not isinstance(zerort_config, dict):
-        raise TypeError(f"zerort.integrations.hf.Trainer: zerort_config is a {type(zerort_config).__name__}; give a dict or the "
-                        "path of a JSON file (zerort's form or DeepSpeed's)")
+        raise TypeError(f"zerort.integrations.hf.Trainer: zerort_config is a {type(zerort_config).__name__}; give "
+                        "a dict or the path of a JSON file (zerort's form or DeepSpeed's)")
     return dict(zerort_config or {})
 
 
@@ -146,7 +147,7 @@ class Trainer(transformers.Trainer):
             self._train_batch_size = self.args.train_batch_size
         self._refuse_unsupported()
         if self.optimizer is not None:  # optimizers=(AdamW, None): its groups, checked now
-            self._zerort_groups = optimizer_groups(self.optimizer, None, self.model, who="zerort.integrations.hf.Trainer")
+            self._zerort_groups = optimizer_groups(self.optimizer, None, self.model, who=WHO)
 
     def _refuse_unsupported(self):
         a, refuse = self.args, []
@@ -179,7 +180,7 @@ class Trainer(transformers.Trainer):
             refuse.append("zerort_config lr_schedule: the Trainer's schedule sets the lr; use lr_scheduler_type or a "
                           "scheduler section")
         if refuse:
-            raise ValueError("zerort.integrations.hf.Trainer cannot run with:\n- " + "\n- ".join(refuse))
+            raise ValueError(f"{WHO} cannot run with:\n- " + "\n- ".join(refuse))
 
     # ---- accelerate: no autocast, no GradScaler, backward through the engine ----------
     def _build_accelerator_args(self, **kwargs):
@@ -211,7 +212,7 @@ class Trainer(transformers.Trainer):
         self.engine = initialize(self.model, c, weights=getattr(self.model, "_zerort_weights", None),
                                  param_groups=self._param_groups())
         if self.engine.world_size != self.args.world_size:
-            raise RuntimeError(f"zerort.integrations.hf.Trainer: zerort runs {self.engine.world_size} ranks, the Trainer "
+            raise RuntimeError(f"{WHO}: zerort runs {self.engine.world_size} ranks, the Trainer "
                                f"(accelerate) {self.args.world_size}: on a machine without a GPU, launch several "
                                "ranks with TrainingArguments(use_cpu=True)")
         self.model_wrapped = _ZeroModel(self.engine)
@@ -311,8 +312,8 @@ class Trainer(transformers.Trainer):
         try:
             state = self._zerort_engine().full_state_dict(master=True)
         except Error as e:  # a rank that is not here: say what it was asked to join
-            raise type(e)(f"zerort.integrations.hf.Trainer.save_model gathers the weights from every rank: call it on every "
-                          f"rank, not only on rank 0 ({e})") from e
+            raise type(e)(f"{WHO}.save_model gathers the weights from every rank: call it on every rank, not "
+                          f"only on rank 0 ({e})") from e
         if self.args.should_save:
             self._save(output_dir, state_dict=state)
             config = getattr(self.model, "config", None)
@@ -333,8 +334,8 @@ def _no_zerort_state(checkpoint):
     why = ("it holds the Trainer's state but no zerort checkpoint (no 'latest' file): a stock Trainer (or "
            "save_only_model) wrote it, or the save that was writing it died" if stock else
            "it holds no zerort checkpoint (no 'latest' file)")
-    return (f"zerort.integrations.hf.Trainer: {checkpoint}: {why}; resume from a checkpoint-N zerort.integrations.hf.Trainer wrote, or start "
-            f"from its weights with zerort.integrations.hf.from_pretrained(ModelClass, {checkpoint!r})")
+    return (f"{WHO}: {checkpoint}: {why}; resume from a checkpoint-N that {WHO} wrote, or start from its weights "
+            f"with zerort.integrations.hf.from_pretrained(ModelClass, {checkpoint!r})")
 
 
 def from_pretrained(model_class, folder, **config_kwargs):
