@@ -119,7 +119,7 @@ void Communicator::check_consistent_across_ranks(const CollectiveDesc& d) {
                                         " ms; a peer rank is missing, stuck, or failed its own "
                                         "argument check"));
     } catch (const Error& e) {  // the backend failed: typically a peer process exited or crashed
-      throw Error(__FILE__, __LINE__,
+      throw CommError(__FILE__, __LINE__,
                   detail::concat(d.to_string(), ": ", what, " failed (", e.message(),
                                  "); a peer rank probably exited or crashed: see its log"));
     }

@@ -23,7 +23,7 @@ class InProcessWork final : public Work {
     try {
       return group_->wait_done(op_, deadline);
     } catch (const Error& e) {
-      ZRT_THROW(desc().to_string(), ": ", e.message());
+      ZRT_THROW_AS(CommError, desc().to_string(), ": ", e.message());
     }
   }
   void on_timeout() override {

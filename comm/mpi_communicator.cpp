@@ -26,7 +26,7 @@ std::string mpi_error_string(int code) {
 #define ZRT_CHECK_MPI(call, what)                                                         \
   do {                                                                                    \
     int zrt_rc_ = (call);                                                                 \
-    ZRT_CHECK(zrt_rc_ == MPI_SUCCESS, what, ": ", #call, " failed: ", mpi_error_string(zrt_rc_)); \
+    ZRT_CHECK_AS(CommError, zrt_rc_ == MPI_SUCCESS, what, ": ", #call, " failed: ", mpi_error_string(zrt_rc_)); \
   } while (0)
 
 // Process-wide MPI state: init once, custom bf16/f16 types and ops, finalize at exit.

@@ -41,7 +41,7 @@ void Work::wait(std::chrono::milliseconds timeout) {
   std::lock_guard<std::mutex> lock(mu_);
   if (done_) return;
   if (!timeout_message_.empty()) throw CommTimeoutError(__FILE__, __LINE__, timeout_message_);
-  if (!then_error_.empty()) throw Error(__FILE__, __LINE__, then_error_);
+  if (!then_error_.empty()) throw CommError(__FILE__, __LINE__, then_error_);
   // Saturate: a huge timeout means "no deadline", never an overflowed one in the past.
   const auto now = std::chrono::steady_clock::now();
   const auto room = std::chrono::duration_cast<std::chrono::milliseconds>(
@@ -64,7 +64,7 @@ void Work::wait(std::chrono::milliseconds timeout) {
       fn();
     } catch (const Error& e) {
       then_error_ = detail::concat(desc_.to_string(), ": finishing the result failed: ", e.message());
-      throw Error(__FILE__, __LINE__, then_error_);
+      throw CommError(__FILE__, __LINE__, then_error_);
     }
   }
   done_ = true;

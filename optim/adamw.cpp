@@ -77,11 +77,11 @@ Kernel pick(DType grad, DType param, bool write_param) {
 }  // namespace
 
 void check_adamw_hyper(const AdamWHyper& h, const char* who) {
-  ZRT_CHECK(h.beta1 >= 0 && h.beta1 < 1 && h.beta2 >= 0 && h.beta2 < 1, who, ": betas must be in [0, 1), got (",
+  ZRT_CHECK_AS(ConfigError, h.beta1 >= 0 && h.beta1 < 1 && h.beta2 >= 0 && h.beta2 < 1, who, ": betas must be in [0, 1), got (",
             h.beta1, ", ", h.beta2, ")");
-  ZRT_CHECK(std::isfinite(h.lr) && h.lr >= 0 && std::isfinite(h.weight_decay) && h.weight_decay >= 0, who, ": lr (",
+  ZRT_CHECK_AS(ConfigError, std::isfinite(h.lr) && h.lr >= 0 && std::isfinite(h.weight_decay) && h.weight_decay >= 0, who, ": lr (",
             h.lr, ") and weight_decay (", h.weight_decay, ") must be finite numbers >= 0");
-  ZRT_CHECK(std::isfinite(h.eps) && h.eps > 0, who, ": eps must be a finite number > 0 (e.g. 1e-8), got ", h.eps,
+  ZRT_CHECK_AS(ConfigError, std::isfinite(h.eps) && h.eps > 0, who, ": eps must be a finite number > 0 (e.g. 1e-8), got ", h.eps,
             "; with eps = 0 a gradient and moments of 0 give the update 0 / 0 = NaN");
 }
 

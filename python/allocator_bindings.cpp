@@ -1,5 +1,5 @@
 // zerort._C's counting CPU allocator (runtime/counting_allocator.h): install it, read it,
-// start a new peak window, mark a generation. zerort/phases.py is the Python side.
+// start a new peak window, mark a generation. zerort/accounting/phases.py is the Python side.
 #include <torch/extension.h>
 
 #include "core/error.h"

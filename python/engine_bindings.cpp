@@ -52,7 +52,7 @@ LossScaler::State scaler_state(const py::dict& d) {
   return s;
 }
 
-// (lr, beta1, beta2, eps, weight_decay) per param group, from zerort/optimizer.py.
+// (lr, beta1, beta2, eps, weight_decay) per param group, from zerort/engine/optimizer.py.
 std::vector<AdamWHyper> hypers(const std::vector<std::array<double, 5>>& rows) {
   std::vector<AdamWHyper> out;
   for (const auto& r : rows) out.push_back(AdamWHyper{r[0], r[1], r[2], r[3], r[4]});
@@ -75,7 +75,7 @@ bool listed(const char* const* begin, const char* const* end, const std::string&
 void check_keywords(const py::kwargs& kw, bool engine, const char* what) {
   for (auto item : kw) {
     const auto key = item.first.cast<std::string>();
-    ZRT_CHECK(listed(std::begin(kOptimizerKeys), std::end(kOptimizerKeys), key) ||
+    ZRT_CHECK_AS(ConfigError, listed(std::begin(kOptimizerKeys), std::end(kOptimizerKeys), key) ||
                   (engine && (key == "materialize" || listed(std::begin(kEngineKeys), std::end(kEngineKeys), key))),
               what, " options: unknown keyword '", key, "'");
   }

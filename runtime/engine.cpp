@@ -50,7 +50,7 @@ c10::Device common_device(const std::vector<at::Tensor>& a, const std::vector<at
     }
   }
   check_device_supported(device, "the model");
-  ZRT_CHECK_AS(DeviceError, comm.device_memory() == device.is_cuda(), "Engine: the model is on ", device.str(),
+  ZRT_CHECK_AS(ConfigError, comm.device_memory() == device.is_cuda(), "Engine: the model is on ", device.str(),
             " but the '", comm.backend_name(), "' communicator moves ", comm.device_memory() ? "device" : "host",
             " buffers; ", device.is_cuda() ? "CUDA models need the nccl backend, or mpi/gloo staged for CUDA"
                                            : "a device communicator needs a CUDA model (model.cuda())");

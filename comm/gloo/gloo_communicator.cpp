@@ -63,7 +63,7 @@ class GlooWork final : public Work {
       if (what.find("timed out") != std::string::npos || what.find("Timed out") != std::string::npos) {
         return false;
       }
-      ZRT_THROW(desc().to_string(), " failed in c10d gloo: ", what);
+      ZRT_THROW_AS(CommError, desc().to_string(), " failed in c10d gloo: ", what);
     }
     return true;
   }
@@ -125,7 +125,7 @@ class GlooCommunicator final : public Communicator {
     try {
       return std::make_shared<GlooWork>(d, options().timeout, launch());
     } catch (const std::exception& e) {
-      ZRT_THROW(d.to_string(), " was rejected by c10d gloo: ", e.what());
+      ZRT_THROW_AS(CommError, d.to_string(), " was rejected by c10d gloo: ", e.what());
     }
   }
 
@@ -140,17 +140,17 @@ std::unique_ptr<Communicator> make_gloo_communicator(const std::string& group_na
   try {
     group = c10d::resolve_process_group(group_name);
   } catch (const std::exception& e) {
-    ZRT_THROW("gloo: no torch.distributed process group named '", group_name,
+    ZRT_THROW_AS(CommError, "gloo: no torch.distributed process group named '", group_name,
               "'; call torch.distributed.init_process_group('gloo') first (", e.what(), ")");
   }
   c10::intrusive_ptr<c10d::Backend> backend;
   try {
     backend = group->getBackend(c10::DeviceType::CPU);
   } catch (const std::exception& e) {
-    ZRT_THROW("gloo: process group '", group_name, "' has no backend for CPU tensors (", e.what(),
+    ZRT_THROW_AS(CommError, "gloo: process group '", group_name, "' has no backend for CPU tensors (", e.what(),
               "); initialise it with backend='gloo'");
   }
-  ZRT_CHECK(backend->getBackendName() == "gloo", "gloo: process group '", group_name,
+  ZRT_CHECK_AS(CommError, backend->getBackendName() == "gloo", "gloo: process group '", group_name,
             "' uses backend '", backend->getBackendName(), "' for CPU tensors, not gloo");
   return std::make_unique<GlooCommunicator>(std::move(backend), options);
 }

@@ -105,7 +105,7 @@ class NcclCommunicator final : public Communicator {
       state_->comm = nullptr;
       state_->stream = nullptr;
       state_->input_ready = nullptr;
-      ZRT_THROW("NCCL: rank ", rank, " of ", size, " could not create the communicator within ",
+      ZRT_THROW_AS(CommTimeoutError, "NCCL: rank ", rank, " of ", size, " could not create the communicator within ",
                 options.timeout.count(), " ms; a peer rank is missing or got a different unique id");
     }
   }

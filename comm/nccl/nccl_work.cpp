@@ -10,7 +10,7 @@ namespace zerort {
 void check_nccl(ncclResult_t result, const char* call, ncclComm_t comm, const char* file, int line) {
   if (result == ncclSuccess || result == ncclInProgress) return;
   const char* last = comm ? ncclGetLastError(comm) : ncclGetLastError(nullptr);
-  throw Error(file, line, detail::concat(call, " failed: ", ncclGetErrorString(result),
+  throw CommError(file, line, detail::concat(call, " failed: ", ncclGetErrorString(result),
                                          (last && *last) ? detail::concat(" (", last, ")") : std::string()));
 }
 

@@ -22,8 +22,9 @@ _preload_mpi()
 
 from zerort import _C  # noqa: E402
 from zerort._C import ShardLayout  # noqa: E402,F401
-from zerort.errors import (CollectiveMismatchError, CommError, CommTimeoutError, ConfigError,  # noqa: E402,F401
-                           DeviceError, Error, LossScaleError, ModelMismatchError, NonFiniteError, UsageError)
+from zerort.errors import (CheckpointError, CollectiveMismatchError, CommError, CommTimeoutError,  # noqa: E402,F401
+                           ConfigError, DeviceError, Error, LossScaleError, ModelMismatchError, NonFiniteError,
+                           UsageError)
 
 __version__ = _C.__version__
 
@@ -33,6 +34,7 @@ __version__ = _C.__version__
 from zerort import comm, config, state  # noqa: E402,F401
 from zerort.comm import Communicator, detect_launch_env  # noqa: E402,F401
 from zerort.engine import Engine, initialize  # noqa: E402,F401
+
 
 def estimate_memory(*args, **kwargs):
     """Model-state bytes per rank by category (zerort.accounting.memory.estimate_memory)."""

@@ -7,6 +7,7 @@ translates a C++ exception into the class of the same name here.
     |   +-- DeviceError (also TypeError)  a tensor or model on a device (or build) zerort cannot use there
     |   +-- ModelMismatchError            the ranks were given different models
     +-- ConfigError (also ValueError)     a bad config key or option; .problems: one line per key
+    +-- CheckpointError                   a checkpoint that cannot be saved or loaded; names the file or tensor
     +-- NonFiniteError                    non-finite gradients for longer than allowed; .params, .loss_scale
     |   +-- LossScaleError                an fp16 overflow with the loss scale already at its minimum
     +-- CommError                         a communicator cannot be made or used (a backend not in this build)
@@ -41,6 +42,11 @@ class ConfigError(Error, ValueError):
     def __init__(self, problems):
         self.problems = [problems] if isinstance(problems, str) else list(problems)
         super().__init__("invalid zerort config:\n  " + "\n  ".join(self.problems))
+
+
+class CheckpointError(Error):
+    """A checkpoint that cannot be saved or loaded; the message names the file or the
+    parameter, and what to do."""
 
 
 class NonFiniteError(Error):

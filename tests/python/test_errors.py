@@ -55,3 +55,23 @@ def test_an_overflow_at_the_minimum_scale_is_a_loss_scale_error_naming_the_param
         engine.step()
     assert "already at its minimum" in str(e.value) and e.value.params == ["weight"]  # the bias gradient is finite
     assert e.value.loss_scale == 1.0
+
+
+def test_a_bad_param_group_value_is_a_config_error_wherever_it_is_checked():
+    torch.manual_seed(0)
+    engine = zerort.initialize(torch.nn.Linear(4, 2), {"precision": "fp32", "stage": 1,
+                                                      "comm": {"backend": "inprocess"}})
+    engine.optimizer.param_groups[0]["lr"] = -1.0  # Python's check, at the step
+    engine.backward(engine(torch.ones(3, 4)).sum())
+    with pytest.raises(errors.ConfigError, match=r"\['lr'\] = -1.0"):
+        engine.step()
+    with pytest.raises(errors.ConfigError, match="lr must be a finite number >= 0"):
+        engine.set_lr(float("nan"))
+    with pytest.raises(errors.ConfigError, match="unknown keyword 'bucket'"):  # the binding's (C++) check
+        _C.ShardOptimizer(torch.zeros(4), zerort.comm.init("inprocess")._c, bucket=1)
+
+
+def test_checkpoint_errors_are_zerort_errors():
+    from zerort.state import checkpoint
+
+    assert checkpoint.CheckpointError is errors.CheckpointError and issubclass(errors.CheckpointError, errors.Error)

@@ -45,7 +45,7 @@ CATEGORIES = [
 # Bytes that follow from the layout alone. Stage 3's gathered units depend on execution
 # order too; the estimate is then the largest prefetch + 2 consecutive units, an upper bound.
 BOUND_ONLY = {"gathered_units"}
-_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
+BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}  # per element of the working copy
 
 
 def paper_formula(numel, world_size, stage):
@@ -134,7 +134,7 @@ def model_groups(model, stage, precision="bf16", config=None):
     c = config or Config(stage=stage, precision=precision)
     grouping = group_params(model, precision, c.fp32_modules)
     units = UnitPlan(model, grouping.trainable, grouping.fp32_plan.fp32_ids, c) if stage == 3 else None
-    return _layout_groups(grouping.groups, lambda p: p.numel(), _BYTES[precision], units)
+    return _layout_groups(grouping.groups, lambda p: p.numel(), BYTES[precision], units)
 
 
 def _layout_groups(engine_groups, numel, lp, units=None):
@@ -153,7 +153,7 @@ def count_groups(numel, stage, precision="bf16", reduce_bucket_numel=1 << 24, un
     numel = int(numel)
     piece = reduce_bucket_numel if stage < 3 else (unit_numel or max(1, numel // 32))
     sizes = [piece] * (numel // piece) + ([numel % piece] if numel % piece else [])
-    lp = _BYTES[precision]
+    lp = BYTES[precision]
     if stage < 3:
         return [Group(sizes, lp)]
     return [Group([s], lp) for s in sizes]
@@ -325,7 +325,7 @@ def measure(engine):
 
 def _engine_groups(engine):
     numel = lambda p: math.prod(engine._shapes[id(p)])  # stage 3 empties released parameters
-    return _layout_groups(engine._groups, numel, _BYTES[engine.config.precision], engine._unit_plan)
+    return _layout_groups(engine._groups, numel, BYTES[engine.config.precision], engine._unit_plan)
 
 
 def _allocator_figures(engine, groups):

@@ -42,10 +42,9 @@ import math
 import sys
 
 from zerort.config import Config
-from zerort.accounting.memory import estimate_memory, gpt_numel
+from zerort.accounting.memory import BYTES, estimate_memory, gpt_numel
 
 GB = 1e9
-_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
 BUCKET = Config().reduce_bucket_numel
 
 
@@ -218,7 +217,7 @@ def plan_stage(numel, shape, seq, micro_batch, cluster, stage, precision="bf16",
     """Everything for one stage at world_size (default cluster.gpus), per rank, in bytes,
     FLOPs and seconds."""
     w = world_size or cluster.gpus
-    b = _BYTES[precision]
+    b = BYTES[precision]
     est = model_states(numel, w, stage, precision, shape, bucket_numel)
     colls = collectives(numel, w, cluster.gpus_per_node, stage, b, b)
     calls = calls_per_collective(numel, stage, shape, bucket_numel)

@@ -182,7 +182,7 @@ KEYS = [
     d("zero_optimization.legacy_stage1", "legacy stage 1"),
     d("zero_optimization.pipeline_loading_checkpoint", "pipeline checkpoint loading"),
     d("zero_optimization.zenflow", "ZenFlow", EMPTY),
-    d("zero_optimization.leaf_module", "leaf modules: use zerort.engine.stage3.unit_modules", EMPTY),
+    d("zero_optimization.leaf_module", "leaf modules: use zerort.stage3.unit_modules", EMPTY),
     a("aio", "asynchronous I/O settings, used only by NVMe offload", kind=dict),
     # ---- features zerort does not have ----
     d("activation_checkpointing.partition_activations", "partitioned activations (use torch.utils.checkpoint)"),

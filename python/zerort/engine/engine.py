@@ -9,8 +9,8 @@
 Stages 0, 1 and 2 go through the C++ Engine (runtime/engine.h): parameters become views of
 one flat buffer per dtype, their grads views of a flat grad buffer that autograd
 accumulates into, and each rank owns its shard of the FP32 master and Adam states (stage 0:
-all of it). Stage 3 is the same Engine with units (zerort/stage3.py plans them and holds
-the module hooks that gather and release them). Compute runs in bf16,
+all of it). Stage 3 is the same Engine with units (zerort/layout/units.py plans them,
+zerort/engine/stage3.py holds the module hooks that gather and release them). Compute runs in bf16,
 fp16 or fp32. Under bf16 and fp16, FP32 modules keep FP32 parameters and compute, with their
 inputs cast to FP32 and their outputs back to the compute dtype: norm layers, by what they
 are (torch's norm classes and any class whose name ends in "Norm", such as HuggingFace's
@@ -438,7 +438,7 @@ class Engine:
             raise RuntimeError("set_lr: this engine has an lr_schedule in its config, which sets the "
                                "lr every step; remove lr_schedule to set the lr by hand")
         if not (isinstance(lr, (int, float)) and math.isfinite(lr) and lr >= 0):
-            raise ValueError(f"set_lr: lr must be a finite number >= 0, got {lr!r}")
+            raise ConfigError([f"set_lr: lr must be a finite number >= 0, got {lr!r}"])
         for g in self.optimizer.param_groups:
             g["lr"] = float(lr)
 

@@ -6,7 +6,7 @@ interpreter shutdown. Shutdown would otherwise run MPI_Finalize (which in Open M
 for every peer, and the peers are waiting in a collective for this rank) or c10d's
 teardown. mpirun and torchrun both end the remaining ranks when one exits non-zero; a
 peer that is not ended by a launcher fails its next collective within comm.timeout_s
-(TimeoutError naming the collective and its rank), which comes here in turn.
+(CommTimeoutError naming the collective and its rank), which comes here in turn.
 """
 import os
 import sys

@@ -14,6 +14,8 @@ A value given as a list has one entry per param group. state_dict() is
 """
 import math
 
+from zerort.errors import ConfigError
+
 LOG, LINEAR = "log", "linear"
 
 
@@ -21,8 +23,8 @@ def _per_group(optimizer, value, name):
     n = len(optimizer.param_groups)
     if isinstance(value, (list, tuple)):
         if len(value) != n:
-            raise ValueError(f"scheduler.params.{name}: got {len(value)} values for {n} param groups; give one "
-                             "number, or one per param group")
+            raise ConfigError([f"scheduler.params.{name}: got {len(value)} values for {n} param groups; give one "
+                               "number, or one per param group"])
         return [float(v) for v in value]
     return [float(value)] * n
 
@@ -144,8 +146,8 @@ class LRRangeTest(_Schedule):
     def __init__(self, optimizer, lr_range_test_min_lr=1e-3, lr_range_test_step_size=2000,
                  lr_range_test_step_rate=1.0, lr_range_test_staircase=False, last_batch_iteration=-1):
         if not isinstance(lr_range_test_step_size, int) or lr_range_test_step_size <= 0:
-            raise ValueError(f"scheduler.params.lr_range_test_step_size: got {lr_range_test_step_size!r}; allowed: "
-                             "an integer > 0")
+            raise ConfigError([f"scheduler.params.lr_range_test_step_size: got {lr_range_test_step_size!r}; allowed: "
+                               "an integer > 0"])
         self.min_lrs = _per_group(optimizer, lr_range_test_min_lr, "lr_range_test_min_lr")
         self.step_size = lr_range_test_step_size
         self.step_rate = float(lr_range_test_step_rate)
@@ -173,8 +175,8 @@ class OneCycle(_Schedule):
         first = float(cycle_first_step_size)
         second = first if cycle_second_step_size is None else float(cycle_second_step_size)
         if first <= 0 or second < 0:
-            raise ValueError(f"scheduler.params.cycle_first_step_size / cycle_second_step_size: got {first:g} / "
-                             f"{second:g}; allowed: the first > 0, the second >= 0")
+            raise ConfigError([f"scheduler.params.cycle_first_step_size / cycle_second_step_size: got {first:g} / "
+                               f"{second:g}; allowed: the first > 0, the second >= 0"])
         self.first, self.second, self.total = first, second, first + second
         self.first_stairs = cycle_first_stair_count
         self.second_stairs = cycle_first_stair_count if cycle_second_stair_count is None else cycle_second_stair_count

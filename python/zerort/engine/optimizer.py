@@ -18,8 +18,7 @@ import weakref
 
 import torch
 
-from zerort import _C
-from zerort.errors import UsageError
+from zerort.errors import ConfigError, UsageError
 from zerort.layout.shard_map import owned
 
 HYPER_KEYS = ("lr", "betas", "eps", "weight_decay")
@@ -124,15 +123,16 @@ def _row(k, g, scheduled):
     real = lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
     if not real(lr) or lr < 0:
         source = " (from the config's lr_schedule)" if scheduled else ""
-        raise ValueError(f"zerort optimizer: {_where(k)}['lr'] = {lr!r}{source}; it must be a finite number >= 0")
+        raise ConfigError([f"zerort optimizer: {_where(k)}['lr'] = {lr!r}{source}; it must be a finite number >= 0"])
     if not (isinstance(betas, (tuple, list)) and len(betas) == 2 and all(real(b) and 0 <= b < 1 for b in betas)):
-        raise ValueError(f"zerort optimizer: {_where(k)}['betas'] = {betas!r}; it must be two numbers, each >= 0 "
-                         "and < 1, such as (0.9, 0.999)")
+        raise ConfigError([f"zerort optimizer: {_where(k)}['betas'] = {betas!r}; it must be two numbers, each >= 0 "
+                           "and < 1, such as (0.9, 0.999)"])
     if not real(eps) or eps <= 0:
-        raise ValueError(f"zerort optimizer: {_where(k)}['eps'] = {eps!r}; it must be a finite number > 0, such "
-                         "as 1e-8 (eps = 0 turns the update into 0/0 where a gradient is 0)")
+        raise ConfigError([f"zerort optimizer: {_where(k)}['eps'] = {eps!r}; it must be a finite number > 0, such "
+                           "as 1e-8 (eps = 0 turns the update into 0/0 where a gradient is 0)"])
     if not real(wd) or wd < 0:
-        raise ValueError(f"zerort optimizer: {_where(k)}['weight_decay'] = {wd!r}; it must be a finite number >= 0")
+        raise ConfigError([f"zerort optimizer: {_where(k)}['weight_decay'] = {wd!r}; it must be a finite number "
+                           ">= 0"])
     return (float(lr), float(betas[0]), float(betas[1]), float(eps), float(wd))
 
 

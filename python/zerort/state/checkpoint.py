@@ -43,6 +43,7 @@ import stat
 
 import torch
 
+from zerort import _C
 from zerort.state.metadata import (FORMAT, SAVE_ID_DIGITS, STATE_TENSORS, CheckpointError,  # noqa: F401
                               check_tag, file_kind, meta_digest, read_meta)
 from zerort.state import files
@@ -351,9 +352,7 @@ def _restore_extras(engine, meta, tensors):
 
 
 def _version():
-    from zerort import __version__
-
-    return __version__
+    return _C.__version__
 
 
 def _same_checkpoint(comm, directory, tag, meta):

@@ -36,6 +36,8 @@ import unicodedata
 
 import torch
 
+from zerort.errors import CheckpointError  # noqa: F401  (raised here; imported from here by state/)
+
 FORMAT = "zerort-checkpoint-2"
 STATE_TENSORS = ("master", "exp_avg", "exp_avg_sq")
 MAX_NUMEL = 2 ** 48  # elements in one parameter or shard; more is a damaged number
@@ -48,10 +50,6 @@ SAVE_ID_DIGITS = 16  # hex digits of a save id (64 random bits)
 
 _short = reprlib.Repr()
 _short.maxstring, _short.maxother, _short.maxlist, _short.maxdict, _short.maxlong = 60, 60, 6, 4, 40
-
-
-class CheckpointError(RuntimeError):
-    """A checkpoint that cannot be loaded; the message names the file or the parameter."""
 
 
 def meta_digest(meta):

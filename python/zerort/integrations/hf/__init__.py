@@ -113,7 +113,7 @@ class _SchedulerProxy:
 
 
 BY_METRIC = (torch.optim.lr_scheduler.ReduceLROnPlateau,)  # stepped by evaluate()'s metric, not per update
-PLATEAU_KEY = "zerort.integrations.hf.metric_scheduler"  # its state in the engine checkpoint's client_state
+PLATEAU_KEY = "zerort.hf.metric_scheduler"  # its state in the engine checkpoint's client_state (a saved key: kept)
 
 
 def _read(zerort_config):

@@ -13,6 +13,7 @@ import copy
 import os
 
 from zerort.config import is_deepspeed_form, parse
+from zerort.errors import ConfigError
 
 AUTO = "auto"
 DEFAULT_STAGE = 2  # accelerate's default when ACCELERATE_DEEPSPEED_ZERO_STAGE is not set
@@ -66,8 +67,8 @@ class _Filler:
 
     def finish(self):
         if self.mismatches:
-            raise ValueError("zerort.integrations.hf: zerort_config values that disagree with the TrainingArguments "
-                             "(make them equal, or write \"auto\"):\n" + "\n".join(self.mismatches))
+            raise ConfigError(["zerort.integrations.hf: zerort_config values that disagree with the "
+                               "TrainingArguments (make them equal, or write \"auto\"):", *self.mismatches])
         return self.cfg
 
 
@@ -136,8 +137,8 @@ def fill(raw, args, model):
     if any(f.is_auto(k) for k in keys):
         h = hidden_size(model)
         if h is None:
-            raise ValueError(f"zerort.integrations.hf: zerort_config has \"auto\" in {keys}, which follow the model's "
-                             "hidden size, and the model's config has no hidden_size; give numbers")
+            raise ConfigError([f"zerort.integrations.hf: zerort_config has \"auto\" in {keys}, which follow the "
+                               "model's hidden size, and the model's config has no hidden_size; give numbers"])
         for k in _BY_HIDDEN:
             if k[0 if ds else 1]:
                 f.only(k[0 if ds else 1], k[2](h))
