@@ -34,7 +34,8 @@ def test_a_bad_option_is_a_config_error_from_cpp_and_from_python():
         zerort.config.parse({"stage": 5})  # Python's
 
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without a GPU")
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the case under test is nccl asked for on a machine "
+                    "without a CUDA device; this one has one")
 def test_a_backend_that_cannot_run_here_is_a_comm_error():
     with pytest.raises(errors.CommError, match="comm.backend 'nccl'"):
         zerort.comm.init("nccl")

@@ -182,7 +182,8 @@ def test_the_monitor_writes_what_the_trainer_logged(runs):
         assert f.read(8) == b"\x89PNG\r\n\x1a\n"
 
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason="with a GPU, use_cpu=False gives accelerate its ranks")
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the case under test is a machine without a GPU (where "
+                    "accelerate without use_cpu sees one rank per process); this one has a GPU")
 def test_ranks_that_accelerate_sees_as_alone_are_an_error(tmp_path):
     p = launch("torchrun", 2, os.path.join(HERE, "hf_trainer_worker.py"), "without_use_cpu", tmp_path / "o",
                tmp_path / "work", timeout=300, check=False)

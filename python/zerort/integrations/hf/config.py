@@ -19,17 +19,19 @@ AUTO = "auto"
 DEFAULT_STAGE = 2  # accelerate's default when ACCELERATE_DEEPSPEED_ZERO_STAGE is not set
 
 
-def _node(cfg, dotted, create=False):
+def _node(cfg, dotted):
     """(the section that holds the dotted key, its last name); (None, name) when a section
     on the way is missing."""
     *parents, leaf = dotted.split(".")
     for p in parents:
-        if create and p not in cfg:
-            cfg[p] = {}
         cfg = cfg.get(p)
         if not isinstance(cfg, dict):
             return None, leaf
     return cfg, leaf
+
+
+def _auto(v):
+    return isinstance(v, str) and v == AUTO
 
 
 def _same(a, b):
@@ -44,13 +46,13 @@ class _Filler:
 
     def match(self, key, value, arg, absent=False):
         """Fill key when "auto" (and when absent, if absent); else it must equal value."""
-        node, leaf = _node(self.cfg, key, create=absent)
+        node, leaf = _node(self.cfg, key)
         if node is None:
             return
         if leaf not in node:
             if absent:
                 node[leaf] = value
-        elif isinstance(node[leaf], str) and node[leaf] == AUTO:
+        elif _auto(node[leaf]):
             node[leaf] = value
         elif not _same(node[leaf], value):
             self.mismatches.append(f"- {key}: {node[leaf]!r}, but TrainingArguments {arg} gives {value!r}")
@@ -58,12 +60,12 @@ class _Filler:
     def only(self, key, value):
         """Fill key when "auto"; a given value stays."""
         node, leaf = _node(self.cfg, key)
-        if node is not None and isinstance(node.get(leaf), str) and node[leaf] == AUTO:
+        if node is not None and _auto(node.get(leaf)):
             node[leaf] = value
 
     def is_auto(self, key):
         node, leaf = _node(self.cfg, key)
-        return node is not None and isinstance(node.get(leaf), str) and node[leaf] == AUTO
+        return node is not None and _auto(node.get(leaf))
 
     def finish(self):
         if self.mismatches:
@@ -133,15 +135,16 @@ def fill(raw, args, model):
     f.only("zero_optimization.stage" if ds else "stage", stage)
     if ds:
         f.only("zero_optimization.stage3_gather_16bit_weights_on_model_save", False)
-    keys = [k[0 if ds else 1] for k in _BY_HIDDEN if k[0 if ds else 1]]
-    if any(f.is_auto(k) for k in keys):
+    by_hidden = {(ds_key if ds else our_key): value for ds_key, our_key, value in _BY_HIDDEN
+                 if (ds_key if ds else our_key)}  # this form's keys
+    if any(f.is_auto(k) for k in by_hidden):
         h = hidden_size(model)
         if h is None:
-            raise ConfigError([f"zerort.integrations.hf: zerort_config has \"auto\" in {keys}, which follow the "
-                               "model's hidden size, and the model's config has no hidden_size; give numbers"])
-        for k in _BY_HIDDEN:
-            if k[0 if ds else 1]:
-                f.only(k[0 if ds else 1], k[2](h))
+            raise ConfigError([f"zerort.integrations.hf: zerort_config has \"auto\" in {list(by_hidden)}, which "
+                               "follow the model's hidden size, and the model's config has no hidden_size; give "
+                               "numbers"])
+        for key, value in by_hidden.items():
+            f.only(key, value(h))
     return f.finish(), ds
 
 
