@@ -114,7 +114,9 @@ class Engine {
   void prefetch(size_t bucket);  // start gathering b on the comm thread, if it is not
   void gather(size_t bucket);    // b is whole when this returns: its parameters view it
   void release(size_t bucket);   // return b's memory (not persistent, not held)
-  void hold_gathered(bool hold);  // while held (a counter), nothing is released
+  // While held (a counter), nothing is released. The last hold_gathered(false) hands the
+  // gathered storage off: Note [handed-off storage] (engine_units.cpp).
+  void hold_gathered(bool hold);
   size_t gathered_bytes() const;  // working memory of non-persistent units now held
   size_t gathered_peak() const;   // ... and the most at once since the last reset
   void reset_gathered_peak();
@@ -160,7 +162,7 @@ class Engine {
   void reduce_bucket(Bucket& b);  // its grads -> the FP32 gradient (accumulating)
   void drain();                   // queue every bucket not reduced yet; wait for all
   void start_gather_locked(Bucket& b);
-  void release_locked(std::unique_lock<std::mutex>& lock, Bucket& b);
+  void release_locked(std::unique_lock<std::mutex>& lock, Bucket& b, bool hand_off = false);
   void gather_on_comm_thread(Bucket& b);
   void set_views(Bucket& b, bool whole);  // the parameters view b's storage, or are empty
   void fill_bucket(Group& g, Bucket& b, at::Tensor& master);  // starting values (constructor)

@@ -79,13 +79,25 @@ void Engine::wait_gathered_locked(std::unique_lock<std::mutex>& lock, Bucket& b)
   }
 }
 
-void Engine::release_locked(std::unique_lock<std::mutex>& lock, Bucket& b) {
+// Note [handed-off storage]: a unit released in training empties its storage in place, so
+// views autograd saved of a weight hold no bytes until the backward gather refills them. A
+// unit released at the end of hold_gathered() (engine.gathered_parameters(), deepspeed's
+// GatheredParameters) is for the user, who may keep what they took out inside (p.detach(),
+// p.data): there the unit gets a new empty storage and the gathered one is left to its
+// other owners, freed when the last of them goes (at once when there is none).
+void Engine::release_locked(std::unique_lock<std::mutex>& lock, Bucket& b, bool hand_off) {
   if (b.persistent || held_ > 0 || b.state == Bucket::State::kReleased) return;
   cv_.wait(lock, [&] { return b.state != Bucket::State::kGathering; });  // the gather writes into it
   set_views(b, false);
   b.viewed = false;
   gathered_bytes_ -= static_cast<size_t>(b.full.storage().nbytes());
-  set_storage_bytes(b.full, 0);
+  if (hand_off) {
+    at::Tensor empty = at::empty({0}, b.full.options());  // a storage of its own, with no bytes yet
+    empty.unsafeGetTensorImpl()->set_sizes_contiguous(b.full.sizes());
+    b.full = std::move(empty);
+  } else {
+    set_storage_bytes(b.full, 0);
+  }
   b.state = Bucket::State::kReleased;
 }
 
@@ -119,7 +131,7 @@ void Engine::hold_gathered(bool hold) {
   }
   ZRT_CHECK(held_ > 0, "Engine.hold_gathered(false) without a matching hold_gathered(true)");
   if (--held_ == 0) {
-    for (Bucket* b : buckets_) release_locked(lock, *b);
+    for (Bucket* b : buckets_) release_locked(lock, *b, /*hand_off=*/true);
   }
 }
 

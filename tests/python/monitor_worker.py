@@ -15,7 +15,7 @@ def main(out, run_dir):
     model = nn.Sequential(nn.Embedding(32, 16), nn.Flatten(), nn.Linear(16 * 6, 32))
     config = {"train_micro_batch_size_per_gpu": 3, "gradient_accumulation_steps": 2,
               "fp16": {"enabled": True, "initial_scale_power": 6, "hysteresis": 1},
-              "zero_optimization": {"stage": 2},
+              "zero_optimization": {"stage": 2}, "optimizer": {"type": "AdamW"},
               "scheduler": {"type": "WarmupLR", "params": {"warmup_max_lr": 1e-2, "warmup_num_steps": 4}},
               "csv_monitor": {"enabled": True, "output_path": run_dir, "job_name": "job"},
               "tensorboard": {"enabled": True, "output_path": run_dir, "job_name": "job"}}

@@ -20,6 +20,7 @@ def main(out):
         r = {"meta": all(p.is_meta for p in model.parameters()),
              "buffers_real": not any(b.is_meta for b in model.buffers())}
         engine, _, _, _ = deepspeed.initialize(model=model, config={"zero_optimization": {"stage": stage},
+                                                                    "optimizer": {"type": "AdamW"},
                                                                     "bf16": {"enabled": True}})
         rank = engine.global_rank
         w = model.transformer.h[0].mlp.c_fc.weight

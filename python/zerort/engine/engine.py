@@ -112,7 +112,8 @@ class Engine:
         grouping = precision.group_params(model, c.precision, c.fp32_modules)
         plan = grouping.fp32_plan
         fp32_ids = plan.fp32_ids
-        precision.compute_in_fp32(plan, self.dtype)
+        self._hooks = precision.compute_in_fp32(plan, self.dtype)  # every hook on the model, for destroy()
+        self._cast_buffers = plan.cast_buffers
         self._names = grouping.names  # id(param) -> its first name, for errors
         wrong = [p for p in model.parameters() if p.dtype != torch.float32]
         if wrong:
@@ -171,8 +172,13 @@ class Engine:
         ref = weakref.ref(self)  # the model's hooks must not keep the engine alive
         for g, group in enumerate(self._groups):
             for i, p in enumerate(group):
-                p.register_post_accumulate_grad_hook(lambda _p, g=g, i=i: alive(ref)._grad_ready(g, i))
+                self._hooks.append(
+                    p.register_post_accumulate_grad_hook(lambda _p, g=g, i=i: alive(ref)._grad_ready(g, i)))
+        if self._units:
+            self._hooks += self._units.handles
         self.stats = {}
+        self.training_dataloader = None  # deepspeed.initialize's training_data loader, when it made one
+        self.tput_timer = progress.ThroughputTimer()
         self._nonfinite = nonfinite.Guard(self)  # names non-finite params; max_consecutive_skips
         self.optimizer = ZeroOptimizer(self, param_groups)
         self.lr_scheduler = _scheduler(c, self.optimizer, lr_scheduler)
@@ -181,12 +187,15 @@ class Engine:
         self._step_applied = False
         self._progress = progress.Progress(self)  # steps_per_print, wall_clock_breakdown
         self._monitor = monitor.make(self)  # the config's CSV / TensorBoard monitor, or None
+        progress.announce(self, comm_mod.detect_launch_env())
 
     # ---- training loop -------------------------------------------------------------
     def __call__(self, *args, **kwargs):
         """Forward. Floating-point tensor arguments are cast to the compute dtype (0-dim
         ones, scalars such as a token count, are passed as they are)."""
         with self._phase("forward"):
+            if self.module.training:
+                self.tput_timer.start()
             if self._monitor and self.module.training:
                 self._monitor.forward(args, kwargs)
             args, kwargs = precision.cast_floats((args, kwargs), self.dtype)
@@ -251,7 +260,12 @@ class Engine:
             if self._monitor:  # one all-gather, on every rank; the row holds the lr this update used
                 self._monitor.after_update(self, s)
             if self._step_applied and self.lr_scheduler is not None:
+                moved = getattr(self.lr_scheduler, "optimizer", None)
+                if moved is not None:  # a user's optimizer sharing our groups stepped too: torch's check
+                    moved._opt_called = True
                 self.lr_scheduler.step(**(lr_kwargs or {}))  # as DeepSpeed: after every applied update
+        samples = (self.config.train_micro_batch_size_per_gpu or 0) * self.config.gradient_accumulation_steps
+        self.tput_timer.stop(s["boundary"], samples * self.world_size)
         self._progress.after_step(s, self)
         return s
 
@@ -320,6 +334,60 @@ class Engine:
     def get_lr(self):
         """Each param group's learning rate for the next update."""
         return [g["lr"] for g in self.optimizer.param_groups]
+
+    def get_mom(self):
+        """Each param group's (beta1, beta2), as DeepSpeed's get_mom() for Adam."""
+        return [tuple(g["betas"]) for g in self.optimizer.param_groups]
+
+    def set_gradient_accumulation_boundary(self, is_boundary):
+        """DeepSpeed's way to end the window by hand. zerort ends it every
+        gradient_accumulation_steps micro-steps (the count every rank agrees on), so this
+        accepts what that count says and refuses the rest, naming both."""
+        if bool(is_boundary) != self.is_gradient_accumulation_boundary():
+            raise UsageError(f"set_gradient_accumulation_boundary({is_boundary}): zerort ends the accumulation window "
+                             f"every gradient_accumulation_steps={self.config.gradient_accumulation_steps} micro-steps, "
+                             f"and the next step() is {'' if self.is_gradient_accumulation_boundary() else 'not '}"
+                             "a boundary; set gradient_accumulation_steps to the window you want instead")
+
+    def empty_partition_cache(self):
+        """Stage 3: releases the gathered units no forward is using (prefetched ones too),
+        as DeepSpeed's; nothing to do at stages 0-2, which hold the parameters whole."""
+        if self._units:
+            self._units.release_idle()
+
+    def destroy(self):
+        """Releases what initialize took, as DeepSpeed's destroy(): the model's hooks go,
+        the C++ engine (its buffers and comm thread) is closed, and every parameter of the
+        module holds its FP32 master value again as a plain float32 tensor (at stage 3 the
+        whole value), so the same model can be given to initialize again. A collective
+        (the master is gathered): call it on every rank. The engine is unusable after it."""
+        if self._impl is None:
+            return
+        values = self.full_state_dict(master=True)
+        for h in self._hooks:
+            h.remove()
+        self._hooks = []
+        self._close()
+        named = dict(self.module.named_parameters(remove_duplicate=False))
+        with torch.no_grad():
+            for name, p in named.items():
+                p.data = values[name]
+            for m in self.module.modules():
+                for name, b in list(m.named_buffers(recurse=False)):
+                    if (id(m), name) in self._cast_buffers and b is not None:
+                        setattr(m, name, b.float())
+        self.optimizer = self.lr_scheduler = self.training_dataloader = None
+
+    @property
+    def monitor(self):
+        """DeepSpeed's engine.monitor: .enabled, and write_events([(name, value, step), ...])
+        (rank 0 writes them to the config's TensorBoard and CSV monitor)."""
+        return self._monitor or monitor.DISABLED
+
+    @property
+    def dp_world_size(self):
+        """Data-parallel ranks: every rank (zerort has no model parallelism)."""
+        return self.comm.size
 
     def get_global_grad_norm(self):
         """The global L2 norm of the last update's averaged, unscaled gradient, before
@@ -563,9 +631,17 @@ def _scheduler(config, optimizer, given):
         key = "scheduler" if config.scheduler is not None else "lr_schedule"
         raise ConfigError([f"{key}: the config has one and initialize() was given lr_scheduler= too; keep one of "
                            "them"])
-    if given is not None:
-        return given(optimizer) if callable(given) and not hasattr(given, "step") else given
-    return lr_schedules.build(config.scheduler, optimizer)
+    if given is None:
+        return lr_schedules.build(config.scheduler, optimizer)
+    schedule = given(optimizer) if callable(given) and not hasattr(given, "step") else given
+    moved = getattr(schedule, "optimizer", optimizer)
+    if moved is not optimizer and [id(g) for g in moved.param_groups] != [id(g) for g in optimizer.param_groups]:
+        raise ConfigError([f"lr_scheduler: the {type(schedule).__name__} given moves a {type(moved).__name__} whose "
+                           "param groups are not the ones zerort's update reads, so its lr would never reach "
+                           "the training; build it on engine.optimizer after initialize, or pass that optimizer "
+                           "(its groups become zerort's: Note [shared param groups], zerort.engine.optimizer) "
+                           "as optimizer= together with the schedule"])
+    return schedule
 
 
 def alive(ref):

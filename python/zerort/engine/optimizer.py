@@ -34,7 +34,15 @@ class ZeroOptimizer(torch.optim.Optimizer):
     """Built by the engine from param_groups (None: one group of every trainable
     parameter; a list of tensors: one group; a list of dicts: torch's param groups).
     Frozen parameters in a group are dropped (they have no optimizer state); every
-    trainable parameter must be in exactly one group."""
+    trainable parameter must be in exactly one group.
+
+    Note [shared param groups]: given dicts are taken as they are, not copied (as
+    torch.optim.Optimizer takes them), so param_groups[k] IS the caller's group k. When
+    the groups come from a user's optimizer (deepspeed.initialize(optimizer=AdamW(...)),
+    zerort.integrations.deepspeed.optimizer_groups), a schedule built on that optimizer
+    moves the lr, betas and weight decay zerort's update reads, as in DeepSpeed, where the
+    client optimizer's groups are the ones stepped. Nothing reads a copy that could go stale.
+    """
 
     def __init__(self, engine, param_groups=None):
         c = engine.config
@@ -174,7 +182,8 @@ def _normalize(engine, param_groups):
                                  f"{_where(k)}; put each parameter in one group")
             seen[id(p)] = k
             kept.append(p)
-        out.append({**{key: v for key, v in g.items() if key != "params"}, "params": kept})
+        g["params"] = kept  # Note [shared param groups]: the caller's dict itself, as torch.optim does
+        out.append(g)
     missing = [engine._names[i] for i in trainable if i not in seen]
     if missing:
         raise ValueError(f"zerort optimizer: {len(missing)} trainable parameters are in no param group, first "

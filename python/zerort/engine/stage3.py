@@ -39,13 +39,21 @@ class UnitHooks:
         self.in_backward = False  # set by Engine.backward: a recomputed forward keeps its unit
         self.depth = [0] * len(plan.modules)  # forwards of the unit running now
         self.units = len(plan.modules)  # Engine units 0..units-1 in forward order; the persistent one follows
-        ref = weakref.ref(engine)
+        self.handles = []  # removed by engine.destroy()
+        ref = self._ref = weakref.ref(engine)
         for u, unit in enumerate(plan.modules):
             mine = {id(p) for p in unit.parameters()}
             for m in unit.modules():  # the unit itself, and submodules that may be called alone
                 if m is unit or any(id(p) in mine for p in m.parameters(recurse=False)):
-                    m.register_forward_pre_hook(self._pre_forward(ref, u))
-                    m.register_forward_hook(self._post_forward(ref, u))
+                    self.handles.append(m.register_forward_pre_hook(self._pre_forward(ref, u)))
+                    self.handles.append(m.register_forward_hook(self._post_forward(ref, u)))
+
+    def release_idle(self):
+        """Releases every unit no forward is running (prefetched ones included)."""
+        impl = self._impl(self._ref)
+        for u in range(self.units):
+            if self.depth[u] == 0:
+                impl.release(u)
 
     def _impl(self, ref):
         from zerort.engine.engine import alive

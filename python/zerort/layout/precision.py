@@ -62,11 +62,14 @@ def cast_floats(x, dtype):
 
 def compute_in_fp32(plan, dtype):
     """Each FP32 module of plan computes in FP32: forward hooks cast its floating inputs
-    (positional and keyword) to FP32 and its floating outputs back to dtype."""
+    (positional and keyword) to FP32 and its floating outputs back to dtype. Returns the
+    hooks' handles."""
+    handles = []
     for m in plan.fp32_modules:
-        m.register_forward_pre_hook(lambda module, args, kwargs: cast_floats((args, kwargs), torch.float32),
-                                    with_kwargs=True)
-        m.register_forward_hook(lambda module, args, out: cast_floats(out, dtype))
+        handles.append(m.register_forward_pre_hook(
+            lambda module, args, kwargs: cast_floats((args, kwargs), torch.float32), with_kwargs=True))
+        handles.append(m.register_forward_hook(lambda module, args, out: cast_floats(out, dtype)))
+    return handles
 
 
 def _float_buffers(module):

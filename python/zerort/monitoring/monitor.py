@@ -26,6 +26,7 @@ import time
 import torch
 
 CSV_NAME = "metrics.csv"
+EVENTS_NAME = "events.csv"  # write_events' rows: name, value, step
 
 
 class Monitor:
@@ -100,6 +101,22 @@ class Monitor:
                     self.tensorboard.add_scalar(f"train/{k}", v, row["step"])
             self.tensorboard.flush()
 
+    enabled = True
+
+    def write_events(self, events):
+        """DeepSpeed's monitor.write_events: (name, value, step) tuples of the user's own,
+        from rank 0, to TensorBoard (as given) and to OUTPUT_PATH/JOB_NAME/events.csv."""
+        if self.rank != 0:
+            return
+        if self.tensorboard is not None:
+            for name, value, step in events:
+                self.tensorboard.add_scalar(name, value, step)
+            self.tensorboard.flush()
+        if self.csv_file is not None:
+            path = os.path.join(os.path.dirname(self.csv_file.name), EVENTS_NAME)
+            with open(path, "a", newline="") as f:
+                csv.writer(f).writerows([name, float(value), int(step)] for name, value, step in events)
+
     def close(self):
         if self.csv_file is not None:
             self.csv_file.close()
@@ -113,6 +130,17 @@ def columns(groups, world):
     return (["step", "loss"] + [f"lr{k}" for k in range(groups)] +
             ["loss_scale", "grad_norm", "skipped", "skipped_steps", "nonfinite", "tokens_per_s"] +
             [f"mem_peak_rank{r}" for r in range(world)])
+
+
+class _Disabled:
+    """engine.monitor when the config asks for none: DeepSpeed's disabled monitor."""
+    enabled = False
+
+    def write_events(self, events):
+        return None
+
+
+DISABLED = _Disabled()
 
 
 def make(engine):

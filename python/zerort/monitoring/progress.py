@@ -18,6 +18,17 @@ import time
 MICRO = ("fwd", "bwd", "bwd_inner", "bwd_allreduce", "step")
 
 
+def announce(engine, launch_env):
+    """The one line rank 0 prints when an engine is made: what runs where."""
+    if engine.rank != 0:
+        return
+    c, w = engine.config, engine.world_size
+    per_node = max(1, launch_env["local_world_size"]) if launch_env["launcher"] != "none" else w
+    shape = f"{w // per_node} node(s) x {per_node} ranks" if w % per_node == 0 else "nodes of unequal size"
+    print(f"zerort: ZeRO stage {c.stage}, {c.precision}, W={w} ({shape}, flat collectives), backend "
+          f"{engine.comm.backend} on {engine.device}, offload none", flush=True)
+
+
 class Progress:
     def __init__(self, engine):  # keeps no reference to the engine, which owns it
         self.every = engine.config.steps_per_print
@@ -47,3 +58,34 @@ class Progress:
             moms = [tuple(g["betas"]) for g in engine.optimizer.param_groups]
             print(f"[Rank 0] step={engine.global_steps}, skipped={engine.skipped_steps}, lr={engine.get_lr()}, "
                   f"mom={moms}", flush=True)
+
+
+class ThroughputTimer:
+    """engine.tput_timer, DeepSpeed's: samples per second over the updates after the first
+    `start_step` (the warm-up ones are left out), timed from the first training forward of
+    a window to the step() that ends it."""
+
+    def __init__(self, start_step=2):
+        self.start_step = start_step
+        self.updates = 0
+        self.samples = 0
+        self.elapsed = 0.0
+        self.started = None
+
+    def start(self):
+        if self.started is None:
+            self.started = time.perf_counter()
+
+    def stop(self, global_step=False, samples=0, report_speed=False):
+        if not global_step or self.started is None:
+            return
+        self.updates += 1
+        if self.updates > self.start_step:
+            self.elapsed += time.perf_counter() - self.started
+            self.samples += samples
+        self.started = None
+
+    def avg_samples_per_sec(self):
+        """Samples per second over the timed updates (0 before any; the global batch needs
+        train_micro_batch_size_per_gpu in the config)."""
+        return self.samples / self.elapsed if self.elapsed > 0 else 0.0

@@ -99,8 +99,8 @@ def _output_folder(out):
     return folder
 
 
-def consolidate(directory, out, tag=None, safetensors=False, adam=False):
-    folder = _output_folder(out)
+def _entries(directory, tag, adam):
+    """(reader, [(output name, param name, state key)]) of a checked checkpoint."""
     tag, meta = read_meta(directory, tag)
     reader = ShardReader(directory, tag, meta)
     reader.check_all()
@@ -110,6 +110,19 @@ def consolidate(directory, out, tag=None, safetensors=False, adam=False):
     entries += [(n, n, f"extra::{n}") for n in meta.get("extras", [])]  # frozen params, buffers
     if adam:
         entries += [(f"{n}.exp_avg", n, "exp_avg") for n in names] + [(f"{n}.exp_avg_sq", n, "exp_avg_sq") for n in names]
+    return reader, entries
+
+
+def state_dict(directory, tag=None, adam=False):
+    """The consolidated state_dict in memory (every tensor whole, FP32 parameters), for
+    checkpoints that fit in RAM; consolidate() streams a larger one to a file."""
+    reader, entries = _entries(directory, tag, adam)
+    return {out_name: _tensor(reader, pname, key).clone() for out_name, pname, key in entries}
+
+
+def consolidate(directory, out, tag=None, safetensors=False, adam=False):
+    folder = _output_folder(out)
+    reader, entries = _entries(directory, tag, adam)
     base = os.path.join(folder, f".{os.path.basename(out)}.{os.getpid()}")
     st, pt = base + ".safetensors.tmp", base + ".pt.tmp"  # hidden, next to OUT
     try:

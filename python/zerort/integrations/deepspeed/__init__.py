@@ -22,10 +22,16 @@ import os
 
 import torch
 
-from zerort.integrations.deepspeed import zero  # noqa: F401  (deepspeed.zero.Init, deepspeed.zero.GatheredParameters)
 from zerort.config import parse, read_json
-from zerort.errors import ConfigError
+from zerort.engine.engine import Engine as DeepSpeedEngine  # noqa: F401  (isinstance checks in scripts)
 from zerort.engine.engine import initialize as _zerort_initialize
+from zerort.errors import ConfigError
+# The modules DeepSpeed scripts import (deepspeed.comm, deepspeed.zero, ...), loaded with the package as DeepSpeed's are.
+from zerort.integrations.deepspeed import accelerator, comm, ops, runtime, utils, zero  # noqa: F401
+from zerort.integrations.deepspeed.comm import init_distributed  # noqa: F401
+from zerort.integrations.deepspeed.names import not_provided
+
+__version__ = "0.19.8"  # the DeepSpeed release whose API this drop-in follows (scripts compare it)
 
 
 def initialize(args=None, model=None, optimizer=None, model_parameters=None, training_data=None, lr_scheduler=None,
@@ -33,8 +39,10 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None, tra
                mesh_param=None, config_params=None):
     """DeepSpeed's deepspeed.initialize: (engine, optimizer, training_dataloader or None,
     lr_scheduler or None). config (or config_params, or args.deepspeed_config): a dict or
-    a JSON path. distributed_port and dist_init_required are accepted and unused: zerort
-    creates its communicator from the launcher's environment."""
+    a JSON path. torch.distributed's default group is made first when there is none
+    (deepspeed.comm.init_distributed; dist_init_required=False skips it), as DeepSpeed
+    does; zerort's engine trains over its own communicator from the launcher's
+    environment."""
     if model is None:
         raise ValueError("deepspeed.initialize: model= is required (a torch.nn.Module)")
     if mpu is not None or mesh_param is not None:
@@ -42,13 +50,21 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None, tra
                          "zerort does not have; zerort shards over data-parallel ranks only")
     config = _config_source(args, config, config_params)
     c = parse(config, form="deepspeed")
-    if optimizer is not None and "optimizer" in _raw(config):
+    has_section = "optimizer" in _raw(config)
+    if optimizer is not None and has_section:
         raise ConfigError(["optimizer: the config has an optimizer section and initialize() was given optimizer= "
                            "too; keep one of them (as DeepSpeed requires)"])
+    if optimizer is None and not has_section:
+        raise ConfigError(["optimizer: none given; add an \"optimizer\" section to the config (e.g. {\"type\": "
+                           "\"AdamW\", \"params\": {\"lr\": 1e-4}}), or pass optimizer= (a torch.optim.AdamW, "
+                           "deepspeed.ops.adam.FusedAdam, or a function of model_parameters); zerort does not "
+                           "pick one for you (DeepSpeed refuses too: ZeRO needs an optimizer)"])
     groups = optimizer_groups(optimizer, model_parameters, model)
+    comm.init_distributed(dist_init_required=dist_init_required, verbose=False)  # as DeepSpeed's initialize
     engine = _zerort_initialize(model, c, param_groups=groups, lr_scheduler=lr_scheduler)
-    loader = None if training_data is None else dataloader(engine, training_data, collate_fn)
-    return engine, engine.optimizer, loader, engine.lr_scheduler
+    if training_data is not None:
+        engine.training_dataloader = dataloader(engine, training_data, collate_fn)
+    return engine, engine.optimizer, engine.training_dataloader, engine.lr_scheduler
 
 
 def _raw(config):
@@ -84,19 +100,20 @@ def optimizer_groups(optimizer, model_parameters, model, who="deepspeed.initiali
         raise TypeError(f"{who}: optimizer is a {name}; zerort runs its own fused AdamW, and takes "
                         "a torch.optim.AdamW (or Adam without weight decay) only for its param groups. Pass "
                         "model_parameters= and an \"optimizer\" config section instead")
-    groups = []
     for k, g in enumerate(optimizer.param_groups):
         decoupled = g.get("decoupled_weight_decay", isinstance(optimizer, torch.optim.AdamW))
         if not decoupled and g["weight_decay"]:
             raise ValueError(f"{who}: the {name} optimizer has coupled weight_decay "
                              f"{g['weight_decay']:g} in param group {k}: Adam's L2 decay is added to the gradient, "
                              "zerort's AdamW decays the weights directly; use torch.optim.AdamW or weight_decay 0")
+        if g.get("bias_correction", True) is False:
+            raise ConfigError([f"{who}: param group {k} of the {name} sets bias_correction=False; zerort's AdamW "
+                               "always corrects the moments' bias; leave bias_correction True"])
         if g.get("amsgrad") or g.get("maximize"):
             raise ValueError(f"{who}: param group {k} of the {name} asks for amsgrad or maximize, "
                              "which zerort's AdamW does not do")
-        groups.append({"params": list(g["params"]), "lr": g["lr"], "betas": tuple(g["betas"]), "eps": g["eps"],
-                       "weight_decay": g["weight_decay"]})
-    return groups
+        g["params"], g["betas"] = list(g["params"]), tuple(g["betas"])
+    return optimizer.param_groups  # the groups themselves: Note [shared param groups] (zerort.engine.optimizer)
 
 
 def dataloader(engine, dataset, collate_fn=None):
@@ -120,8 +137,6 @@ def add_config_arguments(parser):
     return parser
 
 
-def init_distributed(*args, **kwargs):
-    """Accepted for DeepSpeed scripts: zerort's communicator is made by initialize()."""
-    return None
+__getattr__ = not_provided(__name__)
 
 

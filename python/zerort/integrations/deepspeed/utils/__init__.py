@@ -1,0 +1,101 @@
+"""deepspeed.utils on zerort: the logger, log_dist, and the full values of one sharded
+parameter (safe_get_full_fp32_param, safe_get_full_optimizer_state), collectives of the
+engine that trains it. zero_to_fp32 is deepspeed.utils.zero_to_fp32 on zerort's checkpoints."""
+import logging
+import sys
+
+import torch
+
+from zerort.integrations.deepspeed.names import NotProvidedError, not_provided
+
+
+
+class _Stdout(logging.StreamHandler):
+    """Writes to sys.stdout as it is when a record comes (a program may replace it)."""
+
+    @property
+    def stream(self):
+        return sys.stdout
+
+    @stream.setter
+    def stream(self, value):
+        pass
+
+
+logger = logging.getLogger("DeepSpeed")
+if not logger.handlers:
+    _handler = _Stdout()
+    _handler.setFormatter(logging.Formatter("[%(asctime)s] [%(levelname)s] [%(filename)s:%(lineno)d:%(funcName)s] "
+                                            "%(message)s"))
+    logger.addHandler(_handler)
+    logger.setLevel(logging.INFO)
+    logger.propagate = False
+
+
+def _rank():
+    import torch.distributed as dist
+
+    from zerort import comm
+
+    return dist.get_rank() if dist.is_initialized() else comm.detect_launch_env()["rank"]
+
+
+def log_dist(message, ranks=None, level=logging.INFO):
+    """Logs message on the given ranks (None or [-1]: every rank), prefixed with the rank."""
+    rank = _rank()
+    if ranks is None or -1 in ranks or rank in ranks:
+        logger.log(level, f"[Rank {rank}] {message}")
+
+
+def print_rank_0(message):
+    if _rank() == 0:
+        print(message, flush=True)
+
+
+def _owner(param, who):
+    from zerort import lifecycle
+
+    for engine in lifecycle.engines():
+        if engine._impl is not None and id(param) in engine._names:
+            return engine
+    raise NotProvidedError(f"deepspeed.utils.{who}: the tensor given is not a parameter of a live zerort engine; "
+                           "pass a parameter of the model given to deepspeed.initialize")
+
+
+def _full(param, key, who):
+    """The whole FP32 `key` state of param, on every rank (a collective of its engine)."""
+    from zerort.layout.shard_map import flat, optimizer_tensors, param_layout, replicated
+
+    engine = _owner(param, who)
+    name = engine._names[id(param)]
+    info = param_layout(engine).get(name)
+    if info is None:
+        raise NotProvidedError(f"deepspeed.utils.{who}: {name!r} is frozen: it has no optimizer state")
+    state = flat(optimizer_tensors(engine)[key])
+    numel = 1
+    for d in info["shape"]:
+        numel *= d
+    out = torch.zeros(numel, dtype=torch.float32, device=state.device)
+    everything = replicated(engine)
+    for rank, index, offset, length in info["segments"]:
+        if rank == engine.rank or everything:
+            out[offset:offset + length] = state[index:index + length]
+    if not everything:
+        engine.comm.all_reduce(out)  # each element is held by one rank; the others add 0
+    return out.view(info["shape"])
+
+
+def safe_get_full_fp32_param(param):
+    """param's FP32 master, whole, on every rank (call it on every rank)."""
+    return _full(param, "master", "safe_get_full_fp32_param")
+
+
+def safe_get_full_optimizer_state(param, optim_state_key):
+    """param's Adam state ("exp_avg" or "exp_avg_sq"), whole, on every rank."""
+    if optim_state_key not in ("exp_avg", "exp_avg_sq"):
+        raise NotProvidedError(f"deepspeed.utils.safe_get_full_optimizer_state: key {optim_state_key!r}; zerort's "
+                               "AdamW keeps 'exp_avg' and 'exp_avg_sq'")
+    return _full(param, optim_state_key, "safe_get_full_optimizer_state")
+
+
+__getattr__ = not_provided(__name__)
