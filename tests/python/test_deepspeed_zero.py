@@ -30,6 +30,17 @@ def test_init_builds_on_meta_and_gathered_parameters_reads_and_writes(ranks, sta
         assert math.isfinite(r["loss"])
 
 
+@pytest.mark.parametrize("world", [1, 2, 4])
+def test_zero_init_gives_the_plain_builds_weights_bit_for_bit(world, tmp_path):
+    out = str(tmp_path / "out")
+    launch("torchrun", world, os.path.join(HERE, "zero_init_worker.py"), out, timeout=300)
+    for rank in range(world):
+        results = torch.load(f"{out}.rank{rank}.pt")
+        assert len(results) == 4
+        for (model, stage), r in results.items():
+            assert r["keys"] and r["differ"] == [] and r["rng_after"], (rank, model, stage, r)
+
+
 def test_init_refuses_what_zerort_does_not_do():
     import zerort.integrations.deepspeed as deepspeed
 
@@ -42,3 +53,20 @@ def test_init_refuses_what_zerort_does_not_do():
     with deepspeed.zero.Init():
         layer = torch.nn.Linear(2, 2)
     assert layer.weight.is_meta and not torch.nn.Linear(2, 2).weight.is_meta  # restored on exit
+    assert torch.nn.init.orthogonal_.__module__ == "torch.nn.init"  # the recording patches are gone too
+
+    class Copies(torch.nn.Module):  # values copied between parameters: cannot be replayed one by one
+        def __init__(self):
+            super().__init__()
+            self.a, self.b = torch.nn.Linear(2, 2), torch.nn.Linear(2, 2)
+            with torch.no_grad():
+                self.b.weight.copy_(self.a.weight)
+
+    from zerort.errors import UsageError
+
+    with pytest.raises(UsageError, match="writes values computed from another parameter"):
+        with deepspeed.zero.Init():
+            Copies()
+    with pytest.raises(UsageError, match="generator= of its own"):
+        with deepspeed.zero.Init():
+            torch.nn.init.normal_(torch.nn.Linear(2, 2).weight, generator=torch.Generator())

@@ -123,7 +123,8 @@ KEYS = [
     a("fp16.hysteresis", "the same"),
     a("fp16.consecutive_hysteresis", "the same"),
     a("fp16.min_loss_scale", "the same"),
-    d("fp16.auto_cast", "autocasting the inputs: zerort casts floating inputs itself"),
+    a("fp16.auto_cast", "true or false: zerort casts floating inputs to the compute dtype itself (with false, "
+      "inputs already in fp16 pass as they are)", kind=BOOL),
     d("fp16.fp16_master_weights_and_grads", "an fp16 master"),
     d("amp", "Apex AMP", DISABLED),
     d("torch_autocast", "torch.autocast: zerort computes in the precision it is given", DISABLED),

@@ -13,7 +13,10 @@ model.modules() order) is initialized from its own seed, base + k, where base is
 from torch's random state when initialize starts; and the Engine takes rank 0's values. So
 the same seed gives the same model at any world size and stage, whatever order the buckets
 are initialized in. Parameters tied
-between modules are replaced everywhere they appear. Buffers cannot be recomputed from
+between modules are replaced everywhere they appear. A parameter built under
+deepspeed.zero.Init instead replays its own recorded initialization (RECIPE): there the
+model's own init is followed bit for bit, and the per-module seeds above are only for
+models built on the meta device by other means, which have no "own" values to follow. Buffers cannot be recomputed from
 nothing: a float buffer on the meta device is an error that says how to keep buffers real.
 
 With `weights` (a state dict, a .safetensors file, or a folder of safetensors files with or
@@ -25,6 +28,10 @@ import json
 import os
 
 import torch
+
+# A meta parameter built under deepspeed.zero.Init carries how to make its values (an object
+# with materialize(device)): Note [recorded initialization], zerort.integrations.deepspeed.init_record.
+RECIPE = "_zerort_recipe"
 
 
 def is_meta_model(model):
@@ -73,8 +80,8 @@ class Materializer:
             for m, name in self.holders[id(old)]:
                 m._parameters[name] = new
             self.replaced[id(old)] = new
-        if self.weights is not None:
-            return  # the values came from the weights
+        if self.weights is not None or all(hasattr(p, RECIPE) for p in olds):
+            return  # the values came from the weights, or from the build's own recorded initialization
         devices = [self.device] if self.device.type == "cuda" else []
         with torch.no_grad(), torch.random.fork_rng(devices=devices):
             torch.manual_seed(self.base + self.index[id(module)])
@@ -89,6 +96,8 @@ class Materializer:
                                 "on a real device")
 
     def _values(self, old):
+        if hasattr(old, RECIPE):  # built under deepspeed.zero.Init: Note [recorded initialization]
+            return getattr(old, RECIPE).materialize(self.device)
         if self.weights is None:
             return torch.empty(old.shape, dtype=torch.float32, device=self.device)
         names = [f"{self.path[id(m)]}.{n}".lstrip(".") for m, n in self.holders[id(old)]]

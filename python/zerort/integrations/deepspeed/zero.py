@@ -9,9 +9,11 @@ deepspeed; deepspeed.zero.Init(), deepspeed.zero.GatheredParameters(...)).
         if engine.global_rank == 0:
             model.lm_head.weight.zero_()     # rank 0's change goes to every rank's FP32 master
 
-Init builds every parameter created inside on the meta device (its values are made by the
-module's own initialization inside initialize(), zerort.engine.meta_init); buffers stay real, as
-zerort needs them. GatheredParameters makes the given parameters whole inside (at stage 3
+Init builds every parameter created inside on the meta device, recording how the plain
+build makes its values, which initialize() replays unit by unit (Note [recorded
+initialization], zerort.integrations.deepspeed.init_record): the same weights, bit for bit,
+as the same code without Init, and the random stream after the constructor is the same
+too. Buffers stay real, as zerort needs them. GatheredParameters makes the given parameters whole inside (at stage 3
 all units are gathered; stages 0-2 hold them whole) and, with modifier_rank, writes that
 rank's values of them into every rank's FP32 master on exit (a collective: every rank
 enters it). Parameters of no engine yet are whole already: nothing to do.
@@ -21,6 +23,7 @@ import contextlib
 import torch
 
 from zerort import lifecycle
+from zerort.integrations.deepspeed.init_record import Recorder, early_return_patches
 
 
 class Init:
@@ -37,25 +40,33 @@ class Init:
                              "offload; leave remote_device out")
         self.enabled = enabled
         self._saved = None
+        self._stack = None
 
     def __enter__(self):
         if not self.enabled:
             return self
+        recorder = Recorder()
         original = self._saved = torch.nn.Module.register_parameter
 
         def register_on_meta(module, name, param):
             original(module, name, param)
             if param is not None and not param.is_meta:
+                recipe = recorder.adopt(param)  # Note [recorded initialization]
                 meta = type(param)(param.detach().to("meta"), requires_grad=param.requires_grad)
+                recorder.track(meta, recipe)
                 module._parameters[name] = meta
 
         torch.nn.Module.register_parameter = register_on_meta
+        self._stack = contextlib.ExitStack()
+        self._stack.enter_context(early_return_patches(recorder))
+        self._stack.enter_context(recorder)
         return self
 
     def __exit__(self, *exc):
         if self._saved is not None:
+            self._stack.close()
             torch.nn.Module.register_parameter = self._saved
-            self._saved = None
+            self._saved = self._stack = None
         return False
 
 

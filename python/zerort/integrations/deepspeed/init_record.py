@@ -1,0 +1,216 @@
+"""deepspeed.zero.Init's recording: a model built inside gets, at initialize, bit for bit
+the weights the same code gives without it, while no rank ever holds the whole model.
+
+Note [recorded initialization]: inside zero.Init every parameter goes to the meta device
+as it is registered (zerort.integrations.deepspeed.zero), and a torch dispatch mode keeps,
+for each parameter, a Recipe of how the plain build makes its values:
+- where its storage came from: a factory op (torch.empty, zeros, ones, randn, ...) with
+  the CPU random state before it when it draws numbers, or else (a tensor computed from
+  others) its values, copied at registration;
+- every in-place op on it or on a view of it afterwards (init.normal_, .data.zero_(),
+  weight[pad].fill_(0), HuggingFace's _init_weights, ...), with the view's geometry and,
+  for ops that draw random numbers, the random state before the op.
+A random op on a meta tensor draws nothing, so the recorder runs the same op on a real
+scratch tensor of the parameter's geometry and drops it: the random stream advances as in
+the plain build, for the parameters that follow and for the script after construction.
+zerort.engine.meta_init's Materializer replays a parameter's Recipe when its unit is made
+real (Recipe.materialize): the same ops from the same random states on the same device
+and geometry give the same bits. Memory: one parameter's values at a time.
+
+Limits, each an error rather than a silent difference: an in-place op whose other operands
+are meta tensors (values copied between parameters during construction) cannot be
+replayed. torch.nn.init's trunc_normal_, orthogonal_, dirac_ and sparse_ return early on
+meta tensors, so while recording they are replaced (in torch.nn.init and in transformers'
+table of them) by versions that run on a real tensor and record themselves.
+"""
+import contextlib
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from zerort.engine.meta_init import RECIPE
+from zerort.errors import UsageError
+
+RANDOM_OPS = {"uniform_", "normal_", "random_", "bernoulli_", "exponential_", "cauchy_", "log_normal_", "geometric_",
+              "randn", "rand", "randint", "normal", "randperm", "bernoulli", "multinomial", "rand_like",
+              "randn_like", "randint_like"}
+EARLY_RETURN_ON_META = ("orthogonal_", "dirac_", "sparse_")  # and _no_grad_trunc_normal_, patched by name
+
+
+EMPTY_OPS = {"empty", "empty_strided", "empty_like", "new_empty", "new_empty_strided"}
+
+
+def _key(t):
+    """A storage's identity: its StorageImpl and data addresses (both reused only after it
+    is freed, and then by the new storage's maker, which records itself again)."""
+    s = t.untyped_storage()
+    return s._cdata, s.data_ptr()
+
+
+def _name(func):
+    packet = getattr(func, "overloadpacket", None)
+    return packet.__name__ if packet is not None else getattr(func, "__name__", "")
+
+
+def _geometry(t):
+    return tuple(t.shape), tuple(t.stride()), t.storage_offset()
+
+
+def _is_random(func, kwargs):
+    if kwargs.get("generator") is not None:
+        raise UsageError(f"deepspeed.zero.Init: {_name(func)} draws from a generator= of its own during "
+                         "construction; zerort replays initialization from torch's default generator only; drop "
+                         "generator= or build the model outside zero.Init")
+    return _name(func) in RANDOM_OPS
+
+
+class Recipe:
+    """How the plain build makes one parameter: a start, then in-place ops."""
+
+    def __init__(self, start):
+        self.start = start  # ("factory", func, args, kwargs, rng) or ("values", tensor)
+        self.ops = []  # (fn, geometry or None, args, kwargs, rng): geometry None = a call on the whole tensor
+
+    def materialize(self, device):
+        """The parameter's values, replayed on the device its plain build used, then moved
+        to `device`."""
+        with torch.random.fork_rng(devices=[]), torch.no_grad():
+            kind = self.start[0]
+            if kind == "values":
+                t = self.start[1].clone()
+            else:
+                _, func, args, kwargs, rng = self.start
+                if rng is not None:
+                    torch.set_rng_state(rng)
+                t = func(*args, **kwargs)
+            for fn, geometry, args, kwargs, rng in self.ops:
+                if rng is not None:
+                    torch.set_rng_state(rng)
+                target = t if geometry is None else t.as_strided(*geometry)
+                fn(target, *args, **kwargs)
+        return t.to(device=device, dtype=torch.float32)
+
+
+class Recorder(TorchDispatchMode):
+    """The dispatch mode zero.Init runs under: Recipes by storage (Note [recorded
+    initialization])."""
+
+    def __init__(self):
+        super().__init__()
+        self.recipes = {}  # storage key -> Recipe, for every storage made inside (and the meta parameters)
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        tensors = [a for a in torch.utils._pytree.tree_leaves((args, kwargs)) if isinstance(a, torch.Tensor)]
+        mutated = func._schema.arguments[0].alias_info if func._schema.arguments else None
+        if mutated is not None and mutated.is_write and tensors and args and isinstance(args[0], torch.Tensor):
+            self._record_in_place(func, args, kwargs)
+        rng = torch.get_rng_state() if not tensors and _is_random(func, kwargs) else None
+        out = func(*args, **kwargs)
+        if isinstance(out, torch.Tensor):
+            inputs = {_key(t) for t in tensors}
+            if _key(out) not in inputs or _name(func).startswith("lift_fresh"):  # a new storage: its maker
+                fresh = not tensors and not out.is_meta
+                self.recipes[_key(out)] = Recipe(("factory", func, args, kwargs, rng)) if fresh else None
+        return out
+
+    def _record_in_place(self, func, args, kwargs):
+        target = args[0]
+        recipe = self.recipes.get(_key(target))
+        if recipe is None:
+            return
+        if not target.is_meta:  # a real tensor changed after its maker: only its values tell what it holds
+            self.recipes[_key(target)] = None
+            return
+        others = [a for a in torch.utils._pytree.tree_leaves((args[1:], kwargs)) if isinstance(a, torch.Tensor)]
+        if any(t.is_meta for t in others):
+            raise UsageError(f"deepspeed.zero.Init: {func} writes values computed from another parameter into a "
+                             "parameter during construction; zerort replays each parameter's initialization on its "
+                             "own and cannot replay this; build the model outside zero.Init (or initialize it "
+                             "after zerort.initialize, inside GatheredParameters(modifier_rank=0))")
+        rest = torch.utils._pytree.tree_map(lambda a: a.clone() if isinstance(a, torch.Tensor) else a,
+                                            (args[1:], kwargs))
+        rng = None
+        if _is_random(func, kwargs):
+            rng = torch.get_rng_state()
+            _advance(lambda t: func(t, *args[1:], **kwargs), target)
+        recipe.ops.append((func, _geometry(target), rest[0], rest[1], rng))
+
+    def record_call(self, fn, tensor, args, kwargs):
+        """A whole-tensor init function that returns early on meta (EARLY_RETURN_ON_META):
+        recorded as one op, and run on a scratch tensor so the random stream advances."""
+        recipe = self.recipes.get(_key(tensor))
+        if recipe is None:
+            raise UsageError(f"deepspeed.zero.Init: {fn.__name__} on a meta tensor that is not a parameter built "
+                             "inside zero.Init; zerort cannot replay it")
+        rng = torch.get_rng_state()
+        _advance(lambda t: fn(t, *args, **kwargs), tensor)
+        recipe.ops.append((fn, _geometry(tensor) if tensor.storage_offset() or not tensor.is_contiguous() else None,
+                           args, kwargs, rng))
+        return tensor
+
+    def adopt(self, param):
+        """param, real and just registered, is going to the meta device: the Recipe that
+        remakes its values. Its storage's maker when that is torch.empty (nothing to
+        remake) or a factory whose replay gives these very bits; else a copy of its values."""
+        recipe = self.recipes.get(_key(param))
+        plain = param.storage_offset() == 0 and param.is_contiguous() and \
+            param.untyped_storage().nbytes() == param.numel() * param.element_size()
+        if recipe is not None and plain and param.dtype == torch.float32:
+            if _name(recipe.start[1]) in EMPTY_OPS and not recipe.ops:
+                return recipe
+            replayed = recipe.materialize(param.device)
+            if replayed.shape == param.shape and torch.equal(replayed.view(-1).view(torch.int32),
+                                                             param.detach().view(-1).view(torch.int32)):
+                return recipe
+        return Recipe(("values", param.detach().clone()))
+
+    def track(self, meta, recipe):
+        self.recipes[_key(meta)] = recipe
+        setattr(meta, RECIPE, recipe)  # read by zerort.engine.meta_init.Materializer
+
+
+def _advance(op, like):
+    """Runs op on a real scratch tensor shaped as `like` (its geometry over a storage of its
+    size), so the CPU random stream moves as it would have."""
+    size, stride, offset = _geometry(like)
+    span = offset + sum((s - 1) * st for s, st in zip(size, stride)) + 1 if all(size) else 0
+    scratch = torch.empty(span, dtype=like.dtype).as_strided(size, stride, offset)
+    with torch.no_grad():
+        op(scratch)
+
+
+@contextlib.contextmanager
+def early_return_patches(recorder):
+    """trunc_normal_, orthogonal_, dirac_ and sparse_ record themselves on meta tensors."""
+    import sys
+
+    init = torch.nn.init
+    originals = {name: getattr(init, name) for name in EARLY_RETURN_ON_META}
+    trunc = init._no_grad_trunc_normal_
+
+    def recording(name, original):
+        def fn(tensor, *args, **kwargs):
+            if isinstance(tensor, torch.Tensor) and tensor.is_meta:
+                return recorder.record_call(original, tensor, args, kwargs)
+            return original(tensor, *args, **kwargs)
+        fn.__name__ = name
+        return fn
+
+    patched = {name: recording(name, f) for name, f in originals.items()}
+    hf = getattr(sys.modules.get("transformers.initialization"), "TORCH_INIT_FUNCTIONS", None)
+    hf_saved = dict(hf) if isinstance(hf, dict) else None
+    try:
+        for name, f in patched.items():
+            setattr(init, name, f)
+            if hf_saved is not None and name in hf:
+                hf[name] = f
+        init._no_grad_trunc_normal_ = recording("trunc_normal_", trunc)  # every trunc_normal_ calls it
+        yield
+    finally:
+        for name, f in originals.items():
+            setattr(init, name, f)
+        init._no_grad_trunc_normal_ = trunc
+        if hf_saved is not None:
+            hf.clear()
+            hf.update(hf_saved)
