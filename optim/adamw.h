@@ -19,6 +19,7 @@ struct AdamWHyper {
   double beta2 = 0.999;
   double eps = 1e-8;
   double weight_decay = 1e-2;
+  bool bias_correction = true;  // false: m and v used as they are (DeepSpeed's bias_correction=False)
 };
 
 // Per-step scalars, computed once on the host in double exactly as torch does.

@@ -37,9 +37,9 @@ struct AdamWCoeffs {
     c.lerp_coeff = c.lerp_from_grad ? w - 1.0f : w;
     c.beta2 = static_cast<float>(h.beta2);
     c.one_minus_b2 = static_cast<float>(1.0 - b2);
-    c.bc2_sqrt = static_cast<float>(std::sqrt(1.0 - std::pow(b2, step)));
+    c.bc2_sqrt = h.bias_correction ? static_cast<float>(std::sqrt(1.0 - std::pow(b2, step))) : 1.0f;
     c.eps = static_cast<float>(h.eps);
-    c.neg_step_size = static_cast<float>(-(lr / (1.0 - std::pow(b1, step))));
+    c.neg_step_size = static_cast<float>(-(h.bias_correction ? lr / (1.0 - std::pow(b1, step)) : lr));
     c.grad_multiplier = s.grad_multiplier;
     return c;
   }

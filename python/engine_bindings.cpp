@@ -52,10 +52,11 @@ LossScaler::State scaler_state(const py::dict& d) {
   return s;
 }
 
-// (lr, beta1, beta2, eps, weight_decay) per param group, from zerort/engine/optimizer.py.
-std::vector<AdamWHyper> hypers(const std::vector<std::array<double, 5>>& rows) {
+// (lr, beta1, beta2, eps, weight_decay, bias_correction 1 or 0) per param group, from
+// zerort/engine/optimizer.py.
+std::vector<AdamWHyper> hypers(const std::vector<std::array<double, 6>>& rows) {
   std::vector<AdamWHyper> out;
-  for (const auto& r : rows) out.push_back(AdamWHyper{r[0], r[1], r[2], r[3], r[4]});
+  for (const auto& r : rows) out.push_back(AdamWHyper{r[0], r[1], r[2], r[3], r[4], r[5] != 0.0});
   return out;
 }
 
@@ -174,7 +175,7 @@ void bind_engine(py::module_& m) {
       .def_property_readonly("exp_avg_sq", &ShardOptimizer::exp_avg_sq)
       .def_property_readonly("loss_scale", &ShardOptimizer::loss_scale)
       .def_property_readonly("adam_steps", &ShardOptimizer::adam_steps)
-      .def("set_hyper_groups", [](ShardOptimizer& o, const std::vector<std::array<double, 5>>& h,
+      .def("set_hyper_groups", [](ShardOptimizer& o, const std::vector<std::array<double, 6>>& h,
                                   std::vector<std::array<int64_t, 3>> r) { o.set_hyper_groups(hypers(h), std::move(r)); })
       .def("set_watch_regions", &ShardOptimizer::set_watch_regions)
       .def_property_readonly("nonfinite_ids", &ShardOptimizer::nonfinite_ids)
@@ -203,7 +204,7 @@ void bind_engine(py::module_& m) {
         }
         return stats_dict(s);
       })
-      .def("set_hyper_groups", [](Engine& e, const std::vector<std::array<double, 5>>& h,
+      .def("set_hyper_groups", [](Engine& e, const std::vector<std::array<double, 6>>& h,
                                   std::vector<std::array<int64_t, 3>> r) {
         e.optimizer().set_hyper_groups(hypers(h), std::move(r));
       })

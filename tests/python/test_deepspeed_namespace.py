@@ -131,13 +131,58 @@ def test_deepspeed_adam_classes_are_taken_over_as_adamw(cls):
     engine.destroy()
 
 
-def test_refused_optimizers_name_themselves():
+def adam_without_bias_correction(steps, lr, betas, eps, wd):
+    """DeepSpeed's bias_correction=False update written out in FP64: the moments used as
+    they are, decoupled decay."""
+    m = model().double()
+    state = [(torch.zeros_like(p), torch.zeros_like(p)) for p in m.parameters()]
+    for step in range(steps):
+        x, y = batch(step)
+        m.zero_grad()
+        loss_of(m(x.double()), y.double()).backward()
+        with torch.no_grad():
+            for p, (m1, v) in zip(m.parameters(), state):
+                m1.mul_(betas[0]).add_(p.grad, alpha=1 - betas[0])
+                v.mul_(betas[1]).addcmul_(p.grad, p.grad, value=1 - betas[1])
+                p.mul_(1 - lr * wd).sub_(lr * m1 / (v.sqrt() + eps))
+    return [p.detach() for p in m.parameters()]
+
+
+@pytest.mark.parametrize("source", ["FusedAdam", "config"])
+def test_bias_correction_false_is_honoured(source):
+    steps, lr, betas, eps, wd = 5, 1e-2, (0.9, 0.99), 1e-8, 0.05
+    expected = adam_without_bias_correction(steps, lr, betas, eps, wd)
     m = model()
-    with pytest.raises(ConfigError, match="bias_correction"):
-        deepspeed.initialize(model=m, optimizer=deepspeed.ops.adam.FusedAdam(m.parameters(), bias_correction=False),
-                             config=config(2))
+    if source == "FusedAdam":
+        opt = deepspeed.ops.adam.FusedAdam(m.parameters(), lr=lr, betas=betas, eps=eps, weight_decay=wd,
+                                           bias_correction=False)
+        engine, *_ = deepspeed.initialize(model=m, optimizer=opt, config=config(2))
+    else:
+        params = {"lr": lr, "betas": list(betas), "eps": eps, "weight_decay": wd, "bias_correction": False}
+        engine, *_ = deepspeed.initialize(model=m, model_parameters=m.parameters(),
+                                          config=config(2, optimizer={"type": "AdamW", "params": params}))
+    for step in range(steps):
+        x, y = batch(step)
+        engine.backward(loss_of(engine(x), y))
+        engine.step()
+    master = engine.full_state_dict(master=True)
+    for (name, _), want in zip(m.named_parameters(), expected):
+        torch.testing.assert_close(master[name].double(), want, rtol=0, atol=5e-6, msg=name)
+    # torch's AdamW (bias-corrected) with the same values ends far from it: the flag does something.
+    corrected = model()
+    torch_opt = torch.optim.AdamW(corrected.parameters(), lr=lr, betas=betas, eps=eps, weight_decay=wd)
+    for step in range(steps):
+        x, y = batch(step)
+        torch_opt.zero_grad()
+        loss_of(corrected(x), y).backward()
+        torch_opt.step()
+    assert (master["0.weight"] - corrected[0].weight.detach()).abs().max() > 1e-3
+    engine.destroy()
+
+
+def test_refused_optimizers_name_themselves():
     with pytest.raises(ConfigError, match="no LAMB"):
-        deepspeed.ops.lamb.FusedLamb(m.parameters())
+        deepspeed.ops.lamb.FusedLamb(model().parameters())
 
 
 def test_names_not_provided_say_so():

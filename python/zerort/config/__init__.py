@@ -34,6 +34,7 @@ class Config:
     betas: tuple = (0.9, 0.999)
     eps: float = 1e-8
     weight_decay: float = 0.01
+    bias_correction: bool = True  # false: Adam's moments uncorrected (DeepSpeed's optimizer.params.bias_correction)
     lr_schedule: Optional[Callable[[int], float]] = None  # Adam step n (1-based) -> every group's lr
     scheduler: Optional[dict] = None  # {"type": name, "params": {...}}: zerort.engine.lr_schedules
     initial_scale_power: int = 16
@@ -284,6 +285,7 @@ def _optimizer_params(r, d, c):
     # eps = 0 turns the update into 0 / 0 = NaN wherever a gradient and its moments are 0.
     c.eps = r.number(d, "eps", c.eps, low=0, low_open=True, example="1e-8")
     c.weight_decay = r.number(d, "weight_decay", c.weight_decay, low=0)
+    c.bias_correction = r.boolean(d, "bias_correction", c.bias_correction)
 
 
 def _loss_scale(r, d, c, window, min_scale):

@@ -102,7 +102,7 @@ KEYS = [
     b("optimizer.params.torch_adam", "either way: zerort's fused kernel does torch.optim.AdamW's math"),
     d("optimizer.params.fp32_optimizer_states", "optimizer states in low precision (false): the master and moments "
       "are FP32", _only(True)),
-    d("optimizer.params.bias_correction", "Adam without bias correction", _only(True)),
+    b("optimizer.params.bias_correction", "the same: false runs the update on the uncorrected moments"),
     d("optimizer.params.amsgrad", "AMSGrad"),
     d("optimizer.params.max_grad_norm", "an optimizer-side clip: use the top-level gradient_clipping",
       NULL),

@@ -46,7 +46,8 @@ class ZeroOptimizer(torch.optim.Optimizer):
 
     def __init__(self, engine, param_groups=None):
         c = engine.config
-        defaults = {"lr": c.lr, "betas": tuple(c.betas), "eps": c.eps, "weight_decay": c.weight_decay}
+        defaults = {"lr": c.lr, "betas": tuple(c.betas), "eps": c.eps, "weight_decay": c.weight_decay,
+                    "bias_correction": c.bias_correction}
         groups = _normalize(engine, param_groups)
         self._engine = weakref.ref(engine)  # owned by the engine: no reference cycle
         self._in_step = False
@@ -125,7 +126,7 @@ class ZeroOptimizer(torch.optim.Optimizer):
 
 
 def _row(k, g, scheduled):
-    """(lr, beta1, beta2, eps, weight_decay) of group k, checked."""
+    """(lr, beta1, beta2, eps, weight_decay, bias_correction) of group k, checked."""
     lr, betas, eps, wd = (g[key] for key in HYPER_KEYS)
     lr = float(lr) if isinstance(lr, torch.Tensor) else lr
     real = lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
@@ -141,7 +142,11 @@ def _row(k, g, scheduled):
     if not real(wd) or wd < 0:
         raise ConfigError([f"zerort optimizer: {_where(k)}['weight_decay'] = {wd!r}; it must be a finite number "
                            ">= 0"])
-    return (float(lr), float(betas[0]), float(betas[1]), float(eps), float(wd))
+    bias_correction = g.get("bias_correction", True)
+    if not isinstance(bias_correction, bool):
+        raise ConfigError([f"zerort optimizer: {_where(k)}['bias_correction'] = {bias_correction!r}; it must be "
+                           "true (Adam's bias-corrected moments, the default) or false"])
+    return (float(lr), float(betas[0]), float(betas[1]), float(eps), float(wd), float(bias_correction))
 
 
 def _normalize(engine, param_groups):

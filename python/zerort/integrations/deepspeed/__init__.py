@@ -106,9 +106,6 @@ def optimizer_groups(optimizer, model_parameters, model, who="deepspeed.initiali
             raise ValueError(f"{who}: the {name} optimizer has coupled weight_decay "
                              f"{g['weight_decay']:g} in param group {k}: Adam's L2 decay is added to the gradient, "
                              "zerort's AdamW decays the weights directly; use torch.optim.AdamW or weight_decay 0")
-        if g.get("bias_correction", True) is False:
-            raise ConfigError([f"{who}: param group {k} of the {name} sets bias_correction=False; zerort's AdamW "
-                               "always corrects the moments' bias; leave bias_correction True"])
         if g.get("amsgrad") or g.get("maximize"):
             raise ValueError(f"{who}: param group {k} of the {name} asks for amsgrad or maximize, "
                              "which zerort's AdamW does not do")

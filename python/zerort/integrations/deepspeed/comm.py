@@ -45,7 +45,9 @@ def init_distributed(dist_backend=None, auto_mpi_discovery=True, distributed_por
     the launcher's environment (torchrun's, or Open MPI's / PMI's, whose rank 0 address
     and port travel over zerort's MPI communicator when MASTER_ADDR is not set), unless a
     group exists already. dist_backend: None picks nccl for a process that sees a GPU,
-    gloo otherwise. A single process without a launcher is rank 0 of 1."""
+    gloo otherwise. A single process without a launcher is rank 0 of 1. distributed_port
+    and auto_mpi_discovery are accepted and unused: under mpirun the system picks rank 0's
+    port (_store)."""
     if dist.is_initialized():
         return
     if dist_init_required is False:
@@ -57,49 +59,47 @@ def init_distributed(dist_backend=None, auto_mpi_discovery=True, distributed_por
     if backend not in ("gloo", "nccl", "mpi"):
         raise ConfigError([f"deepspeed.init_distributed(dist_backend={dist_backend!r}): zerort's torch has gloo, "
                            "nccl and mpi process groups; pass one of them or None"])
-    if init_method is None:
-        addr, port = _rendezvous(env, distributed_port)
-        os.environ.setdefault("MASTER_ADDR", addr)
-        os.environ.setdefault("MASTER_PORT", str(port))
-        init_method = "env://"
     if not isinstance(timeout, datetime.timedelta):
         timeout = datetime.timedelta(seconds=float(timeout))
     if backend == "nccl":
         torch.cuda.set_device(env["local_rank"] % torch.cuda.device_count())
-    dist.init_process_group(backend, init_method=init_method, rank=rank, world_size=world_size, timeout=timeout)
+    meet = {"init_method": init_method} if init_method is not None or _has_master() else \
+        {"store": _store(env, rank, world_size, timeout)}
+    dist.init_process_group(backend, rank=rank, world_size=world_size, timeout=timeout, **meet)
     lifecycle.created_process_group(dist.group.WORLD)  # destroyed at exit while gloo's threads can end
     if verbose and rank == 0:
         log_dist(f"zerort: torch.distributed initialized ({backend}, W={world_size}, {env['launcher']})",
                  ranks=[0])
 
 
-def _rendezvous(env, port):
-    """(MASTER_ADDR, MASTER_PORT) for env:// rendezvous. torchrun sets both. Under mpirun
-    rank 0 picks its address and a free port and broadcasts them over zerort's MPI
-    communicator; a job of one process uses the loopback."""
-    if "MASTER_ADDR" in os.environ and "MASTER_PORT" in os.environ:
-        return os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
-    if env["world_size"] == 1:
-        return "127.0.0.1", _free_port()
+def _has_master():
+    return "MASTER_ADDR" in os.environ and "MASTER_PORT" in os.environ
+
+
+def _store(env, rank, world_size, timeout):
+    """The rendezvous store when no MASTER_ADDR / MASTER_PORT is set: an in-memory one for a
+    job of one process; under mpirun (or PMI) rank 0's TCPStore on a port the system picks,
+    its address and port sent to every rank over zerort's MPI communicator (no port is
+    chosen first and bound later, so none can be taken in between)."""
+    if world_size == 1:
+        return dist.HashStore()
     if env["launcher"] not in ("openmpi", "pmi"):
-        raise CommError(f"deepspeed.init_distributed: rank {env['rank']} of {env['world_size']} has no MASTER_ADDR "
-                        "and MASTER_PORT and was not started by mpirun; launch with torchrun, mpirun or "
+        raise CommError(f"deepspeed.init_distributed: rank {rank} of {world_size} has no MASTER_ADDR and "
+                        "MASTER_PORT and was not started by mpirun; launch with torchrun, mpirun or "
                         "python -m zerort.integrations.deepspeed.launcher")
-    comm = zerort_comm.init("mpi")
+    comm = zerort_comm.init("mpi", timeout.total_seconds())
     row = torch.zeros(66, dtype=torch.int64)
+    store = None
     if comm.rank == 0:
         addr = "127.0.0.1" if env["local_world_size"] == env["world_size"] else _my_address()
-        row[0], row[1] = _free_port() if port is None or port == 29500 else port, len(addr)
+        store = dist.TCPStore(addr, 0, world_size, is_master=True, timeout=timeout, wait_for_workers=False)
+        row[0], row[1] = store.port, len(addr)
         row[2:2 + len(addr)] = torch.tensor(list(addr.encode()), dtype=torch.int64)
     comm.broadcast(row, 0)
-    addr = bytes(row[2:2 + int(row[1])].tolist()).decode()
-    return addr, int(row[0])
-
-
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("", 0))
-        return s.getsockname()[1]
+    if store is None:
+        addr = bytes(row[2:2 + int(row[1])].tolist()).decode()
+        store = dist.TCPStore(addr, int(row[0]), world_size, is_master=False, timeout=timeout)
+    return store
 
 
 def _my_address():
