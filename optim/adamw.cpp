@@ -13,65 +13,100 @@ namespace {
 // Narrowing of the written parameter, as a compile-time choice.
 enum class Out { kNone, kBf16, kF16, kF32 };
 
-template <typename G, Out O, bool FromGrad>
+// A value of 2-byte type T is bf16 bits; of 4 bytes, a float.
+template <typename T>
+__attribute__((always_inline)) inline float load(const T* x, size_t i) {
+  if constexpr (sizeof(T) == 2) return bf16_to_f32(x[i]);
+  else return x[i];
+}
+
+template <typename T>
+__attribute__((always_inline)) inline void store(T* x, size_t i, float value) {
+  if constexpr (sizeof(T) == 2) x[i] = f32_to_bf16(value);
+  else x[i] = value;
+}
+
+template <typename G, typename S, Out O, bool FromGrad>
 __attribute__((always_inline)) inline void adamw_loop(const AdamWCoeffs& coeffs, const G* __restrict g,
-                                                      float* __restrict p, float* __restrict m,
-                                                      float* __restrict v, void* out, size_t n) {
+                                                      float* __restrict p, S* __restrict m,
+                                                      S* __restrict v, void* out, size_t n) {
   const AdamWCoeffs c = coeffs;  // a local copy: no aliasing with the float streams
   uint16_t* __restrict lp = static_cast<uint16_t*>(out);
   float* __restrict wp = static_cast<float*>(out);
   for (size_t i = 0; i < n; ++i) {
-    float gi;
-    if constexpr (sizeof(G) == 2) gi = bf16_to_f32(g[i]);
-    else gi = g[i];
-    float pi = p[i], mi = m[i], vi = v[i];
+    const float gi = load(g, i);
+    float pi = p[i], mi = load(m, i), vi = load(v, i);
     adamw_element<FromGrad>(c, gi, pi, mi, vi);
     p[i] = pi;
-    m[i] = mi;
-    v[i] = vi;
+    store(m, i, mi);
+    store(v, i, vi);
     if constexpr (O == Out::kBf16) lp[i] = f32_to_bf16(pi);
     if constexpr (O == Out::kF16) lp[i] = f32_to_f16(pi);
     if constexpr (O == Out::kF32) wp[i] = pi;
   }
 }
 
-template <typename G, Out O>
+template <typename G, typename S, Out O>
 __attribute__((always_inline)) inline void adamw_body(const AdamWCoeffs& c, const G* g, float* p,
-                                                      float* m, float* v, void* lp, size_t n) {
-  if (c.lerp_from_grad) adamw_loop<G, O, true>(c, g, p, m, v, lp, n);
-  else adamw_loop<G, O, false>(c, g, p, m, v, lp, n);
+                                                      S* m, S* v, void* lp, size_t n) {
+  if (c.lerp_from_grad) adamw_loop<G, S, O, true>(c, g, p, m, v, lp, n);
+  else adamw_loop<G, S, O, false>(c, g, p, m, v, lp, n);
 }
 
 // Run-time dispatch: GCC builds each function for AVX-512, AVX2+FMA and baseline x86-64
-// and picks one at load time from CPUID.
-#define ZRT_ADAMW_VARIANT(name, G, O)                                                          \
+// and picks one at load time from CPUID. Named adamw_<grad>_<states>_<param out>.
+#define ZRT_ADAMW_VARIANT(name, G, S, O)                                                       \
   __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default"))) void name( \
-      const AdamWCoeffs& c, const G* g, float* p, float* m, float* v, void* lp, size_t n) {     \
-    adamw_body<G, O>(c, g, p, m, v, lp, n);                                                    \
+      const AdamWCoeffs& c, const G* g, float* p, S* m, S* v, void* lp, size_t n) {             \
+    adamw_body<G, S, O>(c, g, p, m, v, lp, n);                                                 \
   }
-ZRT_ADAMW_VARIANT(adamw_f32_bf16, float, Out::kBf16)
-ZRT_ADAMW_VARIANT(adamw_f32_f16, float, Out::kF16)
-ZRT_ADAMW_VARIANT(adamw_f32_none, float, Out::kNone)
-ZRT_ADAMW_VARIANT(adamw_f32_f32, float, Out::kF32)
-ZRT_ADAMW_VARIANT(adamw_bf16_bf16, uint16_t, Out::kBf16)
-ZRT_ADAMW_VARIANT(adamw_bf16_f16, uint16_t, Out::kF16)
-ZRT_ADAMW_VARIANT(adamw_bf16_none, uint16_t, Out::kNone)
-ZRT_ADAMW_VARIANT(adamw_bf16_f32, uint16_t, Out::kF32)
+#define ZRT_ADAMW_OUTS(prefix, G, S)                   \
+  ZRT_ADAMW_VARIANT(prefix##_bf16, G, S, Out::kBf16)   \
+  ZRT_ADAMW_VARIANT(prefix##_f16, G, S, Out::kF16)     \
+  ZRT_ADAMW_VARIANT(prefix##_none, G, S, Out::kNone)   \
+  ZRT_ADAMW_VARIANT(prefix##_f32, G, S, Out::kF32)
+ZRT_ADAMW_OUTS(adamw_f32_f32, float, float)
+ZRT_ADAMW_OUTS(adamw_bf16_f32, uint16_t, float)
+ZRT_ADAMW_OUTS(adamw_f32_bf16, float, uint16_t)
+ZRT_ADAMW_OUTS(adamw_bf16_bf16, uint16_t, uint16_t)
+#undef ZRT_ADAMW_OUTS
 #undef ZRT_ADAMW_VARIANT
 
-using Kernel = void (*)(const AdamWCoeffs&, const void*, float*, float*, float*, void*, size_t);
+using Kernel = void (*)(const AdamWCoeffs&, const void*, float*, void*, void*, void*, size_t);
 
-template <typename G>
-Kernel erase(void (*k)(const AdamWCoeffs&, const G*, float*, float*, float*, void*, size_t)) {
+template <typename G, typename S>
+Kernel erase(void (*k)(const AdamWCoeffs&, const G*, float*, S*, S*, void*, size_t)) {  // the dtypes, erased
   return reinterpret_cast<Kernel>(k);
 }
 
-Kernel pick(DType grad, DType param, bool write_param) {
-  const bool g32 = grad == DType::kFloat32;
-  if (!write_param) return g32 ? erase(adamw_f32_none) : erase(adamw_bf16_none);
-  if (param == DType::kBFloat16) return g32 ? erase(adamw_f32_bf16) : erase(adamw_bf16_bf16);
-  if (param == DType::kFloat32) return g32 ? erase(adamw_f32_f32) : erase(adamw_bf16_f32);
-  return g32 ? erase(adamw_f32_f16) : erase(adamw_bf16_f16);
+// The four kernels of one (gradient, state) dtype pair, by parameter output.
+template <typename G, typename S>
+using Typed = void (*)(const AdamWCoeffs&, const G*, float*, S*, S*, void*, size_t);
+
+template <typename G, typename S>
+Kernel by_out(DType param, bool write_param, Typed<G, S> none, Typed<G, S> bf16, Typed<G, S> f16,
+              Typed<G, S> f32) {
+  if (!write_param) return erase(none);
+  if (param == DType::kBFloat16) return erase(bf16);
+  if (param == DType::kFloat32) return erase(f32);
+  return erase(f16);
+}
+
+Kernel pick(DType grad, DType state, DType param, bool write_param) {
+  const bool g32 = grad == DType::kFloat32, s32 = state == DType::kFloat32;
+  if (g32 && s32) {
+    return by_out(param, write_param, adamw_f32_f32_none, adamw_f32_f32_bf16, adamw_f32_f32_f16, adamw_f32_f32_f32);
+  }
+  if (s32) {
+    return by_out(param, write_param, adamw_bf16_f32_none, adamw_bf16_f32_bf16, adamw_bf16_f32_f16,
+                  adamw_bf16_f32_f32);
+  }
+  if (g32) {
+    return by_out(param, write_param, adamw_f32_bf16_none, adamw_f32_bf16_bf16, adamw_f32_bf16_f16,
+                  adamw_f32_bf16_f32);
+  }
+  return by_out(param, write_param, adamw_bf16_bf16_none, adamw_bf16_bf16_bf16, adamw_bf16_bf16_f16,
+                adamw_bf16_bf16_f32);
 }
 
 }  // namespace
@@ -93,16 +128,19 @@ void adamw_step(const AdamWBuffers& b, const AdamWStep& s) {
             "adamw_step: parameter dtype must be bf16, f16 or f32, got ", dtype_name(b.param_dtype));
   ZRT_CHECK(b.n == 0 || (b.grad && b.master && b.exp_avg && b.exp_avg_sq),
             "adamw_step: null gradient, master, exp_avg or exp_avg_sq buffer for ", b.n, " elements");
+  ZRT_CHECK(b.state_dtype == DType::kFloat32 || b.state_dtype == DType::kBFloat16,
+            "adamw_step: optimizer state dtype must be f32 or bf16, got ", dtype_name(b.state_dtype));
   ZRT_CHECK(s.step >= 1, "adamw_step: step count must be >= 1, got ", s.step);
   check_adamw_hyper(s.hyper, "adamw_step");
   const AdamWCoeffs c = AdamWCoeffs::from(s);
-  const Kernel kernel = pick(b.grad_dtype, b.param_dtype, b.param != nullptr);
+  const Kernel kernel = pick(b.grad_dtype, b.state_dtype, b.param_dtype, b.param != nullptr);
   const size_t gsize = dtype_size(b.grad_dtype);
+  const size_t ssize = dtype_size(b.state_dtype);
   const size_t psize = b.param ? dtype_size(b.param_dtype) : 0;
   parallel_for(b.n, size_t{1} << 16, [&](size_t, size_t lo, size_t hi) {
     void* lp = b.param ? static_cast<char*>(b.param) + lo * psize : nullptr;
-    kernel(c, static_cast<const char*>(b.grad) + lo * gsize, b.master + lo, b.exp_avg + lo,
-           b.exp_avg_sq + lo, lp, hi - lo);
+    kernel(c, static_cast<const char*>(b.grad) + lo * gsize, b.master + lo, static_cast<char*>(b.exp_avg) + lo * ssize,
+           static_cast<char*>(b.exp_avg_sq) + lo * ssize, lp, hi - lo);
   });
 }
 

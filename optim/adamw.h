@@ -33,11 +33,14 @@ struct AdamWBuffers {
   const void* grad = nullptr;  // n elements of grad_dtype (f32 or bf16)
   DType grad_dtype = DType::kFloat32;
   float* master = nullptr;
-  float* exp_avg = nullptr;
-  float* exp_avg_sq = nullptr;
+  void* exp_avg = nullptr;  // n elements of state_dtype each
+  void* exp_avg_sq = nullptr;
   void* param = nullptr;  // n elements of param_dtype (bf16, f16, or f32 for FP32 modules; nullptr to skip)
   DType param_dtype = DType::kBFloat16;
   size_t n = 0;
+  // Adam's moments: f32, or bf16 (read to float, updated in float, rounded to nearest even
+  // on store: half the memory of the moments).
+  DType state_dtype = DType::kFloat32;
 };
 
 // Throws zerort::Error, prefixed by `who`, unless betas are in [0, 1), lr and weight_decay

@@ -25,13 +25,27 @@ __device__ __forceinline__ void store_param(void* p, int mode, size_t i, float x
 
 // Four elements per thread per step with 16-byte loads of master, m and v when aligned;
 // 64-bit indices throughout.
+// Adam's moments: float, or bf16 bits (S = uint16_t) read to float and rounded on store.
+template <typename S>
+__device__ __forceinline__ float load_state(const S* x, size_t i) {
+  if constexpr (sizeof(S) == 2) return bf16_to_f32(x[i]);
+  else return x[i];
+}
+
+template <typename S>
+__device__ __forceinline__ void store_state(S* x, size_t i, float value) {
+  if constexpr (sizeof(S) == 2) x[i] = f32_to_bf16(value);
+  else x[i] = value;
+}
+
+template <typename S>
 __global__ void adamw_kernel(AdamWCoeffs c, const void* __restrict__ grad, bool grad_bf16,
-                             float* __restrict__ p, float* __restrict__ m, float* __restrict__ v,
+                             float* __restrict__ p, S* __restrict__ m, S* __restrict__ v,
                              void* __restrict__ param, int param_mode, size_t n) {
   const size_t stride = static_cast<size_t>(gridDim.x) * blockDim.x;
   const size_t first = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  const bool aligned = (reinterpret_cast<uintptr_t>(p) | reinterpret_cast<uintptr_t>(m) |
-                        reinterpret_cast<uintptr_t>(v)) % 16 == 0;
+  const bool aligned = sizeof(S) == 4 && (reinterpret_cast<uintptr_t>(p) | reinterpret_cast<uintptr_t>(m) |
+                                          reinterpret_cast<uintptr_t>(v)) % 16 == 0;
   const size_t vec_n = aligned ? n / 4 : 0;
   for (size_t q = first; q < vec_n; q += stride) {
     float4 pv = reinterpret_cast<float4*>(p)[q];
@@ -51,12 +65,12 @@ __global__ void adamw_kernel(AdamWCoeffs c, const void* __restrict__ grad, bool 
     reinterpret_cast<float4*>(v)[q] = vv;
   }
   for (size_t i = vec_n * 4 + first; i < n; i += stride) {
-    float pi = p[i], mi = m[i], vi = v[i];
+    float pi = p[i], mi = load_state(m, i), vi = load_state(v, i);
     if (c.lerp_from_grad) adamw_element<true>(c, load_grad(grad, grad_bf16, i), pi, mi, vi);
     else adamw_element<false>(c, load_grad(grad, grad_bf16, i), pi, mi, vi);
     p[i] = pi;
-    m[i] = mi;
-    v[i] = vi;
+    store_state(m, i, mi);
+    store_state(v, i, vi);
     store_param(param, param_mode, i, pi);
   }
 }
@@ -125,9 +139,18 @@ void adamw_step_cuda(const AdamWBuffers& b, const AdamWStep& s, cudaStream_t str
                                                  : -1;
   ZRT_CHECK(mode >= 0, "adamw_step_cuda: parameter dtype must be bf16, f16 or f32, got ",
             dtype_name(b.param_dtype));
-  adamw_kernel<<<blocks_for(b.n, 4), kThreads, 0, stream>>>(
-      AdamWCoeffs::from(s), b.grad, b.grad_dtype == DType::kBFloat16, b.master, b.exp_avg,
-      b.exp_avg_sq, b.param, mode, b.n);
+  ZRT_CHECK(b.state_dtype == DType::kFloat32 || b.state_dtype == DType::kBFloat16,
+            "adamw_step_cuda: optimizer state dtype must be f32 or bf16, got ", dtype_name(b.state_dtype));
+  const bool grad_bf16 = b.grad_dtype == DType::kBFloat16;
+  if (b.state_dtype == DType::kFloat32) {
+    adamw_kernel<float><<<blocks_for(b.n, 4), kThreads, 0, stream>>>(
+        AdamWCoeffs::from(s), b.grad, grad_bf16, b.master, static_cast<float*>(b.exp_avg),
+        static_cast<float*>(b.exp_avg_sq), b.param, mode, b.n);
+  } else {
+    adamw_kernel<uint16_t><<<blocks_for(b.n, 1), kThreads, 0, stream>>>(
+        AdamWCoeffs::from(s), b.grad, grad_bf16, b.master, static_cast<uint16_t*>(b.exp_avg),
+        static_cast<uint16_t*>(b.exp_avg_sq), b.param, mode, b.n);
+  }
   ZRT_CHECK_CUDA(cudaGetLastError());
 }
 

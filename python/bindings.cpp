@@ -230,15 +230,16 @@ PYBIND11_MODULE(_C, m) {
      py::arg("device") = -1);
 
   m.def("adamw_step", [](uintptr_t grad, const std::string& grad_dt, uintptr_t master, uintptr_t m_,
-                         uintptr_t v, uintptr_t param, const std::string& param_dt, size_t n, double lr,
-                         double beta1, double beta2, double eps, double weight_decay, int64_t step,
-                         float grad_multiplier, int device) {
+                         uintptr_t v, const std::string& state_dt, uintptr_t param, const std::string& param_dt,
+                         size_t n, double lr, double beta1, double beta2, double eps, double weight_decay,
+                         int64_t step, float grad_multiplier, int device) {
     AdamWBuffers b;
     b.grad = ptr(grad);
     b.grad_dtype = parse_dtype(grad_dt);
     b.master = static_cast<float*>(ptr(master));
-    b.exp_avg = static_cast<float*>(ptr(m_));
-    b.exp_avg_sq = static_cast<float*>(ptr(v));
+    b.exp_avg = ptr(m_);
+    b.exp_avg_sq = ptr(v);
+    b.state_dtype = parse_dtype(state_dt);
     b.param = ptr(param);
     b.param_dtype = parse_dtype(param_dt);
     b.n = n;

@@ -66,7 +66,7 @@ std::vector<AdamWHyper> hypers(const std::vector<std::array<double, 6>>& rows) {
 const char* const kOptimizerKeys[] = {"precision", "lr", "betas", "eps", "weight_decay",
                                       "initial_scale_power", "loss_scale_window", "hysteresis",
                                       "min_loss_scale", "consecutive_hysteresis", "static_loss_scale",
-                                      "gradient_clipping", "gradient_accumulation_steps"};
+                                      "gradient_clipping", "gradient_accumulation_steps", "optimizer_state_dtype"};
 const char* const kEngineKeys[] = {"stage", "reduce_bucket_numel"};
 
 bool listed(const char* const* begin, const char* const* end, const std::string& key) {
@@ -107,6 +107,7 @@ OptimizerOptions optimizer_keywords(const py::kwargs& kw) {
   }
   o.gradient_clipping = get(kw, "gradient_clipping", o.gradient_clipping);
   o.gradient_accumulation_steps = get(kw, "gradient_accumulation_steps", o.gradient_accumulation_steps);
+  o.state_dtype = parse_dtype(get(kw, "optimizer_state_dtype", std::string("f32")));
   return o;
 }
 

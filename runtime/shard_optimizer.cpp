@@ -35,6 +35,8 @@ const OptimizerOptions& validated(const OptimizerOptions& o) {
             o.gradient_accumulation_steps);
   ZRT_CHECK_AS(ConfigError, o.gradient_clipping >= 0 && std::isfinite(o.gradient_clipping),
             "gradient_clipping must be >= 0 (0 disables), got ", o.gradient_clipping);
+  ZRT_CHECK_AS(ConfigError, o.state_dtype == DType::kFloat32 || o.state_dtype == DType::kBFloat16,
+               "optimizer state dtype must be fp32 or bf16, got ", dtype_name(o.state_dtype));
   check_adamw_hyper(o.adamw, "optimizer options (AdamWHyper)");  // at construction, not at the first step
   return o;
 }
@@ -49,8 +51,9 @@ ShardOptimizer::ShardOptimizer(at::Tensor master, Communicator& comm, OptimizerO
   check_device_supported(master.device(), "ShardOptimizer's master");
   master_ = std::move(master);
   const auto f32 = at::TensorOptions().dtype(at::kFloat).device(master_.device());
-  exp_avg_ = at::zeros({master_.numel()}, f32);
-  exp_avg_sq_ = at::zeros({master_.numel()}, f32);
+  const auto states = f32.dtype(options_.state_dtype == DType::kBFloat16 ? at::kBFloat16 : at::kFloat);
+  exp_avg_ = at::zeros({master_.numel()}, states);
+  exp_avg_sq_ = at::zeros({master_.numel()}, states);
   grad_shard_ = at::zeros({master_.numel()}, f32);
 }
 
@@ -134,10 +137,18 @@ void ShardOptimizer::adamw_range(size_t lo, size_t n, void* out, DType dtype, co
     }
     s.hyper = hypers_[group];
     void* at = out ? static_cast<char*>(out) + (pos - lo) * dtype_size(dtype) : nullptr;
-    adamw_step_on(master_.device(),
-                  {grad_shard_.data_ptr<float>() + pos, DType::kFloat32, master_.data_ptr<float>() + pos,
-                   exp_avg_.data_ptr<float>() + pos, exp_avg_sq_.data_ptr<float>() + pos, at, dtype, stop - pos},
-                  s);
+    const size_t state_bytes = dtype_size(options_.state_dtype);
+    AdamWBuffers b;
+    b.grad = grad_shard_.data_ptr<float>() + pos;
+    b.grad_dtype = DType::kFloat32;
+    b.master = master_.data_ptr<float>() + pos;
+    b.exp_avg = static_cast<char*>(exp_avg_.data_ptr()) + pos * state_bytes;
+    b.exp_avg_sq = static_cast<char*>(exp_avg_sq_.data_ptr()) + pos * state_bytes;
+    b.state_dtype = options_.state_dtype;
+    b.param = at;
+    b.param_dtype = dtype;
+    b.n = stop - pos;
+    adamw_step_on(master_.device(), b, s);
     pos = stop;
   }
 }

@@ -22,6 +22,7 @@ struct OptimizerOptions {
   LossScalerOptions loss_scale;                // used for f16; bf16 uses a static scale of 1
   double gradient_clipping = 0.0;              // max global L2 norm; 0 disables
   int64_t gradient_accumulation_steps = 1;     // the gradient is averaged over these and W
+  DType state_dtype = DType::kFloat32;         // Adam's m and v: f32, or bf16 (half their memory)
   // Stage 0: every rank holds the whole state and the whole summed gradient, so the
   // decision inputs are already global and are not all-reduced.
   bool replicated = false;

@@ -24,12 +24,11 @@ def main(out, run_dir):
     for micro in range(12):
         g = torch.Generator().manual_seed(100 * engine.global_rank + micro)
         x, y = torch.randint(0, 32, (3, 6), generator=g), torch.randint(0, 32, (3,), generator=g)
-        lr = engine.get_lr()
         loss = nn.functional.cross_entropy(engine(x).float(), y)
         engine.backward(loss * float("inf") if micro == 4 else loss)
         s = engine.step()
         if s["boundary"]:
-            seen.append({"step": engine.global_steps, "lr": lr, "loss_scale": s["loss_scale"],
+            seen.append({"step": engine.global_steps, "lr": engine.get_lr(), "loss_scale": s["loss_scale"],
                          "grad_norm": s["grad_norm"], "skipped": s["skipped"], "nonfinite": s["nonfinite"],
                          "skipped_steps": engine.skipped_steps})
     if engine.global_rank == 0:

@@ -64,6 +64,16 @@ def test_the_alias_leaves_other_processes_alone():
     assert "zerort" not in out
 
 
+def test_inside_the_alias_deepspeed_is_the_drop_in_with_its_metadata():
+    code = ("from zerort.integrations.deepspeed import alias; alias.install()\n"
+            "import importlib.metadata, deepspeed, deepspeed.comm as dist, zerort.integrations.deepspeed as ours\n"
+            "from deepspeed.ops.adam import FusedAdam\n"
+            "assert deepspeed is ours and dist is ours.comm and FusedAdam is ours.ops.adam.FusedAdam\n"
+            "print(importlib.metadata.version('deepspeed'))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "0.19.8"
+
+
 def args(*argv):
     return launcher.parser().parse_args([*argv, "train.py"])
 

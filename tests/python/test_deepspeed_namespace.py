@@ -4,6 +4,8 @@ same schedule), optimizer errors, the modules scripts import (accelerator, ops.a
 runtime.zero), names zerort does not provide, the engine methods scripts call, and
 GatheredParameters tensors read after the block. The launcher and deepspeed.comm across
 ranks: test_deepspeed_launcher.py."""
+import copy
+
 import pytest
 import torch
 import torch.nn as nn
@@ -109,9 +111,40 @@ def test_a_schedule_on_another_optimizer_is_an_error():
                              config=config(2, optimizer={"type": "AdamW", "params": {"lr": 1e-3}}))
 
 
-def test_no_optimizer_is_an_error_naming_both_ways():
-    with pytest.raises(ConfigError, match=r"add an \"optimizer\" section.*or pass optimizer="):
-        deepspeed.initialize(model=model(), config=config(2))
+@pytest.mark.parametrize("stage", [1, 2])
+def test_no_optimizer_at_stages_1_and_2_is_an_error_naming_both_ways(stage):
+    with pytest.raises(ConfigError, match=rf"none given, and ZeRO stage {stage}.*add an \"optimizer\" section.*or "
+                                          "pass optimizer="):
+        deepspeed.initialize(model=model(), config=config(stage))
+
+
+@pytest.mark.parametrize("stage", [0, 3])
+def test_no_optimizer_at_stages_0_and_3_gives_a_forward_only_engine(stage):
+    """DeepSpeed-Chat's reference and reward models: forward runs, training is refused."""
+    m = model()
+    plain = copy.deepcopy(m)
+    engine, optimizer, _, scheduler = deepspeed.initialize(model=m, config=config(stage))
+    assert optimizer is None and scheduler is None
+    x, y = batch(0)
+    with torch.no_grad():
+        torch.testing.assert_close(engine(x), plain(x), rtol=0, atol=1e-6)
+    loss = loss_of(engine(x), y)
+    with pytest.raises(UsageError, match="runs forward only; to train it, add an \"optimizer\" section"):
+        engine.backward(loss)
+    with pytest.raises(UsageError, match="runs forward only"):
+        engine.step()
+    engine.destroy()
+
+
+def test_a_half_precision_model_is_taken_as_deepspeed_takes_it():
+    """A model loaded in bf16 (torch_dtype=torch.bfloat16): its values become the FP32 master exactly."""
+    m = model().to(torch.bfloat16)
+    values = {n: p.detach().float().clone() for n, p in m.named_parameters()}
+    engine, *_ = deepspeed.initialize(model=m, model_parameters=m.parameters(),
+                                      config=config(2, "bf16", optimizer={"type": "AdamW", "params": {"lr": 1e-3}}))
+    master = engine.full_state_dict(master=True)
+    assert all(torch.equal(master[n], v) for n, v in values.items())
+    engine.destroy()
 
 
 @pytest.mark.parametrize("cls", ["FusedAdam", "DeepSpeedCPUAdam"])
@@ -212,6 +245,17 @@ def test_accelerator_on_cpu_measures_real_bytes():
     assert acc.pin_memory(torch.ones(2)).sum() == 2
     acc.synchronize()
     acc.empty_cache()
+
+
+def test_the_helpers_deepspeed_chat_and_superoffload_import():
+    from zerort.integrations.deepspeed.compression.helper import recursive_getattr, recursive_setattr
+
+    m = nn.Sequential(nn.Linear(2, 2), nn.Sequential(nn.Linear(2, 3)))
+    assert recursive_getattr(m, "1.0") is m[1][0]
+    recursive_setattr(m, "1.0", nn.Identity())
+    assert isinstance(m[1][0], nn.Identity)
+    assert deepspeed.utils.set_z3_leaf_modules(m, [nn.Linear]) == [m[0]] and m[0]._z3_leaf
+    assert deepspeed.get_accelerator() is deepspeed.accelerator.get_accelerator()
 
 
 def test_zero_param_status_and_runtime_names():

@@ -112,3 +112,14 @@ def test_a_checkpoint_without_zerort_state_is_named_with_its_cause(tmp_path):
     (tmp_path / "trainer_state.json").write_text("{}")
     text = zerort.integrations.hf._no_zerort_state(str(tmp_path))
     assert "a stock Trainer (or save_only_model) wrote it" in text and "zerort.integrations.hf.from_pretrained" in text
+
+
+@pytest.mark.parametrize("config,named", [
+    ({"stage": 1, "optimizer": {"lr": 1e-3}}, "optimizer.lr"),  # disagrees with learning_rate=3e-4
+    ({"stage": 1, "gradient_clipings": 1.0}, "gradient_clipings"),  # a misspelt key
+    ({"zero_optimization": {"stage": 2}, "bf16": {"enabled": False, "bogus": 1}}, "bf16.bogus"),
+])
+def test_a_bad_zerort_config_is_an_error_when_the_trainer_is_built(tmp_path, config, named):
+    """Before any dataset is tokenized or model wrapped: at Trainer(...), not inside train()."""
+    with pytest.raises(ConfigError, match=named.replace(".", r"\.")):
+        zerort.integrations.hf.Trainer(model=hf_model("gpt2"), args=args(tmp_path), zerort_config=config)

@@ -1,6 +1,7 @@
 """The training monitor (zerort.monitoring.monitor) under torchrun, W = 2: DeepSpeed's csv_monitor and
 tensorboard keys; one CSV row and one TensorBoard point per optimizer step holding what the
-engine reported (the step's stats, the lr it used, the skip), the TensorBoard events read
+engine reported (the step's stats, the lr after the update as DeepSpeed's monitor writes it,
+the skip), the TensorBoard events read
 back with the tensorboard package's own reader, and python -m zerort.monitoring.plot's PNG."""
 import csv
 import json

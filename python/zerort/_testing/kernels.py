@@ -26,12 +26,13 @@ def cast(t, dtype):
 
 def adamw_step(grad, master, exp_avg, exp_avg_sq, param, *, lr, betas, eps, weight_decay, step,
                grad_multiplier=1.0):
-    """One fused AdamW pass. grad: float32 or bfloat16; master/exp_avg/exp_avg_sq: float32;
-    param: bfloat16/float16 low-precision copy written from the new master (or None)."""
+    """One fused AdamW pass. grad: float32 or bfloat16; master: float32; exp_avg/exp_avg_sq:
+    float32, or both bfloat16 (the moments kept in bf16); param: bfloat16/float16
+    low-precision copy written from the new master (or None)."""
     n, f32, dev = master.numel(), torch.float32, master.device
     _C.adamw_step(buffer(grad, "grad", n, device=dev), dtype_name(grad, "grad"),
-                  buffer(master, "master", n, f32, dev), buffer(exp_avg, "exp_avg", n, f32, dev),
-                  buffer(exp_avg_sq, "exp_avg_sq", n, f32, dev),
+                  buffer(master, "master", n, f32, dev), buffer(exp_avg, "exp_avg", n, device=dev),
+                  buffer(exp_avg_sq, "exp_avg_sq", n, exp_avg.dtype, dev), dtype_name(exp_avg, "exp_avg"),
                   0 if param is None else buffer(param, "param", n, device=dev),
                   "bf16" if param is None else dtype_name(param, "param"), n, lr, betas[0],
                   betas[1], eps, weight_decay, step, grad_multiplier, device_index(dev))

@@ -46,6 +46,7 @@ CATEGORIES = [
 # order too; the estimate is then the largest prefetch + 2 consecutive units, an upper bound.
 BOUND_ONLY = {"gathered_units"}
 BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}  # per element of the working copy
+STATE_BYTES = {"fp32": 4, "bf16": 2}  # per element of Adam's m and v (config optimizer.state_dtype)
 
 
 def paper_formula(numel, world_size, stage):
@@ -66,9 +67,10 @@ class Group:
     persistent: bool = False
 
 
-def exact(groups, world_size, stage, reduce_bucket_numel=1 << 24, prefetch=1, at_rest=False):
+def exact(groups, world_size, stage, reduce_bucket_numel=1 << 24, prefetch=1, at_rest=False, state_bytes=4):
     """Exact bytes per rank of our layout for these parameter groups (stages 0-2: one group
-    per dtype, cut into reduce buckets; stage 3: the units in execution order). at_rest:
+    per dtype, cut into reduce buckets; stage 3: the units in execution order).
+    state_bytes: per element of Adam's m and v (4, or 2 with bf16 optimizer states). at_rest:
     only what initialize allocates and keeps, without the buffers that live during a
     phase (gathered units, stage 3's per-unit pack buffer, the communicator's reduce
     scratch, which it allocates outside torch's allocator)."""
@@ -88,7 +90,7 @@ def exact(groups, world_size, stage, reduce_bucket_numel=1 << 24, prefetch=1, at
             if stage < 2:  # stages 0, 1: the whole flat gradient buffer
                 out["lp_grads"] += padded * g.element_bytes
             for k in ("master", "adam_m", "adam_v", "grad_shard"):
-                out[k] += 4 * opt
+                out[k] += (state_bytes if k.startswith("adam") else 4) * opt
         if stage == 2:  # two pack buffers of the largest bucket: one filling, one reducing
             out["lp_grads"] = 2 * largest_pack
         # reduce_scatter_accumulate's received chunks for one bucket (none at W = 1, where it
@@ -104,7 +106,7 @@ def exact(groups, world_size, stage, reduce_bucket_numel=1 << 24, prefetch=1, at
         out["lp_grads"] = max(out["lp_grads"], full)      # the pack buffer of one unit
         out["comm_buffers"] = max(out["comm_buffers"], full if w > 1 else 0)  # its reduce scratch (W > 1)
         for k in ("master", "adam_m", "adam_v", "grad_shard"):
-            out[k] += 4 * unit.shard_numel
+            out[k] += (state_bytes if k.startswith("adam") else 4) * unit.shard_numel
         if not g.persistent:
             units.append(full)
     out["gathered_units"] = gathered_window(units, prefetch + 2)
@@ -160,10 +162,10 @@ def count_groups(numel, stage, precision="bf16", reduce_bucket_numel=1 << 24, un
 
 
 def estimate_memory(model_or_numel, world_size, stage, precision="bf16", *, reduce_bucket_numel=1 << 24,
-                    prefetch=1, unit_numel=None, config=None):
+                    prefetch=1, unit_numel=None, config=None, optimizer_state_dtype="fp32"):
     """Bytes of model states per rank, by category: {"paper": {...}, "exact": {...}} with
     a "total" in each. model_or_numel: a torch.nn.Module (shared parameters counted once)
-    or a parameter count."""
+    or a parameter count. optimizer_state_dtype: "bf16" keeps Adam's m and v in bf16."""
     if isinstance(model_or_numel, torch.nn.Module):
         groups = model_groups(model_or_numel, stage, precision, config)
         numel = sum(sum(g.numels) for g in groups)
@@ -171,7 +173,8 @@ def estimate_memory(model_or_numel, world_size, stage, precision="bf16", *, redu
         numel = int(model_or_numel)
         groups = count_groups(numel, stage, precision, reduce_bucket_numel, unit_numel)
     paper = paper_formula(numel, world_size, stage)
-    ours = exact(groups, world_size, stage, reduce_bucket_numel, prefetch)
+    ours = exact(groups, world_size, stage, reduce_bucket_numel, prefetch,
+                 state_bytes=STATE_BYTES[optimizer_state_dtype])
     paper["total"] = sum(paper.values())
     ours["total"] = sum(ours.values())
     return {"paper": paper, "exact": ours, "numel": numel, "world_size": world_size, "stage": stage,
@@ -336,7 +339,8 @@ def _allocator_figures(engine, groups):
         from zerort.accounting.phases import EngineMemory
 
         mem = engine._memory = EngineMemory(engine.device)
-    layout = sum(exact(groups, engine.world_size, c.stage, c.reduce_bucket_numel, c.prefetch, at_rest=True).values())
+    layout = sum(exact(groups, engine.world_size, c.stage, c.reduce_bucket_numel, c.prefetch, at_rest=True,
+                       state_bytes=STATE_BYTES[c.optimizer_state_dtype]).values())
     source = ("zerort's counting CPU allocator" if mem.key == "cpu" else
               f"torch.cuda.memory_allocated / max_memory_allocated on {mem.key}")
     out = {"source": source, "device": mem.key,
@@ -373,7 +377,8 @@ def report(engine):
     alloc["held"]["min"], alloc["held"]["max"] = int(lo[n]), int(hi[n])
     for i, name in enumerate(PHASES):
         alloc["phases"][name]["min"], alloc["phases"][name]["max"] = int(lo[n + 1 + i]), int(hi[n + 1 + i])
-    est = exact(groups, engine.world_size, c.stage, c.reduce_bucket_numel, c.prefetch)
+    est = exact(groups, engine.world_size, c.stage, c.reduce_bucket_numel, c.prefetch,
+                state_bytes=STATE_BYTES[c.optimizer_state_dtype])
     peak_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     cuda_peak = torch.cuda.max_memory_allocated() if torch.cuda.is_available() else None
     return MemoryReport(measured, across, est, peak_rss, cuda_peak, c.stage, engine.world_size, alloc)

@@ -35,6 +35,7 @@ class Config:
     eps: float = 1e-8
     weight_decay: float = 0.01
     bias_correction: bool = True  # false: Adam's moments uncorrected (DeepSpeed's optimizer.params.bias_correction)
+    optimizer_state_dtype: str = "fp32"  # Adam's m and v: "fp32" or "bf16" (DeepSpeed's bf16.bf16_optimizer_states)
     lr_schedule: Optional[Callable[[int], float]] = None  # Adam step n (1-based) -> every group's lr
     scheduler: Optional[dict] = None  # {"type": name, "params": {...}}: zerort.engine.lr_schedules
     initial_scale_power: int = 16
@@ -305,6 +306,7 @@ def _parse_ours(cfg, problems):
     c.precision = r.choice(cfg, "precision", c.precision, ("bf16", "fp16", "fp32"))
     opt, ro = r.child(cfg, "optimizer")
     _optimizer_params(ro, opt, c)
+    c.optimizer_state_dtype = ro.choice(opt, "state_dtype", c.optimizer_state_dtype, ("fp32", "bf16"))
     ro.leftover(opt)
     ls, rl = r.child(cfg, "loss_scale")
     scale_keys = _loss_scale(rl, ls, c, window="window", min_scale="min_scale")

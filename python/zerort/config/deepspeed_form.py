@@ -69,6 +69,8 @@ def _precision(r, cfg, c):
     name = "bfloat16" if "bfloat16" in cfg and "bf16" not in cfg else "bf16"
     bf16, rb = r.child(cfg, name)
     bf16_on = rb.boolean(bf16, "enabled", False)
+    if rb.boolean(bf16, "bf16_optimizer_states", False):
+        c.optimizer_state_dtype = "bf16"
     _table(rb, bf16, "bf16.")
     rb.leftover(bf16, "unknown or unsupported DeepSpeed key")
     fp16, rf = r.child(cfg, "fp16")

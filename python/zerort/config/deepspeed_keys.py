@@ -115,7 +115,8 @@ KEYS = [
     a("bf16.immediate_grad_update", "gradients go to the FP32 shard as buckets complete", kind=BOOL),
     a("bf16.check_grad_overflow", "zerort always checks and skips a non-finite step", kind=BOOL),
     d("bf16.bf16_master_weights_and_grads", "a bf16 master"),
-    d("bf16.bf16_optimizer_states", "bf16 optimizer states"),
+    b("bf16.bf16_optimizer_states", "optimizer.state_dtype bf16: Adam's m and v kept in bf16 (4 bytes less per "
+      "element of this rank's shard); the FP32 master stays"),
     a("fp16.enabled", "the same: fp16 compute, FP32 master, loss scaling"),
     b("fp16.loss_scale", "0: the dynamic scale; > 0: that fixed scale"),
     a("fp16.initial_scale_power", "the same"),

@@ -115,6 +115,10 @@ class Engine:
         self._hooks = precision.compute_in_fp32(plan, self.dtype)  # every hook on the model, for destroy()
         self._cast_buffers = plan.cast_buffers
         self._names = grouping.names  # id(param) -> its first name, for errors
+        with torch.no_grad():  # bf16/fp16 parameters (a model loaded in half precision): their values, exactly, in
+            for p in model.parameters():  # the FP32 master, as DeepSpeed takes them
+                if p.dtype in (torch.bfloat16, torch.float16):
+                    p.data = p.data.float()
         wrong = [p for p in model.parameters() if p.dtype != torch.float32]
         if wrong:
             raise TypeError(f"zerort: parameter {self._names[id(wrong[0])]!r} is {wrong[0].dtype}; build the model "
@@ -183,6 +187,7 @@ class Engine:
         self.optimizer = ZeroOptimizer(self, param_groups)
         self.lr_scheduler = _scheduler(c, self.optimizer, lr_scheduler)
         self._no_sync = False
+        self._forward_only = None  # why backward() and step() are refused (make_forward_only), or None
         self._backward_since_step = False
         self._step_applied = False
         self._progress = progress.Progress(self)  # steps_per_print, wall_clock_breakdown
@@ -210,7 +215,7 @@ class Engine:
         Several backward() calls before one step() add up, as in PyTorch. Works under
         torch.no_grad() too. DeepSpeed's arguments: retain_graph as in torch;
         scale_wrt_gas=False sums the micro-steps' gradients instead of averaging them."""
-        self._check_requires_grad()
+        self._check_trainable()
         self._backward_since_step = True
         if self._monitor:
             self._monitor.backward(loss)
@@ -239,7 +244,7 @@ class Engine:
         if self._no_sync:
             raise UsageError("engine.step() inside engine.no_sync(): leave the no_sync() block first; the "
                                 "last backward() of the accumulation window runs outside it, then step()")
-        self._check_requires_grad()
+        self._check_trainable()
         self._progress.before_step()
         boundary = self.is_gradient_accumulation_boundary()
         if boundary:  # the param groups' values (a scheduler may have changed them) go to the update
@@ -257,13 +262,13 @@ class Engine:
             s["forward_ms"] = 1e3 * getattr(self, "_t_forward", 0.0)
             s["backward_ms"] = 1e3 * getattr(self, "_t_backward", 0.0)
             self.stats = s
-            if self._monitor:  # one all-gather, on every rank; the row holds the lr this update used
-                self._monitor.after_update(self, s)
             if self._step_applied and self.lr_scheduler is not None:
                 moved = getattr(self.lr_scheduler, "optimizer", None)
                 if moved is not None:  # a user's optimizer sharing our groups stepped too: torch's check
                     moved._opt_called = True
                 self.lr_scheduler.step(**(lr_kwargs or {}))  # as DeepSpeed: after every applied update
+            if self._monitor:  # one all-gather, every rank; the row holds the lr after the update, as DeepSpeed
+                self._monitor.after_update(self, s)
         samples = (self.config.train_micro_batch_size_per_gpu or 0) * self.config.gradient_accumulation_steps
         self.tput_timer.stop(s["boundary"], samples * self.world_size)
         self._progress.after_step(s, self)
@@ -447,10 +452,18 @@ class Engine:
             if getattr(self, "_monitor", None) and done is not None:
                 self._monitor.phase_peak(done.last_peak)
 
-    def _check_requires_grad(self):
+    def make_forward_only(self, reason):
+        """From now on backward() and step() raise UsageError(reason): an engine made
+        without an optimizer (a reference or reward model, as DeepSpeed allows at stages 0
+        and 3) runs forward only."""
+        self._forward_only = reason
+
+    def _check_trainable(self):
         """The trainable set is planned at initialize: a later requires_grad change is an
         error naming the parameter (raised before any collective, so on every rank that
-        made the change)."""
+        made the change). A forward-only engine refuses to train."""
+        if self._forward_only:
+            raise UsageError(self._forward_only)
         for ps, was in ((self._params, True), (self._frozen, False)):
             for p in ps:
                 if p.requires_grad != was:

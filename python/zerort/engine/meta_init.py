@@ -96,7 +96,7 @@ class Materializer:
                                 "on a real device")
 
     def _values(self, old):
-        if hasattr(old, RECIPE):  # built under deepspeed.zero.Init: Note [recorded initialization]
+        if self.weights is None and hasattr(old, RECIPE):  # built under zero.Init: Note [recorded initialization]
             return getattr(old, RECIPE).materialize(self.device)
         if self.weights is None:
             return torch.empty(old.shape, dtype=torch.float32, device=self.device)

@@ -7,8 +7,9 @@ Every accumulation boundary (skipped steps included) writes: the step, the loss 
 the window's backward() losses over gradient_accumulation_steps, averaged over ranks: the
 window's mean loss, whether each backward() is given a micro-step's mean loss or, as
 zerort.integrations.hf.Trainer does, one already divided by its own accumulation), the
-lr of each param group, the loss scale, the global gradient norm (before clipping), whether the step was skipped, the skipped steps
-so far, the non-finite gradient values, tokens per second (the elements of the first
+lr of each param group after the update (the next update's, as DeepSpeed's monitor writes
+it), the loss scale, the global gradient norm (before clipping), whether the step was
+skipped, the skipped steps so far, the non-finite gradient values, tokens per second (the elements of the first
 integer tensor given to engine(...) in training mode, else its first tensor's first
 dimension, on every rank, over the wall time since the previous row) and each rank's memory peak over the
 window as its allocator saw it (zerort.accounting.phases; torch's statistics on CUDA). The figures

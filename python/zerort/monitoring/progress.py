@@ -68,6 +68,7 @@ class ThroughputTimer:
     def __init__(self, start_step=2):
         self.start_step = start_step
         self.updates = 0
+        self.epoch_count = 0
         self.samples = 0
         self.elapsed = 0.0
         self.started = None
@@ -84,6 +85,10 @@ class ThroughputTimer:
             self.elapsed += time.perf_counter() - self.started
             self.samples += samples
         self.started = None
+
+    def update_epoch_count(self):
+        """DeepSpeed's: the training loop says an epoch ended."""
+        self.epoch_count += 1
 
     def avg_samples_per_sec(self):
         """Samples per second over the timed updates (0 before any; the global batch needs

@@ -209,7 +209,9 @@ def save(engine, directory, tag=None, client_state=None, save_latest=True):
                 os.makedirs(work, exist_ok=True)
             except OSError as e:
                 raise files.write_error(e, work, work, 4096) from None
-            tensors = {k: flat(v).clone() for k, v in optimizer_tensors(engine).items()}
+            # FP32 on disk whatever the states' dtype in memory (bf16 optimizer states widen
+            # exactly), so a checkpoint loads into either.
+            tensors = {k: flat(v).to(torch.float32, copy=True) for k, v in optimizer_tensors(engine).items()}
             if rank == 0:
                 extras.update(_extras(engine))
                 path = os.path.join(work, loop_state.FILE)

@@ -27,7 +27,8 @@ from zerort.engine.engine import Engine as DeepSpeedEngine  # noqa: F401  (isins
 from zerort.engine.engine import initialize as _zerort_initialize
 from zerort.errors import ConfigError
 # The modules DeepSpeed scripts import (deepspeed.comm, deepspeed.zero, ...), loaded with the package as DeepSpeed's are.
-from zerort.integrations.deepspeed import accelerator, comm, ops, runtime, utils, zero  # noqa: F401
+from zerort.integrations.deepspeed import accelerator, comm, compression, ops, runtime, utils, zero  # noqa: F401
+from zerort.integrations.deepspeed.accelerator import get_accelerator  # noqa: F401  (deepspeed.get_accelerator)
 from zerort.integrations.deepspeed.comm import init_distributed  # noqa: F401
 from zerort.integrations.deepspeed.names import not_provided
 
@@ -54,16 +55,22 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None, tra
     if optimizer is not None and has_section:
         raise ConfigError(["optimizer: the config has an optimizer section and initialize() was given optimizer= "
                            "too; keep one of them (as DeepSpeed requires)"])
-    if optimizer is None and not has_section:
-        raise ConfigError(["optimizer: none given; add an \"optimizer\" section to the config (e.g. {\"type\": "
-                           "\"AdamW\", \"params\": {\"lr\": 1e-4}}), or pass optimizer= (a torch.optim.AdamW, "
-                           "deepspeed.ops.adam.FusedAdam, or a function of model_parameters); zerort does not "
-                           "pick one for you (DeepSpeed refuses too: ZeRO needs an optimizer)"])
+    ways = ("add an \"optimizer\" section to the config (e.g. {\"type\": \"AdamW\", \"params\": {\"lr\": 1e-4}}), "
+            "or pass optimizer= (a torch.optim.AdamW, deepspeed.ops.adam.FusedAdam, or a function of model_parameters)")
+    forward_only = optimizer is None and not has_section
+    if forward_only and c.stage in (1, 2):
+        raise ConfigError([f"optimizer: none given, and ZeRO stage {c.stage} shards an optimizer's state; {ways}. "
+                           "zerort does not pick one for you (DeepSpeed refuses too). A model that only runs "
+                           "forward (a reference or reward model) takes stage 0 or 3 without an optimizer"])
     groups = optimizer_groups(optimizer, model_parameters, model)
     comm.init_distributed(dist_init_required=dist_init_required, verbose=False)  # as DeepSpeed's initialize
     engine = _zerort_initialize(model, c, param_groups=groups, lr_scheduler=lr_scheduler)
     if training_data is not None:
         engine.training_dataloader = dataloader(engine, training_data, collate_fn)
+    if forward_only:  # as DeepSpeed: an engine without an optimizer runs forward (no optimizer is returned)
+        engine.make_forward_only(f"deepspeed.initialize was given no optimizer, so this engine runs forward only; "
+                                 f"to train it, {ways}")
+        return engine, None, engine.training_dataloader, engine.lr_scheduler
     return engine, engine.optimizer, engine.training_dataloader, engine.lr_scheduler
 
 

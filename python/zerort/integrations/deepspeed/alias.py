@@ -6,13 +6,15 @@
 install() puts a finder first on sys.meta_path that answers for "deepspeed" and every
 "deepspeed.X.Y": each is the module zerort.integrations.deepspeed.X.Y itself (the same
 object, so `deepspeed.comm is zerort.integrations.deepspeed.comm`). A module zerort does
-not have is a ModuleNotFoundError that names it and says so. A real DeepSpeed installation
+not have is a ModuleNotFoundError that names it and says so. importlib.metadata finds a
+"deepspeed" distribution of the drop-in's version there too. A real DeepSpeed installation
 is never imported or changed: the finder answers before it is looked for. The launcher
 (zerort.integrations.deepspeed.launcher) installs it in every rank it starts; nothing else
 does.
 """
 import importlib
 import importlib.abc
+import importlib.metadata
 import importlib.util
 import sys
 
@@ -34,7 +36,27 @@ class _Existing(importlib.abc.Loader):
         return None
 
 
+class _Distribution(importlib.metadata.Distribution):
+    """The package metadata libraries look up (transformers asks importlib.metadata for
+    deepspeed's version before it uses its integration): the drop-in's, named deepspeed at
+    the DeepSpeed release whose API it follows."""
+
+    def read_text(self, filename):
+        if filename == "METADATA":
+            from zerort.integrations.deepspeed import __version__
+
+            return f"Metadata-Version: 2.1\nName: deepspeed\nVersion: {__version__}\nSummary: zerort's drop-in\n"
+        return None
+
+    def locate_file(self, path):
+        return None
+
+
 class DeepSpeedAlias(importlib.abc.MetaPathFinder):
+    def find_distributions(self, context=importlib.metadata.DistributionFinder.Context()):
+        if context.name in (None, NAME):
+            yield _Distribution()
+
     def find_spec(self, fullname, path=None, target=None):
         if fullname != NAME and not fullname.startswith(NAME + "."):
             return None

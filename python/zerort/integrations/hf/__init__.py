@@ -19,7 +19,9 @@ DeepSpeed (zerort.integrations.hf.config). Under it:
 - the Trainer owns the accumulation window: each micro-batch's loss goes to
   engine.backward, and the last one of a window runs engine.step(), which clips at
   max_grad_norm, updates, and steps the scheduler when the update was applied (a skipped
-  fp16 step does not advance it); the logged grad_norm and learning_rate are the engine's;
+  fp16 step does not advance it); the logged grad_norm is the engine's, and the logged
+  learning_rate is the one after the update, as HuggingFace's DeepSpeed integration logs
+  it (the stock Trainer logs the one the update used: one step earlier);
 - each checkpoint-N folder holds zerort's sharded checkpoint (engine.save_checkpoint)
   beside the Trainer's own state and the model's safetensors; train(resume_from_checkpoint=)
   loads it, at any world size and stage;
@@ -146,6 +148,7 @@ class Trainer(transformers.Trainer):
             self.args._n_gpu = 1
             self._train_batch_size = self.args.train_batch_size
         self._refuse_unsupported()
+        self._zerort_config()  # a bad key or a disagreement with the TrainingArguments: an error now
         if self.optimizer is not None:  # optimizers=(AdamW, None): its groups, checked now
             self._zerort_groups = optimizer_groups(self.optimizer, None, self.model, who=WHO)
 
@@ -201,9 +204,7 @@ class Trainer(transformers.Trainer):
     def _zerort_engine(self):
         if self.engine is not None:
             return self.engine
-        cfg, deepspeed_form = fill(self._zerort_raw, self.args, self.model)
-        self._zerort_scheduler = cfg.pop("scheduler", None)
-        c = parse(cfg, form="deepspeed" if deepspeed_form else None)
+        c = self._zerort_config()
         gas = c.gradient_accumulation_steps
         # The Trainer owns the window (its last one in an epoch may be short): the engine
         # steps once per window, and every micro-batch's backward adds to it.
@@ -217,6 +218,12 @@ class Trainer(transformers.Trainer):
                                "ranks with TrainingArguments(use_cpu=True)")
         self.model_wrapped = _ZeroModel(self.engine)
         return self.engine
+
+    def _zerort_config(self):
+        """The zerort Config from zerort_config and the TrainingArguments (checked)."""
+        cfg, deepspeed_form = fill(self._zerort_raw, self.args, self.model)
+        self._zerort_scheduler = cfg.pop("scheduler", None)
+        return parse(cfg, form="deepspeed" if deepspeed_form else None)
 
     def _param_groups(self):
         """The Trainer's groups (its no-decay rule), with the TrainingArguments' values; or
@@ -262,8 +269,10 @@ class Trainer(transformers.Trainer):
         """accelerator.backward: the micro-batch's backward; at the window's end, the step."""
         self.engine.backward(loss)
         if self.accelerator.sync_gradients:
-            self._zerort_lr = self.engine.optimizer.param_groups[0]["lr"]  # the lr this update uses
             self.engine.step()
+            # Logged as HF's DeepSpeed integration logs it: the scheduler's lr after the update
+            # (the next update's; unchanged by a skipped one), so the two logs compare line for line.
+            self._zerort_lr = self.engine.optimizer.param_groups[0]["lr"]
 
     def _clip_grad_norm(self, model):
         return self.engine.get_global_grad_norm()  # engine.step() clipped at max_grad_norm

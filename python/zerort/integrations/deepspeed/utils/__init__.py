@@ -52,6 +52,20 @@ def print_rank_0(message):
         print(message, flush=True)
 
 
+def set_z3_leaf_modules(model, leaf_module_classes):
+    """DeepSpeed's ZeRO-3 leaf modules (MoE blocks whose experts run data-dependently):
+    their parameters must be gathered with the module, not by each submodule's own hook.
+    zerort's stage-3 units are whole blocks (zerort.layout.units), whose parameters are
+    gathered together when any of them runs, so this marks the modules (`_z3_leaf`, as
+    DeepSpeed does) and returns them. Classes may be given by type or by name."""
+    wanted = tuple(c for c in leaf_module_classes if isinstance(c, type))
+    names = {c for c in leaf_module_classes if isinstance(c, str)}
+    leaves = [m for m in model.modules() if isinstance(m, wanted) or type(m).__name__ in names]
+    for m in leaves:
+        m._z3_leaf = True
+    return leaves
+
+
 def _owner(param, who):
     from zerort import lifecycle
 
