@@ -323,6 +323,28 @@ def test_gathered_parameters_tensors_stay_readable_after_the_block():
     engine.destroy()
 
 
+def test_stage3_parameters_carry_deepspeeds_attributes():
+    """DeepSpeed-Chat's _z3_params_to_fetch reads ds_id and ds_status to decide what to gather."""
+    from zerort.integrations.deepspeed.runtime.zero.partition_parameters import ZeroParamStatus
+
+    m = model()
+    engine, *_ = deepspeed.initialize(model=m, model_parameters=m.parameters(),
+                                      config=config(3, "bf16", optimizer={"type": "AdamW", "params": {"lr": 1e-3}},
+                                                    zero_optimization={"stage": 3,
+                                                                       "stage3_param_persistence_threshold": 0}))
+    names = [n for n, _ in m.named_parameters()]
+    for index, (name, p) in enumerate(m.named_parameters()):
+        assert p.ds_id == index and p.ds_shape == torch.Size(model().state_dict()[name].shape), name
+        assert p.ds_numel == p.ds_shape.numel() and p.ds_status == ZeroParamStatus.NOT_AVAILABLE, name
+    fetch = [p for p in m.parameters() if hasattr(p, "ds_id") and p.ds_status == ZeroParamStatus.NOT_AVAILABLE]
+    assert len(fetch) == len(names)
+    with deepspeed.zero.GatheredParameters(fetch):
+        assert all(p.ds_status == ZeroParamStatus.AVAILABLE for p in fetch)
+    assert all(p.ds_status == ZeroParamStatus.NOT_AVAILABLE for p in fetch)
+    assert not hasattr(torch.nn.Parameter(torch.zeros(2)), "ds_status")  # only what an engine marked
+    engine.destroy()
+
+
 def test_utils_full_values_and_zero_to_fp32(tmp_path):
     m = model()
     engine, *_ = deepspeed.initialize(model=m, model_parameters=m.parameters(),

@@ -557,6 +557,10 @@ class Engine:
                 out[name] = t.detach().clone()
         return out
 
+    def full_shape(self, p):
+        """p's whole shape (stage 3 empties released parameters; their shape is kept here)."""
+        return self._shapes.get(id(p), tuple(p.shape))
+
     def _working_dtype(self, p):
         """The dtype p computes in: float32 for FP32 modules, else the compute dtype."""
         return torch.float32 if any(p is q for q in self._groups[1]) else self.dtype

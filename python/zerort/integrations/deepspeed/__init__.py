@@ -67,6 +67,8 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None, tra
     engine = _zerort_initialize(model, c, param_groups=groups, lr_scheduler=lr_scheduler)
     if training_data is not None:
         engine.training_dataloader = dataloader(engine, training_data, collate_fn)
+    if c.stage == 3:
+        zero.mark_stage3_params(engine)
     if forward_only:  # as DeepSpeed: an engine without an optimizer runs forward (no optimizer is returned)
         engine.make_forward_only(f"deepspeed.initialize was given no optimizer, so this engine runs forward only; "
                                  f"to train it, {ways}")

@@ -70,6 +70,28 @@ class Init:
         return False
 
 
+def _status(param):
+    """Parameter.ds_status: AVAILABLE while whole, NOT_AVAILABLE while only this rank's
+    shard is held; an AttributeError on a parameter no stage-3 engine marked."""
+    from zerort.integrations.deepspeed.runtime.zero.partition_parameters import ZeroParamStatus
+
+    numel = param.__dict__.get("ds_numel")
+    if numel is None:
+        raise AttributeError("ds_status: this parameter is not sharded by a zerort stage-3 engine")
+    return ZeroParamStatus.AVAILABLE if param.numel() == numel else ZeroParamStatus.NOT_AVAILABLE
+
+
+def mark_stage3_params(engine):
+    """DeepSpeed's per-parameter attributes on a stage-3 engine's parameters: ds_id (the
+    index in named_parameters order), ds_numel, ds_shape, and ds_status (read-only, from
+    whether the parameter is whole now), which scripts read to decide what to gather."""
+    if not isinstance(getattr(torch.nn.Parameter, "ds_status", None), property):
+        torch.nn.Parameter.ds_status = property(_status)
+    for index, (name, p) in enumerate(engine.module.named_parameters()):
+        shape = torch.Size(engine.full_shape(p))
+        p.ds_id, p.ds_shape, p.ds_numel = index, shape, shape.numel()
+
+
 def _owner(params):
     """The live engine that trains any of params, or None."""
     ids = {id(p) for p in params}
