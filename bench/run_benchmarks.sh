@@ -7,4 +7,5 @@ for np in 2 4; do
   bash scripts/mpirun.sh -np "$np" .venv/bin/python bench/reduce_scatter.py
 done
 .venv/bin/python bench/optimizer.py
+.venv/bin/python bench/optimizer_states.py
 .venv/bin/python bench/e2e.py

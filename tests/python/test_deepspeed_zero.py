@@ -70,3 +70,39 @@ def test_init_refuses_what_zerort_does_not_do():
     with pytest.raises(UsageError, match="generator= of its own"):
         with deepspeed.zero.Init():
             torch.nn.init.normal_(torch.nn.Linear(2, 2).weight, generator=torch.Generator())
+
+
+def test_gathered_parameters_before_initialize_reads_and_keeps_writes():
+    """transformers' ZeRO-3 loading: GatheredParameters(modifier_rank=0) on parameters built under zero.Init,
+    before any engine: inside they hold their values (the recorded init), what the block writes is theirs
+    after it (initialize makes it the master), and a tied weight stays tied."""
+    import transformers
+
+    import zerort.integrations.deepspeed as deepspeed
+    from zerort.errors import UsageError
+
+    cfg = transformers.GPT2Config(n_layer=1, n_embd=32, n_head=4, vocab_size=64, n_positions=8)
+    torch.manual_seed(0)
+    plain = transformers.GPT2LMHeadModel(cfg)
+    torch.manual_seed(0)
+    with deepspeed.zero.Init():
+        model = transformers.GPT2LMHeadModel(cfg)
+    wte, ln = model.transformer.wte.weight, model.transformer.ln_f.weight
+    with deepspeed.zero.GatheredParameters({wte, ln}, modifier_rank=None):  # a set: any order
+        assert torch.equal(model.transformer.wte.weight, plain.transformer.wte.weight)
+        model.transformer.ln_f.weight.data.fill_(3.0)  # modifier_rank None: dropped
+    assert wte.is_meta and model.lm_head.weight is wte
+    with deepspeed.zero.GatheredParameters([wte], modifier_rank=0):
+        model.transformer.wte.weight.data[0].fill_(7.0)
+    engine, *_ = deepspeed.initialize(model=model, config={"zero_optimization": {"stage": 3},
+                                                           "optimizer": {"type": "AdamW"},
+                                                           "zerort": {"comm": {"backend": "inprocess"}}})
+    master = engine.full_state_dict(master=True)
+    assert torch.equal(master["transformer.wte.weight"][0], torch.full((32,), 7.0))
+    assert torch.equal(master["transformer.wte.weight"][1:], plain.transformer.wte.weight[1:])
+    assert torch.equal(master["transformer.ln_f.weight"], plain.transformer.ln_f.weight)
+    engine.destroy()
+    stray = torch.nn.Embedding(4, 2, device="meta")  # made "like" a zero.Init parameter: no values anywhere
+    with pytest.raises(UsageError, match=r"shapes \[\(4, 2\)\] are on the meta device but were not built"):
+        with deepspeed.zero.GatheredParameters([stray.weight], modifier_rank=0):
+            pass

@@ -24,6 +24,7 @@ meta tensors, so while recording they are replaced (in torch.nn.init and in tran
 table of them) by versions that run on a real tensor and record themselves.
 """
 import contextlib
+import itertools
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -37,6 +38,8 @@ RANDOM_OPS = {"uniform_", "normal_", "random_", "bernoulli_", "exponential_", "c
 EARLY_RETURN_ON_META = ("orthogonal_", "dirac_", "sparse_")  # and _no_grad_trunc_normal_, patched by name
 
 
+ORDER = "_zerort_built"  # a parameter's place among those built under Init in this process
+_built = itertools.count()
 EMPTY_OPS = {"empty", "empty_strided", "empty_like", "new_empty", "new_empty_strided"}
 
 
@@ -167,6 +170,7 @@ class Recorder(TorchDispatchMode):
 
     def track(self, meta, recipe):
         self.recipes[_key(meta)] = recipe
+        meta.__dict__[ORDER] = next(_built)  # the same on every rank: they run the same constructors
         setattr(meta, RECIPE, recipe)  # read by zerort.engine.meta_init.Materializer
 
 

@@ -23,7 +23,9 @@ import contextlib
 import torch
 
 from zerort import lifecycle
-from zerort.integrations.deepspeed.init_record import Recorder, early_return_patches
+from zerort.errors import UsageError
+from zerort.engine.meta_init import RECIPE
+from zerort.integrations.deepspeed.init_record import ORDER, Recipe, Recorder, early_return_patches
 
 
 class Init:
@@ -108,12 +110,56 @@ def GatheredParameters(params, modifier_rank=None, fwd_module=None, enabled=True
     params = [params] if isinstance(params, torch.Tensor) else [p for p in params if p is not None]
     engine = _owner(params) if enabled else None
     if engine is None:
-        yield
+        # The same order on every rank (callers pass sets: transformers does), as DeepSpeed sorts by ds_id.
+        # Parameters only, as DeepSpeed takes those with a ds_id: a state_dict()'s detached tensors are not them.
+        on_meta = [p for p in params if isinstance(p, torch.nn.Parameter) and p.is_meta] if enabled else []
+        on_meta.sort(key=lambda p: p.__dict__.get(ORDER, -1))
+        with _made_real(on_meta, modifier_rank):
+            yield
         return
     with engine.gathered_parameters():
         yield
         if modifier_rank is not None:
             _take_values(engine, params, modifier_rank)
+
+
+@contextlib.contextmanager
+def _made_real(params, modifier_rank):
+    """Parameters built under zero.Init that no engine holds yet: inside, each parameter
+    object is a real CPU tensor with its values (its recorded initialization, replayed),
+    swapped in place
+    (torch.utils.swap_tensors), so every module and list that holds it sees them; after,
+    it is the meta parameter again, and with modifier_rank the values that rank left
+    become its initialization (sent to every rank when a process group exists)."""
+    strays = [tuple(p.shape) for p in params if RECIPE not in p.__dict__]
+    if strays:
+        raise UsageError(f"deepspeed.zero.GatheredParameters: parameters of shapes {strays} are on the meta device "
+                         "but were not built under deepspeed.zero.Init, so zerort has no values for them. zerort's "
+                         "zero.Init keeps parameters on the meta device until initialize(), and a module made "
+                         "with device=<such a parameter>.device (as transformers' resize_token_embeddings does "
+                         "under ZeRO-3) is on the meta device too, where writes are lost. Build that module "
+                         "inside deepspeed.zero.Init, or resize after deepspeed.initialize / without ZeRO-3")
+    real = {}
+    for p in params:
+        values = p.__dict__[RECIPE].materialize(torch.device("cpu"))
+        real[id(p)] = r = torch.nn.Parameter(values, requires_grad=p.requires_grad)
+        r.__dict__.update(p.__dict__)  # swapped in with it: attributes set inside stay with the parameter
+        torch.utils.swap_tensors(p, r)
+    try:
+        yield
+    finally:
+        for p in params:
+            r = real[id(p)]
+            torch.utils.swap_tensors(p, r)  # p is the meta parameter again; r holds what the block left
+            p.__dict__.update(r.__dict__)
+        if modifier_rank is not None:
+            import torch.distributed as dist
+
+            for p in params:
+                values = real[id(p)].detach().clone()
+                if dist.is_initialized() and dist.get_world_size() > 1:
+                    dist.broadcast(values, modifier_rank)
+                setattr(p, RECIPE, Recipe(("values", values)))
 
 
 def _take_values(engine, params, rank):
@@ -123,7 +169,7 @@ def _take_values(engine, params, rank):
     names = {id(p): n for n, p in engine.module.named_parameters()}
     layout = param_layout(engine)
     full = {}
-    for p in params:
+    for p in sorted(params, key=lambda p: names.get(id(p), "")):  # one order on every rank (params may be a set)
         name = names.get(id(p))
         if name not in layout:  # frozen: its working copy and its FP32 copy
             with torch.no_grad():
