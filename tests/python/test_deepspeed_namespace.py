@@ -227,6 +227,15 @@ def test_names_not_provided_say_so():
     assert deepspeed.__version__ == "0.19.8"
 
 
+def test_init_distributed_takes_torchs_per_device_backend_form():
+    from zerort.integrations.deepspeed.comm import _backend
+
+    assert _backend(None) == "gloo" and _backend("gloo") == "gloo"
+    assert _backend("cpu:gloo,cuda:nccl") == "gloo"  # this CPU build of torch has no NCCL: the CPU entry
+    with pytest.raises(ConfigError, match="dist_backend='ucc'"):
+        _backend("ucc")
+
+
 def test_accelerator_on_cpu_measures_real_bytes():
     acc = deepspeed.accelerator.get_accelerator()
     assert acc.device_name() == "cpu" and acc.current_device_name() == "cpu" and acc.device_name(1) == "cpu"

@@ -67,6 +67,11 @@ def test_init_refuses_what_zerort_does_not_do():
     with pytest.raises(UsageError, match="writes values computed from another parameter"):
         with deepspeed.zero.Init():
             Copies()
+    with deepspeed.zero.Init():
+        unwrapped = torch.nn.Sequential(torch.nn.Linear(2, 4), torch.nn.Linear(4, 1))
+    with pytest.raises(UsageError, match="Linear was built under deepspeed.zero.Init and has not been given to "
+                                         "deepspeed.initialize"):
+        unwrapped(torch.rand(1, 2))
     with pytest.raises(UsageError, match="generator= of its own"):
         with deepspeed.zero.Init():
             torch.nn.init.normal_(torch.nn.Linear(2, 2).weight, generator=torch.Generator())

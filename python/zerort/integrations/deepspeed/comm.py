@@ -55,10 +55,7 @@ def init_distributed(dist_backend=None, auto_mpi_discovery=True, distributed_por
     env = zerort_comm.detect_launch_env()
     rank = env["rank"] if rank is None or rank < 0 else rank
     world_size = env["world_size"] if world_size is None or world_size < 0 else world_size
-    backend = dist_backend or ("nccl" if torch.cuda.is_available() else "gloo")
-    if backend not in ("gloo", "nccl", "mpi"):
-        raise ConfigError([f"deepspeed.init_distributed(dist_backend={dist_backend!r}): zerort's torch has gloo, "
-                           "nccl and mpi process groups; pass one of them or None"])
+    backend = _backend(dist_backend)
     if not isinstance(timeout, datetime.timedelta):
         timeout = datetime.timedelta(seconds=float(timeout))
     if backend == "nccl":
@@ -70,6 +67,21 @@ def init_distributed(dist_backend=None, auto_mpi_discovery=True, distributed_por
     if verbose and rank == 0:
         log_dist(f"zerort: torch.distributed initialized ({backend}, W={world_size}, {env['launcher']})",
                  ranks=[0])
+
+
+def _backend(name):
+    """None: nccl for a process that sees a GPU, else gloo. torch's per-device form
+    ("cpu:gloo,cuda:nccl") is taken as torch takes it where there is a GPU, and as its
+    CPU entry where there is none (a CPU build of torch has no NCCL)."""
+    if name is None:
+        return "nccl" if torch.cuda.is_available() else "gloo"
+    if ":" in name and not torch.cuda.is_available():
+        entries = dict(part.split(":", 1) for part in name.split(",") if ":" in part)
+        name = entries.get("cpu", name)
+    if name not in ("gloo", "nccl", "mpi") and ":" not in name:  # "dev:backend,...": torch checks it itself
+        raise ConfigError([f"deepspeed.init_distributed(dist_backend={name!r}): zerort's torch has gloo, nccl and "
+                           "mpi process groups (or torch's \"cpu:gloo,cuda:nccl\" form); pass one of them or None"])
+    return name
 
 
 def _has_master():

@@ -49,10 +49,12 @@ class Init:
             return self
         recorder = Recorder()
         original = self._saved = torch.nn.Module.register_parameter
+        self._modules = {}  # id -> module that got a parameter inside, for the not-yet-wrapped check
 
         def register_on_meta(module, name, param):
             original(module, name, param)
             if param is not None and not param.is_meta:
+                self._modules[id(module)] = module
                 recipe = recorder.adopt(param)  # Note [recorded initialization]
                 meta = type(param)(param.detach().to("meta"), requires_grad=param.requires_grad)
                 recorder.track(meta, recipe)
@@ -69,7 +71,24 @@ class Init:
             self._stack.close()
             torch.nn.Module.register_parameter = self._saved
             self._saved = self._stack = None
+            for module in self._modules.values():
+                _refuse_forward_until_wrapped(module)
+            self._modules = {}
         return False
+
+
+def _refuse_forward_until_wrapped(module):
+    """A module built under Init runs once its parameters are real (initialize made them
+    so): before, its forward is an error that says what to do, not torch's meta-device
+    error. The hook removes itself at the first forward it lets through."""
+    def check(mod, args):
+        if any(p is not None and p.is_meta for p in mod._parameters.values()):
+            raise UsageError(f"{type(mod).__name__} was built under deepspeed.zero.Init and has not been given to "
+                             "deepspeed.initialize (zerort keeps its parameters on the meta device until then); "
+                             "wrap the model first, or build it outside zero.Init to run it on its own")
+        handle.remove()
+
+    handle = module.register_forward_pre_hook(check)
 
 
 def _status(param):
