@@ -34,6 +34,7 @@ from zerort import comm as comm_mod
 from zerort.accounting import phases
 from zerort.config import parse, resolve_batch
 from zerort.engine import failfast, lr_schedules, meta_init, nonfinite, same_model, stage3
+from zerort.engine.deepspeed_methods import DeepSpeedMethods
 from zerort.engine.optimizer import ZeroOptimizer
 from zerort.errors import ConfigError, DeviceError, UsageError
 from zerort.layout import precision
@@ -84,7 +85,7 @@ def _model_device(model):
     return device or torch.device("cpu")
 
 
-class Engine:
+class Engine(DeepSpeedMethods):
     def __init__(self, model, config, comm=None, weights=None, param_groups=None, lr_scheduler=None):
         c = config
         self.module = model
@@ -339,60 +340,6 @@ class Engine:
     def get_lr(self):
         """Each param group's learning rate for the next update."""
         return [g["lr"] for g in self.optimizer.param_groups]
-
-    def get_mom(self):
-        """Each param group's (beta1, beta2), as DeepSpeed's get_mom() for Adam."""
-        return [tuple(g["betas"]) for g in self.optimizer.param_groups]
-
-    def set_gradient_accumulation_boundary(self, is_boundary):
-        """DeepSpeed's way to end the window by hand. zerort ends it every
-        gradient_accumulation_steps micro-steps (the count every rank agrees on), so this
-        accepts what that count says and refuses the rest, naming both."""
-        if bool(is_boundary) != self.is_gradient_accumulation_boundary():
-            raise UsageError(f"set_gradient_accumulation_boundary({is_boundary}): zerort ends the accumulation window "
-                             f"every gradient_accumulation_steps={self.config.gradient_accumulation_steps} micro-steps, "
-                             f"and the next step() is {'' if self.is_gradient_accumulation_boundary() else 'not '}"
-                             "a boundary; set gradient_accumulation_steps to the window you want instead")
-
-    def empty_partition_cache(self):
-        """Stage 3: releases the gathered units no forward is using (prefetched ones too),
-        as DeepSpeed's; nothing to do at stages 0-2, which hold the parameters whole."""
-        if self._units:
-            self._units.release_idle()
-
-    def destroy(self):
-        """Releases what initialize took, as DeepSpeed's destroy(): the model's hooks go,
-        the C++ engine (its buffers and comm thread) is closed, and every parameter of the
-        module holds its FP32 master value again as a plain float32 tensor (at stage 3 the
-        whole value), so the same model can be given to initialize again. A collective
-        (the master is gathered): call it on every rank. The engine is unusable after it."""
-        if self._impl is None:
-            return
-        values = self.full_state_dict(master=True)
-        for h in self._hooks:
-            h.remove()
-        self._hooks = []
-        self._close()
-        named = dict(self.module.named_parameters(remove_duplicate=False))
-        with torch.no_grad():
-            for name, p in named.items():
-                p.data = values[name]
-            for m in self.module.modules():
-                for name, b in list(m.named_buffers(recurse=False)):
-                    if (id(m), name) in self._cast_buffers and b is not None:
-                        setattr(m, name, b.float())
-        self.optimizer = self.lr_scheduler = self.training_dataloader = None
-
-    @property
-    def monitor(self):
-        """DeepSpeed's engine.monitor: .enabled, and write_events([(name, value, step), ...])
-        (rank 0 writes them to the config's TensorBoard and CSV monitor)."""
-        return self._monitor or monitor.DISABLED
-
-    @property
-    def dp_world_size(self):
-        """Data-parallel ranks: every rank (zerort has no model parallelism)."""
-        return self.comm.size
 
     def get_global_grad_norm(self):
         """The global L2 norm of the last update's averaged, unscaled gradient, before

@@ -1,0 +1,65 @@
+"""DeepSpeed's engine methods that zerort's own training loop does not need: the ones real
+DeepSpeed scripts call (get_mom, destroy, empty_partition_cache, monitor, dp_world_size,
+set_gradient_accumulation_boundary), each with DeepSpeed's meaning. They are part of
+zerort.engine.engine.Engine (this mixin only keeps that file to the training loop) and use
+its fields as its own methods do."""
+import torch
+
+from zerort.errors import UsageError
+from zerort.monitoring import monitor
+
+
+class DeepSpeedMethods:
+    def get_mom(self):
+        """Each param group's (beta1, beta2), as DeepSpeed's get_mom() for Adam."""
+        return [tuple(g["betas"]) for g in self.optimizer.param_groups]
+
+    def set_gradient_accumulation_boundary(self, is_boundary):
+        """DeepSpeed's way to end the window by hand. zerort ends it every
+        gradient_accumulation_steps micro-steps (the count every rank agrees on), so this
+        accepts what that count says and refuses the rest, naming both."""
+        if bool(is_boundary) != self.is_gradient_accumulation_boundary():
+            raise UsageError(f"set_gradient_accumulation_boundary({is_boundary}): zerort ends the accumulation window "
+                             f"every gradient_accumulation_steps={self.config.gradient_accumulation_steps} micro-steps, "
+                             f"and the next step() is {'' if self.is_gradient_accumulation_boundary() else 'not '}"
+                             "a boundary; set gradient_accumulation_steps to the window you want instead")
+
+    def empty_partition_cache(self):
+        """Stage 3: releases the gathered units no forward is using (prefetched ones too),
+        as DeepSpeed's; nothing to do at stages 0-2, which hold the parameters whole."""
+        if self._units:
+            self._units.release_idle()
+
+    def destroy(self):
+        """Releases what initialize took, as DeepSpeed's destroy(): the model's hooks go,
+        the C++ engine (its buffers and comm thread) is closed, and every parameter of the
+        module holds its FP32 master value again as a plain float32 tensor (at stage 3 the
+        whole value), so the same model can be given to initialize again. A collective
+        (the master is gathered): call it on every rank. The engine is unusable after it."""
+        if self._impl is None:
+            return
+        values = self.full_state_dict(master=True)
+        for h in self._hooks:
+            h.remove()
+        self._hooks = []
+        self._close()
+        named = dict(self.module.named_parameters(remove_duplicate=False))
+        with torch.no_grad():
+            for name, p in named.items():
+                p.data = values[name]
+            for m in self.module.modules():
+                for name, b in list(m.named_buffers(recurse=False)):
+                    if (id(m), name) in self._cast_buffers and b is not None:
+                        setattr(m, name, b.float())
+        self.optimizer = self.lr_scheduler = self.training_dataloader = None
+
+    @property
+    def monitor(self):
+        """DeepSpeed's engine.monitor: .enabled, and write_events([(name, value, step), ...])
+        (rank 0 writes them to the config's TensorBoard and CSV monitor)."""
+        return self._monitor or monitor.DISABLED
+
+    @property
+    def dp_world_size(self):
+        """Data-parallel ranks: every rank (zerort has no model parallelism)."""
+        return self.comm.size
