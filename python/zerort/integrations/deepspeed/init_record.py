@@ -156,6 +156,11 @@ class Recorder(TorchDispatchMode):
         """param, real and just registered, is going to the meta device: the Recipe that
         remakes its values. Its storage's maker when that is torch.empty (nothing to
         remake) or a factory whose replay gives these very bits; else a copy of its values."""
+        if param.device.type != "cpu":
+            raise UsageError(f"deepspeed.zero.Init: a parameter of shape {list(param.shape)} was made on "
+                             f"{param.device}; zerort records initialization on the CPU (its random stream), so "
+                             "build the model with CPU parameters inside zero.Init: initialize() makes each unit "
+                             "real on the model's device")
         recipe = self.recipes.get(_key(param))
         plain = param.storage_offset() == 0 and param.is_contiguous() and \
             param.untyped_storage().nbytes() == param.numel() * param.element_size()
