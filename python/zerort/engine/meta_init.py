@@ -24,6 +24,7 @@ without HuggingFace's model.safetensors.index.json), a module's parameters are r
 there instead, one tensor at a time, under any of the names the parameter has (a tied
 weight is often saved once); a parameter found under none of them is an error naming it.
 """
+import contextlib
 import json
 import os
 
@@ -32,6 +33,30 @@ import torch
 # A meta parameter built under deepspeed.zero.Init carries how to make its values (an object
 # with materialize(device)): Note [recorded initialization], zerort.integrations.deepspeed.init_record.
 RECIPE = "_zerort_recipe"
+
+
+@contextlib.contextmanager
+def parameters_on_meta(on_register=None):
+    """Inside, every parameter registered on a module goes to the meta device; buffers
+    stay real (zerort needs them). A model built so is made real at initialize, from its
+    weights= or its modules' own initialization. on_register(module, param, meta), when
+    given, sees each parameter and its meta replacement (deepspeed.zero.Init records
+    there)."""
+    original = torch.nn.Module.register_parameter
+
+    def register_on_meta(module, name, param):
+        original(module, name, param)
+        if param is not None and not param.is_meta:
+            meta = type(param)(param.detach().to("meta"), requires_grad=param.requires_grad)
+            if on_register is not None:
+                on_register(module, param, meta)
+            module._parameters[name] = meta
+
+    torch.nn.Module.register_parameter = register_on_meta
+    try:
+        yield
+    finally:
+        torch.nn.Module.register_parameter = original
 
 
 def is_meta_model(model):

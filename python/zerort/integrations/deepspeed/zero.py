@@ -24,7 +24,7 @@ import torch
 
 from zerort import lifecycle
 from zerort.errors import UsageError
-from zerort.engine.meta_init import RECIPE
+from zerort.engine.meta_init import RECIPE, parameters_on_meta
 from zerort.integrations.deepspeed.init_record import ORDER, Recipe, Recorder, early_return_patches
 
 
@@ -41,36 +41,28 @@ class Init:
             raise ValueError(f"deepspeed.zero.Init(remote_device={remote_device!r}): zerort has no parameter "
                              "offload; leave remote_device out")
         self.enabled = enabled
-        self._saved = None
         self._stack = None
+        self._modules = {}  # id -> module that got a parameter inside, for the not-yet-wrapped check
 
     def __enter__(self):
         if not self.enabled:
             return self
         recorder = Recorder()
-        original = self._saved = torch.nn.Module.register_parameter
-        self._modules = {}  # id -> module that got a parameter inside, for the not-yet-wrapped check
 
-        def register_on_meta(module, name, param):
-            original(module, name, param)
-            if param is not None and not param.is_meta:
-                self._modules[id(module)] = module
-                recipe = recorder.adopt(param)  # Note [recorded initialization]
-                meta = type(param)(param.detach().to("meta"), requires_grad=param.requires_grad)
-                recorder.track(meta, recipe)
-                module._parameters[name] = meta
+        def record(module, param, meta):  # Note [recorded initialization]
+            self._modules[id(module)] = module
+            recorder.track(meta, recorder.adopt(param))
 
-        torch.nn.Module.register_parameter = register_on_meta
         self._stack = contextlib.ExitStack()
+        self._stack.enter_context(parameters_on_meta(record))
         self._stack.enter_context(early_return_patches(recorder))
         self._stack.enter_context(recorder)
         return self
 
     def __exit__(self, *exc):
-        if self._saved is not None:
+        if self._stack is not None:
             self._stack.close()
-            torch.nn.Module.register_parameter = self._saved
-            self._saved = self._stack = None
+            self._stack = None
             for module in self._modules.values():
                 _refuse_forward_until_wrapped(module)
             self._modules = {}

@@ -352,11 +352,11 @@ def from_pretrained(model_class, folder, **config_kwargs):
     config.json on the meta device, with its weights read from folder's safetensors unit
     by unit when zerort.initialize (or zerort.integrations.hf.Trainer) wraps it. Unlike
     model_class.from_pretrained, no rank reads the whole checkpoint."""
-    from zerort.integrations.deepspeed.zero import Init
+    from zerort.engine.meta_init import parameters_on_meta
 
     config = transformers.AutoConfig.from_pretrained(folder, **config_kwargs)
     build = getattr(model_class, "from_config", None) or model_class._from_config
-    with Init():
+    with parameters_on_meta():  # the weights come from the folder: nothing of the init is recorded
         model = build(config, dtype=torch.float32)
     model._zerort_weights = os.fspath(folder)
     if os.path.exists(os.path.join(folder, transformers.utils.GENERATION_CONFIG_NAME)):
