@@ -111,4 +111,8 @@ def test_launcher_errors_name_the_flag(tmp_path):
     a = args("--hostfile", str(good), "--num_nodes", "2", "--node_rank", "1", "--master_addr", "10.0.0.1")
     argv, _ = launcher.command(a, launcher.plan(a, 0))
     assert "--nnodes=2" in argv and "--node_rank=1" in argv and "--master_addr=10.0.0.1" in argv
+    a = args("--launcher", "openmpi", "--hostfile", str(good), "--no_local_rank")
+    argv, env = launcher.command(a, launcher.plan(a, 0))
+    assert argv[:5] == ["mpirun", "-np", "4", "-H", "node1:2,node2:2"] and env["ZERORT_DS_NO_LOCAL_RANK"] == "1"
+    assert argv[argv.index("ZERORT_DS_NO_LOCAL_RANK") - 1] == "-x"  # forwarded to the other host's ranks
     assert isinstance(launcher.parser(), argparse.ArgumentParser)

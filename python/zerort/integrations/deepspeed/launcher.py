@@ -152,6 +152,9 @@ def command(args, hosts):
             mpirun.append("--allow-run-as-root")
         if args.master_addr:
             mpirun += ["-x", f"MASTER_ADDR={args.master_addr}", "-x", f"MASTER_PORT={args.master_port}"]
+        for name in ("ZERORT_DS_NO_LOCAL_RANK", "ZERORT_DS_MODULE", "PYTHONPATH"):  # to the other hosts' ranks too
+            if name in env:
+                mpirun += ["-x", name]
         return mpirun + [sys.executable, "-u", "-m"] + rank_cmd, env
     if args.launcher != "torchrun":
         raise ConfigError([f"--launcher {args.launcher}: zerort's launcher starts ranks with torchrun (the default) "
