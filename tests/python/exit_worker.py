@@ -19,6 +19,7 @@ engine's comm thread joined). The last round's engines stay alive unless ENDING 
 """
 import os
 import sys
+import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "python"))
 
@@ -31,6 +32,19 @@ ENDINGS = ("drop", "alive", "raise", "sys_exit", "inflight", "inflight_user")
 
 def threads():
     return len(os.listdir("/proc/self/task"))
+
+
+def threads_settled(limit, within_s=2.0):
+    """The thread count once it is at most `limit`, or after within_s. A joined thread can
+    stay listed in /proc/self/task for a moment: join returns when the thread has cleared
+    its id, before the kernel releases its task (seen under load); a thread that was not
+    joined stays for the whole wait."""
+    deadline = time.monotonic() + within_s
+    n = threads()
+    while n > limit and time.monotonic() < deadline:
+        time.sleep(0.005)
+        n = threads()
+    return n
 
 
 def train(stage, seed):
@@ -66,7 +80,7 @@ def main():
                 keep.append(engine)
                 continue
             del engine
-            after = threads()
+            after = threads_settled(before)
             assert after <= before, (f"round {r} stage {stage}: {after} threads after dropping the engine, "
                                      f"{before} before: its comm thread was not joined")
     globals()["KEPT"] = keep  # alive until interpreter shutdown
