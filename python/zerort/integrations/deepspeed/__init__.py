@@ -1,5 +1,6 @@
-"""DeepSpeed's entry points on zerort: a DeepSpeed training script runs with one import
-changed.
+"""DeepSpeed's entry points on zerort: a DeepSpeed training script runs unchanged under
+python -m zerort.integrations.deepspeed.launcher (which resolves `import deepspeed` to this
+package), or with its one import changed:
 
     import zerort.integrations.deepspeed as deepspeed
 
@@ -11,10 +12,15 @@ changed.
         engine.step()
 
 initialize() returns (engine, optimizer, training_dataloader, lr_scheduler) as DeepSpeed's
-does. The config is DeepSpeed's JSON (zerort.config.deepspeed_form and its key table zerort.config.deepspeed_keys)
-or zerort's own. The optimizer is zerort's fused AdamW over the param groups: from
-model_parameters, from a torch AdamW (or Adam without weight decay) passed as optimizer,
-or from a function that builds one from model_parameters. training_data gives a
+does. The config is DeepSpeed's JSON (zerort.config.deepspeed_form and its key table
+zerort.config.deepspeed_keys) or zerort's own. The optimizer is zerort's fused AdamW over the
+param groups: from model_parameters, from a torch AdamW, Adam without weight decay, FusedAdam
+or DeepSpeedCPUAdam passed as optimizer (its group dicts themselves, so a schedule built on it
+drives the update: Note [shared param groups]), or from a function that builds one from
+model_parameters. Without any, stages 0 and 3 give a forward-only engine and stages 1-2 an
+error, as in DeepSpeed. The modules scripts import (comm, accelerator, ops, utils, runtime,
+zero, compression) are this package's; a name it does not have raises NotProvidedError
+(zerort.integrations.deepspeed.names). training_data gives a
 DataLoader over a DistributedSampler (DeepSpeed's: shuffled, seed 0), one micro batch
 (train_micro_batch_size_per_gpu) per step.
 """

@@ -138,8 +138,8 @@ def GatheredParameters(params, modifier_rank=None, fwd_module=None, enabled=True
 def _made_real(params, modifier_rank):
     """Parameters built under zero.Init that no engine holds yet: inside, each parameter
     object is a real CPU tensor with its values (its recorded initialization, replayed),
-    swapped in place
-    (torch.utils.swap_tensors), so every module and list that holds it sees them; after,
+    swapped in place (torch.utils.swap_tensors), so every module and list that holds it
+    sees them; after,
     it is the meta parameter again, and with modifier_rank the values that rank left
     become its initialization (sent to every rank when a process group exists)."""
     strays = [tuple(p.shape) for p in params if RECIPE not in p.__dict__]
