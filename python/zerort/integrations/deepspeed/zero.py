@@ -105,7 +105,7 @@ def mark_stage3_params(engine):
         p.ds_id, p.ds_shape, p.ds_numel = index, shape, shape.numel()
 
 
-def _owner(params):
+def owner(params):
     """The live engine that trains any of params, or None."""
     ids = {id(p) for p in params}
     for engine in lifecycle.engines():
@@ -119,7 +119,7 @@ def GatheredParameters(params, modifier_rank=None, fwd_module=None, enabled=True
     """DeepSpeed's zero.GatheredParameters: params (one parameter or an iterable) whole
     inside; with modifier_rank, that rank's values written to every rank's master on exit."""
     params = [params] if isinstance(params, torch.Tensor) else [p for p in params if p is not None]
-    engine = _owner(params) if enabled else None
+    engine = owner(params) if enabled else None
     if engine is None:
         # The same order on every rank (callers pass sets: transformers does), as DeepSpeed sorts by ds_id.
         # Parameters only, as DeepSpeed takes those with a ds_id: a state_dict()'s detached tensors are not them.

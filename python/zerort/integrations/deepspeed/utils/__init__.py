@@ -33,11 +33,9 @@ if not logger.handlers:
 
 
 def _rank():
-    import torch.distributed as dist
+    from zerort.integrations.deepspeed.comm import get_rank  # comm imports this module's log_dist
 
-    from zerort import comm
-
-    return dist.get_rank() if dist.is_initialized() else comm.detect_launch_env()["rank"]
+    return get_rank()
 
 
 def log_dist(message, ranks=None, level=logging.INFO):
@@ -67,13 +65,13 @@ def set_z3_leaf_modules(model, leaf_module_classes):
 
 
 def _owner(param, who):
-    from zerort import lifecycle
+    from zerort.integrations.deepspeed.zero import owner
 
-    for engine in lifecycle.engines():
-        if engine._impl is not None and id(param) in engine._names:
-            return engine
-    raise NotProvidedError(f"deepspeed.utils.{who}: the tensor given is not a parameter of a live zerort engine; "
-                           "pass a parameter of the model given to deepspeed.initialize")
+    engine = owner([param])
+    if engine is None:
+        raise NotProvidedError(f"deepspeed.utils.{who}: the tensor given is not a parameter of a live zerort "
+                               "engine; pass a parameter of the model given to deepspeed.initialize")
+    return engine
 
 
 def _full(param, key, who):
