@@ -17,13 +17,9 @@ namespace zerort {
 struct CommOptions {
   // Every Work::wait() without an explicit timeout uses this.
   std::chrono::milliseconds timeout{std::chrono::seconds(600)};
-  // comm.debug: before each collective, one 12-value all-reduce checks that every rank
-  // called the same collective with the same dtype, op, count, root and tag, so a mismatch
-  // raises at the call on every rank, naming what each rank called. Costs one blocking
-  // small-message round-trip per call, so it is off by default: without it every call is
-  // recorded in calls() and the step's decision exchange compares the records
-  // (runtime/step_decision.h), naming the first call that differs, as long as the transport
-  // let the mismatched calls through (see there).
+  // comm.debug: every call is checked across ranks before it reaches the backend (Note
+  // [checked calls]). Without it every call is recorded in calls() and the step's decision
+  // exchange compares the records (runtime/step_decision.h).
   bool debug = false;
 };
 
@@ -36,6 +32,20 @@ class Communicator {
   int rank() const { return rank_; }
   int size() const { return size_; }
   const CommOptions& options() const { return options_; }
+
+  // Note [checked calls]: a checked call first runs one 12-value all-reduce that compares
+  // every rank's collective, dtype, op, count, root and tag, so ranks that diverge get a
+  // CollectiveMismatchError at that call, on every rank, naming what each rank called,
+  // before any mismatched transfer. Unchecked calls are compared at the step's decision
+  // instead, which names a difference only if the transport let it through: gloo aborts the
+  // process and MPI truncates when the sizes differ. Ranks that diverge at stage 3 (a rank
+  // that skips backward or a unit) call gathers and reduces of different sizes, so a
+  // stage-3 engine turns checks on for its communicator. The check costs one blocking
+  // small-message round-trip per call. Calls are checked from creation under comm.debug,
+  // and from check_each_call() on: every rank must make that switch at the same point of
+  // its calls (while building an engine, which is collective), and it stays on.
+  void check_each_call() { checked_.store(true); }
+  bool checks_each_call() const { return checked_.load(); }
   virtual const char* backend_name() const = 0;
   // The buffers it moves are device memory (nccl, or a host backend staged for CUDA).
   virtual bool device_memory() const { return false; }
@@ -119,6 +129,7 @@ class Communicator {
   std::shared_ptr<ScratchCounter> scratch_;
   CallLog calls_;
   std::atomic<int64_t> backend_calls_{0};
+  std::atomic<bool> checked_;
 };
 
 }  // namespace zerort

@@ -141,7 +141,7 @@ std::unique_ptr<Communicator> make_staged_communicator(std::shared_ptr<Communica
   ZRT_CHECK(inner && mover, "make_staged_communicator: needs a host communicator and a mover");
   ZRT_CHECK(!inner->device_memory(), "make_staged_communicator: '", inner->backend_name(),
             "' already moves device memory; stage only a host backend (mpi or gloo)");
-  ZRT_CHECK(!inner->options().debug, "make_staged_communicator: make the inner '", inner->backend_name(),
+  ZRT_CHECK(!inner->checks_each_call(), "make_staged_communicator: make the inner '", inner->backend_name(),
             "' communicator without comm.debug; the staged one checks every call when asked");
   return std::make_unique<StagedCommunicator>(std::move(inner), std::move(mover), options);
 }

@@ -144,6 +144,8 @@ PYBIND11_MODULE(_C, m) {
       .def_property_readonly("device_memory", &Communicator::device_memory)
       .def_property_readonly("scratch_peak_bytes", &Communicator::scratch_peak_bytes)
       .def_property_readonly("backend_calls", &Communicator::backend_calls)
+      .def_property_readonly("checks_each_call", &Communicator::checks_each_call)
+      .def("check_each_call", &Communicator::check_each_call)
       .def("reset_scratch_peak", &Communicator::reset_scratch_peak)
       .def("all_reduce", [](Communicator& c, uintptr_t buf, size_t n, const std::string& dt,
                             const std::string& op) {

@@ -311,7 +311,17 @@ StepStats Engine::step() {
   stats.loss_scale = optimizer_->loss_scale();
   auto t0 = std::chrono::steady_clock::now();
   const bool reduce = reducing_now();
-  if (reduce) drain();  // buckets the hooks did not already send
+  try {
+    if (reduce) drain();  // buckets the hooks did not already send
+  } catch (const CollectiveMismatchError& e) {  // checked calls (stage 3): say why, when this rank knows
+    std::lock_guard<std::mutex> lock(mu_);
+    if (saw_backward_) throw;
+    throw UsageError(__FILE__, __LINE__,
+                     detail::concat("engine.step(): rank ", comm_.rank(), " called step() without a backward pass "
+                                    "since its previous step() while another rank was still in backward. Call "
+                                    "engine.backward(loss) before every engine.step() on every rank; a rank without "
+                                    "data can backpropagate a zero loss (for example loss * 0). ", e.message()));
+  }
   stats.reduce_ms = ms_since(t0);
   {
     std::lock_guard<std::mutex> lock(mu_);

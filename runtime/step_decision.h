@@ -6,7 +6,7 @@
 // (the same bytes for another bucket, unit, dtype, count, or under MPI another collective),
 // is named at the step, on every rank, before anything is updated. Calls the transport
 // cannot pair fail at the call first (a timeout naming it; gloo ends the process on a byte
-// size mismatch); comm.debug checks every call as it is made.
+// size mismatch) unless every call is checked as it is made (Note [checked calls]).
 #pragma once
 
 #include <cstdint>

@@ -4,7 +4,7 @@ translates a C++ exception into the class of the same name here.
 
     Error (RuntimeError)                  every failure zerort reports on purpose
     +-- UsageError                        the training loop called zerort in an order it cannot honour
-    |   +-- DeviceError (also TypeError)  a tensor or model on a device (or build) zerort cannot use there
+    |   +-- DeviceError (also TypeError)  a tensor or model zerort cannot use as it is (its device, dtype or build)
     |   +-- ModelMismatchError            the ranks were given different models
     +-- ConfigError (also ValueError)     a bad config key or option; .problems: one line per key
     +-- CheckpointError                   a checkpoint that cannot be saved or loaded; names the file or tensor
@@ -12,7 +12,7 @@ translates a C++ exception into the class of the same name here.
     |   +-- LossScaleError                an fp16 overflow with the loss scale already at its minimum
     +-- CommError                         a communicator cannot be made or used (a backend not in this build)
         +-- CommTimeoutError (also TimeoutError)  a collective did not finish within comm.timeout_s
-        +-- CollectiveMismatchError       comm.debug: ranks called different collectives
+        +-- CollectiveMismatchError       a checked call (comm.debug, stage 3): ranks called different collectives
 
 This module imports nothing of zerort's, so the binding can load it while zerort is
 being imported.

@@ -74,6 +74,26 @@ TEST(CommBadInput, TagMismatchAcrossRanksRaisesOnEveryRank) {
   }
 }
 
+// Note [checked calls]: a communicator made without comm.debug checks every call once each
+// rank has switched at the same point (a stage-3 engine does), and only from then on.
+TEST(CommBadInput, CheckEachCallSwitchesTheChecksOn) {
+  auto errors = run_ranks(2, [&](Communicator& comm) {
+    EXPECT_FALSE(comm.checks_each_call());
+    std::vector<float> in(4, 1.0f), out(8);
+    comm.all_gather(in.data(), out.data(), 4, DType::kFloat32)->wait();
+    const int64_t unchecked = comm.backend_calls();
+    comm.check_each_call();
+    EXPECT_TRUE(comm.checks_each_call());
+    comm.all_gather(in.data(), out.data(), 4, DType::kFloat32)->wait();
+    EXPECT_EQ(comm.backend_calls() - unchecked, 2);  // the check, then the call
+    comm.all_gather(in.data(), out.data(), comm.rank() == 0 ? 4 : 3, DType::kFloat32)->wait();
+  }, fast_timeout(false));
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_NE(errors[r].find("count differs across ranks"), std::string::npos) << errors[r];
+    EXPECT_NE(errors[r].find("rank 1: all_gather(count=3, dtype=f32)"), std::string::npos) << errors[r];
+  }
+}
+
 TEST(CommBadInput, NullBufferNamesTheCall) {
   auto errors = run_ranks(2, [&](Communicator& comm) {
     comm.all_reduce(nullptr, 5, DType::kFloat32)->wait();

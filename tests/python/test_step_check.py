@@ -8,13 +8,18 @@ zerort.UsageError on every rank, naming the first call that differs and each ran
 version of it, and applies nothing. Measured exception: under gloo, all_gather against
 all_to_all never pairs up, so both ranks fail at the call within comm.timeout_s (3 s here),
 naming it. With comm.debug: true every case is named at the call itself. Mismatches of
-byte size are not among these cases: gloo ends the process from its own thread
+byte size are only checked ones: unchecked, gloo ends the process from its own thread
 (gloo::EnforceNotMet, "Received data size doesn't match expected size") and MPI fails the
-receiving rank (MPI_ERR_TRUNCATE) before any step; only comm.debug names those.
+receiving rank (MPI_ERR_TRUNCATE) before any step.
+
+Stage 3 checks every call by default (Note [checked calls]): ranks whose paths differ there
+call gathers and reduces of different sizes. A rank that skips backward, a rank that routes
+around a unit, and a parameter used on one rank only each end with a zerort error at the
+first call after the paths part, on every rank, naming each rank's call and the units.
 
 Steps without a mismatch hand the backend the data's collectives plus one, the decision
 (stages 0-2: a reduce and a parameter gather per bucket); comm.debug doubles that (one probe
-per call). At W = 1 no collective reaches the backend at all.
+per call), as does stage 3's default. At W = 1 no collective reaches the backend at all.
 """
 import json
 import os
@@ -39,6 +44,16 @@ CALLS = {
     "kind": ("all_gather(count=4, dtype=f32) on rank 0", "all_to_all(count=4, dtype=f32) on rank 1"),
 }
 STAGE = {"moe": 3, "dtype": 2, "count": 1, "kind": 0}
+# Stage 3, units of different sizes (two Experts of widths 4 and 12), the stage's default
+# (every call checked): each rank's first call after the paths part, as the messages print it.
+SIZED = {
+    "skip_backward": ("all_gather(count=48, dtype=f32, tag=0) on rank 0",
+                      "reduce_scatter_accumulate(count=48, dtype=f32, tag=0) on rank 1"),
+    "skip_unit": ("all_gather(count=48, dtype=f32, tag=0) on rank 0",
+                  "reduce_scatter_accumulate(count=48, dtype=f32, tag=2) on rank 1"),
+    "one_rank_expert": ("all_gather(count=48, dtype=f32, tag=0) on rank 0",
+                        "all_gather(count=112, dtype=f32, tag=1) on rank 1"),
+}
 
 
 def cases():
@@ -47,9 +62,12 @@ def cases():
         for debug in (False, True):
             out.append({"id": f"{kind}-{debug}", "stage": STAGE[kind], "kind": kind, "bad": 1, "debug": debug,
                         "prefetch": 0 if debug else 1, "timeout_s": 3 if kind == "kind" else 20})
+    for kind in SIZED:
+        out.append({"id": kind, "stage": 3, "kind": kind, "bad": 1, "debug": None})
     for stage in range(4):
         for debug in (False, True):
             out.append({"id": f"good{stage}-{debug}", "stage": stage, "kind": "none", "debug": debug})
+    out.append({"id": "good3-None", "stage": 3, "kind": "none", "debug": None})
     return out
 
 
@@ -103,6 +121,28 @@ def test_comm_debug_names_it_at_the_call(launched, kind):
             assert f"rank {q}: {CALLS[kind][q]}" in e["message"], e["message"]
 
 
+@pytest.mark.parametrize("kind", list(SIZED))
+def test_stage3_paths_of_different_sizes_end_with_a_zerort_error_on_every_rank(launched, kind):
+    """Without the checks (comm.debug: false) these abort the process inside the backend
+    (MPI: an NBC error, then ORTE; gloo: gloo::EnforceNotMet). Checked, every rank raises
+    at its first call after the paths part, names both ranks' calls and the units, and the
+    worker goes on to the next case (the launch ends normally)."""
+    _, ranks = launched
+    for r in range(W):
+        res = ranks[r][kind]
+        e = res["error"]
+        assert e is not None and res["global_step"] == 1, res
+        assert res["seconds"] < 15, res  # at the call, not after the case's 20 s timeout
+        for q in range(W):
+            assert f"rank {q}: {SIZED[kind][q]}" in e["message"], e["message"]
+        assert "(stage-3 units: tag 0 = 'experts.0 (Expert)'" in e["message"], e
+        if kind == "skip_backward" and r == 1:  # the rank that skipped knows it did
+            assert e["phase"] == "step" and e["type"] == "UsageError", e
+            assert "rank 1 called step() without a backward pass" in e["message"], e
+        else:
+            assert e["type"] == "CollectiveMismatchError", e
+
+
 def test_one_collective_per_step_beyond_the_data(launched):
     _, ranks = launched
     for r in range(W):
@@ -113,6 +153,8 @@ def test_one_collective_per_step_beyond_the_data(launched):
             if stage < 3:  # a reduce and a parameter gather per bucket, and the decision
                 assert default["calls"] == [2 * default["buckets"] + 1] * 3, default
             assert debug["calls"] == [2 * c for c in default["calls"]], (default, debug)
+    for r in range(W):  # stage 3 checks every call unless comm.debug says false
+        assert ranks[r]["good3-None"]["calls"] == ranks[r]["good3-True"]["calls"], ranks[r]
 
 
 def test_no_collective_at_world_one():

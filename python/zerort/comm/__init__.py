@@ -131,6 +131,17 @@ class Communicator:
         copy it amounts to)."""
         return self._c.backend_calls
 
+    @property
+    def checks_each_call(self):
+        """Every call is checked across ranks before it reaches the backend (comm.debug, or a
+        stage-3 engine: Note [checked calls] in comm/communicator.h)."""
+        return self._c.checks_each_call
+
+    def check_each_call(self):
+        """Checks every call from now on. Collective in effect: every rank must switch at the
+        same point of its calls."""
+        self._c.check_each_call()
+
     def _staged(self, call, *tensors):
         """Small CPU control tensors (flags, digests, counters) given to a CUDA communicator
         travel through device copies; the results are copied back. Returns the last tensor."""
