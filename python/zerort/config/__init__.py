@@ -54,7 +54,7 @@ class Config:
     unit_modules: tuple = ()
     comm_backend: str = "auto"
     comm_timeout_s: float = 600.0
-    comm_debug: bool = False  # check every collective across ranks as it is called
+    comm_debug: Optional[bool] = None  # check every collective across ranks first (None: at stage 3 only)
     max_consecutive_skips: int = 100  # skipped (non-finite) steps in a row before training stops
     fp32_modules: tuple = ()  # changes to zerort.layout.precision's norm rule: "Name" adds a class, "-Name" removes it
     train_micro_batch_size_per_gpu: Optional[int] = None  # checked against train_batch_size

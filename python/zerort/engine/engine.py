@@ -44,7 +44,8 @@ from zerort.monitoring import monitor, progress
 _DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
 
-def initialize(model, config=None, comm=None, weights=None, param_groups=None, lr_scheduler=None):
+def initialize(model=None, config=None, comm=None, weights=None, param_groups=None, lr_scheduler=None,
+               **others):
     """Wraps model (a torch.nn.Module with float32 parameters, the same on every rank; rank
     0's values win) for ZeRO training. config: a dict, a JSON path (our keys or DeepSpeed's
     schema) or a zerort.config.Config. comm: a zerort.comm.Communicator (default: created
@@ -61,12 +62,29 @@ def initialize(model, config=None, comm=None, weights=None, param_groups=None, l
     Memory: before the engine allocates anything this installs zerort's counting CPU
     allocator (zerort.accounting.phases), and notes what is allocated; engine.memory_report() then
     shows what the engine holds and each phase's peak as the allocator (on CUDA: torch's
-    memory statistics) saw them."""
+    memory statistics) saw them. Arguments of deepspeed.initialize (model_parameters,
+    optimizer, args, ...) are a UsageError pointing to zerort.integrations.deepspeed."""
+    if others or model is None:
+        got = ", ".join(sorted(others)) or "no model"
+        raise UsageError(f"zerort.initialize(): got {got}; its arguments are model, config, comm, weights, "
+                         "param_groups and lr_scheduler. deepspeed.initialize's arguments (model_parameters, "
+                         "optimizer, args, training_data, ...) and its 4-tuple result are "
+                         "zerort.integrations.deepspeed.initialize's: import it as deepspeed, or pass param_groups= "
+                         "here instead of model_parameters=")
     config = parse(config)
     token = phases.EngineMemory.begin_initialize(model)
     engine = Engine(model, config, comm, weights, param_groups, lr_scheduler)
     engine._memory = phases.EngineMemory.end_initialize(token, engine)
     return engine
+
+
+def engine_of(params):
+    """The live engine that trains any of params, or None."""
+    ids = {id(p) for p in params}
+    for engine in lifecycle.engines():  # one whose __init__ failed has no _impl
+        if getattr(engine, "_impl", None) is not None and ids & set(engine._names):
+            return engine
+    return None
 
 
 def _model_device(model):
@@ -88,6 +106,12 @@ def _model_device(model):
 class Engine(DeepSpeedMethods):
     def __init__(self, model, config, comm=None, weights=None, param_groups=None, lr_scheduler=None):
         c = config
+        owner = engine_of(model.parameters())
+        if owner is not None:
+            raise UsageError("zerort.initialize: this model is already wrapped by a live zerort engine, whose "
+                             f"initialize made its parameters {owner.dtype} views of that engine's buffers (in "
+                             "place); wrap a model once and train through the engine initialize returned, or call "
+                             "that engine's destroy() first (every parameter gets its FP32 master value back)")
         self.module = model
         self.config = c
         self.dtype = _DTYPES[c.precision]
@@ -100,12 +124,16 @@ class Engine(DeepSpeedMethods):
         # A CUDA model over mpi or gloo: its buffers travel through pinned host memory (ranks
         # that share one GPU, where NCCL refuses them).
         staged = "cuda" if cuda and backend != "nccl" else None
-        self.comm = comm if comm is not None else comm_mod.init(backend, c.comm_timeout_s, c.comm_debug, staged)
+        if comm is None:
+            comm = comm_mod.init(backend, c.comm_timeout_s, bool(c.comm_debug), staged)
+        self.comm = comm
         if self.comm.device != self.device:
             raise ConfigError([f"comm.backend: the model is on {self.device} but the '{self.comm.backend}' "
                                f"communicator moves {self.comm.device} buffers; use 'nccl' (or 'auto') for CUDA "
                                "models, or zerort.comm.init(..., staged='cuda'), and 'mpi' or 'gloo' for CPU "
                                "models"])
+        if c.stage == 3 and c.comm_debug is None:
+            self.comm.check_each_call()  # Note [checked calls]: ranks that diverge at stage 3 differ in size
         c = self.config = resolve_batch(c, self.comm.size)  # DeepSpeed's batch rule, at this world size
         failfast.install(self.comm.rank, self.comm.size)  # an uncaught error ends every rank
         lifecycle.track_engine(self)  # closed at exit if still alive (its comm thread joined)
@@ -122,8 +150,10 @@ class Engine(DeepSpeedMethods):
                     p.data = p.data.float()
         wrong = [p for p in model.parameters() if p.dtype != torch.float32]
         if wrong:
-            raise TypeError(f"zerort: parameter {self._names[id(wrong[0])]!r} is {wrong[0].dtype}; build the model "
-                            "with float32 parameters (zerort keeps the FP32 master and casts itself)")
+            raise DeviceError(f"zerort: parameter {self._names[id(wrong[0])]!r} is {wrong[0].dtype}; zerort trains "
+                              "float32, bfloat16 and float16 parameters (it keeps an FP32 master and casts itself): "
+                              "convert the model (model.float()), or keep such a tensor as a buffer "
+                              "(register_buffer) instead of a parameter")
         params, frozen = grouping.trainable, grouping.frozen
         materialize = None
         if weights is not None and not meta_init.is_meta_model(model):

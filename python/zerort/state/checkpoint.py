@@ -393,6 +393,32 @@ def _check_model(engine, directory, tag, meta, mine, reader):
     _check_extras(engine, meta, reader.shard(0)[0])
 
 
+# What a load without a tag finds at the directory, worst last: `latest`; nothing saved there
+# yet (no such path, an empty directory, or checkpoint folders without `latest`: DeepSpeed
+# loads nothing and returns (None, None), the resume-if-saved pattern); or something that is
+# not a checkpoint directory, an error rather than training from scratch.
+_HAS_LATEST, _NOTHING_SAVED, _NOT_A_DIRECTORY, _NOT_CHECKPOINTS, _UNLISTED = range(5)
+_NOT_A_CHECKPOINT = {_NOT_A_DIRECTORY: "this path is not a directory",
+                     _UNLISTED: "this directory cannot be listed (check its permissions)",
+                     _NOT_CHECKPOINTS: "this directory holds neither a 'latest' file nor a checkpoint folder (one "
+                                       "with a meta.json)"}
+
+
+def _without_latest(directory):
+    if os.path.lexists(os.path.join(directory, "latest")):
+        return _HAS_LATEST
+    if not os.path.lexists(directory):
+        return _NOTHING_SAVED
+    if not os.path.isdir(directory):
+        return _NOT_A_DIRECTORY
+    try:
+        names = os.listdir(directory)
+    except OSError:
+        return _UNLISTED
+    saved = any(os.path.isfile(os.path.join(directory, n, "meta.json")) for n in names)
+    return _NOTHING_SAVED if saved or not names else _NOT_CHECKPOINTS
+
+
 def load(engine, directory, tag=None, load_optimizer_states=True, load_lr_scheduler_states=True,
          load_module_only=False):
     """Loads a checkpoint on every rank (a collective), or raises on every rank; returns
@@ -403,9 +429,12 @@ def load(engine, directory, tag=None, load_optimizer_states=True, load_lr_schedu
     See the module docstring."""
     comm = engine.comm
     if tag is None:
-        absent = not os.path.lexists(os.path.join(directory, "latest"))
-        votes = comm.all_gather(torch.tensor([int(absent)]), torch.empty(comm.size, dtype=torch.int64)).tolist()
-        if all(votes):
+        mine = _without_latest(directory)
+        votes = comm.all_gather(torch.tensor([mine]), torch.empty(comm.size, dtype=torch.int64)).tolist()
+        if min(votes) > _HAS_LATEST:
+            if max(votes) > _NOTHING_SAVED:
+                raise CheckpointError(f"load_checkpoint({directory!r}): {_NOT_A_CHECKPOINT[max(votes)]} (on rank "
+                                      f"{votes.index(max(votes))}); pass the directory save_checkpoint wrote")
             if comm.rank == 0:
                 print(f"zerort: load_checkpoint({directory!r}): no 'latest' file there, nothing loaded", flush=True)
             return None, None

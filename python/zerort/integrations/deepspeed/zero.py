@@ -22,8 +22,8 @@ import contextlib
 
 import torch
 
-from zerort import lifecycle
 from zerort.errors import UsageError
+from zerort.engine.engine import engine_of
 from zerort.engine.meta_init import RECIPE, parameters_on_meta
 from zerort.integrations.deepspeed.init_record import ORDER, Recipe, Recorder, early_return_patches
 
@@ -105,21 +105,12 @@ def mark_stage3_params(engine):
         p.ds_id, p.ds_shape, p.ds_numel = index, shape, shape.numel()
 
 
-def owner(params):
-    """The live engine that trains any of params, or None."""
-    ids = {id(p) for p in params}
-    for engine in lifecycle.engines():
-        if getattr(engine, "_impl", None) is not None and ids & set(engine._names):
-            return engine
-    return None
-
-
 @contextlib.contextmanager
 def GatheredParameters(params, modifier_rank=None, fwd_module=None, enabled=True):
     """DeepSpeed's zero.GatheredParameters: params (one parameter or an iterable) whole
     inside; with modifier_rank, that rank's values written to every rank's master on exit."""
     params = [params] if isinstance(params, torch.Tensor) else [p for p in params if p is not None]
-    engine = owner(params) if enabled else None
+    engine = engine_of(params) if enabled else None
     if engine is None:
         # The same order on every rank (callers pass sets: transformers does), as DeepSpeed sorts by ds_id.
         # Parameters only, as DeepSpeed takes those with a ds_id: a state_dict()'s detached tensors are not them.

@@ -65,9 +65,9 @@ def set_z3_leaf_modules(model, leaf_module_classes):
 
 
 def _owner(param, who):
-    from zerort.integrations.deepspeed.zero import owner
+    from zerort.engine.engine import engine_of
 
-    engine = owner([param])
+    engine = engine_of([param])
     if engine is None:
         raise NotProvidedError(f"deepspeed.utils.{who}: the tensor given is not a parameter of a live zerort "
                                "engine; pass a parameter of the model given to deepspeed.initialize")
