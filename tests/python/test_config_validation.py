@@ -14,43 +14,45 @@ from zerort.config import known_keys, parse
 from zerort.errors import ConfigError
 
 NAN, INF = math.nan, math.inf
+FP32_ZERO, FP32_SUBNORMAL, FP32_INF = 1e-46, 1e-40, 1e39  # a float64 that is 0, subnormal, inf in FP32
 SECTION_BAD = [1, [], "x", None]
 
 # path: (a good value, [bad values])
 OURS = {
     "stage": (1, [4, -1, True, "2", 2.0, None]),
     "precision": ("fp16", ["int8", 16, None, "BF16"]),
-    "optimizer.lr": (1e-4, [-1.0, NAN, INF, "1e-3", True]),
-    "optimizer.betas": ([0.8, 0.9], [[0.9], [0.9, 1.0], [NAN, 0.9], "0.9,0.99", [True, 0.9], [0.9, 0.9, 0.9]]),
-    "optimizer.eps": (1e-6, [0, 0.0, -1e-8, INF, NAN, "1e-8"]),
-    "optimizer.weight_decay": (0.1, [-0.1, NAN, False]),
+    "optimizer.lr": (1e-4, [-1.0, NAN, INF, "1e-3", True, FP32_ZERO, FP32_SUBNORMAL, FP32_INF]),
+    "optimizer.betas": ([0.8, 0.9], [[0.9], [0.9, 1.0], [NAN, 0.9], "0.9,0.99", [True, 0.9], [0.9, 0.9, 0.9],
+                                     [FP32_ZERO, 0.9], [0.9, FP32_SUBNORMAL]]),
+    "optimizer.eps": (1e-6, [0, 0.0, -1e-8, INF, NAN, "1e-8", FP32_ZERO, 5e-324, FP32_SUBNORMAL, FP32_INF]),
+    "optimizer.weight_decay": (0.1, [-0.1, NAN, False, FP32_SUBNORMAL, FP32_INF]),
     "optimizer.bias_correction": (False, [0, "false", None]),
     "optimizer.state_dtype": ("bf16", ["fp16", 2, None]),
     "loss_scale.initial_scale_power": (8, [61, -1, 8.0, True]),
-    "loss_scale.window": (10, [0, 2 ** 63, 1.5, "10"]),
-    "loss_scale.hysteresis": (1, [0, "2", None]),
-    "loss_scale.min_scale": (0.5, [0, -1, INF, "1"]),
+    "loss_scale.window": (10, [0, 2 ** 63, 2 ** 31, 1.5, "10"]),
+    "loss_scale.hysteresis": (1, [0, "2", None, 2 ** 31]),
+    "loss_scale.min_scale": (0.5, [0, -1, INF, "1", FP32_ZERO, FP32_INF]),
     "loss_scale.consecutive_hysteresis": (True, [1, "true", None]),
-    "gradient_clipping": (1.0, [-1, NAN, "1", True]),
-    "gradient_accumulation_steps": (2, [0, 1.0, False, 2 ** 70]),
-    "reduce_bucket_numel": (1000, [0, 10 ** 30, 1e6, -5]),
-    "train_micro_batch_size_per_gpu": (4, [0, 4.0, "4"]),
-    "stage3.prefetch": (0, [-1, True, 1.5]),
-    "stage3.persistence_threshold": (100, [-1, "x"]),
+    "gradient_clipping": (1.0, [-1, NAN, "1", True, FP32_SUBNORMAL, FP32_INF]),
+    "gradient_accumulation_steps": (2, [0, 1.0, False, 2 ** 70, 2 ** 31]),
+    "reduce_bucket_numel": (1000, [0, 10 ** 30, 1e6, -5, 2 ** 40 + 1]),
+    "train_micro_batch_size_per_gpu": (4, [0, 4.0, "4", 2 ** 31]),
+    "stage3.prefetch": (0, [-1, True, 1.5, 65537, 1_000_000_000]),
+    "stage3.persistence_threshold": (100, [-1, "x", 2 ** 40 + 1]),
     "stage3.unit_modules": (["Block"], ["Block", [1], [""], {"Block": 1}]),
     "comm.backend": ("mpi", ["tcp", 1, None]),
     "comm.timeout_s": (30, [0, 1e10, NAN, -1, "30"]),
     "comm.debug": (True, [1, "true", None]),
     "fp32_modules": (["MyGate", "-BatchNorm2d"], ["LayerNorm", None, [None], [""], ["-"], ["--X"],
                                                   ["torch.nn.LayerNorm"], ["LayerNorm", "-LayerNorm"]]),
-    "max_consecutive_skips": (10, [0, True, 1.5, "10"]),
+    "max_consecutive_skips": (10, [0, True, 1.5, "10", 2 ** 31]),
     "lr_schedule": (lambda step: 1e-3, [0.1, "cosine"]),
     "optimizer": ({}, SECTION_BAD),
     "loss_scale": ({}, SECTION_BAD),
     "stage3": ({}, SECTION_BAD),
     "comm": ({}, SECTION_BAD),
-    "loss_scale.static": (128.0, [-1, NAN, "1"]),
-    "steps_per_print": (10, [0, 1.5, "10", True]),
+    "loss_scale.static": (128.0, [-1, NAN, "1", FP32_ZERO, FP32_INF]),
+    "steps_per_print": (10, [0, 1.5, "10", True, 2 ** 62 + 1]),
     "wall_clock_breakdown": (True, [1, "yes"]),
     "dataloader_drop_last": (True, [1]),
     "scheduler": ({}, SECTION_BAD),
@@ -64,10 +66,10 @@ RUNTIME = ("stage3", "stage3.prefetch", "stage3.persistence_threshold", "stage3.
            "comm.timeout_s", "comm.debug", "fp32_modules", "max_consecutive_skips", "lr_schedule")
 
 DEEPSPEED = {
-    "train_batch_size": (8, [0, 8.5, "8", True]),
+    "train_batch_size": (8, [0, 8.5, "8", True, 2 ** 31]),
     "zero_optimization": ({}, SECTION_BAD),
     "zero_optimization.stage": (3, [4, "3", None]),
-    "zero_optimization.reduce_bucket_size": (5e7, [0, 5.5, 1e300, "5e8", NAN]),
+    "zero_optimization.reduce_bucket_size": (5e7, [0, 5.5, 1e300, "5e8", NAN, 2e12]),
     "bf16": ({}, SECTION_BAD + [True]),
     "bf16.enabled": (True, [1, "true", None]),
     "bf16.bf16_optimizer_states": (True, [1, "yes"]),
@@ -76,30 +78,30 @@ DEEPSPEED = {
     "fp16.initial_scale_power": (12, [100, -2]),
     "fp16.loss_scale_window": (100, [0, 1.0]),
     "fp16.hysteresis": (2, [0]),
-    "fp16.min_loss_scale": (1, [0, INF]),
+    "fp16.min_loss_scale": (1, [0, INF, FP32_SUBNORMAL]),
     "fp16.consecutive_hysteresis": (False, ["no"]),
     "optimizer": ({}, SECTION_BAD),
     "optimizer.type": ("AdamW", ["Lamb", 1]),
     "optimizer.params": ({}, SECTION_BAD),
-    "optimizer.params.lr": (1e-4, [-1, NAN]),
-    "optimizer.params.betas": ([0.9, 0.95], [[1.5, 0.9]]),
-    "optimizer.params.eps": (1e-8, [-1, 0, NAN]),
-    "optimizer.params.weight_decay": (0.0, [INF]),
+    "optimizer.params.lr": (1e-4, [-1, NAN, FP32_INF, FP32_ZERO]),
+    "optimizer.params.betas": ([0.9, 0.95], [[1.5, 0.9], [FP32_ZERO, 0.9]]),
+    "optimizer.params.eps": (1e-8, [-1, 0, NAN, FP32_ZERO, 5e-324, FP32_INF]),
+    "optimizer.params.weight_decay": (0.0, [INF, FP32_INF]),
     "optimizer.params.bias_correction": (False, [1, "no"]),
-    "gradient_clipping": (1.0, [-0.5]),
-    "gradient_accumulation_steps": (1, [0, True]),
-    "train_micro_batch_size_per_gpu": (1, [0]),
-    "zero_optimization.allgather_bucket_size": (5e8, [0, "5e8"]),
-    "zero_optimization.stage3_prefetch_bucket_size": (5e7, [-1, "x"]),
-    "zero_optimization.stage3_param_persistence_threshold": (1e5, [-1]),
-    "zero_optimization.stage3_max_live_parameters": (1e9, [0]),
-    "fp16.loss_scale": (0, [-1, "0"]),
+    "gradient_clipping": (1.0, [-0.5, FP32_ZERO]),
+    "gradient_accumulation_steps": (1, [0, True, 2 ** 31]),
+    "train_micro_batch_size_per_gpu": (1, [0, 2 ** 31]),
+    "zero_optimization.allgather_bucket_size": (5e8, [0, "5e8", 2e12]),
+    "zero_optimization.stage3_prefetch_bucket_size": (5e7, [-1, "x", 1e15]),
+    "zero_optimization.stage3_param_persistence_threshold": (1e5, [-1, 1e15]),
+    "zero_optimization.stage3_max_live_parameters": (1e9, [0, 1e15]),
+    "fp16.loss_scale": (0, [-1, "0", FP32_SUBNORMAL, FP32_INF]),
     "optimizer.params.adam_w_mode": (True, [1]),
     "optimizer.params.torch_adam": (False, ["no"]),
     "communication_data_type": ("fp32", ["bf16", "int8"]),
     "data_types": ({}, SECTION_BAD),
     "data_types.grad_accum_dtype": ("fp32", ["bf16"]),
-    "steps_per_print": (10, [0]),
+    "steps_per_print": (10, [0, 1e20]),
     "wall_clock_breakdown": (False, [1]),
     "dataloader_drop_last": (False, [1]),
     "scheduler": ({}, SECTION_BAD),
@@ -169,18 +171,19 @@ def test_many_errors_in_one_config_all_in_one_message():
     text = str(e.value)
     expected = ["stage: got '3' (a str); allowed: an integer >= 0 and <= 3",
                 "precision: got 'fp8'; allowed: 'bf16' | 'fp16' | 'fp32'",
-                "gradient_clipping: got nan; allowed: a finite number >= 0",
+                "gradient_clipping: got nan; allowed: a finite number >= 0 and <= 3.4028234e+38 (FP32's largest finite "
+                "number)",
                 "gradient_accumulation_steps: got True (a bool); allowed: an integer >= 1",
-                "reduce_bucket_numel: got 0; allowed: >= 1 and <= 2**62",
-                "optimizer.lr: got inf; allowed: a finite number >= 0",
+                "reduce_bucket_numel: got 0; allowed: >= 1 and <= 2**40",
+                "optimizer.lr: got inf; allowed: a finite number >= 0 and <= 3.4028234e+38",
                 "optimizer.betas: got [0.9, 1.2]; allowed: a list of two numbers, each >= 0 and < 1",
-                "optimizer.eps: got -1; allowed: > 0 (e.g. 1e-8)",
+                "optimizer.eps: got -1; allowed: > 0 (e.g. 1e-8) and <= 3.4028234e+38",
                 "optimizer.momentum: unknown or unsupported key (got 0.9); known keys in optimizer: lr, betas, eps,",
-                "loss_scale.window: got 0; allowed: >= 1 and <= 2**62",
+                "loss_scale.window: got 0; allowed: >= 1 and <= 2**31 - 1",
                 "loss_scale.hysteresis: got 1.5 (a float); allowed: an integer >= 1",
                 "loss_scale.min_scale: got 0; allowed: > 0",
                 "loss_scale.consecutive_hysteresis: got 'yes' (a str); allowed: true or false",
-                "stage3.prefetch: got -2; allowed: >= 0 and <= 2**62",
+                "stage3.prefetch: got -2; allowed: >= 0 and <= 65536",
                 "stage3.unit_modules: got 'Block' (a str); allowed: a list of module class names",
                 "comm.backend: got 'tcp'; allowed: 'auto' | 'mpi' | 'gloo' | 'nccl' | 'inprocess'",
                 "comm.timeout_s: got 0; allowed: >= 0.001 and <= 1e+09",
@@ -195,13 +198,19 @@ def test_many_errors_in_one_config_all_in_one_message():
 def test_eps_must_be_positive_in_both_spellings():
     # eps = 0 passed before and made a master weight NaN at the first bf16 step (0 / 0 where a
     # gradient and its moments are 0), after which every step was skipped.
-    assert problems({"optimizer": {"eps": 0}}) == ["optimizer.eps: got 0; allowed: > 0 (e.g. 1e-8)"]
+    fp32_max = "3.4028234e+38 (FP32's largest finite number)"
+    assert problems({"optimizer": {"eps": 0}}) == [f"optimizer.eps: got 0; allowed: > 0 (e.g. 1e-8) and <= {fp32_max}"]
     assert problems({"zero_optimization": {}, "optimizer": {"type": "AdamW", "params": {"eps": 0.0}}}) == [
-        "optimizer.params.eps: got 0.0; allowed: > 0 (e.g. 1e-8)"]
-    assert problems({"optimizer": {"eps": INF}}) == ["optimizer.eps: got inf; allowed: a finite number > 0 (e.g. 1e-8)"]
+        f"optimizer.params.eps: got 0.0; allowed: > 0 (e.g. 1e-8) and <= {fp32_max}"]
+    assert problems({"optimizer": {"eps": INF}}) == [
+        f"optimizer.eps: got inf; allowed: a finite number > 0 (e.g. 1e-8) and <= {fp32_max}"]
     assert problems({"bf16": {"enabled": True}, "optimizer": {"params": {"eps": NAN}}}) == [
-        "optimizer.params.eps: got nan; allowed: a finite number > 0 (e.g. 1e-8)"]
-    assert parse({"optimizer": {"eps": 5e-324}}).eps == 5e-324  # any positive number is taken
+        f"optimizer.params.eps: got nan; allowed: a finite number > 0 (e.g. 1e-8) and <= {fp32_max}"]
+    # A positive float64 that is 0 in FP32 made the first update 0 / 0 = NaN (issue 27).
+    assert problems({"optimizer": {"eps": 5e-324}}) == [
+        "optimizer.eps: got 5e-324, which is 0 in FP32, the dtype the engine computes with; allowed: >= "
+        "1.1754944e-38 (FP32's smallest normal number), e.g. 1e-8"]
+    assert parse({"optimizer": {"eps": 1.1754944e-38}}).eps == 1.1754944e-38  # the smallest allowed
     assert parse({"fp16": {"enabled": True}, "optimizer": {"params": {"eps": 1e-6}}}).eps == 1e-6
 
 
@@ -247,7 +256,8 @@ def test_json_files_name_the_file(tmp_path):
     assert problems(str(arr)) == [f"config file {str(arr)!r}: got a list; allowed: a JSON object of keys"]
     nan = tmp_path / "nan.json"
     nan.write_text('{"optimizer": {"lr": NaN}}')  # Python's json reads NaN; the check rejects it
-    assert problems(str(nan)) == ["optimizer.lr: got nan; allowed: a finite number >= 0"]
+    assert problems(str(nan)) == ["optimizer.lr: got nan; allowed: a finite number >= 0 and <= 3.4028234e+38 (FP32's "
+                                  "largest finite number)"]
     bad = tmp_path / "bad.json"
     bad.write_text("{not json")
     (line,) = problems(str(bad))

@@ -7,7 +7,7 @@ sit under one "zerort" section. All problems of one config come in one ConfigErr
 """
 import os
 
-from zerort.config import Config, _Reader, _loss_scale, _optimizer_params, common, runtime_keys, show
+from zerort.config import MAX_NUMEL, Config, _Reader, _loss_scale, _optimizer_params, common, runtime_keys, show
 from zerort.config.deepspeed_keys import TABLE
 
 ADAM_TYPES = ("adam", "adamw")
@@ -52,13 +52,13 @@ def _zero(r, cfg, c):
     zero, rz = r.child(cfg, "zero_optimization")
     c.stage = rz.number(zero, "stage", c.stage, integer=True, low=0, high=3)
     # DeepSpeed configs often write sizes as 5e8: an integral float is an integer here.
-    size = lambda key: rz.number(zero, key, None, integer=True, low=1, integral_float=True)
+    size = lambda key, default=None, low=1: rz.number(zero, key, default, integer=True, low=low, high=MAX_NUMEL,
+                                                      integral_float=True)
     reduce, gather = size("reduce_bucket_size"), size("allgather_bucket_size")
     c.reduce_bucket_numel = reduce or gather or c.reduce_bucket_numel  # one bucket serves both
-    c.prefetch_numel = rz.number(zero, "stage3_prefetch_bucket_size", None, integer=True, low=0, integral_float=True)
-    c.persistence_threshold = rz.number(zero, "stage3_param_persistence_threshold", c.persistence_threshold,
-                                        integer=True, low=0, integral_float=True)
-    c.max_live_numel = rz.number(zero, "stage3_max_live_parameters", None, integer=True, low=1, integral_float=True)
+    c.prefetch_numel = size("stage3_prefetch_bucket_size", low=0)
+    c.persistence_threshold = size("stage3_param_persistence_threshold", c.persistence_threshold, low=0)
+    c.max_live_numel = size("stage3_max_live_parameters")
     _table(rz, zero, "zero_optimization.")
     rz.leftover(zero, "unknown or unsupported DeepSpeed key")
 
@@ -76,7 +76,7 @@ def _precision(r, cfg, c):
     fp16, rf = r.child(cfg, "fp16")
     fp16_on = rf.boolean(fp16, "enabled", False)
     scale_keys = _loss_scale(rf, fp16, c, window="loss_scale_window", min_scale="min_loss_scale")
-    c.static_loss_scale = rf.number(fp16, "loss_scale", 0.0, low=0)  # 0: dynamic
+    c.static_loss_scale = rf.number(fp16, "loss_scale", 0.0, low=0, fp32=True)  # 0: dynamic
     _table(rf, fp16, "fp16.")
     rf.leftover(fp16, "unknown or unsupported DeepSpeed key")
     if bf16_on and fp16_on:

@@ -37,6 +37,7 @@ import unicodedata
 import torch
 
 from zerort.errors import CheckpointError  # noqa: F401  (raised here; imported from here by state/)
+from zerort.file_types import file_kind  # noqa: F401  (used here; imported from here by state/)
 
 FORMAT = "zerort-checkpoint-2"
 STATE_TENSORS = ("master", "exp_avg", "exp_avg_sq")
@@ -145,15 +146,6 @@ def check_tag(tag, where):
                               f"file name of at most {MAX_TAG_BYTES} bytes without '/', '\\', control characters, "
                               "leading or trailing whitespace or a leading '.', and not 'latest'")
     return tag
-
-
-_KINDS = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISSOCK, "a socket"),
-          (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"), (stat.S_ISREG, "a regular file"))
-
-
-def file_kind(mode):
-    """'a directory', 'a FIFO (named pipe)', ... for an st_mode."""
-    return next((name for test, name in _KINDS if test(mode)), "a special file")
 
 
 def stat_or_none(path):

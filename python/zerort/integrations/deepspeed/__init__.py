@@ -28,7 +28,7 @@ import os
 
 import torch
 
-from zerort.config import parse, read_json
+from zerort.config import parse, read_config
 from zerort.engine.engine import Engine as DeepSpeedEngine  # noqa: F401  (isinstance checks in scripts)
 from zerort.engine.engine import initialize as _zerort_initialize
 from zerort.errors import ConfigError
@@ -56,8 +56,10 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None, tra
         raise ValueError("deepspeed.initialize: mpu= / mesh_param= ask for model or sequence parallelism, which "
                          "zerort does not have; zerort shards over data-parallel ranks only")
     config = _config_source(args, config, config_params)
+    if isinstance(config, (str, os.PathLike)):  # read once: parse and the optimizer check see the same keys
+        config = read_config(config)
     c = parse(config, form="deepspeed")
-    has_section = "optimizer" in _raw(config)
+    has_section = isinstance(config, dict) and "optimizer" in config
     if optimizer is not None and has_section:
         raise ConfigError(["optimizer: the config has an optimizer section and initialize() was given optimizer= "
                            "too; keep one of them (as DeepSpeed requires)"])
@@ -80,13 +82,6 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None, tra
                                  f"to train it, {ways}")
         return engine, None, engine.training_dataloader, engine.lr_scheduler
     return engine, engine.optimizer, engine.training_dataloader, engine.lr_scheduler
-
-
-def _raw(config):
-    """The config's top-level keys (a dict, or a JSON file parse() has read already)."""
-    if isinstance(config, (str, os.PathLike)):
-        return read_json(config)[0]
-    return config if isinstance(config, dict) else {}
 
 
 def _config_source(args, config, config_params):

@@ -23,9 +23,11 @@ import shlex
 import subprocess
 import sys
 
+from zerort.config import read_config_file
 from zerort.errors import ConfigError
 
 RUN = "zerort.integrations.deepspeed.run"
+MAX_SLOTS_DIGITS = 6  # slots=N in a hostfile: processes on one host
 
 
 def parser():
@@ -64,17 +66,18 @@ def read_hostfile(path):
     """{host: slots} from DeepSpeed's hostfile format; an error names the file and line."""
     hosts = {}
     try:
-        lines = open(path).read().splitlines()
-    except OSError as e:
-        raise ConfigError([f"--hostfile {path}: cannot read it ({e.strerror})"]) from None
+        lines = read_config_file(path, "--hostfile").decode("utf-8").splitlines()
+    except UnicodeDecodeError as e:
+        raise ConfigError([f"--hostfile {path}: not UTF-8 text (byte {e.start})"]) from None
     for n, line in enumerate(lines, 1):
         line = line.split("#", 1)[0].strip()
         if not line:
             continue
         parts = line.split()
-        if len(parts) != 2 or not parts[1].startswith("slots=") or not parts[1][6:].isdigit():
+        slots = parts[1][6:] if len(parts) == 2 and parts[1].startswith("slots=") else ""
+        if not (slots.isascii() and slots.isdigit() and len(slots) <= MAX_SLOTS_DIGITS):
             raise ConfigError([f"--hostfile {path}, line {n}: {line!r}; each line is 'hostname slots=N'"])
-        hosts[parts[0]] = int(parts[1][6:])
+        hosts[parts[0]] = int(slots)
     if not hosts:
         raise ConfigError([f"--hostfile {path}: no hosts in it"])
     return hosts

@@ -43,10 +43,10 @@ import transformers
 from transformers.optimization import get_scheduler
 
 from zerort.engine import lr_schedules
-from zerort.config import parse, read_json
+from zerort.config import parse, read_config
 from zerort.integrations.deepspeed import optimizer_groups
 from zerort.engine.engine import initialize
-from zerort.errors import ConfigError, Error
+from zerort.errors import Error
 from zerort.integrations.hf.config import fill, scheduler_spec
 
 WHO = "zerort.integrations.hf.Trainer"  # how errors name it
@@ -120,10 +120,7 @@ PLATEAU_KEY = "zerort.hf.metric_scheduler"  # its state in the engine checkpoint
 
 def _read(zerort_config):
     if isinstance(zerort_config, (str, os.PathLike)):
-        config, problems = read_json(zerort_config)  # names the file; a key given twice is a problem
-        if problems:
-            raise ConfigError(problems)
-        return config
+        return read_config(zerort_config)  # names the file; a key given twice is a problem
     if zerort_config is not None and not isinstance(zerort_config, dict):
         raise TypeError(f"zerort.integrations.hf.Trainer: zerort_config is a {type(zerort_config).__name__}; give "
                         "a dict or the path of a JSON file (zerort's form or DeepSpeed's)")
