@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "comm/local_reduce.h"
+#include "comm/peer_exits.h"
 #include "core/error.h"
 
 namespace zerort {
@@ -46,14 +47,59 @@ struct MpiRuntime {
     return !abandoned.empty();
   }
 
+  // Note [goodbye messages]: a rank that ends normally sends every peer its rank on a
+  // communicator of its own (`exits`) before MPI_Finalize; a peer still waiting in a
+  // collective receives it while it polls and notes the exit (comm/peer_exits.h), so that
+  // wait ends at once, naming the rank, instead of at comm.timeout_s.
+  void set_exits(MPI_Comm comm) {
+    std::lock_guard<std::mutex> lock(mu);
+    if (exits == MPI_COMM_NULL) exits = comm;
+  }
+  bool has_exits() {
+    std::lock_guard<std::mutex> lock(mu);
+    return exits != MPI_COMM_NULL;
+  }
+  void poll_goodbyes() {
+    MPI_Comm comm = current_exits();
+    if (comm == MPI_COMM_NULL) return;
+    for (;;) {
+      int flag = 0;
+      MPI_Status status;
+      if (MPI_Iprobe(MPI_ANY_SOURCE, kGoodbyeTag, comm, &flag, &status) != MPI_SUCCESS || !flag) return;
+      int rank = -1;
+      MPI_Recv(&rank, 1, MPI_INT, status.MPI_SOURCE, kGoodbyeTag, comm, MPI_STATUS_IGNORE);
+      note_peer_exit(status.MPI_SOURCE, "exited");
+    }
+  }
+
   static MpiRuntime& get() {
     static MpiRuntime* runtime = new MpiRuntime();  // leaked on purpose: finalize is atexit
     return *runtime;
   }
 
  private:
+  static constexpr int kGoodbyeTag = 1;
   std::mutex mu;
   std::vector<MPI_Request> abandoned;
+  MPI_Comm exits = MPI_COMM_NULL;
+
+  MPI_Comm current_exits() {
+    std::lock_guard<std::mutex> lock(mu);
+    return exits;
+  }
+  void say_goodbye() {
+    MPI_Comm comm = current_exits();
+    if (comm == MPI_COMM_NULL) return;
+    static int me = 0;  // the sends read it after this returns
+    int size = 1;
+    MPI_Comm_rank(comm, &me);
+    MPI_Comm_size(comm, &size);
+    for (int r = 0; r < size; ++r) {
+      if (r == me) continue;
+      MPI_Request req;
+      if (MPI_Isend(&me, 1, MPI_INT, r, kGoodbyeTag, comm, &req) == MPI_SUCCESS) MPI_Request_free(&req);
+    }
+  }
 
   MpiRuntime() {
     int initialized = 0;
@@ -86,6 +132,7 @@ struct MpiRuntime {
     // If it has not within 2 s, MPI_Finalize could wait for it forever: exit without it,
     // and mpirun reports this rank as failed instead of the job hanging.
     auto& rt = get();
+    rt.say_goodbye();
     auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(2);
     int all_done = 0;
     while (!all_done && std::chrono::steady_clock::now() < deadline) {
@@ -137,6 +184,7 @@ class MpiWork final : public Work {
 
  protected:
   bool wait_until(std::chrono::steady_clock::time_point deadline) override {
+    MpiRuntime::get().poll_goodbyes();  // Note [goodbye messages]
     // Poll with MPI_Test (which also drives progress), backing off to ~200 us sleeps.
     for (int spins = 0;; ++spins) {
       int flag = 0;
@@ -175,6 +223,15 @@ class MpiCommunicator final : public Communicator {
     creation.wait();
     MPI_Comm comm = *comm_handle;
     ZRT_CHECK_MPI(MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN), "MPI communicator");
+    if (!MpiRuntime::get().has_exits()) {  // the first communicator also makes the goodbyes' own
+      auto exits = std::make_shared<MPI_Comm>(MPI_COMM_NULL);
+      ZRT_CHECK_MPI(MPI_Comm_idup(MPI_COMM_WORLD, exits.get(), &req), "MPI communicator");
+      MpiWork exits_creation(d, options.timeout, req);
+      exits_creation.keep_alive(exits);
+      exits_creation.wait();
+      ZRT_CHECK_MPI(MPI_Comm_set_errhandler(*exits, MPI_ERRORS_RETURN), "MPI communicator");
+      MpiRuntime::get().set_exits(*exits);
+    }
     int rank = 0, size = 1;
     MPI_Comm_rank(comm, &rank);
     MPI_Comm_size(comm, &size);

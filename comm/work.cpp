@@ -2,6 +2,7 @@
 
 #include <sstream>
 
+#include "comm/peer_exits.h"
 #include "core/error.h"
 
 namespace zerort {
@@ -47,12 +48,26 @@ void Work::wait(std::chrono::milliseconds timeout) {
   const auto room = std::chrono::duration_cast<std::chrono::milliseconds>(
       std::chrono::steady_clock::time_point::max() - now);
   const auto deadline = timeout >= room ? std::chrono::steady_clock::time_point::max() : now + timeout;
-  if (!wait_until(deadline)) {
-    timeout_message_ = detail::concat(
-        desc_.to_string(), " did not finish within ", timeout.count(),
-        " ms. A peer rank is missing, stuck, failed its own argument check, or called a "
-        "different collective (comm.debug: true checks every call across ranks and names each "
-        "rank's); raise comm.timeout_s if the peers are just slow");
+  // In slices, so a peer known to have exited ends the wait early (comm/peer_exits.h).
+  bool finished = false;
+  for (;;) {
+    const auto t = std::chrono::steady_clock::now();
+    finished = wait_until(deadline - t > kPeerExitPoll ? t + kPeerExitPoll : deadline);
+    if (finished || std::chrono::steady_clock::now() >= deadline) break;
+    const std::string gone = peer_exits(kPeerExitSettle.count());
+    if (!gone.empty()) {
+      timeout_message_ = peer_exit_message(desc_.to_string(), gone);
+      break;
+    }
+  }
+  if (!finished) {
+    if (timeout_message_.empty()) {
+      timeout_message_ = detail::concat(
+          desc_.to_string(), " did not finish within ", timeout.count(),
+          " ms. A peer rank is missing, stuck, failed its own argument check, or called a "
+          "different collective (comm.debug: true checks every call across ranks and names each "
+          "rank's); raise comm.timeout_s if the peers are just slow");
+    }
     on_timeout();
     retire_buffers();
     throw CommTimeoutError(__FILE__, __LINE__, timeout_message_);

@@ -82,6 +82,9 @@ class Work {
  private:
   CollectiveDesc desc_;
   std::chrono::milliseconds default_timeout_;
+  // wait() checks for exited peers this often, and trusts a notice this old (peer_exits.h).
+  static constexpr std::chrono::milliseconds kPeerExitPoll{200};
+  static constexpr std::chrono::milliseconds kPeerExitSettle{1000};
   std::mutex mu_;
   bool done_ = false;
   std::string timeout_message_;  // set once a wait timed out

@@ -11,6 +11,7 @@
 #include "comm/communicator_factory.h"
 #include "comm/gloo/gloo_communicator.h"
 #include "comm/launch_env.h"
+#include "comm/peer_exits.h"
 #include "comm/staged_communicator.h"
 #include "core/error.h"
 #include "optim/adamw.h"
@@ -125,6 +126,8 @@ PYBIND11_MODULE(_C, m) {
     d["master_port"] = e.master_port;
     return d;
   });
+  m.def("note_peer_exit", &note_peer_exit, py::arg("rank"), py::arg("how"));
+  m.def("clear_peer_exits", &clear_peer_exits);
   m.def("resolve_backend", [](const std::string& backend) {
     return resolve_backend(backend, detect_launch_env());
   });

@@ -4,7 +4,9 @@
 #include <torch/csrc/distributed/c10d/GroupRegistry.hpp>
 
 #include <algorithm>
+#include <thread>
 
+#include "comm/peer_exits.h"
 #include "core/error.h"
 
 namespace zerort {
@@ -38,6 +40,19 @@ at::Tensor view(const void* data, size_t count, DType dtype) {
                        at::TensorOptions().dtype(scalar_type(dtype)));
 }
 
+// gloo fails a collective at once when a peer's process ends ("Connection closed by peer").
+// A peer that ended normally left an exit notice (zerort.comm.peers), which the watcher
+// notes within its poll: wait that long for it, to say so instead of "crashed".
+std::string exited_peer(const std::string& what) {
+  if (what.find("Connection closed by peer") == std::string::npos) return "";
+  for (int i = 0; i < 30; ++i) {
+    std::string gone = peer_exits(0);
+    if (!gone.empty()) return gone;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  return "";
+}
+
 class GlooWork final : public Work {
  public:
   GlooWork(const CollectiveDesc& d, std::chrono::milliseconds timeout,
@@ -63,6 +78,8 @@ class GlooWork final : public Work {
       if (what.find("timed out") != std::string::npos || what.find("Timed out") != std::string::npos) {
         return false;
       }
+      const std::string gone = exited_peer(what);
+      if (!gone.empty()) ZRT_THROW_AS(CommError, peer_exit_message(desc().to_string(), gone), " (gloo: ", what, ")");
       ZRT_THROW_AS(CommError, desc().to_string(), " failed in c10d gloo: ", what);
     }
     return true;

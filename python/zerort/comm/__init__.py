@@ -15,6 +15,7 @@ import torch
 
 from zerort import _C
 from zerort import lifecycle
+from zerort.comm import peers
 from zerort.comm.tensor_args import buffer, dtype_name
 from zerort.errors import CommError
 
@@ -51,7 +52,9 @@ def init(backend="auto", timeout_s=600.0, debug=False, staged=None):
                                 timeout=datetime.timedelta(seconds=timeout_s))
         lifecycle.created_process_group(dist.group.WORLD)
     group = dist.group.WORLD
-    return Communicator(_C.make_gloo_communicator(group.group_name, timeout_s, debug))
+    comm = Communicator(_C.make_gloo_communicator(group.group_name, timeout_s, debug))
+    peers.watch(dist.distributed_c10d._get_default_store(), comm.rank, comm.size)
+    return comm
 
 
 def _init_staged(name, timeout_s, debug, staged):
