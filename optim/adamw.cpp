@@ -1,6 +1,7 @@
 #include "optim/adamw.h"
 
 #include <cmath>
+#include <limits>
 
 #include "core/error.h"
 #include "optim/adamw_math.h"
@@ -116,8 +117,16 @@ void check_adamw_hyper(const AdamWHyper& h, const char* who) {
             h.beta1, ", ", h.beta2, ")");
   ZRT_CHECK_AS(ConfigError, std::isfinite(h.lr) && h.lr >= 0 && std::isfinite(h.weight_decay) && h.weight_decay >= 0, who, ": lr (",
             h.lr, ") and weight_decay (", h.weight_decay, ") must be finite numbers >= 0");
-  ZRT_CHECK_AS(ConfigError, std::isfinite(h.eps) && h.eps > 0, who, ": eps must be a finite number > 0 (e.g. 1e-8), got ", h.eps,
-            "; with eps = 0 a gradient and moments of 0 give the update 0 / 0 = NaN");
+  // The kernels compute in FP32: an eps that is 0 or subnormal there is 0 / 0 = NaN where a
+  // gradient and its moments are 0, and an lr past FP32's range is inf.
+  ZRT_CHECK_AS(ConfigError, std::isfinite(h.eps) && static_cast<float>(h.eps) >= std::numeric_limits<float>::min(),
+               who, ": eps must be a finite number >= ", std::numeric_limits<float>::min(), " (FP32's smallest normal "
+               "number; e.g. 1e-8), got ", h.eps, "; with eps = 0 in FP32 a gradient and moments of 0 give the update "
+               "0 / 0 = NaN");
+  ZRT_CHECK_AS(ConfigError, std::isfinite(static_cast<float>(h.lr)) &&
+                   std::isfinite(static_cast<float>(h.weight_decay)),
+               who, ": lr (", h.lr, ") and weight_decay (", h.weight_decay, ") must be finite in FP32 (<= ",
+               std::numeric_limits<float>::max(), ")");
 }
 
 void adamw_step(const AdamWBuffers& b, const AdamWStep& s) {

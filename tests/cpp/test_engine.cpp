@@ -171,7 +171,7 @@ TEST(EngineOptions, EpsZeroIsRejectedAtConstruction) {
   config.options.optimizer.adamw.eps = 0.0;
   config.steps = 1;
   auto errors = run_ranks(1, [&](Communicator& comm) { run_engine(comm, config); });
-  EXPECT_NE(errors[0].find("eps must be a finite number > 0 (e.g. 1e-8), got 0"), std::string::npos) << errors[0];
+  EXPECT_NE(errors[0].find("eps must be a finite number >= 1.17549e-38 (FP32's smallest normal number; e.g. 1e-8), got 0"), std::string::npos) << errors[0];
 }
 
 // Several backward passes per micro-step add up as autograd's .grad does (torch's rule),

@@ -147,15 +147,17 @@ TEST_P(OptimKernels, AdamWMatchesDoubleReferenceAndWritesBf16Params) {
 }
 
 // eps = 0 made the update 0 / 0 = NaN where a gradient and its moments are 0; eps must be a
-// finite number > 0, as must every other hyperparameter be in range, before anything moves.
+// normal FP32 number (> 0), as must every other hyperparameter be in range, before anything moves.
 TEST(AdamWHyperCheck, EpsMustBeFiniteAndPositive) {
-  for (double eps : {0.0, -1e-8, std::numeric_limits<double>::quiet_NaN(), std::numeric_limits<double>::infinity()}) {
+  // 1e-46 is 0 in FP32 and 1e-40 subnormal: both positive doubles the FP32 kernels cannot use.
+  for (double eps : {0.0, -1e-8, 1e-46, 1e-40, std::numeric_limits<double>::quiet_NaN(),
+                     std::numeric_limits<double>::infinity()}) {
     AdamWHyper h{1e-3, 0.9, 0.999, eps, 0.0};
     try {
       check_adamw_hyper(h, "test");
       ADD_FAILURE() << "eps " << eps << " was accepted";
     } catch (const Error& e) {
-      EXPECT_NE(std::string(e.what()).find("test: eps must be a finite number > 0 (e.g. 1e-8)"), std::string::npos)
+      EXPECT_NE(std::string(e.what()).find("test: eps must be a finite number >= 1.17549e-38 (FP32's smallest normal number; e.g. 1e-8)"), std::string::npos)
           << e.what();
     }
     const size_t n = 3;

@@ -88,3 +88,31 @@ def test_load_checkpoint_where_nothing_was_saved_yet_loads_nothing(engine, tmp_p
     assert "no 'latest' file there, nothing loaded" in capsys.readouterr().out
     path, _ = engine.load_checkpoint(str(tmp_path), tag="mine")
     assert path == os.path.join(str(tmp_path), "mine")
+
+
+@pytest.mark.parametrize("key,value,fp32", [("eps", 1e-46, "0"), ("eps", 1e-40, "subnormal"), ("lr", 1e39, "inf"),
+                                            ("weight_decay", 1e39, "inf")])
+def test_param_group_values_are_checked_as_the_fp32_the_engine_uses(key, value, fp32):
+    """A param group's values (a torch optimizer's, or param_groups=) pass the same FP32
+    rule as the config's: eps 1e-46 was 0 in FP32 and wrote NaN into the master."""
+    m = model()
+    with pytest.raises(zerort.ConfigError) as e:
+        zerort.initialize(m, CFG, param_groups=[{"params": list(m.parameters()), key: value}])
+    assert f"param_groups[0]['{key}'] = {value!r}, which is {fp32} in FP32" in str(e.value), str(e.value)
+
+
+@pytest.mark.parametrize("cfg", [{"stage": 3, "stage3": {"prefetch": 65536, "persistence_threshold": 0}},
+                                 {"zero_optimization": {"stage": 3, "stage3_prefetch_bucket_size": 5e7,
+                                                        "stage3_param_persistence_threshold": 0}}])
+def test_prefetch_is_never_more_than_the_units_that_follow(cfg):
+    """A prefetch past the model's units (DeepSpeed's 5e7-element bucket over small units
+    counts millions) is the units after the first: the hooks walk that many per unit."""
+    m = model()
+    engine = zerort.initialize(m, cfg)
+    try:
+        units = engine._impl.num_buckets
+        assert units >= 2 and engine.config.prefetch == units - 1, (units, engine.config.prefetch)
+        engine.backward(engine(torch.randn(3, 4)).pow(2).mean())
+        engine.step()
+    finally:
+        engine.destroy()

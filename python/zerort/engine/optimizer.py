@@ -18,6 +18,7 @@ import weakref
 
 import torch
 
+from zerort.config import fp32_problem
 from zerort.errors import ConfigError, UsageError
 from zerort.layout.shard_map import owned
 
@@ -130,6 +131,11 @@ def _row(k, g, scheduled):
     lr, betas, eps, wd = (g[key] for key in HYPER_KEYS)
     lr = float(lr) if isinstance(lr, torch.Tensor) else lr
     real = lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+    for key, v in (("lr", lr), ("eps", eps), ("weight_decay", wd)):  # the engine computes in FP32
+        fp32 = fp32_problem(v, zero_ok=key != "eps") if real(v) else None
+        if fp32:
+            raise ConfigError([f"zerort optimizer: {_where(k)}[{key!r}] = {v!r}, which is {fp32[0]} in FP32, the "
+                               f"dtype the engine computes with; allowed: {fp32[1]}"])
     if not real(lr) or lr < 0:
         source = " (from the config's lr_schedule)" if scheduled else ""
         raise ConfigError([f"zerort optimizer: {_where(k)}['lr'] = {lr!r}{source}; it must be a finite number >= 0"])

@@ -227,14 +227,17 @@ class UnitPlan:
 def prefetch_units(numels, config):
     """Units gathered ahead: config.prefetch, or from DeepSpeed's element counts: as many
     units (of the mean size) as fit in stage3_prefetch_bucket_size, and no more than
-    stage3_max_live_parameters leaves room for beside the largest unit running."""
-    if not numels or config.prefetch_numel is None and config.max_live_numel is None:
-        return config.prefetch
-    mean, largest = sum(numels) / len(numels), max(numels)
-    ahead = config.prefetch if config.prefetch_numel is None else int(config.prefetch_numel // max(mean, 1))
-    if config.max_live_numel is not None:
-        ahead = min(ahead, max(0, config.max_live_numel // max(largest, 1) - 1))
-    return ahead
+    stage3_max_live_parameters leaves room for beside the largest unit running. Never more
+    than the units that follow the first: the hooks walk that many ahead on every unit, and
+    a bucket of 5e7 elements over small units counts millions."""
+    ahead = config.prefetch
+    if numels and (config.prefetch_numel is not None or config.max_live_numel is not None):
+        mean, largest = sum(numels) / len(numels), max(numels)
+        if config.prefetch_numel is not None:
+            ahead = int(config.prefetch_numel // max(mean, 1))
+        if config.max_live_numel is not None:
+            ahead = min(ahead, max(0, config.max_live_numel // max(largest, 1) - 1))
+    return min(ahead, max(len(numels) - 1, 0))
 
 
 def _parameters_outside(model, units):
