@@ -335,8 +335,12 @@ def corpus(seed):
 
 
 def _replace(path, make):
-    """Removes the file or link at path (not what a link points to) and makes another thing there."""
-    os.unlink(path)
+    """Removes the file, link or checkpoint directory at path (not what a link points to) and
+    makes another thing there."""
+    if os.path.isdir(path) and not os.path.islink(path):
+        shutil.rmtree(path)
+    else:
+        os.unlink(path)
     make(path)
 
 

@@ -121,7 +121,10 @@ def safety(engine, name, base):
         return dst
 
     def replace(path, make):
-        os.unlink(path)
+        if os.path.isdir(path) and not os.path.islink(path):  # a tag: a checkpoint's directory
+            shutil.rmtree(path)
+        else:
+            os.unlink(path)
         make(path)
 
     def listing(d):
@@ -134,14 +137,15 @@ def safety(engine, name, base):
     # 1. a tag that is a link: only the link is replaced
     on_rank0(lambda: os.symlink(os.path.join(base, "outside", "victim"), os.path.join(D, "evil")))
     attempt("link_out_save", lambda: os.path.basename(engine.save_checkpoint(D, "evil")))
-    out["link_out_target"] = os.readlink(os.path.join(D, "evil"))
+    evil = os.path.join(D, "evil")
+    out["link_out_kind"] = "link" if os.path.islink(evil) else "directory" if os.path.isdir(evil) else "other"
     attempt("link_out_load", lambda: loaded(D, "evil"))
     on_rank0(lambda: os.symlink("step2", os.path.join(D, "best")))  # ln -s step2 best
     attempt("best_save", lambda: os.path.basename(engine.save_checkpoint(D, "best")))
     attempt("step2_after", lambda: loaded(D, "step2"))
     attempt("best_after", lambda: loaded(D, "best"))
-    on_rank0(lambda: os.symlink(os.readlink(os.path.join(D, "step4")), os.path.join(D, "keep")))
-    attempt("keep_save", lambda: os.path.basename(engine.save_checkpoint(D, "step4")))  # `keep` still names the old
+    on_rank0(lambda: os.symlink("step4", os.path.join(D, "keep")))  # ln -s step4 keep: a link by name
+    attempt("keep_save", lambda: os.path.basename(engine.save_checkpoint(D, "step4")))  # `keep` follows the name
     attempt("keep_load", lambda: loaded(D, "keep"))
     attempt("best_again", lambda: os.path.basename(engine.save_checkpoint(D, "best")))  # drops its own old folder
     out["hidden"] = [n for n in listing(D) if n.startswith(".")]

@@ -116,7 +116,11 @@ def test_bad_checkpoints_name_the_file(saved_w4, tmp_path):
     with pytest.raises(CheckpointError, match="checksum mismatch in .*shard_00003.pt"):
         _load(d)
 
-    assert _load(tmp_path) == (None, None)  # no `latest` here: nothing loaded, as DeepSpeed (rank 0 says so)
+    # Checkpoint directories one level down, no `latest`: an error, not training from scratch
+    with pytest.raises(CheckpointError, match="holds neither a 'latest' file nor a checkpoint folder"):
+        _load(tmp_path)
+    (tmp_path / "empty").mkdir()  # nothing saved here yet: nothing loaded, as DeepSpeed (rank 0 says so)
+    assert _load(tmp_path / "empty") == (None, None)
     with pytest.raises(CheckpointError, match="not a zerort checkpoint directory"):
         zerort.state.metadata.read_meta(str(tmp_path))
     from engine_models import CONFIG, make_model

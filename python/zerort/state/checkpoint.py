@@ -10,15 +10,21 @@ offset, so a checkpoint loads at another world size or stage: loading assembles 
 parameter's FP32 master, m and v and writes the part this rank owns in the new layout.
 
 A save writes into a fresh hidden folder `.{tag}.{save id}` (every file to a temporary
-name, fsync'ed and renamed); once every rank has finished, rank 0 switches the name `tag`
-(a symlink) to it and then `latest`, so a crash mid-save leaves the previous checkpoint
-loadable. Rules:
+name, fsync'ed and renamed); once every rank has finished, rank 0 gives that folder the
+name `tag` and then updates `latest`, so a crash mid-save leaves the previous checkpoint
+loadable. `tag` is a plain directory (no symlink: upload and sync tools mishandle them):
+a rename when the tag is new, an atomic exchange of the two names (renameat2 with
+RENAME_EXCHANGE) when it exists. On a file system without that exchange (NFS), two
+renames: a crash between them leaves no `tag`, and the previous checkpoint whole at the
+hidden name `.{tag}.{save id}.previous`. Rules:
 
 - A save deletes only what it created: on failure, each rank removes the files it wrote
-  and the hidden folder; after success, the hidden folder that an earlier save of the same
-  tag made, unless another link in the directory still names it. A tag that is a link to
-  anything else (`ln -s step2 best`, a link out of the directory) has only the link
-  replaced, never its target; a tag that is a real file or directory is refused.
+  and the hidden folder; after success, what `tag` named before, when an earlier save
+  made it: a checkpoint directory (one with zerort's meta.json), or a hidden folder that a
+  link `tag` of an older zerort named (unless another link in the directory names it). A
+  tag that is a link to anything else (`ln -s step2 best`, a link out of the directory)
+  has only the link replaced, never its target; a tag that is any other file or
+  directory is refused.
 - Rank 0 holds an exclusive lock (flock on `.zerort-save.lock` in the directory) for the
   whole save; a second save into the same directory meanwhile fails at once, on every
   rank, without writing anything. Every rank writes its shard into the folder by name, so
@@ -34,24 +40,21 @@ loadable. Rules:
 The files themselves (atomic writes, shard files and their checksums, memory-mapped
 reads) are zerort.state.files; what each parameter's segments are, zerort.layout.shard_map.
 """
-import fcntl
 import json
 import os
-import re
-import shutil
-import stat
 
 import torch
 
 from zerort import _C
 from zerort.state.metadata import (FORMAT, SAVE_ID_DIGITS, STATE_TENSORS, CheckpointError,  # noqa: F401
-                              check_tag, file_kind, meta_digest, read_meta)
+                                   meta_digest, read_meta)
+from zerort.state import directory as directory_names
 from zerort.state import files
+from zerort.state.directory import LOCK_NAME  # noqa: F401  (tests and tools name it from here)
 from zerort.state import loop_state
 from zerort.comm.agreement import gather_if_different, ranks_text
 from zerort.layout.shard_map import flat, optimizer_tensors, param_layout, write_state
 
-LOCK_NAME = ".zerort-save.lock"  # hidden: no tag can take the name
 
 
 # ---- save / load -----------------------------------------------------------------------
@@ -89,76 +92,6 @@ class Steps:
                               + "; ".join(f"{ranks_text(rs)}: {t}" for t, rs in failed.items()))
 
 
-class _SaveLock:
-    """Rank 0's exclusive lock on a checkpoint directory for one save (flock on a hidden
-    file inside it, which stays: removing a lock file races with its next user)."""
-
-    def __init__(self, directory):
-        self.fd = None
-        path = os.path.join(directory, LOCK_NAME)
-        try:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0), 0o644)
-        except OSError as e:
-            raise CheckpointError(f"cannot take the save lock {path}: {e.strerror}") from None
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(fd)
-            raise CheckpointError(f"{directory}: another save is writing into this checkpoint directory right now (it "
-                                  f"holds {path}); zerort saves one checkpoint at a time per directory: save after it "
-                                  "has finished, or into another directory") from None
-        self.fd = fd
-
-    def release(self):
-        if self.fd is not None:
-            os.close(self.fd)  # releases the flock
-            self.fd = None
-
-
-def _prepare(directory, tag, rank, holder):
-    """Every rank: the tag. Rank 0: the directory, the lock, and that `tag` and `latest`
-    are names a save may replace (absent, a link, or for `latest` a regular file)."""
-    check_tag(tag, f"save_checkpoint into {directory}")
-    if rank != 0:
-        return
-    try:
-        os.makedirs(directory, exist_ok=True)
-    except OSError as e:
-        raise CheckpointError(f"cannot create the checkpoint directory {directory}: {e.strerror}") from None
-    holder.append(_SaveLock(directory))
-    for name, allowed in ((tag, "a link made by an earlier save"), ("latest", "a regular file")):
-        path = os.path.join(directory, name)
-        try:
-            mode = os.lstat(path).st_mode
-        except FileNotFoundError:
-            continue
-        if stat.S_ISLNK(mode) or (name == "latest" and stat.S_ISREG(mode)):
-            continue
-        raise CheckpointError(f"{path} is {file_kind(mode)}, not {allowed}: a save replaces only what zerort wrote; "
-                              + ("choose another tag" if name == tag else "move it away"))
-
-
-def _earlier_folder(directory, tag, target, mine):
-    """The folder that the link `tag` named before this save, when an earlier save of this
-    tag created it (a hidden `.{tag}.{save id}` folder right in the directory) and no other
-    link in the directory names it or a file in it; else None (it stays)."""
-    if target == mine or not re.fullmatch(rf"\.{re.escape(tag)}\.[0-9a-f]{{{SAVE_ID_DIGITS}}}", target):
-        return None
-    path = os.path.join(directory, target)
-    try:
-        if not stat.S_ISDIR(os.lstat(path).st_mode):
-            return None
-    except OSError:
-        return None
-    real = os.path.realpath(path)
-    for entry in os.scandir(directory):
-        if entry.name != tag and entry.is_symlink():
-            other = os.path.realpath(entry.path)
-            if other == real or other.startswith(real + os.sep):
-                return None
-    return path
-
-
 def _new_save_id(comm, rank):
     """64 random bits from rank 0, as 16 hex digits, on every rank."""
     x = torch.tensor([int.from_bytes(os.urandom(8), "little", signed=True) if rank == 0 else 0], dtype=torch.int64)
@@ -175,8 +108,8 @@ def _gather_digests(comm, digest):
 
 
 def save(engine, directory, tag=None, client_state=None, save_latest=True):
-    """Writes into a fresh directory `.{tag}.{save id}`; once complete, the name `tag` (a
-    symlink) is switched to it atomically and `latest` updated (unless save_latest is
+    """Writes into a fresh directory `.{tag}.{save id}`; once complete, it becomes the
+    directory `tag` atomically and `latest` is updated (unless save_latest is
     false). A crash at any point leaves `tag` and `latest` on the previous complete
     checkpoint. client_state and the lr schedule's state go with it
     (zerort.state.loop_state). See the module docstring."""
@@ -190,7 +123,7 @@ def save(engine, directory, tag=None, client_state=None, save_latest=True):
     state_body = []  # rank 0: engine_state.pt's bytes
 
     def check():
-        _prepare(directory, tag, rank, lock)
+        directory_names.prepare(directory, tag, rank, lock)
         if rank == 0:  # a client_state that cannot be saved fails here, on every rank
             state_body.append(loop_state.encode(engine, client_state))
 
@@ -241,33 +174,21 @@ def save(engine, directory, tag=None, client_state=None, save_latest=True):
             path = os.path.join(work, "meta.json")
             files.atomic_write(path, lambda f: f.write(body), len(body), save_id)
             created.append(path)
-            link = os.path.join(directory, tag)
-            old = os.readlink(link) if os.path.islink(link) else None
+            target = os.path.join(directory, tag)
             # Everything that takes space first, then two renames: `tag`, then `latest`.
-            tmp_link = os.path.join(directory, f".{tag}.{save_id}.link")
-            try:
-                os.symlink(os.path.basename(work), tmp_link)
-            except OSError as e:
-                raise files.write_error(e, link, tmp_link, 4096) from None
-            created.append(tmp_link)
             latest = os.path.join(directory, "latest")
             latest_tmp = os.path.join(directory, f".latest.{save_id}")
             if save_latest:
                 files.write_new_file(latest_tmp, lambda f: f.write(tag.encode()), len(tag.encode()), shown=latest)
                 created.append(latest_tmp)
-            try:
-                os.replace(tmp_link, link)  # atomic: `tag` now names the new, complete checkpoint
-            except OSError as e:
-                raise CheckpointError(f"cannot replace {link}: {e.strerror}") from None
+            previous = directory_names.switch(work, target)  # `tag` now names the new, complete checkpoint
             committed[0] = True
-            created.remove(tmp_link)
             if save_latest:
                 os.replace(latest_tmp, latest)
                 created.remove(latest_tmp)
             files.fsync_dir(directory)
-            earlier = old and _earlier_folder(directory, tag, old, os.path.basename(work))
-            if earlier:
-                shutil.rmtree(earlier, ignore_errors=True)
+            if previous:
+                directory_names.drop_previous(directory, tag, previous, os.path.basename(work))
 
         steps.run("publishing the checkpoint", publish)
     except BaseException:
@@ -393,32 +314,6 @@ def _check_model(engine, directory, tag, meta, mine, reader):
     _check_extras(engine, meta, reader.shard(0)[0])
 
 
-# What a load without a tag finds at the directory, worst last: `latest`; nothing saved there
-# yet (no such path, an empty directory, or checkpoint folders without `latest`: DeepSpeed
-# loads nothing and returns (None, None), the resume-if-saved pattern); or something that is
-# not a checkpoint directory, an error rather than training from scratch.
-_HAS_LATEST, _NOTHING_SAVED, _NOT_A_DIRECTORY, _NOT_CHECKPOINTS, _UNLISTED = range(5)
-_NOT_A_CHECKPOINT = {_NOT_A_DIRECTORY: "this path is not a directory",
-                     _UNLISTED: "this directory cannot be listed (check its permissions)",
-                     _NOT_CHECKPOINTS: "this directory holds neither a 'latest' file nor a checkpoint folder (one "
-                                       "with a meta.json)"}
-
-
-def _without_latest(directory):
-    if os.path.lexists(os.path.join(directory, "latest")):
-        return _HAS_LATEST
-    if not os.path.lexists(directory):
-        return _NOTHING_SAVED
-    if not os.path.isdir(directory):
-        return _NOT_A_DIRECTORY
-    try:
-        names = os.listdir(directory)
-    except OSError:
-        return _UNLISTED
-    saved = any(os.path.isfile(os.path.join(directory, n, "meta.json")) for n in names)
-    return _NOTHING_SAVED if saved or not names else _NOT_CHECKPOINTS
-
-
 def load(engine, directory, tag=None, load_optimizer_states=True, load_lr_scheduler_states=True,
          load_module_only=False):
     """Loads a checkpoint on every rank (a collective), or raises on every rank; returns
@@ -429,11 +324,12 @@ def load(engine, directory, tag=None, load_optimizer_states=True, load_lr_schedu
     See the module docstring."""
     comm = engine.comm
     if tag is None:
-        mine = _without_latest(directory)
+        mine = directory_names.without_latest(directory)
         votes = comm.all_gather(torch.tensor([mine]), torch.empty(comm.size, dtype=torch.int64)).tolist()
-        if min(votes) > _HAS_LATEST:
-            if max(votes) > _NOTHING_SAVED:
-                raise CheckpointError(f"load_checkpoint({directory!r}): {_NOT_A_CHECKPOINT[max(votes)]} (on rank "
+        if min(votes) > directory_names.HAS_LATEST:
+            if max(votes) > directory_names.NOTHING_SAVED:
+                why = directory_names.NOT_A_CHECKPOINT[max(votes)]
+                raise CheckpointError(f"load_checkpoint({directory!r}): {why} (on rank "
                                       f"{votes.index(max(votes))}); pass the directory save_checkpoint wrote")
             if comm.rank == 0:
                 print(f"zerort: load_checkpoint({directory!r}): no 'latest' file there, nothing loaded", flush=True)

@@ -9,6 +9,7 @@
 - ShardReader: saved shards read one parameter's elements at a time, keeping one shard
   mapped.
 """
+import ctypes
 import errno
 import hashlib
 import json
@@ -25,6 +26,27 @@ def fsync_dir(path):
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+_AT_FDCWD = -100
+_RENAME_EXCHANGE = 2  # linux/fs.h
+_renameat2 = getattr(ctypes.CDLL(None, use_errno=True), "renameat2", None)  # glibc 2.28 on
+if _renameat2 is not None:
+    _renameat2.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
+
+
+def exchange(a, b):
+    """Swaps the names a and b in one atomic step (renameat2 with RENAME_EXCHANGE): each then
+    names what the other did, links included (never their targets). False where the kernel
+    or the file system cannot (no renameat2, NFS and other file systems without it)."""
+    if _renameat2 is None:
+        return False
+    if _renameat2(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE) == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):
+        return False
+    raise OSError(err, os.strerror(err), b)
 
 
 def _size(n):
