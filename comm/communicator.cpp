@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "comm/local_reduce.h"
+#include "comm/peer_exits.h"
 #include "core/error.h"
 
 namespace zerort {
@@ -114,6 +115,11 @@ void Communicator::check_consistent_across_ranks(const CollectiveDesc& d) {
     try {
       work->wait(options_.timeout);
     } catch (const CommTimeoutError&) {
+      const std::string gone = peer_exits(0);
+      if (!gone.empty()) {  // the wait ended early: a peer exited (comm/peer_exits.h)
+        throw CommTimeoutError(__FILE__, __LINE__, peer_exit_message(detail::concat(d.to_string(), " (", what, ")"),
+                                                                     gone));
+      }
       throw CommTimeoutError(__FILE__, __LINE__,
                          detail::concat(d.to_string(), ": ", what, " did not finish within ",
                                         options_.timeout.count(),

@@ -5,6 +5,7 @@
 #include <chrono>
 #include <thread>
 
+#include "comm/peer_exits.h"
 #include "core/error.h"
 #include "run_ranks.h"
 
@@ -92,6 +93,25 @@ TEST(CommBadInput, CheckEachCallSwitchesTheChecksOn) {
     EXPECT_NE(errors[r].find("count differs across ranks"), std::string::npos) << errors[r];
     EXPECT_NE(errors[r].find("rank 1: all_gather(count=3, dtype=f32)"), std::string::npos) << errors[r];
   }
+}
+
+// comm/peer_exits.h: a peer known to have exited ends a wait at once (after the notice has
+// settled), naming it, instead of at the timeout.
+TEST(CommBadInput, AnExitedPeerEndsTheWaitNamingIt) {
+  clear_peer_exits();
+  note_peer_exit(1, "exited");
+  CommOptions o;
+  o.timeout = std::chrono::seconds(60);
+  const auto t0 = std::chrono::steady_clock::now();
+  auto errors = run_ranks(2, [&](Communicator& comm) {
+    float x = 1;
+    if (comm.rank() == 0) comm.all_reduce(&x, 1, DType::kFloat32)->wait();  // rank 1 never joins
+  }, o);
+  clear_peer_exits();
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(20));
+  EXPECT_NE(errors[0].find("all_reduce(count=1, dtype=f32, op=sum) on rank 0 of 2 [inprocess] cannot finish: rank 1 "
+                           "exited while this rank waited for it"), std::string::npos) << errors[0];
+  EXPECT_TRUE(errors[1].empty()) << errors[1];
 }
 
 TEST(CommBadInput, NullBufferNamesTheCall) {

@@ -1,7 +1,7 @@
 """One rank of test_peer_exit.py: rank 1 stops one collective (or one step) before rank 0
 and exits normally; rank 0 records the error it gets and how long it waited.
 
-    peer_exit_worker.py MODE OUT_PREFIX        (MODE: plain | engine; under mpirun or torchrun, W = 2)
+    peer_exit_worker.py MODE OUT_PREFIX     (MODE: plain | stage1 | stage2 | stage3; mpirun or torchrun, W = 2)
 """
 import json
 import os
@@ -22,10 +22,11 @@ def main():
     mode, prefix = sys.argv[1], sys.argv[2]
     comm = zerort.comm.init("auto", timeout_s=TIMEOUT_S)
     calls = 3 - comm.rank  # rank 1 makes one fewer
-    if mode == "engine":
+    if mode.startswith("stage"):
         torch.manual_seed(0)
         model = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 1))
-        engine = zerort.initialize(model, {"stage": 2, "precision": "bf16"}, comm=comm)
+        cfg = {"stage": int(mode[-1]), "precision": "bf16", "stage3": {"persistence_threshold": 0}}
+        engine = zerort.initialize(model, cfg, comm=comm)
 
         def call():
             engine.backward(engine(torch.randn(2, 4)).pow(2).mean())

@@ -1,5 +1,5 @@
 """A peer that exited is named, at once (issue 27, item 5): rank 1 ends normally one
-collective (or one training step) before rank 0, and rank 0's wait ends within seconds,
+collective (or one training step at stage 1, 2 or 3) before rank 0, and rank 0's wait ends within seconds,
 not at comm.timeout_s (60 s here), with an error that names rank 1 and says it exited.
 mpirun: rank 1's goodbye message (Note [goodbye messages]); torchrun: its exit notice in
 the launcher's store (zerort.comm.peers), which also turns gloo's "Connection closed by
@@ -15,7 +15,7 @@ from zerort._testing.launch import launch
 WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "peer_exit_worker.py")
 
 
-@pytest.mark.parametrize("mode", ["plain", "engine"])
+@pytest.mark.parametrize("mode", ["plain", "stage1", "stage2", "stage3"])
 @pytest.mark.parametrize("launcher", ["mpirun", "torchrun"])
 def test_a_peer_that_exited_early_is_named_before_the_timeout(launcher, mode, tmp_path):
     if launcher == "mpirun" and not zerort._C.with_mpi:
