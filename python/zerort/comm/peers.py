@@ -5,9 +5,11 @@ with a CommTimeoutError naming it instead of after comm.timeout_s.
 
 The notice is written at interpreter exit (atexit: a normal end, sys.exit, or an uncaught
 exception without zerort's failfast; failfast's os._exit writes none, and ends every rank
-through the launcher instead). The watcher asks the store twice a second (one small round
-trip) and is stopped and joined in the same atexit hook, before the interpreter finalizes:
-a thread still inside the store's C++ then would be ended by CPython mid-unwind.
+through the launcher instead). The watcher asks the store every POLL_S seconds (one small
+round trip), less often in large jobs so that the store serves at most about 128 such
+queries a second (every 8 s at 1,024 ranks), and is stopped and joined in the same atexit
+hook, before the interpreter finalizes: a thread still inside the store's C++ then would
+be ended by CPython mid-unwind.
 """
 import atexit
 import threading
@@ -29,10 +31,11 @@ def watch(store, rank, world):
         return
     _state["started"] = True
     stop = threading.Event()
+    interval = POLL_S * max(1.0, world / 64)
 
     def run():
         noted = set()
-        while not stop.wait(POLL_S):
+        while not stop.wait(interval):
             try:
                 if store.add(_COUNT, 0) <= len(noted):
                     continue
