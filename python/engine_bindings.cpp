@@ -221,6 +221,8 @@ void bind_engine(py::module_& m) {
       .def_property_readonly("num_groups", &Engine::num_groups)
       .def("grad_ready", &Engine::grad_ready)  // from post-accumulate-grad hooks
       .def("begin_backward", &Engine::begin_backward, py::call_guard<py::gil_scoped_release>())
+      .def("reduce_now", &Engine::reduce_now, py::call_guard<py::gil_scoped_release>())
+      .def("grad", &Engine::grad)
       // Stage 3's units (from python/zerort/engine/stage3.py's module hooks). gather and
       // hold_gathered wait for the comm thread; release may wait for a gather in flight.
       .def("prefetch", &Engine::prefetch, py::call_guard<py::gil_scoped_release>())

@@ -287,6 +287,7 @@ at::Tensor Engine::optimizer_slice(const at::Tensor& t, size_t g) const {
 at::Tensor Engine::master(size_t g) const { return optimizer_slice(optimizer_->master(), g); }
 at::Tensor Engine::exp_avg(size_t g) const { return optimizer_slice(optimizer_->exp_avg(), g); }
 at::Tensor Engine::exp_avg_sq(size_t g) const { return optimizer_slice(optimizer_->exp_avg_sq(), g); }
+at::Tensor Engine::grad(size_t g) const { return optimizer_slice(optimizer_->grad_shard(), g); }
 
 at::Tensor Engine::gather_master(size_t g) const {
   const Group& grp = group(g);

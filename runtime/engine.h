@@ -108,6 +108,11 @@ class Engine {
   // reduces a previous pass of this micro-step started, so the next pass adds to what is
   // left instead of racing with them.
   void begin_backward();
+  // Reduces what this micro-step's backward passes left now (a collective on every rank),
+  // so grad() holds the accumulation window's gradients so far: for deepspeed.utils'
+  // safe_get_full_grad. Stages 0 and 1 reduce in the window's last micro-step only: a
+  // UsageError before it.
+  void reduce_now();
 
   // Stage 3 (bucket b is unit b of the constructor's units; fp32 buckets follow).
   size_t num_buckets() const { return buckets_.size(); }
@@ -133,6 +138,9 @@ class Engine {
   at::Tensor master(size_t group = 0) const;
   at::Tensor exp_avg(size_t group = 0) const;
   at::Tensor exp_avg_sq(size_t group = 0) const;
+  // This rank's FP32 gradient for the group, laid out as master(): summed over ranks, still
+  // multiplied by the loss scale and the window length (step() divides); see reduce_now().
+  at::Tensor grad(size_t group = 0) const;
   // The group's whole FP32 master in flat_params order, on every rank (a collective).
   at::Tensor gather_master(size_t group = 0) const;
   // Checkpoints. The optimizer tensors are master()/exp_avg()/exp_avg_sq() (write into
@@ -161,6 +169,7 @@ class Engine {
   const Group& group(size_t g) const;
   void reduce_bucket(Bucket& b);  // its grads -> the FP32 gradient (accumulating)
   void drain();                   // queue every bucket not reduced yet; wait for all
+  void finish_round();            // drain() when a backward pass of this micro-step started reducing
   void start_gather_locked(Bucket& b);
   void release_locked(std::unique_lock<std::mutex>& lock, Bucket& b, bool hand_off = false);
   void gather_on_comm_thread(Bucket& b);

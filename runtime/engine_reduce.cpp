@@ -213,15 +213,34 @@ void Engine::drain() {
 }
 
 void Engine::begin_backward() {
-  bool open;
   {
     std::lock_guard<std::mutex> lock(mu_);
     saw_backward_ = true;
-    open = round_open_;
   }
   // The previous pass's buckets are reduced (and at stages 0 and 1 its flat gradients
   // zeroed) before this pass writes any gradient: passes add up and never race.
-  if (open) drain();
+  finish_round();
+}
+
+void Engine::reduce_now() {
+  if (!reducing_now()) {
+    throw UsageError(__FILE__, __LINE__,
+                     detail::concat("the gradients are reduced in the accumulation window's last micro-step at stage ",
+                                    options_.stage, " (micro-step ", micro_steps_ % options_.optimizer.
+                                    gradient_accumulation_steps + 1, " of ", options_.optimizer.
+                                    gradient_accumulation_steps, " now): ask for them after that micro-step's "
+                                    "backward, before its step()"));
+  }
+  finish_round();
+}
+
+void Engine::finish_round() {
+  bool open;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    open = round_open_;
+  }
+  if (open) drain();  // a drain zeroes what it reduced: a second one adds nothing
 }
 
 }  // namespace zerort

@@ -56,9 +56,10 @@ def config(stage):
     }
 
 
-def train(engine, loader, workdir, skip=0, save=True):
+def train(engine, loader, workdir, skip=0, save=True, full_grads=None):
     """Micro-steps from the loader (the first `skip` left out); returns the lr and the
-    gradient norm of every update."""
+    gradient norm of every update. full_grads: a list that gets the norm of the gradients
+    deepspeed.utils.safe_get_full_grad gives before every update."""
     lrs, norms = [], []
     engine.train()
     for i, (ids,) in enumerate(loader):
@@ -69,6 +70,9 @@ def train(engine, loader, workdir, skip=0, save=True):
             lrs.append(engine.get_lr())
         loss = engine(ids, labels=ids).loss
         engine.backward(loss)
+        if boundary and full_grads is not None:
+            grads = [deepspeed.utils.safe_get_full_grad(p) for p in engine.module.parameters()]
+            full_grads.append(float(sum(g.double().square().sum() for g in grads).sqrt()))
         engine.step()
         assert engine.was_step_applied() == boundary
         if boundary:
@@ -84,8 +88,9 @@ def main(out, workdir, stages):
         engine, optimizer, loader, scheduler = deepspeed.initialize(
             model=model, model_parameters=param_groups(model, 0.1), training_data=data, config=config(stage))
         assert optimizer is engine.optimizer and scheduler is engine.lr_scheduler
-        lrs, norms = train(engine, loader, os.path.join(workdir, f"stage{stage}"))
-        record = {"master": engine.full_state_dict(master=True), "lrs": lrs, "norms": norms,
+        full_grads = []
+        lrs, norms = train(engine, loader, os.path.join(workdir, f"stage{stage}"), full_grads=full_grads)
+        record = {"master": engine.full_state_dict(master=True), "lrs": lrs, "norms": norms, "full_grads": full_grads,
                   "global_steps": engine.global_steps, "global_samples": engine.global_samples,
                   "skipped_steps": engine.skipped_steps,
                   "forwarded": engine.get_input_embeddings().num_embeddings,  # the module's method

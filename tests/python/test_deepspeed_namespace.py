@@ -382,6 +382,44 @@ def test_utils_full_values_and_zero_to_fp32(tmp_path):
     engine.destroy()
 
 
+@pytest.mark.parametrize("stage", [0, 1, 2, 3])
+@pytest.mark.parametrize("gas", [1, 2])
+def test_safe_get_full_grad_is_torchs_gradient_of_the_window(stage, gas):
+    """FP32 at W = 1: after the window's last backward, safe_get_full_grad is the gradient
+    torch computes for the mean of the micro-steps' losses (within FP32 rounding), and the
+    step after it is the step without it. Stages 0 and 1 reduce only in the window's last
+    micro-step: asking before it is a UsageError. A frozen parameter's is None."""
+    cfg = config(stage, gradient_accumulation_steps=gas, zero_optimization={
+        "stage": stage, "stage3_param_persistence_threshold": 0})
+    runs = []
+    for ask in (True, False):
+        m = model()
+        m[0].bias.requires_grad_(False)
+        engine, *_ = deepspeed.initialize(model=m, model_parameters=[p for p in m.parameters() if p.requires_grad],
+                                          optimizer=torch.optim.AdamW([p for p in m.parameters() if p.requires_grad],
+                                                                      lr=1e-2), config=cfg)
+        ref = model()
+        for micro in range(gas):
+            x, y = batch(micro)
+            engine.backward(loss_of(engine(x), y))
+            (loss_of(ref(x), y) / gas).backward()
+            if ask and micro < gas - 1 and stage < 2:
+                with pytest.raises(UsageError, match="reduced in the accumulation window's last micro-step"):
+                    deepspeed.utils.safe_get_full_grad(m[2].weight)
+            if ask and micro == gas - 1:
+                for (name, p), r in zip(m.named_parameters(), ref.parameters()):
+                    got = deepspeed.utils.safe_get_full_grad(p)
+                    if name == "0.bias":
+                        assert got is None
+                        continue
+                    torch.testing.assert_close(got, r.grad, rtol=1e-5, atol=1e-6, msg=name)
+            engine.step()
+        runs.append(engine.full_state_dict(master=True))
+        engine.destroy()
+    for name in runs[0]:
+        assert torch.equal(runs[0][name], runs[1][name]), name  # asking changed nothing
+
+
 def test_logger_and_log_dist(capsys):
     deepspeed.utils.log_dist("hello from the test", ranks=[0])
     deepspeed.utils.log_dist("not shown", ranks=[1])

@@ -108,6 +108,7 @@ def test_the_deepspeed_script_matches_plain_torch(launcher, expected, tmp_path):
         where = f"{launcher} stage {stage}"
         assert sum(run["lrs"], []) == pytest.approx(sum(ref_lrs, []), rel=1e-12), where
         assert run["norms"] == pytest.approx(ref_norms, rel=1e-5), where
+        assert run["full_grads"] == pytest.approx(ref_norms, rel=1e-5), where  # deepspeed.utils.safe_get_full_grad
         diffs = {k: (run["master"][k] - ref[k]).abs().max().item() for k in ref}
         noise = max(v for k, v in diffs.items() if k.endswith("attn.c_attn.bias"))
         worst, name = max((v, k) for k, v in diffs.items() if not k.endswith("attn.c_attn.bias"))

@@ -74,16 +74,18 @@ def _owner(param, who):
     return engine
 
 
-def _full(param, key, who):
-    """The whole FP32 `key` state of param, on every rank (a collective of its engine)."""
+def _full(param, key, who, engine=None):
+    """The whole FP32 `key` state of param (one of optimizer_tensors' keys, or "grad"), on
+    every rank (a collective of its engine)."""
     from zerort.layout.shard_map import flat, optimizer_tensors, param_layout, replicated
 
-    engine = _owner(param, who)
+    engine = engine or _owner(param, who)
     name = engine._names[id(param)]
     info = param_layout(engine).get(name)
     if info is None:
         raise NotProvidedError(f"deepspeed.utils.{who}: {name!r} is frozen: it has no optimizer state")
-    state = flat(optimizer_tensors(engine)[key])
+    impl = engine._impl
+    state = flat([impl.grad(g) for g in range(impl.num_groups)] if key == "grad" else optimizer_tensors(engine)[key])
     numel = 1
     for d in info["shape"]:
         numel *= d
@@ -100,6 +102,21 @@ def _full(param, key, who):
 def safe_get_full_fp32_param(param):
     """param's FP32 master, whole, on every rank (call it on every rank)."""
     return _full(param, "master", "safe_get_full_fp32_param")
+
+
+def safe_get_full_grad(param):
+    """param's FP32 gradient of this accumulation window so far, whole, on every rank (call
+    it on every rank after backward() and before step(); at stages 0 and 1, in the window's
+    last micro-step, where they reduce): averaged over ranks and micro-steps as the update
+    will use it, without the fp16 loss scale (DeepSpeed's keeps it). None for a frozen
+    parameter, as DeepSpeed's."""
+    engine = _owner(param, "safe_get_full_grad")
+    if not param.requires_grad:
+        return None
+    engine._impl.reduce_now()
+    impl = engine._impl
+    denominator = impl.loss_scale * engine.world_size * engine.config.gradient_accumulation_steps
+    return _full(param, "grad", "safe_get_full_grad", engine) / denominator
 
 
 def safe_get_full_optimizer_state(param, optim_state_key):
