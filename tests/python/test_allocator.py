@@ -202,7 +202,7 @@ def test_phases_begin_end_from_hooks_and_misuse():
     assert phases.end("forward").growth == MIB
     with pytest.raises(RuntimeError, match="not open"):
         phases.end("forward")
-    with pytest.raises(ValueError, match="'cpu' or 'cuda'"):
+    with pytest.raises(zerort.DeviceError, match="'cpu' or 'cuda'"):
         memory.Phases("meta")
     assert memory.allocated("cpu")[0] == current()
     del t

@@ -116,3 +116,22 @@ def test_prefetch_is_never_more_than_the_units_that_follow(cfg):
         engine.step()
     finally:
         engine.destroy()
+
+
+def test_zerort_raises_only_its_own_error_types():
+    """Every failure zerort's Python raises on purpose is a zerort.errors type (ConfigError
+    is also a ValueError, DeviceError a TypeError, the rest RuntimeErrors): no bare
+    builtin exception, so `except zerort.Error` catches them all. (AttributeError stays
+    where __getattr__ must raise it: hasattr() and the import system rely on it.)"""
+    import re
+
+    root = os.path.dirname(zerort.__file__)
+    bare = re.compile(r"\braise (ValueError|TypeError|RuntimeError|KeyError|IndexError)\(")
+    found = []
+    for folder, _, names in os.walk(root):
+        for name in names:
+            if name.endswith(".py") and "_testing" not in folder:
+                path = os.path.join(folder, name)
+                with open(path) as f:
+                    found += [f"{os.path.relpath(path, root)}:{i}" for i, line in enumerate(f, 1) if bare.search(line)]
+    assert not found, found

@@ -95,7 +95,7 @@ def test_the_trainer_refuses_what_zerort_does_not_run(tmp_path, change, named):
 
 
 def test_a_config_that_is_not_a_dict_or_path_is_refused(tmp_path):
-    with pytest.raises(TypeError, match="zerort_config is a list"):
+    with pytest.raises(zerort.ConfigError, match="zerort_config is a list"):
         zerort.integrations.hf.Trainer(model=hf_model("gpt2"), args=args(tmp_path), zerort_config=[1])
 
 

@@ -28,6 +28,7 @@ import threading
 import torch
 
 from zerort import _C
+from zerort.errors import DeviceError, Error, UsageError
 
 PHASES = ("forward", "backward", "step")
 
@@ -36,7 +37,7 @@ def install_counting_allocator():
     """Installs zerort's counting CPU allocator, once per process (later calls do nothing).
     Raises when another CPU allocator of higher priority keeps it from being torch's."""
     if not _C.install_counting_allocator():
-        raise RuntimeError("zerort's counting CPU allocator is installed but not in use: another CPU "
+        raise Error("zerort's counting CPU allocator is installed but not in use: another CPU "
                            "allocator of higher priority was set with c10::SetCPUAllocator, so zerort "
                            "cannot measure CPU memory")
 
@@ -47,7 +48,7 @@ def _key(device):
         return "cpu"
     if d.type == "cuda":
         return f"cuda:{torch.cuda.current_device() if d.index is None else d.index}"
-    raise ValueError(f"memory phases are measured on 'cpu' or 'cuda' devices, not '{d}'")
+    raise DeviceError(f"memory phases are measured on 'cpu' or 'cuda' devices, not '{d}'")
 
 
 def allocated(device="cpu"):
@@ -118,7 +119,7 @@ class Phases:
 
     def begin(self, name):
         if name in self._windows:
-            raise RuntimeError(f"memory phase '{name}' is already open; end() it first")
+            raise UsageError(f"memory phase '{name}' is already open; end() it first")
         with _lock:
             _fold(self.key)
             _reset(self.key)
@@ -129,7 +130,7 @@ class Phases:
     def end(self, name):
         w = self._windows.pop(name, None)
         if w is None:
-            raise RuntimeError(f"memory phase '{name}' is not open; begin() it first")
+            raise UsageError(f"memory phase '{name}' is not open; begin() it first")
         with _lock:
             end = _fold(self.key)
             _open[self.key].remove(w)

@@ -43,6 +43,7 @@ import sys
 
 from zerort.config import Config
 from zerort.accounting.memory import BYTES, estimate_memory, gpt_numel
+from zerort.errors import ConfigError
 
 GB = 1e9
 BUCKET = Config().reduce_bucket_numel
@@ -92,7 +93,7 @@ class Cluster:
             if getattr(self, name) < 0:
                 problems.append(f"--{_flag(name)}: got {getattr(self, name)}; it must be >= 0")
         if problems:
-            raise ValueError("zerort.accounting.planner: " + "; ".join(problems))
+            raise ConfigError(["zerort.accounting.planner: " + p for p in problems])
 
 
 def _flag(field):
@@ -138,7 +139,7 @@ def collectives(numel, world_size, gpus_per_node, stage, param_bytes=2, grad_byt
                 ("all-gather", "parameters (backward)", param_bytes, 1),
                 ("reduce-scatter", "gradients", grad_bytes, 1)]
     else:
-        raise ValueError(f"stage: got {stage!r}; allowed: 0, 1, 2, 3")
+        raise ConfigError(f"stage: got {stage!r}; allowed: 0, 1, 2, 3")
     out = []
     for name, what, b, passes in plan:  # an all-reduce (DDP's) is two ring passes
         split = all_to_all_split if name == "reduce-scatter" else ring_phases

@@ -17,7 +17,7 @@ from zerort import _C
 from zerort import lifecycle
 from zerort.comm import peers
 from zerort.comm.tensor_args import buffer, dtype_name
-from zerort.errors import CommError
+from zerort.errors import CommError, ConfigError, DeviceError
 
 
 def detect_launch_env():
@@ -59,12 +59,12 @@ def init(backend="auto", timeout_s=600.0, debug=False, staged=None):
 
 def _init_staged(name, timeout_s, debug, staged):
     if name not in ("mpi", "gloo", "inprocess"):
-        raise ValueError(f"comm: staged={staged!r} carries buffers over a host backend (mpi, gloo), not {name!r}")
+        raise ConfigError(f"comm: staged={staged!r} carries buffers over a host backend (mpi, gloo), not {name!r}")
     inner = init(name, timeout_s)  # the staged communicator checks the calls under debug
     if staged == "cpu":
         return Communicator(_C.make_staged_communicator(inner._c, -1, timeout_s, debug))
     if staged != "cuda":
-        raise ValueError(f"comm: staged must be None, 'cuda' or 'cpu', got {staged!r}")
+        raise ConfigError(f"comm: staged must be None, 'cuda' or 'cpu', got {staged!r}")
     if not torch.cuda.is_available():
         raise CommError("comm: staged='cuda' needs a CUDA device, and torch sees none")
     device = detect_launch_env()["local_rank"] % torch.cuda.device_count()
@@ -201,7 +201,7 @@ class Communicator:
 
     def all_to_all(self, inp, out):
         if inp.numel() % self.size:
-            raise ValueError(f"all_to_all: inp has {inp.numel()} elements, not a multiple of the "
+            raise DeviceError(f"all_to_all: inp has {inp.numel()} elements, not a multiple of the "
                              f"world size {self.size}")
         n = inp.numel() // self.size
         self._c.all_to_all(self._ptr(inp, "inp"), self._ptr(out, "out", inp.numel(), inp.dtype), n,

@@ -20,7 +20,7 @@ def dtype_name(t, arg):
     try:
         return DTYPE_NAMES[t.dtype]
     except KeyError:
-        raise TypeError(f"{arg}: dtype {t.dtype} is not supported; use one of "
+        raise DeviceError(f"{arg}: dtype {t.dtype} is not supported; use one of "
                         f"{', '.join(str(d) for d in DTYPE_NAMES)}") from None
 
 
@@ -38,15 +38,15 @@ def device_index(device):
 def buffer(t, arg, numel=None, dtype=None, device="cpu"):
     """t's data_ptr after the checks; t must be on `device` (a torch.device or string)."""
     if not isinstance(t, torch.Tensor):
-        raise TypeError(f"{arg}: expected a torch.Tensor, got {type(t).__name__}")
+        raise DeviceError(f"{arg}: expected a torch.Tensor, got {type(t).__name__}")
     if t.device != torch.device(device):
         hint = ("the mpi and gloo backends take CPU tensors" if torch.device(device).type == "cpu"
                 else f"move it with .to('{device}')")
         raise DeviceError(f"{arg}: tensor is on {t.device}, expected {device}; {hint}")
     if not t.is_contiguous():
-        raise ValueError(f"{arg}: tensor must be contiguous; call .contiguous() first")
+        raise DeviceError(f"{arg}: tensor must be contiguous; call .contiguous() first")
     if dtype is not None and t.dtype != dtype:
-        raise TypeError(f"{arg}: expected dtype {dtype}, got {t.dtype}")
+        raise DeviceError(f"{arg}: expected dtype {dtype}, got {t.dtype}")
     if numel is not None and t.numel() != numel:
-        raise ValueError(f"{arg}: expected {numel} elements, got {t.numel()}")
+        raise DeviceError(f"{arg}: expected {numel} elements, got {t.numel()}")
     return t.data_ptr()

@@ -157,7 +157,7 @@ class Engine(DeepSpeedMethods):
         params, frozen = grouping.trainable, grouping.frozen
         materialize = None
         if weights is not None and not meta_init.is_meta_model(model):
-            raise ValueError("zerort.initialize: weights= is for a model built on the meta device (with "
+            raise ConfigError("zerort.initialize: weights= is for a model built on the meta device (with "
                              "torch.device('meta'): ...); this model's parameters already hold values")
         if meta_init.is_meta_model(model):  # made real bucket by bucket inside the Engine
             meta_init.check_buffers(model)
@@ -493,7 +493,7 @@ class Engine(DeepSpeedMethods):
         """Sets every param group's learning rate for the next steps. Not with a config
         lr_schedule, which decides the lr at every step."""
         if self.config.lr_schedule is not None:
-            raise RuntimeError("set_lr: this engine has an lr_schedule in its config, which sets the "
+            raise UsageError("set_lr: this engine has an lr_schedule in its config, which sets the "
                                "lr every step; remove lr_schedule to set the lr by hand")
         if not (isinstance(lr, (int, float)) and math.isfinite(lr) and lr >= 0):
             raise ConfigError([f"set_lr: lr must be a finite number >= 0, got {lr!r}"])
@@ -551,7 +551,7 @@ class Engine(DeepSpeedMethods):
         from zerort.state import checkpoint
 
         if exclude_frozen_parameters:
-            raise ValueError("save_checkpoint: exclude_frozen_parameters=True is not supported; zerort's checkpoints "
+            raise ConfigError("save_checkpoint: exclude_frozen_parameters=True is not supported; zerort's checkpoints "
                              "hold the frozen parameters (a load restores the whole model); leave it False")
         return checkpoint.save(self, save_dir, tag, client_state, save_latest)
 
@@ -563,7 +563,7 @@ class Engine(DeepSpeedMethods):
         from zerort.state import checkpoint
 
         if not load_module_strict or custom_load_fn is not None:
-            raise ValueError("load_checkpoint: zerort loads every parameter strictly, by its own loader; "
+            raise ConfigError("load_checkpoint: zerort loads every parameter strictly, by its own loader; "
                              "load_module_strict=False and custom_load_fn are not supported")
         return checkpoint.load(self, load_dir, tag, load_optimizer_states, load_lr_scheduler_states,
                                load_module_only)
@@ -642,7 +642,7 @@ def alive(ref):
     """The engine behind a model hook's weak reference, or a clear error once it is gone."""
     engine = ref()
     if engine is None:
-        raise RuntimeError("zerort: the engine this model was wrapped by has been deleted, and its hooks "
+        raise UsageError("zerort: the engine this model was wrapped by has been deleted, and its hooks "
                            "(and at stage 3 its parameters) went with it; keep the engine alive while you "
                            "use the model, or wrap the model again")
     return engine

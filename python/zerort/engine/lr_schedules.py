@@ -14,7 +14,7 @@ A value given as a list has one entry per param group. state_dict() is
 """
 import math
 
-from zerort.errors import ConfigError
+from zerort.errors import ConfigError, UsageError
 
 LOG, LINEAR = "log", "linear"
 
@@ -58,7 +58,7 @@ class _Schedule:
 
     def get_last_lr(self):
         if self._last_lr is None:
-            raise RuntimeError(f"{type(self).__name__}.get_last_lr(): call step() first")
+            raise UsageError(f"{type(self).__name__}.get_last_lr(): call step() first")
         return self._last_lr
 
     def state_dict(self):

@@ -29,6 +29,7 @@ import json
 import os
 
 import torch
+from zerort.errors import ConfigError, DeviceError
 
 # A meta parameter built under deepspeed.zero.Init carries how to make its values (an object
 # with materialize(device)): Note [recorded initialization], zerort.integrations.deepspeed.init_record.
@@ -66,7 +67,7 @@ def is_meta_model(model):
 def check_buffers(model):
     for name, b in model.named_buffers():
         if b is not None and b.is_meta:
-            raise TypeError(f"zerort: buffer {name!r} is on the meta device, and its values cannot be recomputed: "
+            raise DeviceError(f"zerort: buffer {name!r} is on the meta device, and its values cannot be recomputed: "
                             "build only the parameters on the meta device and keep buffers real, for example with "
                             "accelerate.init_empty_weights(include_buffers=False), or register the buffer after "
                             "leaving the torch.device('meta') context")
@@ -116,7 +117,7 @@ class Materializer:
                 module.reset_parameters()
             elif olds:
                 names = [n for n, p in module.named_parameters(recurse=False)]
-                raise TypeError(f"zerort: {type(module).__name__} holds parameters {names} built on the meta device "
+                raise DeviceError(f"zerort: {type(module).__name__} holds parameters {names} built on the meta device "
                                 "but has no reset_parameters() to initialize them; give it one, or build the model "
                                 "on a real device")
 
@@ -128,7 +129,7 @@ class Materializer:
         names = [f"{self.path[id(m)]}.{n}".lstrip(".") for m, n in self.holders[id(old)]]
         t = self.weights.get(names)
         if tuple(t.shape) != tuple(old.shape):
-            raise ValueError(f"zerort: weights {self.weights.source}: {names[0]!r} has shape {tuple(t.shape)} but "
+            raise ConfigError(f"zerort: weights {self.weights.source}: {names[0]!r} has shape {tuple(t.shape)} but "
                              f"the model's parameter has shape {tuple(old.shape)}")
         return t.to(device=self.device, dtype=torch.float32)
 
@@ -167,7 +168,7 @@ class Weights:
 
                 with safe_open(self.where[n], framework="pt") as f:
                     return f.get_tensor(n)
-        raise KeyError(f"zerort: weights {self.source}: no tensor named {' or '.join(map(repr, names))}; the file "
+        raise ConfigError(f"zerort: weights {self.source}: no tensor named {' or '.join(map(repr, names))}; the file "
                        "must hold every parameter of the model (under any of its names, for tied weights)")
 
 

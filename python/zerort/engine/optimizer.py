@@ -19,7 +19,7 @@ import weakref
 import torch
 
 from zerort.config import fp32_problem
-from zerort.errors import ConfigError, UsageError
+from zerort.errors import CheckpointError, ConfigError, UsageError
 from zerort.layout.shard_map import owned
 
 HYPER_KEYS = ("lr", "betas", "eps", "weight_decay")
@@ -58,7 +58,7 @@ class ZeroOptimizer(torch.optim.Optimizer):
         for k, g in enumerate(self.param_groups):
             for key, implied in UNSUPPORTED.items():
                 if g.get(key, implied) != implied:
-                    raise ValueError(f"zerort optimizer: {_where(k)}[{key!r}] = {g[key]!r} is not supported; "
+                    raise ConfigError(f"zerort optimizer: {_where(k)}[{key!r}] = {g[key]!r} is not supported; "
                                      f"zerort's fused AdamW runs with {key}={implied}: remove the key")
         self._laid_out = True
         self._regions = _regions(engine, self.param_groups)
@@ -107,7 +107,7 @@ class ZeroOptimizer(torch.optim.Optimizer):
     def _live(self):
         engine = self._engine()
         if engine is None:
-            raise RuntimeError("zerort optimizer: its engine has been deleted")
+            raise UsageError("zerort optimizer: its engine has been deleted")
         return engine
 
     def push(self):
@@ -162,20 +162,20 @@ def _normalize(engine, param_groups):
     if param_groups is None:
         return [{"params": list(engine._params)}]
     if isinstance(param_groups, torch.Tensor):
-        raise TypeError("zerort optimizer: param groups must be an iterable of tensors or of dicts, got one tensor; "
+        raise ConfigError("zerort optimizer: param groups must be an iterable of tensors or of dicts, got one tensor; "
                         "pass model.parameters() or a list of groups")
     groups = list(param_groups)
     if not groups or not all(isinstance(g, dict) for g in groups):
         if all(isinstance(p, torch.Tensor) for p in groups):
             groups = [{"params": groups}]
         else:
-            raise TypeError("zerort optimizer: param groups must be tensors (one group) or dicts with 'params' "
+            raise ConfigError("zerort optimizer: param groups must be tensors (one group) or dicts with 'params' "
                             "(torch's param groups), not a mix")
     replaced = getattr(engine, "_replaced", {})  # a meta-device model's parameters became real ones
     seen, out = {}, []
     for k, g in enumerate(groups):
         if "params" not in g:
-            raise ValueError(f"zerort optimizer: {_where(k)} has no 'params'; each group is a dict with 'params' "
+            raise ConfigError(f"zerort optimizer: {_where(k)} has no 'params'; each group is a dict with 'params' "
                              "(a list of parameters) and optional lr, betas, eps, weight_decay")
         params = [g["params"]] if isinstance(g["params"], torch.Tensor) else list(g["params"])
         kept = []
@@ -184,12 +184,12 @@ def _normalize(engine, param_groups):
             if id(p) in frozen:
                 continue  # requires_grad=False: no gradient, no optimizer state
             if id(p) not in trainable:
-                raise ValueError(f"zerort optimizer: {_where(k)} holds a tensor of shape {list(p.shape)} that is not "
+                raise ConfigError(f"zerort optimizer: {_where(k)} holds a tensor of shape {list(p.shape)} that is not "
                                  "a parameter of the model passed to initialize; build the groups from "
                                  "model.named_parameters()")
             name = engine._names[id(p)]
             if id(p) in seen:
-                raise ValueError(f"zerort optimizer: parameter {name!r} is in {_where(seen[id(p)])} and in "
+                raise ConfigError(f"zerort optimizer: parameter {name!r} is in {_where(seen[id(p)])} and in "
                                  f"{_where(k)}; put each parameter in one group")
             seen[id(p)] = k
             kept.append(p)
@@ -197,7 +197,7 @@ def _normalize(engine, param_groups):
         out.append(g)
     missing = [engine._names[i] for i in trainable if i not in seen]
     if missing:
-        raise ValueError(f"zerort optimizer: {len(missing)} trainable parameters are in no param group, first "
+        raise ConfigError(f"zerort optimizer: {len(missing)} trainable parameters are in no param group, first "
                          f"{', '.join(repr(n) for n in missing[:5])}; put every trainable parameter in a group, or "
                          "freeze it (requires_grad=False) before initialize")
     return out
@@ -230,13 +230,13 @@ def describe(engine, groups):
 def restore(engine, groups, saved, who):
     """Puts saved (describe()'s form) into groups; the membership must be the same."""
     if len(saved) != len(groups):
-        raise ValueError(f"{who}: the saved optimizer has {len(saved)} param groups, this engine {len(groups)}; "
+        raise CheckpointError(f"{who}: the saved optimizer has {len(saved)} param groups, this engine {len(groups)}; "
                          "build the same param groups as the run that saved it")
     for k, (g, s) in enumerate(zip(groups, saved)):
         names = [engine._names[id(p)] for p in g["params"]]
         if sorted(names) != sorted(s["params"]):
             diff = sorted(set(names) ^ set(s["params"]))
-            raise ValueError(f"{who}: {_where(k)} holds other parameters than the saved one (first difference "
+            raise CheckpointError(f"{who}: {_where(k)} holds other parameters than the saved one (first difference "
                              f"{diff[0]!r}); build the same param groups as the run that saved it")
     values = [{k: tuple(v) if k == "betas" else v for k, v in s.items() if k != "params"} for s in saved]
     for k, (g, v) in enumerate(zip(groups, values)):

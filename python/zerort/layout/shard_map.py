@@ -17,6 +17,7 @@ import math
 import torch
 
 from zerort import _C
+from zerort.errors import Error
 
 def layout(numels, world_size):
     """The ShardLayout of parameters of these sizes (in flat order) over world_size ranks,
@@ -42,7 +43,7 @@ def _group_segments(engine, g, params):
         # Stage 0: one rank holds the whole bucket (the parameters at their flat offsets).
         bucket = layout([numels[i] for _, i in inside], 1 if stage0 else engine.world_size)
         if not stage0 and (bucket.shard_numel, bucket.padded_numel) != (shard, padded):
-            raise RuntimeError(f"zerort shard map: group {g}'s bucket at {start} has shards of {shard} elements, "
+            raise Error(f"zerort shard map: group {g}'s bucket at {start} has shards of {shard} elements, "
                                f"its ShardLayout {bucket.shard_numel}")
         for j, (_, i) in enumerate(inside):
             out[id(params[i])] = [[s.rank, opt + s.shard_offset, s.param_offset, s.numel]

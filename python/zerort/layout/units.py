@@ -62,6 +62,7 @@ for forward and backward, so it lowers no peak.
 import math
 
 import torch
+from zerort.errors import ConfigError
 
 __all__ = ["choose_units", "unit_names"]
 
@@ -87,7 +88,7 @@ def unit_names(model, units):
     names = []
     for u in units:
         if id(u) not in path:
-            raise ValueError(f"a {type(u).__name__} given as a unit is not a module of the model")
+            raise ConfigError(f"a {type(u).__name__} given as a unit is not a module of the model")
         names.append(f"{path[id(u)] or '<model>'} ({type(u).__name__})")
     return names
 

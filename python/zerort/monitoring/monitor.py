@@ -25,6 +25,7 @@ import os
 import time
 
 import torch
+from zerort.errors import ConfigError
 
 CSV_NAME = "metrics.csv"
 EVENTS_NAME = "events.csv"  # write_events' rows: name, value, step
@@ -48,7 +49,7 @@ class Monitor:
                 with open(path, newline="") as f:
                     first = next(csv.reader(f), None)
                 if first != header:
-                    raise ValueError(f"zerort monitor: {path} holds another run's columns ({first}); give this run "
+                    raise ConfigError(f"zerort monitor: {path} holds another run's columns ({first}); give this run "
                                      "another monitor output_path or job_name, or remove the file")
             self.csv_file = open(path, "a", newline="")
             self.csv = csv.writer(self.csv_file)

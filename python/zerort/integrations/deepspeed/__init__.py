@@ -51,9 +51,9 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None, tra
     does; zerort's engine trains over its own communicator from the launcher's
     environment."""
     if model is None:
-        raise ValueError("deepspeed.initialize: model= is required (a torch.nn.Module)")
+        raise ConfigError("deepspeed.initialize: model= is required (a torch.nn.Module)")
     if mpu is not None or mesh_param is not None:
-        raise ValueError("deepspeed.initialize: mpu= / mesh_param= ask for model or sequence parallelism, which "
+        raise ConfigError("deepspeed.initialize: mpu= / mesh_param= ask for model or sequence parallelism, which "
                          "zerort does not have; zerort shards over data-parallel ranks only")
     config = _config_source(args, config, config_params)
     if isinstance(config, (str, os.PathLike)):  # read once: parse and the optimizer check see the same keys
@@ -107,17 +107,17 @@ def optimizer_groups(optimizer, model_parameters, model, who="deepspeed.initiali
         optimizer = optimizer(model_parameters if model_parameters is not None else model.parameters())
     name = type(optimizer).__name__
     if not isinstance(optimizer, (torch.optim.AdamW, torch.optim.Adam)):
-        raise TypeError(f"{who}: optimizer is a {name}; zerort runs its own fused AdamW, and takes "
+        raise ConfigError(f"{who}: optimizer is a {name}; zerort runs its own fused AdamW, and takes "
                         "a torch.optim.AdamW (or Adam without weight decay) only for its param groups. Pass "
                         "model_parameters= and an \"optimizer\" config section instead")
     for k, g in enumerate(optimizer.param_groups):
         decoupled = g.get("decoupled_weight_decay", isinstance(optimizer, torch.optim.AdamW))
         if not decoupled and g["weight_decay"]:
-            raise ValueError(f"{who}: the {name} optimizer has coupled weight_decay "
+            raise ConfigError(f"{who}: the {name} optimizer has coupled weight_decay "
                              f"{g['weight_decay']:g} in param group {k}: Adam's L2 decay is added to the gradient, "
                              "zerort's AdamW decays the weights directly; use torch.optim.AdamW or weight_decay 0")
         if g.get("amsgrad") or g.get("maximize"):
-            raise ValueError(f"{who}: param group {k} of the {name} asks for amsgrad or maximize, "
+            raise ConfigError(f"{who}: param group {k} of the {name} asks for amsgrad or maximize, "
                              "which zerort's AdamW does not do")
         g["params"], g["betas"] = list(g["params"]), tuple(g["betas"])
     return optimizer.param_groups  # the groups themselves: Note [shared param groups] (zerort.engine.optimizer)

@@ -19,6 +19,7 @@ import importlib.util
 import sys
 
 from zerort.integrations.deepspeed.names import ZERORT
+from zerort.errors import UsageError
 
 NAME = "deepspeed"
 
@@ -78,6 +79,6 @@ def install():
     if not any(isinstance(f, DeepSpeedAlias) for f in sys.meta_path):
         stale = [m for m in sys.modules if m == NAME or m.startswith(NAME + ".")]
         if stale:
-            raise RuntimeError(f"zerort.integrations.deepspeed.alias.install(): {stale[0]!r} was imported before; "
+            raise UsageError(f"zerort.integrations.deepspeed.alias.install(): {stale[0]!r} was imported before; "
                                "install the alias before anything imports deepspeed")
         sys.meta_path.insert(0, DeepSpeedAlias())

@@ -22,7 +22,7 @@ import contextlib
 
 import torch
 
-from zerort.errors import UsageError
+from zerort.errors import ConfigError, UsageError
 from zerort.engine.engine import engine_of
 from zerort.engine.meta_init import RECIPE, parameters_on_meta
 from zerort.integrations.deepspeed.init_record import ORDER, Recipe, Recorder, early_return_patches
@@ -35,10 +35,10 @@ class Init:
                  pin_memory=False, config_dict_or_path=None, config=None, enabled=True, dtype=None, mpu=None,
                  **kwargs):
         if module is not None:
-            raise ValueError("deepspeed.zero.Init(module=...): zerort cannot partition a model built already; "
+            raise ConfigError("deepspeed.zero.Init(module=...): zerort cannot partition a model built already; "
                              "build it inside `with deepspeed.zero.Init():` instead")
         if remote_device not in (None, "none"):
-            raise ValueError(f"deepspeed.zero.Init(remote_device={remote_device!r}): zerort has no parameter "
+            raise ConfigError(f"deepspeed.zero.Init(remote_device={remote_device!r}): zerort has no parameter "
                              "offload; leave remote_device out")
         self.enabled = enabled
         self._stack = None

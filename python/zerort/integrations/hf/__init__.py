@@ -46,7 +46,7 @@ from zerort.engine import lr_schedules
 from zerort.config import parse, read_config
 from zerort.integrations.deepspeed import optimizer_groups
 from zerort.engine.engine import initialize
-from zerort.errors import Error
+from zerort.errors import ConfigError, Error, UsageError
 from zerort.integrations.hf.config import fill, scheduler_spec
 
 WHO = "zerort.integrations.hf.Trainer"  # how errors name it
@@ -122,7 +122,7 @@ def _read(zerort_config):
     if isinstance(zerort_config, (str, os.PathLike)):
         return read_config(zerort_config)  # names the file; a key given twice is a problem
     if zerort_config is not None and not isinstance(zerort_config, dict):
-        raise TypeError(f"zerort.integrations.hf.Trainer: zerort_config is a {type(zerort_config).__name__}; give "
+        raise ConfigError(f"zerort.integrations.hf.Trainer: zerort_config is a {type(zerort_config).__name__}; give "
                         "a dict or the path of a JSON file (zerort's form or DeepSpeed's)")
     return dict(zerort_config or {})
 
@@ -180,7 +180,7 @@ class Trainer(transformers.Trainer):
             refuse.append("zerort_config lr_schedule: the Trainer's schedule sets the lr; use lr_scheduler_type or a "
                           "scheduler section")
         if refuse:
-            raise ValueError(f"{WHO} cannot run with:\n- " + "\n- ".join(refuse))
+            raise ConfigError([f"{WHO} cannot run with:"] + [f"- {r}" for r in refuse])
 
     # ---- accelerate: no autocast, no GradScaler, backward through the engine ----------
     def _build_accelerator_args(self, **kwargs):
@@ -210,7 +210,7 @@ class Trainer(transformers.Trainer):
         self.engine = initialize(self.model, c, weights=getattr(self.model, "_zerort_weights", None),
                                  param_groups=self._param_groups())
         if self.engine.world_size != self.args.world_size:
-            raise RuntimeError(f"{WHO}: zerort runs {self.engine.world_size} ranks, the Trainer "
+            raise UsageError(f"{WHO}: zerort runs {self.engine.world_size} ranks, the Trainer "
                                f"(accelerate) {self.args.world_size}: on a machine without a GPU, launch several "
                                "ranks with TrainingArguments(use_cpu=True)")
         self.model_wrapped = _ZeroModel(self.engine)
