@@ -1,11 +1,13 @@
 """DeepSpeed's engine methods that zerort's own training loop does not need: the ones real
 DeepSpeed scripts call (get_mom, destroy, empty_partition_cache, monitor, dp_world_size,
-set_gradient_accumulation_boundary), each with DeepSpeed's meaning. They are part of
-zerort.engine.engine.Engine (this mixin only keeps that file to the training loop) and use
-its fields as its own methods do."""
+set_gradient_accumulation_boundary) and DeepSpeed's accessors (is_gradient_accumulation_boundary,
+fp16_enabled, train_batch_size, global_steps, ...), each with DeepSpeed's meaning. They are
+part of zerort.engine.engine.Engine (this mixin keeps that file to building the engine and
+the training loop) and use its fields as its own methods do."""
 import torch
 
-from zerort.errors import UsageError
+from zerort import comm as comm_mod
+from zerort.errors import ConfigError, UsageError
 from zerort.monitoring import monitor
 
 
@@ -63,3 +65,65 @@ class DeepSpeedMethods:
     def dp_world_size(self):
         """Data-parallel ranks: every rank (zerort has no model parallelism)."""
         return self.comm.size
+
+    def is_gradient_accumulation_boundary(self):
+        """Whether the next step() ends the accumulation window (and updates)."""
+        return (self._impl.micro_steps + 1) % self.config.gradient_accumulation_steps == 0
+
+    def was_step_applied(self):
+        """Whether the last step() updated the parameters: False after a micro-step that only
+        accumulated, and after a step skipped for non-finite gradients."""
+        return self._step_applied
+
+    def get_lr(self):
+        """Each param group's learning rate for the next update."""
+        return [g["lr"] for g in self.optimizer.param_groups]
+
+    def get_global_grad_norm(self):
+        """The global L2 norm of the last update's averaged, unscaled gradient, before
+        clipping (None before the first one)."""
+        return self.stats.get("grad_norm")
+
+    def zero_optimization_stage(self):
+        return self.config.stage
+
+    def fp16_enabled(self):
+        return self.config.precision == "fp16"
+
+    def bfloat16_enabled(self):
+        return self.config.precision == "bf16"
+
+    def gradient_clipping(self):
+        return self.config.gradient_clipping
+
+    def train_micro_batch_size_per_gpu(self):
+        return self.config.train_micro_batch_size_per_gpu
+
+    def gradient_accumulation_steps(self):
+        return self.config.gradient_accumulation_steps
+
+    def train_batch_size(self):
+        """Samples per update on all ranks: micro batch x accumulation x world size."""
+        micro = self.config.train_micro_batch_size_per_gpu
+        if micro is None:
+            raise ConfigError(["train_micro_batch_size_per_gpu: not set; zerort needs it (or train_batch_size) "
+                               "in the config to count samples"])
+        return micro * self.config.gradient_accumulation_steps * self.world_size
+
+    @property
+    def global_rank(self):
+        return self.comm.rank
+
+    @property
+    def local_rank(self):
+        """This rank's index on its host (the launcher's LOCAL_RANK and the like)."""
+        return comm_mod.detect_launch_env()["local_rank"]
+
+    @property
+    def global_steps(self):
+        """Accumulation boundaries passed, skipped ones included (DeepSpeed's name)."""
+        return self._impl.global_step
+
+    @property
+    def global_samples(self):
+        return self.global_steps * self.train_batch_size()

@@ -32,9 +32,10 @@ import torch
 from zerort import _C, lifecycle
 from zerort import comm as comm_mod
 from zerort.accounting import phases
-from zerort.config import parse, resolve_batch
-from zerort.engine import failfast, lr_schedules, meta_init, nonfinite, same_model, stage3
+from zerort.config import resolve_batch
+from zerort.engine import failfast, meta_init, nonfinite, same_model, setup, stage3
 from zerort.engine.deepspeed_methods import DeepSpeedMethods
+from zerort.engine.state_methods import StateMethods
 from zerort.engine.optimizer import ZeroOptimizer
 from zerort.errors import ConfigError, DeviceError, UsageError
 from zerort.layout import precision
@@ -44,69 +45,10 @@ from zerort.monitoring import monitor, progress
 _DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
 
-def initialize(model=None, config=None, comm=None, weights=None, param_groups=None, lr_scheduler=None,
-               **others):
-    """Wraps model (a torch.nn.Module with float32 parameters, the same on every rank; rank
-    0's values win) for ZeRO training. config: a dict, a JSON path (our keys or DeepSpeed's
-    schema) or a zerort.config.Config. comm: a zerort.comm.Communicator (default: created
-    from config's comm.backend and comm.timeout_s). weights: for a model built on the meta
-    device, its starting values instead of its modules' own initialization: a state dict, a
-    .safetensors file, or a folder of safetensors files (HuggingFace's, with or without its
-    index JSON), read one unit at a time (zerort.engine.meta_init). param_groups: torch's param
-    groups (dicts with "params" and any of lr, betas, eps, weight_decay) or a list of
-    parameters; default one group of every trainable parameter (zerort.engine.optimizer).
-    lr_scheduler: a schedule on engine.optimizer (a torch LRScheduler or one of
-    zerort.engine.lr_schedules), or a function optimizer -> schedule; the engine steps it after
-    every applied update. Not with a config scheduler or lr_schedule.
-
-    Memory: before the engine allocates anything this installs zerort's counting CPU
-    allocator (zerort.accounting.phases), and notes what is allocated; engine.memory_report() then
-    shows what the engine holds and each phase's peak as the allocator (on CUDA: torch's
-    memory statistics) saw them. Arguments of deepspeed.initialize (model_parameters,
-    optimizer, args, ...) are a UsageError pointing to zerort.integrations.deepspeed."""
-    if others or model is None:
-        got = ", ".join(sorted(others)) or "no model"
-        raise UsageError(f"zerort.initialize(): got {got}; its arguments are model, config, comm, weights, "
-                         "param_groups and lr_scheduler. deepspeed.initialize's arguments (model_parameters, "
-                         "optimizer, args, training_data, ...) and its 4-tuple result are "
-                         "zerort.integrations.deepspeed.initialize's: import it as deepspeed, or pass param_groups= "
-                         "here instead of model_parameters=")
-    config = parse(config)
-    token = phases.EngineMemory.begin_initialize(model)
-    engine = Engine(model, config, comm, weights, param_groups, lr_scheduler)
-    engine._memory = phases.EngineMemory.end_initialize(token, engine)
-    return engine
-
-
-def engine_of(params):
-    """The live engine that trains any of params, or None."""
-    ids = {id(p) for p in params}
-    for engine in lifecycle.engines():  # one whose __init__ failed has no _impl
-        if getattr(engine, "_impl", None) is not None and ids & set(engine._names):
-            return engine
-    return None
-
-
-def _model_device(model):
-    """The one device of every parameter and buffer (CPU for a model with none)."""
-    device = None
-    for name, t in list(model.named_parameters()) + list(model.named_buffers()):
-        if t.is_meta:  # built on the meta device: made real on the model's device (zerort.engine.meta_init)
-            continue
-        if device is None:
-            device = t.device
-        elif t.device != device:
-            raise DeviceError(f"zerort: {name!r} is on {t.device} but the model's first tensor is on {device}; "
-                            "move the whole model to one device (model.to(device)) first")
-    if device is not None and device.type == "cuda" and device.index is None:
-        device = torch.device("cuda", torch.cuda.current_device())
-    return device or torch.device("cpu")
-
-
-class Engine(DeepSpeedMethods):
+class Engine(StateMethods, DeepSpeedMethods):
     def __init__(self, model, config, comm=None, weights=None, param_groups=None, lr_scheduler=None):
         c = config
-        owner = engine_of(model.parameters())
+        owner = setup.engine_of(model.parameters())
         if owner is not None:
             raise UsageError("zerort.initialize: this model is already wrapped by a live zerort engine, whose "
                              f"initialize made its parameters {owner.dtype} views of that engine's buffers (in "
@@ -115,7 +57,7 @@ class Engine(DeepSpeedMethods):
         self.module = model
         self.config = c
         self.dtype = _DTYPES[c.precision]
-        self.device = _model_device(model)
+        self.device = setup.model_device(model)
         cuda = self.device.type == "cuda"
         backend = "nccl" if cuda and c.comm_backend == "auto" else c.comm_backend
         if comm is None and backend == "nccl" and not cuda:
@@ -216,7 +158,7 @@ class Engine(DeepSpeedMethods):
         self.tput_timer = progress.ThroughputTimer()
         self._nonfinite = nonfinite.Guard(self)  # names non-finite params; max_consecutive_skips
         self.optimizer = ZeroOptimizer(self, param_groups)
-        self.lr_scheduler = _scheduler(c, self.optimizer, lr_scheduler)
+        self.lr_scheduler = setup.scheduler(c, self.optimizer, lr_scheduler)
         self._no_sync = False
         self._forward_only = None  # why backward() and step() are refused (make_forward_only), or None
         self._backward_since_step = False
@@ -358,50 +300,6 @@ class Engine(DeepSpeedMethods):
     def eval(self):
         return self.train(False)
 
-    def is_gradient_accumulation_boundary(self):
-        """Whether the next step() ends the accumulation window (and updates)."""
-        return (self._impl.micro_steps + 1) % self.config.gradient_accumulation_steps == 0
-
-    def was_step_applied(self):
-        """Whether the last step() updated the parameters: False after a micro-step that only
-        accumulated, and after a step skipped for non-finite gradients."""
-        return self._step_applied
-
-    def get_lr(self):
-        """Each param group's learning rate for the next update."""
-        return [g["lr"] for g in self.optimizer.param_groups]
-
-    def get_global_grad_norm(self):
-        """The global L2 norm of the last update's averaged, unscaled gradient, before
-        clipping (None before the first one)."""
-        return self.stats.get("grad_norm")
-
-    def zero_optimization_stage(self):
-        return self.config.stage
-
-    def fp16_enabled(self):
-        return self.config.precision == "fp16"
-
-    def bfloat16_enabled(self):
-        return self.config.precision == "bf16"
-
-    def gradient_clipping(self):
-        return self.config.gradient_clipping
-
-    def train_micro_batch_size_per_gpu(self):
-        return self.config.train_micro_batch_size_per_gpu
-
-    def gradient_accumulation_steps(self):
-        return self.config.gradient_accumulation_steps
-
-    def train_batch_size(self):
-        """Samples per update on all ranks: micro batch x accumulation x world size."""
-        micro = self.config.train_micro_batch_size_per_gpu
-        if micro is None:
-            raise ConfigError(["train_micro_batch_size_per_gpu: not set; zerort needs it (or train_batch_size) "
-                               "in the config to count samples"])
-        return micro * self.config.gradient_accumulation_steps * self.world_size
-
     def __getattr__(self, name):
         """Unknown public attributes are the module's (as DeepSpeed's engine forwards them)."""
         module = self.__dict__.get("module")
@@ -471,24 +369,6 @@ class Engine(DeepSpeedMethods):
     def skipped_steps(self):
         return self._impl.skipped_steps
 
-    @property
-    def global_rank(self):
-        return self.comm.rank
-
-    @property
-    def local_rank(self):
-        """This rank's index on its host (the launcher's LOCAL_RANK and the like)."""
-        return comm_mod.detect_launch_env()["local_rank"]
-
-    @property
-    def global_steps(self):
-        """Accumulation boundaries passed, skipped ones included (DeepSpeed's name)."""
-        return self._impl.global_step
-
-    @property
-    def global_samples(self):
-        return self.global_steps * self.train_batch_size()
-
     def set_lr(self, lr):
         """Sets every param group's learning rate for the next steps. Not with a config
         lr_schedule, which decides the lr at every step."""
@@ -508,135 +388,6 @@ class Engine(DeepSpeedMethods):
         self._nonfinite = None
         if getattr(self, "_monitor", None):
             self._monitor.close()
-
-    # ---- state ---------------------------------------------------------------------
-    def full_state_dict(self, master=False):
-        """The full parameters on every rank, at every stage: the low-precision working
-        copy, or with master=True the FP32 master weights gathered from every shard."""
-        if not master and self._units:
-            with self.gathered_parameters():  # stage 3: whole while inside
-                return {k: t.detach().clone() for k, t in self.module.state_dict(keep_vars=True).items()}
-        values = {}  # id(param) -> full tensor
-        if master:
-            for g in range(self._impl.num_groups):
-                full = self._impl.gather_master(g)
-                for i, p in enumerate(self._groups[g]):
-                    off = self._impl.param_offset(g, i)
-                    shape = self._shapes[id(p)]  # stage 3 empties released parameters
-                    values[id(p)] = full[off:off + math.prod(shape)].view(shape).clone()
-        out = {}
-        for name, t in self.module.state_dict(keep_vars=True).items():
-            if id(t) in values:
-                out[name] = values[id(t)]
-            elif master and id(t) in self._frozen_fp32:
-                out[name] = self._frozen_fp32[id(t)].clone()
-            else:
-                out[name] = t.detach().clone()
-        return out
-
-    def full_shape(self, p):
-        """p's whole shape (stage 3 empties released parameters; their shape is kept here)."""
-        return self._shapes.get(id(p), tuple(p.shape))
-
-    def _working_dtype(self, p):
-        """The dtype p computes in: float32 for FP32 modules, else the compute dtype."""
-        return torch.float32 if any(p is q for q in self._groups[1]) else self.dtype
-
-    def save_checkpoint(self, save_dir, tag=None, client_state=None, save_latest=True,
-                        exclude_frozen_parameters=False):
-        """Every rank writes its shard; rank 0 the metadata, the param groups, the lr
-        schedule's state and client_state (tensors, numbers, strings and containers of
-        them), then `latest` unless save_latest is false (a collective). Returns the
-        checkpoint's path. See zerort.state.checkpoint."""
-        from zerort.state import checkpoint
-
-        if exclude_frozen_parameters:
-            raise ConfigError("save_checkpoint: exclude_frozen_parameters=True is not supported; zerort's checkpoints "
-                             "hold the frozen parameters (a load restores the whole model); leave it False")
-        return checkpoint.save(self, save_dir, tag, client_state, save_latest)
-
-    def load_checkpoint(self, load_dir, tag=None, load_module_strict=True, load_optimizer_states=True,
-                        load_lr_scheduler_states=True, load_module_only=False, custom_load_fn=None):
-        """Loads `tag` (default: the one in `latest`), saved at any world size and stage
-        for this same model (a collective). Returns (path, client_state), or (None, None)
-        when load_dir has no `latest` (nothing loaded), as DeepSpeed does."""
-        from zerort.state import checkpoint
-
-        if not load_module_strict or custom_load_fn is not None:
-            raise ConfigError("load_checkpoint: zerort loads every parameter strictly, by its own loader; "
-                             "load_module_strict=False and custom_load_fn are not supported")
-        return checkpoint.load(self, load_dir, tag, load_optimizer_states, load_lr_scheduler_states,
-                               load_module_only)
-
-    def save_16bit_model(self, save_dir, save_filename="pytorch_model.bin", exclude_frozen_parameters=False):
-        """Rank 0 writes the whole model's state_dict, parameters in the compute dtype
-        (bf16/fp16; FP32 modules' stay FP32) and buffers as the module holds them, to
-        save_dir/save_filename with torch.save (a .safetensors name: safetensors). At
-        stage 3 every rank takes part in the gather. Returns True."""
-        import os
-
-        state = self.full_state_dict()
-        if exclude_frozen_parameters:
-            frozen = {n for n, p in self.module.named_parameters() if not p.requires_grad}
-            state = {k: v for k, v in state.items() if k not in frozen}
-        from zerort.state.checkpoint import Steps
-
-        def write():  # rank 0; a failure is raised on every rank, not left to a barrier's timeout
-            if self.rank != 0:
-                return
-            os.makedirs(save_dir, exist_ok=True)
-            path = os.path.join(save_dir, save_filename)
-            tmp = f"{path}.tmp{os.getpid()}"
-            if save_filename.endswith(".safetensors"):
-                from safetensors.torch import save_file
-
-                save_file({k: v.contiguous() for k, v in state.items()}, tmp)
-            else:
-                torch.save(state, tmp)
-            os.replace(tmp, path)
-
-        Steps(self.comm, f"save_16bit_model({save_dir!r})").run("writing the model", write)
-        return True
-
-    def memory_report(self):
-        """What this run allocated on every rank, beside our exact estimate
-        (zerort.accounting.memory.MemoryReport): the allocator's figures first (what initialize left
-        allocated, each phase's peak growth), then the engine's own counters per category.
-        A collective: call it on every rank."""
-        from zerort.accounting import memory
-
-        return memory.report(self)
-
-    @contextlib.contextmanager
-    def gathered_parameters(self):
-        """Inside, every parameter of engine.module is whole (stage 3 gathers them; stages
-        1 and 2 always hold them whole). For evaluation and export."""
-        if self._units:
-            with stage3.gathered(self._impl):
-                yield
-        else:
-            yield
-
-
-def _scheduler(config, optimizer, given):
-    """The engine's lr schedule: the config's scheduler section, or the one given (a
-    schedule, or a function optimizer -> schedule), or None."""
-    if given is not None and (config.scheduler is not None or config.lr_schedule is not None):
-        key = "scheduler" if config.scheduler is not None else "lr_schedule"
-        raise ConfigError([f"{key}: the config has one and initialize() was given lr_scheduler= too; keep one of "
-                           "them"])
-    if given is None:
-        return lr_schedules.build(config.scheduler, optimizer)
-    schedule = given(optimizer) if callable(given) and not hasattr(given, "step") else given
-    moved = getattr(schedule, "optimizer", optimizer)
-    if moved is not optimizer and [id(g) for g in moved.param_groups] != [id(g) for g in optimizer.param_groups]:
-        raise ConfigError([f"lr_scheduler: the {type(schedule).__name__} given moves a {type(moved).__name__} whose "
-                           "param groups are not the ones zerort's update reads, so its lr would never reach "
-                           "the training; build it on engine.optimizer after initialize, or pass that optimizer "
-                           "(its groups become zerort's: Note [shared param groups], zerort.engine.optimizer) "
-                           "as optimizer= together with the schedule"])
-    return schedule
-
 
 def alive(ref):
     """The engine behind a model hook's weak reference, or a clear error once it is gone."""

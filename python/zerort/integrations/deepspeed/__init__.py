@@ -30,7 +30,7 @@ import torch
 
 from zerort.config import parse, read_config
 from zerort.engine.engine import Engine as DeepSpeedEngine  # noqa: F401  (isinstance checks in scripts)
-from zerort.engine.engine import initialize as _zerort_initialize
+from zerort.engine import initialize as _zerort_initialize
 from zerort.errors import ConfigError
 # The modules DeepSpeed scripts import (deepspeed.comm, deepspeed.zero, ...), loaded with the package as DeepSpeed's are.
 from zerort.integrations.deepspeed import accelerator, comm, compression, ops, runtime, utils, zero  # noqa: F401

@@ -23,7 +23,7 @@ import contextlib
 import torch
 
 from zerort.errors import ConfigError, UsageError
-from zerort.engine.engine import engine_of
+from zerort.engine.setup import engine_of
 from zerort.engine.meta_init import RECIPE, parameters_on_meta
 from zerort.integrations.deepspeed.init_record import ORDER, Recipe, Recorder, early_return_patches
 

@@ -45,7 +45,7 @@ from transformers.optimization import get_scheduler
 from zerort.engine import lr_schedules
 from zerort.config import parse, read_config
 from zerort.integrations.deepspeed import optimizer_groups
-from zerort.engine.engine import initialize
+from zerort.engine import initialize
 from zerort.errors import ConfigError, Error, UsageError
 from zerort.integrations.hf.config import fill, scheduler_spec
 

@@ -65,7 +65,7 @@ def set_z3_leaf_modules(model, leaf_module_classes):
 
 
 def _owner(param, who):
-    from zerort.engine.engine import engine_of
+    from zerort.engine.setup import engine_of
 
     engine = engine_of([param])
     if engine is None:
