@@ -7,7 +7,7 @@ BUILD ?= build
 JOBS  ?= $(shell nproc)
 STAMPS := .stamps
 
-.PHONY: all deps venv configure build test test-asan demo demo-cpp bench bench-e2e bench-ds clean
+.PHONY: all deps venv configure build test test-asan lint demo demo-cpp bench bench-e2e bench-ds clean
 
 all: build
 
@@ -40,6 +40,15 @@ test: build
 # The torch-free C++ tests under AddressSanitizer + UBSan, in their own build directory.
 test-asan: $(STAMPS)/deps $(VENV)/.installed
 	ASAN_BUILD=build-asan PY=$(PY) JOBS=$(JOBS) bash scripts/run_asan_tests.sh
+
+# ruff over the Python (pyproject.toml's [tool.ruff]) and clang-format over the C++ (.clang-format),
+# both checking only: nothing is rewritten.
+CXX_SOURCES = $(shell find core comm partition optim runtime python tests examples bench \
+                -name '*.cpp' -o -name '*.h' -o -name '*.cu' -o -name '*.cuh' | sort)
+lint: $(VENV)/.installed
+	$(VENV)/bin/ruff check python tests bench examples scripts
+	@command -v clang-format >/dev/null || { echo "lint: clang-format is missing: apt-get install -y clang-format"; exit 1; }
+	clang-format --dry-run -Werror $(CXX_SOURCES)
 
 # The main job: the byte-level GPT on 2 ranks, ZeRO stage 3, bf16.
 demo: build

@@ -1,6 +1,7 @@
 // zerort._C: thin pybind11 layer. Buffers arrive as (data_ptr, numel, dtype name) from
-// zerort/comm.py and zerort/cast.py, which own the tensor checks. Blocking calls release
-// the GIL.
+// zerort.comm (python/zerort/comm/__init__.py) and the tests' kernels
+// (python/zerort/_testing/kernels.py), through python/zerort/comm/tensor_args.py, which owns
+// the tensor checks. Blocking calls release the GIL.
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 

@@ -14,7 +14,7 @@ Speed: the cases are drawn here (derandomized, no example database) and every ca
 one launch per launcher (call_pattern_worker.py), each rank running every case in turn on a
 communicator of its own.
 
-What every case is held to (expected_windows below): the README's rules, and where they say
+What every case is held to (expected_windows below): docs/TRAINING.md's rules, and where they say
 nothing or the engine does otherwise today, what it does (marked "measured").
 - A window whose micro-steps all ran a backward on every rank updates like the reference:
   test_engine_parity's (FP32 master; bf16 emulated by _low_precision_copy; the gradient the

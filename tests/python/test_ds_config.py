@@ -189,9 +189,10 @@ def test_each_accepted_key_is_taken_and_type_checked(key):
     assert line.startswith(f"{key.path}: got [1] (a list); allowed: a JSON"), line
 
 
-def test_the_readme_holds_the_key_table():
-    with open(os.path.join(ROOT, "README.md")) as f:
-        assert ds_keys.markdown() in f.read(), "README.md's DeepSpeed key table is stale: python -m zerort.config.deepspeed_keys"
+def test_the_docs_hold_the_key_table():
+    with open(os.path.join(ROOT, "docs", "CONFIG.md")) as f:
+        assert ds_keys.markdown() in f.read(), \
+            "docs/CONFIG.md's DeepSpeed key table is stale: python -m zerort.config.deepspeed_keys"
 
 
 def test_loss_scale_zero_is_dynamic_and_a_number_is_static():

@@ -15,7 +15,7 @@ def test_train_gpt_launcher_free_smoke():
 
 
 def test_train_deepspeed_under_torchrun(tmp_path):
-    """The DeepSpeed script with its config, as the README runs it, for 10 updates."""
+    """The DeepSpeed script with its config, as docs/DEEPSPEED.md runs it, for 10 updates."""
     p = launch("torchrun", 2, os.path.join(ROOT, "examples", "train_deepspeed.py"), "--deepspeed_config",
                os.path.join(ROOT, "examples", "ds_config.json"), "--steps", 10, "--save-dir", tmp_path, timeout=300)
     assert "[Rank 0] step=10, skipped=0, lr=[0.0014666666666666667, 0.0014666666666666667]" in p.stdout, p.stdout
@@ -24,7 +24,7 @@ def test_train_deepspeed_under_torchrun(tmp_path):
 
 
 def test_train_hf_trainer_under_accelerate_launch_then_resumed_under_torchrun(tmp_path):
-    """The Trainer script as the README runs it: 10 steps under `accelerate launch`, then
+    """The Trainer script as docs/HF.md runs it: 10 steps under `accelerate launch`, then
     resumed from its checkpoint-10 to 20 under torchrun; the monitor's CSV holds steps 1-20."""
     script, out = os.path.join(ROOT, "examples", "train_hf_trainer.py"), str(tmp_path / "hf")
     accelerate = os.path.join(os.path.dirname(sys.executable), "accelerate")

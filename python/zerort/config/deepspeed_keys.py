@@ -7,8 +7,8 @@
         only with the value that leaves the feature off, and otherwise is an error naming it.
 
 Keys of classes (b) and (c), and the (a) keys whose value zerort uses, are read by
-zerort.config.deepspeed_form; the rest are checked from this table alone. The README's key table is
-printed from it: python -m zerort.config.deepspeed_keys.
+zerort.config.deepspeed_form; the rest are checked from this table alone. docs/CONFIG.md's key table
+is printed from it: python -m zerort.config.deepspeed_keys.
 """
 from dataclasses import dataclass
 from typing import Callable, Optional
@@ -230,7 +230,7 @@ CLASS_NAMES = {"a": "done", "b": "mapped", "c": "implemented", "d": "rejected un
 
 
 def markdown():
-    """The README's table of DeepSpeed keys."""
+    """The table of DeepSpeed keys in docs/CONFIG.md."""
     counts = {cls: sum(k.cls == cls for k in KEYS) for cls in CLASS_NAMES}
     lines = ["| key | class | what zerort does |", "|---|---|---|"]
     for k in KEYS:

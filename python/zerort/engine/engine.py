@@ -7,11 +7,13 @@
         engine.step()
 
 Stages 0, 1 and 2 go through the C++ Engine (runtime/engine.h): parameters become views of
-one flat buffer per dtype, their grads views of a flat grad buffer that autograd
-accumulates into, and each rank owns its shard of the FP32 master and Adam states (stage 0:
-all of it). Stage 3 is the same Engine with units (zerort/layout/units.py plans them,
-zerort/engine/stage3.py holds the module hooks that gather and release them). Compute runs in bf16,
-fp16 or fp32. Under bf16 and fp16, FP32 modules keep FP32 parameters and compute, with their
+one flat buffer per dtype, and each rank owns its shard of the FP32 master and Adam states
+(stage 0: all of it). At stages 0 and 1 their grads are views of a flat grad buffer that
+autograd accumulates into; at stage 2 each grad is packed into a bucket's pack buffer as it
+completes and autograd's copy is freed (runtime/engine_reduce.cpp). Stage 3 is the same
+Engine with units (zerort/layout/units.py plans them, zerort/engine/stage3.py holds the
+module hooks that gather and release them). Compute runs in bf16, fp16 or fp32. Under bf16
+and fp16, FP32 modules keep FP32 parameters and compute, with their
 inputs cast to FP32 and their outputs back to the compute dtype: norm layers, by what they
 are (torch's norm classes and any class whose name ends in "Norm", such as HuggingFace's
 LlamaRMSNorm), with config fp32_modules adding ("Name") or removing ("-Name") classes. Float

@@ -18,8 +18,7 @@ Engine when a unit is needed:
   again when backward reaches them (prefetching the units before it). The Engine releases a
   unit once all its gradients are in and reduces them on its comm thread.
 
-Released means the unit's storage holds zero bytes, even where autograd saved a view of a
-weight for backward: the backward gather refills that same storage.
+What released means: See Note [released storage] (runtime/unit_cache.h).
 """
 import contextlib
 import re

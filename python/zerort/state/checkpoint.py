@@ -3,8 +3,11 @@
     engine.save_checkpoint("ckpt")             # ckpt/step<N>/shard_00000.pt ..., meta.json; ckpt/latest
     engine.load_checkpoint("ckpt")             # the tag in ckpt/latest; any world size
 
-Each shard holds this rank's FP32 master, Adam m and v (and at stage 3 its low-precision
-shard), the loss-scaler state and the step counters, with a SHA-256 of its tensors. The
+Each shard holds this rank's FP32 master, Adam m and v (FP32 on disk even when the moments
+are kept in bf16), the loss-scaler state and the step counters, with a SHA-256 of its
+tensors; rank 0's shard also holds the frozen parameters (FP32) and the buffers. No
+low-precision copy is written at any stage: a load casts the working weights from the
+master (refresh_params). The
 metadata records, for every parameter, which rank holds which run of its elements at what
 offset, so a checkpoint loads at another world size or stage: loading assembles each
 parameter's FP32 master, m and v and writes the part this rank owns in the new layout.
