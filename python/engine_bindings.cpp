@@ -2,13 +2,17 @@
 // at::Tensor <-> torch.Tensor conversion; it is a binding file, so torch/extension.h is fine).
 #include <torch/extension.h>
 
-#include <algorithm>
-#include <iterator>
+#include <functional>
+#include <memory>
+#include <string>
 #include <utility>
 
+#include "core/dtype.h"
 #include "core/error.h"
+#include "optim/adamw.h"
 #include "python/without_gil.h"
 #include "runtime/engine.h"
+#include "runtime/loss_scaler.h"
 #include "runtime/shard_optimizer.h"
 
 namespace py = pybind11;
@@ -60,96 +64,93 @@ std::vector<AdamWHyper> hypers(const std::vector<std::array<double, 6>>& rows) {
   return out;
 }
 
-// Options come from zerort/config.py's validated Config as keyword arguments named as its
-// fields are (zerort._C.ENGINE_OPTIONS lists them, for python/zerort/engine/engine.py). A
-// ShardOptimizer takes the optimizer's; an Engine takes those, its own and materialize.
-const char* const kOptimizerKeys[] = {"precision", "lr", "betas", "eps", "weight_decay",
-                                      "initial_scale_power", "loss_scale_window", "hysteresis",
-                                      "min_loss_scale", "consecutive_hysteresis", "static_loss_scale",
-                                      "gradient_clipping", "gradient_accumulation_steps", "optimizer_state_dtype"};
-const char* const kEngineKeys[] = {"stage", "reduce_bucket_numel"};
-
-bool listed(const char* const* begin, const char* const* end, const std::string& key) {
-  return std::find_if(begin, end, [&](const char* k) { return key == k; }) != end;
-}
-
-void check_keywords(const py::kwargs& kw, bool engine, const char* what) {
-  for (auto item : kw) {
-    const auto key = item.first.cast<std::string>();
-    ZRT_CHECK_AS(ConfigError, listed(std::begin(kOptimizerKeys), std::end(kOptimizerKeys), key) ||
-                  (engine && (key == "materialize" || listed(std::begin(kEngineKeys), std::end(kEngineKeys), key))),
-              what, " options: unknown keyword '", key, "'");
-  }
+// Note [options by name]: EngineOptions, OptimizerOptions, LossScalerOptions and AdamWHyper
+// are bound field by field (def_readwrite; a DType as its name, "bf16"), and each takes its
+// fields as keywords: _C.LossScalerOptions(window=100), the rest at the struct's defaults; a
+// keyword the struct lacks is a ConfigError naming it. zerort/config/native.py fills them from
+// a Config's sections, taking each field a section has under the struct's own name.
+template <typename T>
+py::class_<T> options_class(py::module_& m, const char* name) {
+  py::class_<T> cls(m, name);
+  cls.def(py::init([name](const py::kwargs& kw) {
+    T o;
+    py::object view = py::cast(&o, py::return_value_policy::reference);  // the setters write into o
+    py::object property = py::module_::import("builtins").attr("property");
+    for (auto item : kw) {
+      const auto key = item.first.cast<std::string>();
+      py::object field = py::getattr(py::type::handle_of<T>(), key.c_str(), py::none());
+      ZRT_CHECK_AS(ConfigError, py::isinstance(field, property), name, ": unknown keyword '", key, "'");
+      view.attr(key.c_str()) = item.second;
+    }
+    return o;
+  }));
+  return cls;
 }
 
 template <typename T>
-T get(const py::kwargs& kw, const char* key, T fallback) {
-  return kw.contains(key) ? kw[key].cast<T>() : fallback;
+void dtype_field(py::class_<T>& cls, const char* name, DType T::*field) {
+  cls.def_property(
+      name, [field](const T& o) { return std::string(dtype_name(o.*field)); },
+      [field](T& o, const std::string& dtype) { o.*field = parse_dtype(dtype); });
 }
 
-// The optimizer's keywords (the caller has checked the names). The loss-scale ones are
-// used for fp16 only (ShardOptimizer gives bf16 and fp32 a static scale of 1).
-OptimizerOptions optimizer_keywords(const py::kwargs& kw) {
-  OptimizerOptions o;
-  o.precision = parse_dtype(get(kw, "precision", std::string("bf16")));
-  const auto betas = get(kw, "betas", std::make_pair(o.adamw.beta1, o.adamw.beta2));
-  o.adamw = AdamWHyper{get(kw, "lr", o.adamw.lr), betas.first, betas.second, get(kw, "eps", o.adamw.eps),
-                       get(kw, "weight_decay", o.adamw.weight_decay)};
-  o.loss_scale.initial_scale = std::ldexp(1.0, get(kw, "initial_scale_power", 16));
-  o.loss_scale.window = get(kw, "loss_scale_window", o.loss_scale.window);
-  o.loss_scale.hysteresis = get(kw, "hysteresis", o.loss_scale.hysteresis);
-  o.loss_scale.min_scale = get(kw, "min_loss_scale", o.loss_scale.min_scale);
-  o.loss_scale.consecutive_hysteresis = get(kw, "consecutive_hysteresis", o.loss_scale.consecutive_hysteresis);
-  const double static_scale = get(kw, "static_loss_scale", 0.0);  // > 0: a fixed scale (DeepSpeed's loss_scale)
-  if (static_scale > 0) {
-    o.loss_scale.dynamic = false;
-    o.loss_scale.initial_scale = static_scale;
-  }
-  o.gradient_clipping = get(kw, "gradient_clipping", o.gradient_clipping);
-  o.gradient_accumulation_steps = get(kw, "gradient_accumulation_steps", o.gradient_accumulation_steps);
-  o.state_dtype = parse_dtype(get(kw, "optimizer_state_dtype", std::string("f32")));
-  return o;
+void bind_options(py::module_& m) {
+  options_class<AdamWHyper>(m, "AdamWHyper")
+      .def_readwrite("lr", &AdamWHyper::lr)
+      .def_readwrite("beta1", &AdamWHyper::beta1)
+      .def_readwrite("beta2", &AdamWHyper::beta2)
+      .def_readwrite("eps", &AdamWHyper::eps)
+      .def_readwrite("weight_decay", &AdamWHyper::weight_decay)
+      .def_readwrite("bias_correction", &AdamWHyper::bias_correction);
+  options_class<LossScalerOptions>(m, "LossScalerOptions")
+      .def_readwrite("dynamic", &LossScalerOptions::dynamic)
+      .def_readwrite("initial_scale", &LossScalerOptions::initial_scale)
+      .def_readwrite("window", &LossScalerOptions::window)
+      .def_readwrite("hysteresis", &LossScalerOptions::hysteresis)
+      .def_readwrite("min_scale", &LossScalerOptions::min_scale)
+      .def_readwrite("factor", &LossScalerOptions::factor)
+      .def_readwrite("consecutive_hysteresis", &LossScalerOptions::consecutive_hysteresis);
+  auto optimizer = options_class<OptimizerOptions>(m, "OptimizerOptions");
+  dtype_field(optimizer, "precision", &OptimizerOptions::precision);
+  dtype_field(optimizer, "state_dtype", &OptimizerOptions::state_dtype);
+  optimizer.def_readwrite("adamw", &OptimizerOptions::adamw)
+      .def_readwrite("loss_scale", &OptimizerOptions::loss_scale)
+      .def_readwrite("gradient_clipping", &OptimizerOptions::gradient_clipping)
+      .def_readwrite("gradient_accumulation_steps", &OptimizerOptions::gradient_accumulation_steps)
+      .def_readwrite("replicated", &OptimizerOptions::replicated);
+  options_class<EngineOptions>(m, "EngineOptions")  // materialize is the Engine's own argument
+      .def_readwrite("stage", &EngineOptions::stage)
+      .def_readwrite("optimizer", &EngineOptions::optimizer)
+      .def_readwrite("reduce_bucket_numel", &EngineOptions::reduce_bucket_numel)
+      .def_readwrite("alignment", &EngineOptions::alignment);
 }
 
-OptimizerOptions shard_optimizer_options(const py::kwargs& kw) {
-  check_keywords(kw, false, "ShardOptimizer");
-  return optimizer_keywords(kw);
-}
-
-EngineOptions engine_options(const py::kwargs& kw) {
-  check_keywords(kw, true, "Engine");
-  EngineOptions o;
-  o.stage = get(kw, "stage", o.stage);
-  o.optimizer = optimizer_keywords(kw);
-  o.reduce_bucket_numel = get(kw, "reduce_bucket_numel", o.reduce_bucket_numel);
-  py::object materialize = kw.contains("materialize") ? py::object(kw["materialize"]) : py::none();
-  if (!materialize.is_none()) {  // a meta-device model: (group, [param index]) -> [tensor]
-    std::shared_ptr<py::object> fn(new py::object(materialize), [](py::object* p) {
-      py::gil_scoped_acquire gil;
-      delete p;
-    });
-    o.materialize = [fn](size_t group, const std::vector<size_t>& params) {
-      py::gil_scoped_acquire gil;  // the constructor runs without the GIL
-      return (*fn)(group, params).cast<std::vector<at::Tensor>>();
-    };
-  }
-  return o;
+// EngineOptions::materialize from a Python callable (None: none), for a meta-device model:
+// (group, [param index]) -> [tensor].
+std::function<std::vector<at::Tensor>(size_t, const std::vector<size_t>&)> materializer(const py::object& fn) {
+  if (fn.is_none()) return nullptr;
+  std::shared_ptr<py::object> held(new py::object(fn), [](py::object* p) {
+    py::gil_scoped_acquire gil;
+    delete p;
+  });
+  return [held](size_t group, const std::vector<size_t>& params) {
+    py::gil_scoped_acquire gil;  // the constructor runs without the GIL
+    return (*held)(group, params).cast<std::vector<at::Tensor>>();
+  };
 }
 
 }  // namespace
 
 void bind_engine(py::module_& m) {
-  py::list names;
-  for (const char* k : kOptimizerKeys) names.append(k);
-  for (const char* k : kEngineKeys) names.append(k);
-  m.attr("ENGINE_OPTIONS") = py::tuple(names);  // an Engine's keywords: zerort.config.Config fields
+  bind_options(m);  // See Note [options by name]
   m.attr("SHARD_ALIGNMENT") = kShardAlignment;   // elements: an Engine's shards are multiples of it
 
   py::class_<ShardOptimizer>(m, "ShardOptimizer")
-      .def(py::init([](at::Tensor master, Communicator& comm, const py::kwargs& kw) {
-             return std::make_unique<ShardOptimizer>(std::move(master), comm, shard_optimizer_options(kw));
+      .def(py::init([](at::Tensor master, Communicator& comm, const OptimizerOptions& options) {
+             return std::make_unique<ShardOptimizer>(std::move(master), comm, options);
            }),
-           py::keep_alive<1, 3>(), py::arg("master"), py::arg("comm"))  // it holds comm by reference
+           py::keep_alive<1, 3>(), py::arg("master"), py::arg("comm"),  // it holds comm by reference
+           py::arg("options") = OptimizerOptions())
       .def("step", [](ShardOptimizer& o, std::vector<std::pair<size_t, at::Tensor>> outputs) {
         // outputs: (offset into the master, contiguous bf16/f16/f32 tensor to write)
         std::vector<OutputSegment> segs;
@@ -186,8 +187,9 @@ void bind_engine(py::module_& m) {
   // Deleted without the GIL (python/without_gil.h): ~Engine joins the comm thread.
   py::class_<Engine, std::shared_ptr<Engine>>(m, "Engine")
       .def(py::init([](std::vector<at::Tensor> params, std::vector<at::Tensor> fp32_params, Communicator& comm,
-                       std::vector<std::pair<std::vector<size_t>, bool>> units, const py::kwargs& kw) {
-             EngineOptions o = engine_options(kw);
+                       std::vector<std::pair<std::vector<size_t>, bool>> units, EngineOptions o,
+                       const py::object& materialize) {
+             o.materialize = materializer(materialize);
              std::vector<UnitSpec> specs;  // stage 3: (parameter indices, persistent)
              for (auto& [ps, persistent] : units) specs.push_back({std::move(ps), persistent});
              py::gil_scoped_release release;  // the initial broadcast is a collective
@@ -196,7 +198,8 @@ void bind_engine(py::module_& m) {
            }),
            py::keep_alive<1, 4>(),  // the engine holds the communicator by reference
            py::arg("params"), py::arg("fp32_params"), py::arg("comm"),
-           py::arg("units") = std::vector<std::pair<std::vector<size_t>, bool>>{})
+           py::arg("units") = std::vector<std::pair<std::vector<size_t>, bool>>{},
+           py::arg("options") = EngineOptions(), py::arg("materialize") = py::none())
       .def("step", [](Engine& e) {
         StepStats s;
         {

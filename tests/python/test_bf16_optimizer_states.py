@@ -38,11 +38,11 @@ def test_the_kernel_is_the_fp32_kernel_with_moments_rounded_each_step(n, grad_dt
 
 
 def test_the_config_keys_in_both_forms():
-    assert parse({"optimizer": {"state_dtype": "bf16"}}).optimizer_state_dtype == "bf16"
+    assert parse({"optimizer": {"state_dtype": "bf16"}}).optimizer.state_dtype == "bf16"
     ds = parse({"bf16": {"enabled": True, "bf16_optimizer_states": True}, "zero_optimization": {"stage": 2}},
                form="deepspeed")
-    assert ds.optimizer_state_dtype == "bf16"
-    assert parse({"bf16": {"enabled": True}}, form="deepspeed").optimizer_state_dtype == "fp32"
+    assert ds.optimizer.state_dtype == "bf16"
+    assert parse({"bf16": {"enabled": True}}, form="deepspeed").optimizer.state_dtype == "fp32"
     with pytest.raises(zerort.errors.ConfigError, match="optimizer.state_dtype: got 'fp16'"):
         parse({"optimizer": {"state_dtype": "fp16"}})
 

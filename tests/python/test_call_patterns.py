@@ -506,7 +506,7 @@ def test_item11_optimizer_eps_zero_is_rejected_with_the_key_named():
         parse({"optimizer": {"eps": -1e-8}})
     with pytest.raises(ConfigError, match=r"optimizer\.eps: got 0"):
         zerort.initialize(PatternModel({"seed": 0}), {"optimizer": {"eps": 0.0}, "comm": {"backend": "inprocess"}})
-    assert parse({"optimizer": {"eps": 1e-12}}).eps == 1e-12
+    assert parse({"optimizer": {"eps": 1e-12}}).optimizer.eps == 1e-12
 
 
 def test_usage_error_is_a_zerort_error():

@@ -17,8 +17,9 @@ def test_defaults_and_our_keys():
     c = parse({"stage": 1, "precision": "fp16", "optimizer": {"lr": 3e-4, "betas": [0.8, 0.99]},
                "loss_scale": {"initial_scale_power": 12, "window": 50}, "gradient_clipping": 1.0,
                "comm": {"backend": "mpi", "timeout_s": 30}})
-    assert (c.stage, c.precision, c.lr, c.betas) == (1, "fp16", 3e-4, (0.8, 0.99))
-    assert (c.initial_scale_power, c.loss_scale_window, c.comm_backend, c.comm_timeout_s) == (12, 50, "mpi", 30)
+    assert (c.stage, c.precision, c.optimizer.lr, c.optimizer.betas) == (1, "fp16", 3e-4, (0.8, 0.99))
+    assert (c.loss_scale.initial_scale_power, c.loss_scale.window, c.comm.backend, c.comm.timeout_s) == \
+        (12, 50, "mpi", 30)
     assert parse(None).stage == 2
 
 
@@ -31,9 +32,10 @@ def test_deepspeed_json(tmp_path):
     path = tmp_path / "ds.json"
     path.write_text(json.dumps(ds))
     c = parse(str(path))
-    assert (c.stage, c.precision, c.reduce_bucket_numel, c.initial_scale_power) == (3, "fp16", 50_000_000, 14)
-    assert (c.loss_scale_window, c.hysteresis, c.min_loss_scale, c.lr, c.weight_decay) == (500, 3, 2, 1e-4, 0.05)
-    assert (c.gradient_accumulation_steps, c.train_micro_batch_size_per_gpu) == (2, 4)
+    s = c.loss_scale
+    assert (c.stage, c.precision, c.reduce_bucket_numel, s.initial_scale_power) == (3, "fp16", 50_000_000, 14)
+    assert (s.window, s.hysteresis, s.min_scale, c.optimizer.lr, c.optimizer.weight_decay) == (500, 3, 2, 1e-4, 0.05)
+    assert (c.batch.gradient_accumulation_steps, c.batch.train_micro_batch_size_per_gpu) == (2, 4)
 
 
 def test_each_bad_key_is_named_with_value_and_allowed():

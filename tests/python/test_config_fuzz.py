@@ -145,18 +145,29 @@ BOUNDS = {"stage": 3, "initial_scale_power": 60, "prefetch": 65536, "reduce_buck
           "steps_per_print": 2 ** 62}
 
 
+def field(c, path):
+    """c's field at a dotted path: field(c, "optimizer.lr")."""
+    for part in path.split("."):
+        c = getattr(c, part)
+    return c
+
+
 def check_accepted(c):
-    for name in ("lr", "weight_decay", "gradient_clipping", "min_loss_scale", "static_loss_scale", *c.betas):
-        v = getattr(c, name) if isinstance(name, str) else name
+    for name in ("optimizer.lr", "optimizer.weight_decay", "optimizer.gradient_clipping", "loss_scale.min_scale",
+                 "loss_scale.static", *c.optimizer.betas):
+        v = field(c, name) if isinstance(name, str) else name
         assert isinstance(v, (int, float)) and not isinstance(v, bool) and normal_fp32(v), (name, v)
-    assert normal_fp32(c.eps, zero_ok=False) and c.min_loss_scale > 0
-    for name in ("stage", "initial_scale_power", "loss_scale_window", "hysteresis", "gradient_accumulation_steps",
-                 "reduce_bucket_numel", "prefetch", "persistence_threshold", "prefetch_numel", "max_live_numel",
-                 "max_consecutive_skips", "train_micro_batch_size_per_gpu", "train_batch_size", "steps_per_print"):
-        v = getattr(c, name)
+    assert normal_fp32(c.optimizer.eps, zero_ok=False) and c.loss_scale.min_scale > 0
+    for path in ("stage", "loss_scale.initial_scale_power", "loss_scale.window", "loss_scale.hysteresis",
+                 "batch.gradient_accumulation_steps", "reduce_bucket_numel", "stage3.prefetch",
+                 "stage3.persistence_threshold", "stage3.prefetch_numel", "stage3.max_live_numel",
+                 "max_consecutive_skips", "batch.train_micro_batch_size_per_gpu", "batch.train_batch_size",
+                 "monitor.steps_per_print"):
+        name, v = path.rsplit(".", 1)[-1], field(c, path)
         assert v is None or type(v) is int and 0 <= v <= BOUNDS.get(name, 2 ** 31 - 1), (name, v)
-    for name, v in (c.scheduler or {}).get("params", {}).items():
-        what = PARAMS[c.scheduler["type"]][name][0]
+    scheduler = c.optimizer.scheduler
+    for name, v in (scheduler or {}).get("params", {}).items():
+        what = PARAMS[scheduler["type"]][name][0]
         if what == "int":
             assert type(v) is int and -1 <= v <= 2 ** 31 - 1, (name, v)
         elif what in ("number", "numbers"):

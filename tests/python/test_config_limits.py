@@ -37,16 +37,16 @@ def test_an_eps_that_is_0_in_fp32_is_refused_naming_the_smallest_allowed():
     assert problems({"zero_optimization": {}, "optimizer": {"type": "AdamW", "params": {"eps": 1e-40}}}) == [
         f"optimizer.params.eps: got 1e-40, which is subnormal {IN_FP32}; allowed: >= 1.1754944e-38 (FP32's smallest "
         "normal number), e.g. 1e-8"]
-    assert parse({"optimizer": {"eps": 1.1754944e-38}}).eps == 1.1754944e-38  # as the message prints it
+    assert parse({"optimizer": {"eps": 1.1754944e-38}}).optimizer.eps == 1.1754944e-38  # as the message prints it
 
 
 def test_fp32_values_past_fp32s_range_or_below_its_normal_numbers():
     assert problems({"optimizer": {"lr": 1e39}}) == [f"optimizer.lr: got 1e+39; allowed: >= 0 and <= {FP32_MAX_TEXT}"]
-    assert parse({"optimizer": {"lr": 3.4028234e38}}).lr == 3.4028234e38  # the bound as printed
+    assert parse({"optimizer": {"lr": 3.4028234e38}}).optimizer.lr == 3.4028234e38  # the bound as printed
     assert problems({"optimizer": {"lr": 1e-46}}) == [
         f"optimizer.lr: got 1e-46, which is 0 {IN_FP32}; allowed: 0, or >= 1.1754944e-38 (FP32's smallest normal "
         "number)"]
-    assert parse({"optimizer": {"lr": 0}}).lr == 0  # 0 stays allowed where it was
+    assert parse({"optimizer": {"lr": 0}}).optimizer.lr == 0  # 0 stays allowed where it was
     assert problems({"optimizer": {"betas": [1e-46, 0.9]}}) == [
         f"optimizer.betas: got [1e-46, 0.9], whose 1e-46 is 0 {IN_FP32}; allowed: each 0, or >= 1.1754944e-38 "
         "(FP32's smallest normal number)"]
@@ -74,12 +74,13 @@ def test_prefetch_and_other_integers_are_bounded():
         "stage3.prefetch: got 1000000000; allowed: >= 0 and <= 65536"]
     assert problems({"zero_optimization": {}, "zerort": {"stage3": {"prefetch": 65537}}}) == [
         "zerort.stage3.prefetch: got 65537; allowed: >= 0 and <= 65536"]
-    assert parse({"stage3": {"prefetch": 65536}}).prefetch == 65536
+    assert parse({"stage3": {"prefetch": 65536}}).stage3.prefetch == 65536
     assert problems({"loss_scale": {"window": 2 ** 31}}) == [
         "loss_scale.window: got 2147483648; allowed: >= 1 and <= 2**31 - 1"]
     assert problems({"zero_optimization": {"stage3_prefetch_bucket_size": 1e15}}) == [
         "zero_optimization.stage3_prefetch_bucket_size: got 1000000000000000.0; allowed: >= 0 and <= 2**40"]
-    assert parse({"steps_per_print": 1e12, "zero_optimization": {}}).steps_per_print == 10 ** 12  # "never print"
+    never = parse({"steps_per_print": 1e12, "zero_optimization": {}})
+    assert never.monitor.steps_per_print == 10 ** 12  # "never print"
 
 
 def _write(tmp_path, name, text):

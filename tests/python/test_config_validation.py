@@ -210,8 +210,8 @@ def test_eps_must_be_positive_in_both_spellings():
     assert problems({"optimizer": {"eps": 5e-324}}) == [
         "optimizer.eps: got 5e-324, which is 0 in FP32, the dtype the engine computes with; allowed: >= "
         "1.1754944e-38 (FP32's smallest normal number), e.g. 1e-8"]
-    assert parse({"optimizer": {"eps": 1.1754944e-38}}).eps == 1.1754944e-38  # the smallest allowed
-    assert parse({"fp16": {"enabled": True}, "optimizer": {"params": {"eps": 1e-6}}}).eps == 1e-6
+    assert parse({"optimizer": {"eps": 1.1754944e-38}}).optimizer.eps == 1.1754944e-38  # the smallest allowed
+    assert parse({"fp16": {"enabled": True}, "optimizer": {"params": {"eps": 1e-6}}}).optimizer.eps == 1e-6
 
 
 def test_unknown_keys_suggest_the_closest_known_key():

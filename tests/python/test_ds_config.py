@@ -124,13 +124,15 @@ def test_huggingface_test_configs_parse_with_auto_filled_and_offload_off():
                                                       ("offload_optimizer", "offload_param")[:len(lines)]], lines
         assert all("zerort does not support" in ln and 'set it to {"device": "none"}' in ln for ln in lines)
     c = parse(no_offload(hf_zero2()))
-    assert (c.stage, c.precision, c.reduce_bucket_numel, c.static_loss_scale) == (2, "fp16", 30_000_000, 0.0)
-    assert (c.train_batch_size, c.train_micro_batch_size_per_gpu, c.gradient_accumulation_steps) == (16, 4, 2)
-    assert c.scheduler == {"type": "WarmupLR", "params": {"warmup_min_lr": 0, "warmup_max_lr": 3e-5,
+    assert (c.stage, c.precision, c.reduce_bucket_numel, c.loss_scale.static) == (2, "fp16", 30_000_000, 0.0)
+    b = c.batch
+    assert (b.train_batch_size, b.train_micro_batch_size_per_gpu, b.gradient_accumulation_steps) == (16, 4, 2)
+    assert c.optimizer.scheduler == {"type": "WarmupLR", "params": {"warmup_min_lr": 0, "warmup_max_lr": 3e-5,
                                                           "warmup_num_steps": 10}}
-    assert (c.steps_per_print, c.initial_scale_power, c.loss_scale_window) == (1000, 12, 500)
+    assert (c.monitor.steps_per_print, c.loss_scale.initial_scale_power, c.loss_scale.window) == (1000, 12, 500)
     c = parse(no_offload(hf_zero3()))
-    assert (c.stage, c.reduce_bucket_numel, c.prefetch_numel, c.persistence_threshold, c.max_live_numel) == \
+    s3 = c.stage3
+    assert (c.stage, c.reduce_bucket_numel, s3.prefetch_numel, s3.persistence_threshold, s3.max_live_numel) == \
         (3, 4096, 3686, 640, 100_000_000)
 
 
@@ -213,7 +215,7 @@ def test_loss_scale_zero_is_dynamic_and_a_number_is_static():
 
 
 def test_optimizer_types_and_adam_w_mode():
-    assert parse({"optimizer": {"type": "adam", "params": {"weight_decay": 0.1}}}).weight_decay == 0.1
+    assert parse({"optimizer": {"type": "adam", "params": {"weight_decay": 0.1}}}).optimizer.weight_decay == 0.1
     parse({"optimizer": {"type": "Adam", "params": {"adam_w_mode": False, "weight_decay": 0, "torch_adam": True}}})
     (line,) = problems({"optimizer": {"type": "Adam", "params": {"adam_w_mode": False, "weight_decay": 0.1}}})
     assert line.startswith("optimizer.params.adam_w_mode: false with weight_decay 0.1 asks for Adam's L2")
@@ -234,19 +236,19 @@ def test_the_zerort_section_reaches_our_own_keys():
     c = parse({"zero_optimization": {"stage": 3}, "zerort": {
         "comm": {"timeout_s": 30, "debug": True}, "stage3": {"prefetch": 2, "unit_modules": ["Block"]},
         "fp32_modules": ["MyGate"], "max_consecutive_skips": 5}})
-    assert (c.comm_timeout_s, c.comm_debug, c.prefetch, c.unit_modules, c.fp32_modules, c.max_consecutive_skips) == \
-        (30, True, 2, ("Block",), ("MyGate",), 5)
+    assert (c.comm.timeout_s, c.comm.debug, c.stage3.prefetch, c.stage3.unit_modules, c.fp32_modules,
+            c.max_consecutive_skips) == (30, True, 2, ("Block",), ("MyGate",), 5)
     (line,) = problems({"zero_optimization": {}, "zerort": {"stage": 2}})
     assert line.startswith("zerort.stage: unknown zerort key")
 
 
 def test_two_of_the_batch_triple_give_the_third():
     c = parse({"train_batch_size": 32, "train_micro_batch_size_per_gpu": 4, "zero_optimization": {}})
-    assert resolve_batch(c, 2).gradient_accumulation_steps == 4
+    assert resolve_batch(c, 2).batch.gradient_accumulation_steps == 4
     c = parse({"train_batch_size": 32, "gradient_accumulation_steps": 2, "zero_optimization": {}})
-    assert resolve_batch(c, 4).train_micro_batch_size_per_gpu == 4
+    assert resolve_batch(c, 4).batch.train_micro_batch_size_per_gpu == 4
     c = parse({"train_micro_batch_size_per_gpu": 3, "gradient_accumulation_steps": 2, "zero_optimization": {}})
-    assert resolve_batch(c, 2).train_batch_size == 12
+    assert resolve_batch(c, 2).batch.train_batch_size == 12
     with pytest.raises(ConfigError, match=r"train_batch_size: got 30; it must be a multiple of .* = 8"):
         resolve_batch(parse({"train_batch_size": 30, "train_micro_batch_size_per_gpu": 4, "zero_optimization": {}}), 2)
 
@@ -258,14 +260,14 @@ def test_stage3_element_counts_become_units_ahead():
                                      "stage3_max_live_parameters": 2500}})
     assert prefetch_units([1000, 1000, 1000, 1000], c) == 1  # 2500 holds the running unit and one more
     c = parse({"zero_optimization": {"stage": 3}})
-    assert prefetch_units([1000, 1000], c) == c.prefetch  # no DeepSpeed sizes: zerort's own count
+    assert prefetch_units([1000, 1000], c) == c.stage3.prefetch  # no DeepSpeed sizes: zerort's own count
 
 
 def test_deepspeed_off_values_of_schedules_and_static_scale_rules():
     c = parse({"zero_optimization": {}, "scheduler": {"type": "OneCycle", "params": {
         "cycle_min_lr": 1e-4, "cycle_max_lr": 1e-3, "cycle_first_stair_count": 0, "cycle_second_stair_count": 0,
         "decay_step_size": 0, "cycle_second_step_size": 0}}})
-    assert c.scheduler["params"]["cycle_second_step_size"] == 0
+    assert c.optimizer.scheduler["params"]["cycle_second_step_size"] == 0
     (line,) = problems({"zero_optimization": {}, "scheduler": {"type": "WarmupLR", "params": {"warmup_num_steps": 0}}})
     assert line.startswith("scheduler.params.warmup_num_steps: got 0; allowed: >= 1")
     # A fixed scale has no minimum to respect.

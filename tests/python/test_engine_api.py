@@ -93,7 +93,7 @@ def test_deepspeed_batch_size_is_checked_against_world_and_accumulation():
     with pytest.raises(ConfigError, match=r"train_batch_size: got 16; .* = 8"):
         zerort.initialize(DictUnits(), dict(ds, train_batch_size=16), comm=zerort.comm.init("inprocess"))
     c = zerort.config.parse({"bf16": {"enabled": True}})
-    assert (c.stage, c.weight_decay) == (0, 0.0)  # DeepSpeed's defaults
+    assert (c.stage, c.optimizer.weight_decay) == (0, 0.0)  # DeepSpeed's defaults
 
 
 @pytest.mark.parametrize("stage", [0, 1, 2, 3])

@@ -111,7 +111,7 @@ def test_prefetch_is_never_more_than_the_units_that_follow(cfg):
     engine = zerort.initialize(m, cfg)
     try:
         units = engine._impl.num_buckets
-        assert units >= 2 and engine.config.prefetch == units - 1, (units, engine.config.prefetch)
+        assert units >= 2 and engine.config.stage3.prefetch == units - 1, (units, engine.config.stage3.prefetch)
         engine.backward(engine(torch.randn(3, 4)).pow(2).mean())
         engine.step()
     finally:

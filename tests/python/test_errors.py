@@ -69,7 +69,7 @@ def test_a_bad_param_group_value_is_a_config_error_wherever_it_is_checked():
     with pytest.raises(errors.ConfigError, match="lr must be a finite number >= 0"):
         engine.set_lr(float("nan"))
     with pytest.raises(errors.ConfigError, match="unknown keyword 'bucket'"):  # the binding's (C++) check
-        _C.ShardOptimizer(torch.zeros(4), zerort.comm.init("inprocess")._c, bucket=1)
+        _C.ShardOptimizer(torch.zeros(4), zerort.comm.init("inprocess")._c, _C.OptimizerOptions(bucket=1))
 
 
 def test_checkpoint_errors_are_zerort_errors():

@@ -49,7 +49,7 @@ def test_deepspeed_form_autos_take_the_arguments_and_the_hidden_size(tmp_path):
     spec = scheduler_spec(cfg["scheduler"], args(tmp_path), 40)
     assert spec["params"]["total_num_steps"] == 40 and spec["params"]["warmup_num_steps"] == 10  # 0.25 of 40
     c = parse({k: v for k, v in cfg.items() if k != "scheduler"}, form="deepspeed")
-    assert (c.stage, c.precision, c.lr, c.reduce_bucket_numel) == (2, "bf16", 3e-4, 1024)
+    assert (c.stage, c.precision, c.optimizer.lr, c.reduce_bucket_numel) == (2, "bf16", 3e-4, 1024)
 
 
 def test_our_form_autos_and_absent_keys_follow_the_arguments(tmp_path):

@@ -339,15 +339,15 @@ def _allocator_figures(engine, groups):
         from zerort.accounting.phases import EngineMemory
 
         mem = engine._memory = EngineMemory(engine.device)
-    layout = sum(exact(groups, engine.world_size, c.stage, c.reduce_bucket_numel, c.prefetch, at_rest=True,
-                       state_bytes=STATE_BYTES[c.optimizer_state_dtype]).values())
+    layout = sum(exact(groups, engine.world_size, c.stage, c.reduce_bucket_numel, c.stage3.prefetch, at_rest=True,
+                       state_bytes=STATE_BYTES[c.optimizer.state_dtype]).values())
     source = ("zerort's counting CPU allocator" if mem.key == "cpu" else
               f"torch.cuda.memory_allocated / max_memory_allocated on {mem.key}")
     out = {"source": source, "device": mem.key,
            "held": {"measured": mem.held, "estimate": layout + mem.other_tensors, "layout": layout,
                     "other_tensors": mem.other_tensors},
            "phases": {}, "not_counted": engine.comm._c.scratch_peak_bytes if mem.key == "cpu" else 0}
-    est = phase_estimates(groups, engine.world_size, c.stage, c.prefetch)
+    est = phase_estimates(groups, engine.world_size, c.stage, c.stage3.prefetch)
     for name in PHASES:
         r = mem.phases.result.get(name)
         parts = est[name]
@@ -377,8 +377,8 @@ def report(engine):
     alloc["held"]["min"], alloc["held"]["max"] = int(lo[n]), int(hi[n])
     for i, name in enumerate(PHASES):
         alloc["phases"][name]["min"], alloc["phases"][name]["max"] = int(lo[n + 1 + i]), int(hi[n + 1 + i])
-    est = exact(groups, engine.world_size, c.stage, c.reduce_bucket_numel, c.prefetch,
-                state_bytes=STATE_BYTES[c.optimizer_state_dtype])
+    est = exact(groups, engine.world_size, c.stage, c.reduce_bucket_numel, c.stage3.prefetch,
+                state_bytes=STATE_BYTES[c.optimizer.state_dtype])
     peak_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     cuda_peak = torch.cuda.max_memory_allocated() if torch.cuda.is_available() else None
     return MemoryReport(measured, across, est, peak_rss, cuda_peak, c.stage, engine.world_size, alloc)

@@ -7,8 +7,10 @@ sit under one "zerort" section. All problems of one config come in one ConfigErr
 """
 import os
 
-from zerort.config import MAX_NUMEL, Config, _Reader, _loss_scale, _optimizer_params, common, runtime_keys, show
 from zerort.config.deepspeed_keys import TABLE
+from zerort.config.parser import Draft, common, loss_scale, optimizer_params, runtime_keys
+from zerort.config.reader import MAX_NUMEL, _Reader, show
+from zerort.config.sections import Config, Optimizer
 
 ADAM_TYPES = ("adam", "adamw")
 WIRE_DTYPES = {"bf16": "bf16", "bfloat16": "bf16", "fp16": "fp16", "float16": "fp16", "half": "fp16",
@@ -16,24 +18,23 @@ WIRE_DTYPES = {"bf16": "bf16", "bfloat16": "bf16", "fp16": "fp16", "float16": "f
 
 
 def parse_deepspeed(cfg, problems):
-    c = Config(stage=0, weight_decay=0.0)  # DeepSpeed's defaults: no ZeRO, AdamW without decay
+    c = Draft(Config(stage=0, optimizer=Optimizer(weight_decay=0.0)))  # DeepSpeed's defaults: no ZeRO, no decay
     r = _Reader(problems)
-    c.train_batch_size = r.number(cfg, "train_batch_size", None, integer=True, low=1, integral_float=True)
-    gas = r.number(cfg, "gradient_accumulation_steps", None, integer=True, low=1)
-    c.gradient_accumulation_given = gas is not None
-    c.gradient_accumulation_steps = gas or 1
+    c.batch.train_batch_size = r.number(cfg, "train_batch_size", None, integer=True, low=1, integral_float=True)
+    # None when not given: resolve_batch derives it from train_batch_size at initialize.
+    c.batch.gradient_accumulation_steps = r.number(cfg, "gradient_accumulation_steps", None, integer=True, low=1)
     common(r, cfg, c)
     _zero(r, cfg, c)
     scale_keys = _precision(r, cfg, c)
     _optimizer(r, cfg, c)
     _dtypes(r, cfg, c)
-    c.monitor_csv, c.monitor_tensorboard = _monitor(r, cfg, "csv_monitor"), _monitor(r, cfg, "tensorboard")
+    c.monitor.csv, c.monitor.tensorboard = _monitor(r, cfg, "csv_monitor"), _monitor(r, cfg, "tensorboard")
     ours, ro = r.child(cfg, "zerort")
     runtime_keys(ro, ours, c)
     ro.leftover(ours, "unknown zerort key")
     _table(r, cfg, "")
     r.leftover(cfg, "unknown or unsupported DeepSpeed key")
-    return c, scale_keys, "fp16.enabled"
+    return c.config(), scale_keys, "fp16.enabled"
 
 
 def _monitor(r, cfg, name):
@@ -56,9 +57,9 @@ def _zero(r, cfg, c):
                                                       integral_float=True)
     reduce, gather = size("reduce_bucket_size"), size("allgather_bucket_size")
     c.reduce_bucket_numel = reduce or gather or c.reduce_bucket_numel  # one bucket serves both
-    c.prefetch_numel = size("stage3_prefetch_bucket_size", low=0)
-    c.persistence_threshold = size("stage3_param_persistence_threshold", c.persistence_threshold, low=0)
-    c.max_live_numel = size("stage3_max_live_parameters")
+    c.stage3.prefetch_numel = size("stage3_prefetch_bucket_size", low=0)
+    c.stage3.persistence_threshold = size("stage3_param_persistence_threshold", c.stage3.persistence_threshold, low=0)
+    c.stage3.max_live_numel = size("stage3_max_live_parameters")
     _table(rz, zero, "zero_optimization.")
     rz.leftover(zero, "unknown or unsupported DeepSpeed key")
 
@@ -70,13 +71,13 @@ def _precision(r, cfg, c):
     bf16, rb = r.child(cfg, name)
     bf16_on = rb.boolean(bf16, "enabled", False)
     if rb.boolean(bf16, "bf16_optimizer_states", False):
-        c.optimizer_state_dtype = "bf16"
+        c.optimizer.state_dtype = "bf16"
     _table(rb, bf16, "bf16.")
     rb.leftover(bf16, "unknown or unsupported DeepSpeed key")
     fp16, rf = r.child(cfg, "fp16")
     fp16_on = rf.boolean(fp16, "enabled", False)
-    scale_keys = _loss_scale(rf, fp16, c, window="loss_scale_window", min_scale="min_loss_scale")
-    c.static_loss_scale = rf.number(fp16, "loss_scale", 0.0, low=0, fp32=True)  # 0: dynamic
+    scale_keys = loss_scale(rf, fp16, c, window_key="loss_scale_window", min_key="min_loss_scale")
+    c.loss_scale.static = rf.number(fp16, "loss_scale", 0.0, low=0, fp32=True)  # 0: dynamic
     _table(rf, fp16, "fp16.")
     rf.leftover(fp16, "unknown or unsupported DeepSpeed key")
     if bf16_on and fp16_on:
@@ -92,11 +93,12 @@ def _optimizer(r, cfg, c):
         ro.bad("type", kind, "'Adam' or 'AdamW' (any case): zerort runs its own fused AdamW; other optimizers "
                "are not supported")
     params, rp = ro.child(opt, "params")
-    _optimizer_params(rp, params, c)
+    optimizer_params(rp, params, c)
     adam_w = rp.boolean(params, "adam_w_mode", True)
     rp.boolean(params, "torch_adam", False)  # either way: torch.optim.AdamW's math
-    if present and isinstance(kind, str) and kind.lower() == "adam" and not adam_w and c.weight_decay:
-        r.problems.lines.append(f"{rp.key('adam_w_mode')}: false with weight_decay {c.weight_decay:g} asks for Adam's "
+    decay = c.optimizer.weight_decay
+    if present and isinstance(kind, str) and kind.lower() == "adam" and not adam_w and decay:
+        r.problems.lines.append(f"{rp.key('adam_w_mode')}: false with weight_decay {decay:g} asks for Adam's "
                                 "L2 weight decay (added to the gradient); zerort's AdamW decays the weights "
                                 "directly: set adam_w_mode to true (AdamW), or weight_decay to 0")
     _table(rp, params, "optimizer.params.")

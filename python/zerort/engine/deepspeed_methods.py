@@ -22,8 +22,9 @@ class DeepSpeedMethods:
         accepts what that count says and refuses the rest, naming both."""
         if bool(is_boundary) != self.is_gradient_accumulation_boundary():
             raise UsageError(f"set_gradient_accumulation_boundary({is_boundary}): zerort ends the accumulation window "
-                             f"every gradient_accumulation_steps={self.config.gradient_accumulation_steps} micro-steps, "
-                             f"and the next step() is {'' if self.is_gradient_accumulation_boundary() else 'not '}"
+                             f"every gradient_accumulation_steps={self.config.batch.gradient_accumulation_steps} "
+                             "micro-steps, and the next step() is "
+                             f"{'' if self.is_gradient_accumulation_boundary() else 'not '}"
                              "a boundary; set gradient_accumulation_steps to the window you want instead")
 
     def empty_partition_cache(self):
@@ -68,7 +69,7 @@ class DeepSpeedMethods:
 
     def is_gradient_accumulation_boundary(self):
         """Whether the next step() ends the accumulation window (and updates)."""
-        return (self._impl.micro_steps + 1) % self.config.gradient_accumulation_steps == 0
+        return (self._impl.micro_steps + 1) % self.config.batch.gradient_accumulation_steps == 0
 
     def was_step_applied(self):
         """Whether the last step() updated the parameters: False after a micro-step that only
@@ -94,21 +95,21 @@ class DeepSpeedMethods:
         return self.config.precision == "bf16"
 
     def gradient_clipping(self):
-        return self.config.gradient_clipping
+        return self.config.optimizer.gradient_clipping
 
     def train_micro_batch_size_per_gpu(self):
-        return self.config.train_micro_batch_size_per_gpu
+        return self.config.batch.train_micro_batch_size_per_gpu
 
     def gradient_accumulation_steps(self):
-        return self.config.gradient_accumulation_steps
+        return self.config.batch.gradient_accumulation_steps
 
     def train_batch_size(self):
         """Samples per update on all ranks: micro batch x accumulation x world size."""
-        micro = self.config.train_micro_batch_size_per_gpu
+        micro = self.config.batch.train_micro_batch_size_per_gpu
         if micro is None:
             raise ConfigError(["train_micro_batch_size_per_gpu: not set; zerort needs it (or train_batch_size) "
                                "in the config to count samples"])
-        return micro * self.config.gradient_accumulation_steps * self.world_size
+        return micro * self.config.batch.gradient_accumulation_steps * self.world_size
 
     @property
     def global_rank(self):

@@ -24,7 +24,6 @@ computes in FP32 like an FP32 module. The rule is zerort.layout.precision's. Eve
 the model's device: CPU (mpi or gloo communicators) or one CUDA device (nccl).
 """
 import contextlib
-import dataclasses
 import math
 import time
 import weakref
@@ -34,7 +33,7 @@ import torch
 from zerort import _C, lifecycle
 from zerort import comm as comm_mod
 from zerort.accounting import phases
-from zerort.config import resolve_batch
+from zerort.config import native, replace, resolve_batch
 from zerort.engine import failfast, meta_init, nonfinite, same_model, setup, stage3
 from zerort.engine.deepspeed_methods import DeepSpeedMethods
 from zerort.engine.state_methods import StateMethods
@@ -61,7 +60,7 @@ class Engine(StateMethods, DeepSpeedMethods):
         self.dtype = _DTYPES[c.precision]
         self.device = setup.model_device(model)
         cuda = self.device.type == "cuda"
-        backend = "nccl" if cuda and c.comm_backend == "auto" else c.comm_backend
+        backend = "nccl" if cuda and c.comm.backend == "auto" else c.comm.backend
         if comm is None and backend == "nccl" and not cuda:
             raise ConfigError([f"comm.backend: got 'nccl' but the model is on {self.device}; nccl moves CUDA "
                                "buffers: move the model (model.cuda()), or use 'auto', 'mpi' or 'gloo'"])
@@ -69,14 +68,14 @@ class Engine(StateMethods, DeepSpeedMethods):
         # that share one GPU, where NCCL refuses them).
         staged = "cuda" if cuda and backend != "nccl" else None
         if comm is None:
-            comm = comm_mod.init(backend, c.comm_timeout_s, bool(c.comm_debug), staged)
+            comm = comm_mod.init(backend, c.comm.timeout_s, bool(c.comm.debug), staged)
         self.comm = comm
         if self.comm.device != self.device:
             raise ConfigError([f"comm.backend: the model is on {self.device} but the '{self.comm.backend}' "
                                f"communicator moves {self.comm.device} buffers; use 'nccl' (or 'auto') for CUDA "
                                "models, or zerort.comm.init(..., staged='cuda'), and 'mpi' or 'gloo' for CPU "
                                "models"])
-        if c.stage == 3 and c.comm_debug is None:
+        if c.stage == 3 and c.comm.debug is None:
             self.comm.check_each_call()  # Note [checked calls]: ranks that diverge at stage 3 differ in size
         c = self.config = resolve_batch(c, self.comm.size)  # DeepSpeed's batch rule, at this world size
         failfast.install(self.comm.rank, self.comm.size)  # an uncaught error ends every rank
@@ -127,15 +126,12 @@ class Engine(StateMethods, DeepSpeedMethods):
         self._params = params  # every trainable parameter, each once
         self._frozen = frozen
         self.comm._c.reset_scratch_peak()  # the memory report measures from here
-        # The binding takes the Config's fields by their own names (the loss-scale ones count for fp16 only).
-        kwargs = {name: getattr(c, name) for name in _C.ENGINE_OPTIONS}
         units = unit_plan.UnitPlan(model, params, fp32_ids, c) if c.stage == 3 else None
         if units:  # DeepSpeed's element counts become a number of units (zerort.layout.units.prefetch_units)
-            c = self.config = dataclasses.replace(c, prefetch=units.prefetch)
-        if materialize is not None:
-            kwargs["materialize"] = lambda g, idx: materialize([self._groups[g][i] for i in idx])
+            c = self.config = replace(c, stage3={"prefetch": units.prefetch})
+        fill = None if materialize is None else lambda g, idx: materialize([self._groups[g][i] for i in idx])
         self._impl = _C.Engine(self._groups[0], self._groups[1], self.comm._c, units=units.specs if units else [],
-                               **kwargs)
+                               options=native.engine_options(c), materialize=fill)  # zerort.config.native
         if materialize is not None:  # the real parameters replace the meta ones everywhere
             real = lambda ps: [materialize.replaced.get(id(p), p) for p in ps]
             self._groups = [real(g) for g in self._groups]
@@ -201,7 +197,8 @@ class Engine(StateMethods, DeepSpeedMethods):
                 self._units.in_backward = True  # recomputed forwards keep their units
             try:
                 with torch.enable_grad():  # the scaling multiply must be part of the graph
-                    scale = self._impl.loss_scale * (1 if scale_wrt_gas else self.config.gradient_accumulation_steps)
+                    gas = self.config.batch.gradient_accumulation_steps
+                    scale = self._impl.loss_scale * (1 if scale_wrt_gas else gas)
                     (loss.float() * scale).backward(retain_graph=retain_graph)
             finally:
                 if self._units:
@@ -244,7 +241,8 @@ class Engine(StateMethods, DeepSpeedMethods):
                 self.lr_scheduler.step(**(lr_kwargs or {}))  # as DeepSpeed: after every applied update
             if self._monitor:  # one all-gather, every rank; the row holds the lr after the update, as DeepSpeed
                 self._monitor.after_update(self, s)
-        samples = (self.config.train_micro_batch_size_per_gpu or 0) * self.config.gradient_accumulation_steps
+        batch = self.config.batch
+        samples = (batch.train_micro_batch_size_per_gpu or 0) * batch.gradient_accumulation_steps
         self.tput_timer.stop(s["boundary"], samples * self.world_size)
         self._progress.after_step(s, self)
         return s
@@ -282,15 +280,16 @@ class Engine(StateMethods, DeepSpeedMethods):
         them). It is an error after backward() and before step(), where part of the
         gradients may already be reduced on other ranks, and at stages 0 and 1 inside an
         accumulation window, where it would drop the window's local sum."""
-        inside = self._impl.micro_steps % self.config.gradient_accumulation_steps and self.config.stage < 2
+        gas = self.config.batch.gradient_accumulation_steps
+        inside = self._impl.micro_steps % gas and self.config.stage < 2
         if self._backward_since_step:
             raise UsageError("engine.zero_grad(): called after backward() and before the step(); part of these "
                                 "gradients may already be reduced on other ranks. zerort zeroes gradients after "
                                 "every step() that ends the window: call zero_grad() (if at all) after step()")
         if inside:
             raise UsageError(f"engine.zero_grad(): called at stages 0 and 1 inside an accumulation window "
-                                f"(micro-step {self._impl.micro_steps % self.config.gradient_accumulation_steps} of "
-                                f"{self.config.gradient_accumulation_steps}), where it would drop the window's "
+                                f"(micro-step {self._impl.micro_steps % gas} of "
+                                f"{gas}), where it would drop the window's "
                                 "gradients, which this rank holds until the window ends; call it after the step() "
                                 "that ends the window")
 
@@ -374,7 +373,7 @@ class Engine(StateMethods, DeepSpeedMethods):
     def set_lr(self, lr):
         """Sets every param group's learning rate for the next steps. Not with a config
         lr_schedule, which decides the lr at every step."""
-        if self.config.lr_schedule is not None:
+        if self.config.optimizer.lr_schedule is not None:
             raise UsageError("set_lr: this engine has an lr_schedule in its config, which sets the "
                                "lr every step; remove lr_schedule to set the lr by hand")
         if not (isinstance(lr, (int, float)) and math.isfinite(lr) and lr >= 0):

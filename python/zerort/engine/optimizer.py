@@ -47,8 +47,9 @@ class ZeroOptimizer(torch.optim.Optimizer):
 
     def __init__(self, engine, param_groups=None):
         c = engine.config
-        defaults = {"lr": c.lr, "betas": tuple(c.betas), "eps": c.eps, "weight_decay": c.weight_decay,
-                    "bias_correction": c.bias_correction}
+        o = c.optimizer
+        defaults = {"lr": o.lr, "betas": tuple(o.betas), "eps": o.eps, "weight_decay": o.weight_decay,
+                    "bias_correction": o.bias_correction}
         groups = _normalize(engine, param_groups)
         self._engine = weakref.ref(engine)  # owned by the engine: no reference cycle
         self._in_step = False
@@ -115,7 +116,7 @@ class ZeroOptimizer(torch.optim.Optimizer):
         names its group and changes nothing). A config lr_schedule sets every group's lr
         for the next Adam step."""
         engine = self._live()
-        schedule = engine.config.lr_schedule
+        schedule = engine.config.optimizer.lr_schedule
         if schedule is not None:
             lr = schedule(engine._impl.adam_steps + 1)
             for g in self.param_groups:

@@ -35,12 +35,12 @@ def model_device(model):
 def scheduler(config, optimizer, given):
     """The engine's lr schedule: the config's scheduler section, or the one given (a
     schedule, or a function optimizer -> schedule), or None."""
-    if given is not None and (config.scheduler is not None or config.lr_schedule is not None):
-        key = "scheduler" if config.scheduler is not None else "lr_schedule"
+    if given is not None and (config.optimizer.scheduler is not None or config.optimizer.lr_schedule is not None):
+        key = "scheduler" if config.optimizer.scheduler is not None else "lr_schedule"
         raise ConfigError([f"{key}: the config has one and initialize() was given lr_scheduler= too; keep one of "
                            "them"])
     if given is None:
-        return lr_schedules.build(config.scheduler, optimizer)
+        return lr_schedules.build(config.optimizer.scheduler, optimizer)
     schedule = given(optimizer) if callable(given) and not hasattr(given, "step") else given
     moved = getattr(schedule, "optimizer", optimizer)
     if moved is not optimizer and [id(g) for g in moved.param_groups] != [id(g) for g in optimizer.param_groups]:

@@ -1,8 +1,8 @@
 """Stage 3's units: the modules whose parameters are gathered together before the module's
 forward (and again for its backward) and freed together after it.
 
-    units = choose_units(model, unit_modules=config.unit_modules,
-                         persistence_threshold=config.persistence_threshold)
+    units = choose_units(model, unit_modules=config.stage3.unit_modules,
+                         persistence_threshold=config.stage3.persistence_threshold)
     names = unit_names(model, units)     # ["transformer.h.0 (GPT2Block)", ...]
 
 The units come back in registration order (``model.modules()``, pre-order; for layers kept
@@ -192,7 +192,7 @@ class UnitPlan:
     """Which Engine unit each parameter belongs to, and which modules enter which unit."""
 
     def __init__(self, model, params, fp32_ids, config):
-        units = choose_units(model, config.unit_modules, config.persistence_threshold)
+        units = choose_units(model, config.stage3.unit_modules, config.stage3.persistence_threshold)
         names = unit_names(model, units)
         owners = {}
         for u, module in enumerate(units):
@@ -206,7 +206,7 @@ class UnitPlan:
             if id(p) in fp32_ids:
                 continue
             us = owners.get(id(p), set())
-            if len(us) == 1 and id(p) not in outside and p.numel() >= config.persistence_threshold:
+            if len(us) == 1 and id(p) not in outside and p.numel() >= config.stage3.persistence_threshold:
                 members[next(iter(us))].append(index[id(p)])
             else:
                 persistent.append(index[id(p)])
@@ -226,18 +226,18 @@ class UnitPlan:
 
 
 def prefetch_units(numels, config):
-    """Units gathered ahead: config.prefetch, or from DeepSpeed's element counts: as many
+    """Units gathered ahead: config.stage3.prefetch, or from DeepSpeed's element counts: as many
     units (of the mean size) as fit in stage3_prefetch_bucket_size, and no more than
     stage3_max_live_parameters leaves room for beside the largest unit running. Never more
     than the units that follow the first: the hooks walk that many ahead on every unit, and
     a bucket of 5e7 elements over small units counts millions."""
-    ahead = config.prefetch
-    if numels and (config.prefetch_numel is not None or config.max_live_numel is not None):
+    ahead = config.stage3.prefetch
+    if numels and (config.stage3.prefetch_numel is not None or config.stage3.max_live_numel is not None):
         mean, largest = sum(numels) / len(numels), max(numels)
-        if config.prefetch_numel is not None:
-            ahead = int(config.prefetch_numel // max(mean, 1))
-        if config.max_live_numel is not None:
-            ahead = min(ahead, max(0, config.max_live_numel // max(largest, 1) - 1))
+        if config.stage3.prefetch_numel is not None:
+            ahead = int(config.stage3.prefetch_numel // max(mean, 1))
+        if config.stage3.max_live_numel is not None:
+            ahead = min(ahead, max(0, config.stage3.max_live_numel // max(largest, 1) - 1))
     return min(ahead, max(len(numels) - 1, 0))
 
 

@@ -41,9 +41,9 @@ class Monitor:
         self.csv = self.csv_file = self.tensorboard = None
         if self.rank != 0:
             return
-        if c.monitor_csv is not None:
-            os.makedirs(c.monitor_csv, exist_ok=True)
-            path = os.path.join(c.monitor_csv, CSV_NAME)
+        if c.monitor.csv is not None:
+            os.makedirs(c.monitor.csv, exist_ok=True)
+            path = os.path.join(c.monitor.csv, CSV_NAME)
             header = columns(self.groups, self.world)
             if os.path.exists(path) and os.path.getsize(path):  # a resumed run appends to its file
                 with open(path, newline="") as f:
@@ -56,10 +56,10 @@ class Monitor:
             if not self.csv_file.tell():
                 self.csv.writerow(header)
             self.csv_file.flush()
-        if c.monitor_tensorboard is not None:
+        if c.monitor.tensorboard is not None:
             from torch.utils.tensorboard import SummaryWriter  # needs the tensorboard package
 
-            self.tensorboard = SummaryWriter(log_dir=c.monitor_tensorboard)
+            self.tensorboard = SummaryWriter(log_dir=c.monitor.tensorboard)
 
     def forward(self, args, kwargs):
         """Counts a training forward's tokens (evaluation forwards are not training throughput)."""
@@ -86,7 +86,7 @@ class Monitor:
         self.loss_sum, self.loss_count, self.tokens, self.peak = 0.0, 0, 0, 0
         if self.rank != 0:
             return
-        count, gas = float(every[:, 1].sum()), engine.config.gradient_accumulation_steps
+        count, gas = float(every[:, 1].sum()), engine.config.batch.gradient_accumulation_steps
         row = {"step": engine.global_steps,
                "loss": float(every[:, 0].sum()) / (self.world * gas) if count else float("nan")}
         row.update({f"lr{k}": g["lr"] for k, g in enumerate(engine.optimizer.param_groups)})
@@ -148,4 +148,4 @@ DISABLED = _Disabled()
 def make(engine):
     """The engine's monitor, or None when the config asks for none."""
     c = engine.config
-    return Monitor(engine) if c.monitor_csv is not None or c.monitor_tensorboard is not None else None
+    return Monitor(engine) if c.monitor.csv is not None or c.monitor.tensorboard is not None else None

@@ -31,8 +31,8 @@ def announce(engine, launch_env):
 
 class Progress:
     def __init__(self, engine):  # keeps no reference to the engine, which owns it
-        self.every = engine.config.steps_per_print
-        self.clock = engine.config.wall_clock_breakdown
+        self.every = engine.config.monitor.steps_per_print
+        self.clock = engine.config.monitor.wall_clock_breakdown
         self.rank = engine.rank
         self.window = dict.fromkeys(MICRO, 0.0)
         self.step_started = None

@@ -367,7 +367,8 @@ def _window(engine, meta, saved):
     """The saved counters with micro_steps in this engine's accumulation window: a
     checkpoint saved at a boundary resumes at a boundary whatever gradient_accumulation_steps
     the two runs use (the world size may change it)."""
-    gas, saved_gas = engine.config.gradient_accumulation_steps, meta["config"].get("gradient_accumulation_steps", 1)
+    gas = engine.config.batch.gradient_accumulation_steps
+    saved_gas = meta["config"].get("gradient_accumulation_steps", 1)  # See Note [saved config names]
     inside = saved["micro_steps"] - saved["global_step"] * saved_gas
     if inside and gas != saved_gas:
         raise CheckpointError(f"the checkpoint was saved {inside} micro-steps into an accumulation window of "

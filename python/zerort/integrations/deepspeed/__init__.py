@@ -126,14 +126,14 @@ def optimizer_groups(optimizer, model_parameters, model, who="deepspeed.initiali
 def dataloader(engine, dataset, collate_fn=None):
     """DeepSpeed's training_data loader: a DistributedSampler over this rank's share, one
     micro batch per step."""
-    micro = engine.config.train_micro_batch_size_per_gpu
+    micro = engine.config.batch.train_micro_batch_size_per_gpu
     if micro is None:
         raise ConfigError(["train_micro_batch_size_per_gpu: not set; training_data= needs it (or train_batch_size) "
                            "to batch the dataset"])
     sampler = torch.utils.data.distributed.DistributedSampler(dataset, num_replicas=engine.world_size,
                                                               rank=engine.rank)
     return torch.utils.data.DataLoader(dataset, batch_size=micro, sampler=sampler, collate_fn=collate_fn,
-                                       drop_last=engine.config.dataloader_drop_last)
+                                       drop_last=engine.config.batch.dataloader_drop_last)
 
 
 def add_config_arguments(parser):

@@ -35,7 +35,6 @@ several ranks need TrainingArguments(use_cpu=True): accelerate otherwise believe
 is alone, and zerort says so.
 """
 import contextlib
-import dataclasses
 import os
 
 import torch
@@ -43,7 +42,7 @@ import transformers
 from transformers.optimization import get_scheduler
 
 from zerort.engine import lr_schedules
-from zerort.config import parse, read_config
+from zerort.config import parse, read_config, replace
 from zerort.integrations.deepspeed import optimizer_groups
 from zerort.engine import initialize
 from zerort.errors import ConfigError, Error, UsageError
@@ -202,11 +201,11 @@ class Trainer(transformers.Trainer):
         if self.engine is not None:
             return self.engine
         c = self._zerort_config()
-        gas = c.gradient_accumulation_steps
+        gas = c.batch.gradient_accumulation_steps
         # The Trainer owns the window (its last one in an epoch may be short): the engine
         # steps once per window, and every micro-batch's backward adds to it.
-        c = dataclasses.replace(c, gradient_accumulation_steps=1, train_batch_size=None,
-                                train_micro_batch_size_per_gpu=c.train_micro_batch_size_per_gpu * gas)
+        c = replace(c, batch={"gradient_accumulation_steps": 1, "train_batch_size": None,
+                              "train_micro_batch_size_per_gpu": c.batch.train_micro_batch_size_per_gpu * gas})
         self.engine = initialize(self.model, c, weights=getattr(self.model, "_zerort_weights", None),
                                  param_groups=self._param_groups())
         if self.engine.world_size != self.args.world_size:

@@ -155,4 +155,4 @@ def scheduler_spec(section, args, num_training_steps):
     f.match("scheduler.params.total_num_steps", num_training_steps, "max_steps (the number of training steps)")
     f.match("scheduler.params.warmup_num_steps", max(1, args.get_warmup_steps(num_training_steps)),
             "warmup_steps")
-    return parse(f.finish(), form="deepspeed").scheduler
+    return parse(f.finish(), form="deepspeed").optimizer.scheduler

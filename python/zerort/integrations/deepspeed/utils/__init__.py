@@ -115,7 +115,7 @@ def safe_get_full_grad(param):
         return None
     engine._impl.reduce_now()
     impl = engine._impl
-    denominator = impl.loss_scale * engine.world_size * engine.config.gradient_accumulation_steps
+    denominator = impl.loss_scale * engine.world_size * engine.config.batch.gradient_accumulation_steps
     return _full(param, "grad", "safe_get_full_grad", engine) / denominator
 
 

@@ -1,0 +1,167 @@
+"""The Config: frozen sections, one per concern, and the few settings that are global.
+
+    c = zerort.config.parse({"stage": 3, "optimizer": {"lr": 3e-4}})
+    c.optimizer.lr, c.loss_scale.window, c.stage3.prefetch, c.comm.backend, c.batch.train_batch_size
+    c = zerort.config.replace(c, stage3={"prefetch": 2})   # a new Config; c is frozen
+
+The parser (zerort.config.parser, zerort.config.deepspeed_form) fills the sections from our
+form or DeepSpeed's; the keys users write do not follow this shape one to one (DeepSpeed's
+fp16.loss_scale_window is loss_scale.window here). The sections that reach the C++ Engine
+map onto its options structs field by field (zerort.config.native): See Note [options by name]
+(python/engine_bindings.cpp).
+"""
+import dataclasses
+from typing import Callable, Optional
+
+from zerort.errors import ConfigError
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class Optimizer:
+    """AdamW, clipping and the lr schedule: the C++ OptimizerOptions' adamw, gradient_clipping
+    and state_dtype (runtime/shard_optimizer.h)."""
+    lr: float = 1e-3
+    betas: tuple = (0.9, 0.999)
+    eps: float = 1e-8
+    weight_decay: float = 0.01
+    bias_correction: bool = True  # false: Adam's moments uncorrected (DeepSpeed's optimizer.params.bias_correction)
+    state_dtype: str = "fp32"  # Adam's m and v: "fp32" or "bf16" (DeepSpeed's bf16.bf16_optimizer_states)
+    gradient_clipping: float = 0.0  # max global L2 norm; 0 disables
+    lr_schedule: Optional[Callable[[int], float]] = None  # Adam step n (1-based) -> every group's lr
+    scheduler: Optional[dict] = None  # {"type": name, "params": {...}}: zerort.engine.lr_schedules
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class LossScale:
+    """fp16's loss scaler: the C++ LossScalerOptions (runtime/loss_scaler.h). bf16 and fp32
+    use a static scale of 1."""
+    initial_scale_power: int = 16
+    window: int = 1000
+    hysteresis: int = 2
+    min_scale: float = 1.0
+    consecutive_hysteresis: bool = False
+    static: float = 0.0  # > 0: a fixed loss scale (DeepSpeed's fp16.loss_scale); 0: dynamic
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class Batch:
+    """DeepSpeed's batch sizes: train_batch_size = micro batch x accumulation steps x world
+    size (resolve_batch)."""
+    train_micro_batch_size_per_gpu: Optional[int] = None
+    # None (DeepSpeed's form without the key): derived from train_batch_size at initialize,
+    # by resolve_batch; a given value is checked against it instead.
+    gradient_accumulation_steps: Optional[int] = 1
+    train_batch_size: Optional[int] = None
+    dataloader_drop_last: bool = False  # zerort.integrations.deepspeed.initialize's training_data loader
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class Stage3:
+    """Stage 3's units (zerort.layout.units) and how far ahead they are gathered."""
+    prefetch: int = 1  # units gathered ahead of the one running
+    persistence_threshold: int = 0
+    unit_modules: tuple = ()
+    prefetch_numel: Optional[int] = None  # DeepSpeed form: sets prefetch from unit sizes
+    max_live_numel: Optional[int] = None  # DeepSpeed form: caps prefetch from unit sizes
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class Comm:
+    """The communicator zerort.initialize creates (zerort.comm.init)."""
+    backend: str = "auto"
+    timeout_s: float = 600.0
+    debug: Optional[bool] = None  # check every collective across ranks first (None: at stage 3 only)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class Monitor:
+    """What rank 0 prints and writes (zerort.monitoring)."""
+    csv: Optional[str] = None  # folder of the monitor's metrics.csv
+    tensorboard: Optional[str] = None  # folder of the monitor's TensorBoard events
+    steps_per_print: Optional[int] = None  # print step, lr and betas every N updates
+    wall_clock_breakdown: bool = False  # print DeepSpeed's fwd/bwd/step timings
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class Config:
+    """A validated configuration (zerort.config.parse makes one). The top-level fields are
+    the global ones; stage and reduce_bucket_numel are the C++ EngineOptions' own."""
+    stage: int = 2
+    precision: str = "bf16"  # compute: "bf16", "fp16" or "fp32"
+    reduce_bucket_numel: int = 1 << 24  # stages 0-2; stage 3 reduces per unit
+    max_consecutive_skips: int = 100  # skipped (non-finite) steps in a row before training stops
+    fp32_modules: tuple = ()  # changes to zerort.layout.precision's norm rule: "Name" adds a class, "-Name" removes it
+    optimizer: Optimizer = dataclasses.field(default_factory=Optimizer)
+    loss_scale: LossScale = dataclasses.field(default_factory=LossScale)
+    batch: Batch = dataclasses.field(default_factory=Batch)
+    stage3: Stage3 = dataclasses.field(default_factory=Stage3)
+    comm: Comm = dataclasses.field(default_factory=Comm)
+    monitor: Monitor = dataclasses.field(default_factory=Monitor)
+
+
+SECTIONS = {f.name: f.default_factory for f in dataclasses.fields(Config)  # name -> section class
+            if f.default_factory is not dataclasses.MISSING}
+
+
+def replace(c, **changes):
+    """c with changes, a section's fields given as a dict: replace(c, stage=3, stage3={"prefetch":
+    2}) changes stage and stage3.prefetch and keeps every other value (a section object
+    replaces the whole section)."""
+    for name, v in changes.items():
+        if name in SECTIONS and isinstance(v, dict):
+            changes[name] = dataclasses.replace(getattr(c, name), **v)
+    return dataclasses.replace(c, **changes)
+
+
+def resolve_batch(c, world_size):
+    """c with DeepSpeed's batch rule applied at world_size: two of train_batch_size,
+    train_micro_batch_size_per_gpu and gradient_accumulation_steps give the third
+    (train_batch_size = micro x accumulation x world size); raises ConfigError when the
+    three do not agree."""
+    b = c.batch
+    micro, total, gas = b.train_micro_batch_size_per_gpu, b.train_batch_size, b.gradient_accumulation_steps
+    given, gas = gas is not None, 1 if gas is None else gas
+    if total is not None and micro is not None and not given:
+        if total % (micro * world_size):
+            raise ConfigError([f"train_batch_size: got {total}; it must be a multiple of "
+                               f"train_micro_batch_size_per_gpu ({micro}) x world size ({world_size}) = "
+                               f"{micro * world_size} (the quotient is "
+                               "gradient_accumulation_steps)"])
+        gas = total // (micro * world_size)
+    elif total is not None and micro is None:
+        if total % (gas * world_size):
+            raise ConfigError([f"train_batch_size: got {total}; it must be a multiple of gradient_accumulation_steps "
+                               f"({gas}) x world size ({world_size}) = {gas * world_size} (the quotient is "
+                               "train_micro_batch_size_per_gpu)"])
+        micro = total // (gas * world_size)
+    if micro is not None and total is not None and total != micro * gas * world_size:
+        raise ConfigError([f"train_batch_size: got {total}; it must equal train_micro_batch_size_per_gpu "
+                           f"({micro}) x gradient_accumulation_steps ({gas}) x world size ({world_size}) = "
+                           f"{micro * gas * world_size}"])
+    total = micro * gas * world_size if micro is not None else None
+    return replace(c, batch={"train_micro_batch_size_per_gpu": micro, "train_batch_size": total,
+                             "gradient_accumulation_steps": gas})
+
+
+# Note [saved config names]: a checkpoint's meta.json holds the Config as one flat dict
+# (zerort.state.checkpoint reads gradient_accumulation_steps back from it), under the names
+# the fields had before the Config had sections, so checkpoints of either age read alike:
+# a section's field is saved under its own name, except these.
+SAVED_NAMES = {("optimizer", "state_dtype"): "optimizer_state_dtype",
+               ("loss_scale", "window"): "loss_scale_window", ("loss_scale", "min_scale"): "min_loss_scale",
+               ("loss_scale", "static"): "static_loss_scale", ("comm", "backend"): "comm_backend",
+               ("comm", "timeout_s"): "comm_timeout_s", ("comm", "debug"): "comm_debug",
+               ("monitor", "csv"): "monitor_csv", ("monitor", "tensorboard"): "monitor_tensorboard"}
+
+
+def to_dict(c):
+    """c as the flat dict a checkpoint saves (Note [saved config names]); lr_schedule as its repr."""
+    d = {}
+    for f in dataclasses.fields(c):
+        if f.name not in SECTIONS:
+            d[f.name] = getattr(c, f.name)
+            continue
+        for name, v in dataclasses.asdict(getattr(c, f.name)).items():
+            d[SAVED_NAMES.get((f.name, name), name)] = v
+    d["lr_schedule"] = None if c.optimizer.lr_schedule is None else repr(c.optimizer.lr_schedule)
+    return d
