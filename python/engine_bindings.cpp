@@ -5,6 +5,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <tuple>
 #include <utility>
 
 #include "core/dtype.h"
@@ -187,18 +188,18 @@ void bind_engine(py::module_& m) {
   // Deleted without the GIL (python/without_gil.h): ~Engine joins the comm thread.
   py::class_<Engine, std::shared_ptr<Engine>>(m, "Engine")
       .def(py::init([](std::vector<at::Tensor> params, std::vector<at::Tensor> fp32_params, Communicator& comm,
-                       std::vector<std::pair<std::vector<size_t>, bool>> units, EngineOptions o,
+                       std::vector<std::tuple<std::vector<size_t>, bool, std::string>> units, EngineOptions o,
                        const py::object& materialize) {
              o.materialize = materializer(materialize);
-             std::vector<UnitSpec> specs;  // stage 3: (parameter indices, persistent)
-             for (auto& [ps, persistent] : units) specs.push_back({std::move(ps), persistent});
+             std::vector<UnitSpec> specs;  // stage 3: (parameter indices, persistent, name)
+             for (auto& [ps, persistent, name] : units) specs.push_back({std::move(ps), persistent, std::move(name)});
              py::gil_scoped_release release;  // the initial broadcast is a collective
              return owned_without_gil(
                  std::make_unique<Engine>(std::move(params), comm, o, std::move(fp32_params), std::move(specs)));
            }),
            py::keep_alive<1, 4>(),  // the engine holds the communicator by reference
            py::arg("params"), py::arg("fp32_params"), py::arg("comm"),
-           py::arg("units") = std::vector<std::pair<std::vector<size_t>, bool>>{},
+           py::arg("units") = std::vector<std::tuple<std::vector<size_t>, bool, std::string>>{},
            py::arg("options") = EngineOptions(), py::arg("materialize") = py::none())
       .def("step", [](Engine& e) {
         StepStats s;

@@ -91,11 +91,11 @@ double ms_since(std::chrono::steady_clock::time_point t0) {
 
 Engine::Engine(std::vector<at::Tensor> params, Communicator& comm, EngineOptions options,
                std::vector<at::Tensor> fp32_params, std::vector<UnitSpec> units)
-    : comm_(comm), options_(validated(options)), device_(common_device(params, fp32_params, comm)) {
-  const bool replicated = options_.stage == 0, stage3 = options_.stage == 3;
-  ZRT_CHECK(stage3 || units.empty(), "Engine: units are for stage 3; stages 0-2 plan their buckets by size");
+    : comm_(comm), options_(validated(options)), policy_(ReducePolicy::for_stage(options_.stage)),
+      device_(common_device(params, fp32_params, comm)) {
+  ZRT_CHECK(policy_.units || units.empty(), "Engine: units are for stage 3; stages 0-2 plan their buckets by size");
   const auto f32 = at::TensorOptions().dtype(at::kFloat).device(device_);
-  size_t opt_total = 0;
+  size_t opt_total = 0, bucket_count = 0;
   auto add_group = [&](std::vector<at::Tensor> ps, DType dtype, const char* what, const std::vector<UnitSpec>& plan) {
     check_params(ps, what);
     auto g = std::make_unique<Group>();
@@ -118,12 +118,12 @@ Engine::Engine(std::vector<at::Tensor> params, Communicator& comm, EngineOptions
     for (size_t u = 0; u < plans.size(); ++u) {
       Bucket b;
       b.group = groups_.size();
+      b.index = bucket_count++;
       b.params = plans[u].params;
       b.layout = plans[u].layout;
-      b.persistent = plan.empty() || plan[u].persistent;
       b.flat_offset = flat;
       b.opt_offset = opt_total;
-      b.opt_numel = replicated ? b.layout.padded_numel() : b.layout.shard_numel();
+      b.opt_numel = policy_.replicated ? b.layout.padded_numel() : b.layout.shard_numel();
       for (size_t j = 0; j < b.params.size(); ++j) {
         g->param_offset[b.params[j]] = flat + b.layout.param_offset(j);
         g->param_bucket[b.params[j]] = g->buckets.size();
@@ -135,27 +135,32 @@ Engine::Engine(std::vector<at::Tensor> params, Communicator& comm, EngineOptions
     }
     const int64_t padded = static_cast<int64_t>(flat);
     const auto opts = at::TensorOptions().dtype(scalar_type(dtype)).device(device_);
-    if (!stage3) g->flat_params = at::empty({padded}, opts);
-    for (Bucket& b : g->buckets) {  // stage 3: storage of its own, emptied while released
-      b.full = stage3 ? at::empty({static_cast<int64_t>(b.layout.padded_numel())}, opts)
-                      : g->flat_params.narrow(0, static_cast<int64_t>(b.flat_offset),
-                                              static_cast<int64_t>(b.layout.padded_numel()));
-      if (stage3 && !b.persistent) {  // units start released: gathered from the master on use
-        set_storage_bytes(b.full, 0);
-        b.state = Bucket::State::kReleased;
-        b.viewed = false;
+    if (!policy_.units) g->flat_params = at::empty({padded}, opts);
+    for (size_t u = 0; u < g->buckets.size(); ++u) {  // unit b.index of units_, in the same order
+      const Bucket& b = g->buckets[u];
+      const int64_t bn = static_cast<int64_t>(b.layout.padded_numel());
+      // Units: storage of their own, emptied while released (See Note [released storage]);
+      // they start released unless persistent. Otherwise a view of the group's flat buffer.
+      at::Tensor full = policy_.units ? at::empty({bn}, opts)
+                                      : g->flat_params.narrow(0, static_cast<int64_t>(b.flat_offset), bn);
+      std::vector<UnitCache::ParamView> views;
+      for (size_t j = 0; j < b.params.size(); ++j) {
+        views.push_back({&g->params[b.params[j]], static_cast<int64_t>(b.layout.param_offset(j)),
+                         static_cast<int64_t>(b.layout.param_numel(j)), g->shapes[b.params[j]]});
       }
+      units_.add(std::move(full), b.layout.padded_numel() * dtype_size(dtype), plan.empty() || plan[u].persistent,
+                 std::move(views), plan.empty() ? std::string() : plan[u].name);
     }
-    if (!sharded_grads()) g->flat_grads = at::zeros({padded}, opts);  // stages 0, 1: whole
+    if (!policy_.packs()) g->flat_grads = at::zeros({padded}, opts);  // stages 0, 1: whole
     g->opt_offset = g->buckets.empty() ? opt_total : g->buckets.front().opt_offset;
     g->opt_numel = opt_total - g->opt_offset;
     groups_.push_back(std::move(g));
   };
   add_group(std::move(params), options_.optimizer.precision, "parameter", units);
-  ZRT_CHECK(!stage3 || !units.empty() || groups_[0]->params.empty(),
+  ZRT_CHECK(!policy_.units || !units.empty() || groups_[0]->params.empty(),
             "Engine: stage 3 needs units (UnitSpec) covering the parameters");
   std::vector<UnitSpec> fp32_units;  // stage 3: FP32-module parameters stay whole
-  if (stage3 && !fp32_params.empty()) {
+  if (policy_.units && !fp32_params.empty()) {
     fp32_units.push_back({{}, true});
     for (size_t i = 0; i < fp32_params.size(); ++i) fp32_units[0].params.push_back(i);
   }
@@ -163,31 +168,28 @@ Engine::Engine(std::vector<at::Tensor> params, Communicator& comm, EngineOptions
   at::Tensor master = at::empty({static_cast<int64_t>(opt_total)}, f32);
   for (auto& g : groups_) {
     for (Bucket& b : g->buckets) fill_bucket(*g, b, master);
-    for (size_t i = 0; i < g->params.size() && !sharded_grads(); ++i) {
+    for (size_t i = 0; i < g->params.size() && !policy_.packs(); ++i) {
       at::Tensor& p = g->params[i];
       const int64_t off = static_cast<int64_t>(g->param_offset[i]);
       p.mutable_grad() = g->flat_grads.narrow(0, off, p.numel()).view(p.sizes());
     }
   }
-  size_t largest_pack = 0;
+  std::vector<GradPacker::BucketShape> packs;
   for (auto& g : groups_) {
     reported_.emplace_back(g->params.size(), false);
     for (Bucket& b : g->buckets) {
       b.waiting = b.params.size();
-      b.packed.assign(b.params.size(), false);
-      b.index = buckets_.size();
       buckets_.push_back(&b);
-      largest_pack = std::max(largest_pack, b.layout.padded_numel() * dtype_size(g->dtype));
+      packs.push_back({b.params.size(), b.layout.padded_numel() * dtype_size(g->dtype), scalar_type(g->dtype)});
     }
   }
-  if (options_.stage == 2) {  // two pack buffers: one filling while the other is reduced
-    for (auto& slot : pack_pool_) slot = at::empty({static_cast<int64_t>(largest_pack)}, bytes_options());
-  }
+  packer_ = std::make_unique<GradPacker>(std::move(packs), policy_.pack == ReducePolicy::Pack::kPooled,
+                                         bytes_options());
 
   OptimizerOptions optimizer = options_.optimizer;
-  optimizer.replicated = replicated;  // stage 0: every rank holds the whole state
+  optimizer.replicated = policy_.replicated;  // stage 0: every rank holds the whole state
   optimizer_ = std::make_unique<ShardOptimizer>(master, comm_, optimizer);
-  if (replicated) {  // stage 0 reduces each bucket into this scratch shard first
+  if (policy_.replicated) {  // stage 0 reduces each bucket into this scratch shard first
     size_t largest = 0;
     for (Bucket* b : buckets_) largest = std::max(largest, b->layout.shard_numel());
     stage0_scratch_ = at::empty({static_cast<int64_t>(largest)}, f32);
@@ -248,10 +250,12 @@ void Engine::fill_bucket(Group& g, Bucket& b, at::Tensor& master) {
   }
   const int64_t shard = static_cast<int64_t>(b.layout.shard_numel());
   master.narrow(0, static_cast<int64_t>(b.opt_offset), static_cast<int64_t>(b.opt_numel))
-      .copy_(options_.stage == 0 ? f : f.narrow(0, comm_.rank() * shard, shard));
-  const bool whole = b.state == Bucket::State::kGathered;  // stage-3 units start released
-  if (whole) cast_from_f32_on(device_, f.data_ptr<float>(), b.full.data_ptr(), g.dtype, static_cast<size_t>(bn));
-  set_views(b, whole);  // the parameters' own (or materialized) values are freed here
+      .copy_(policy_.replicated ? f : f.narrow(0, comm_.rank() * shard, shard));
+  const bool whole = units_.gathered(b.index);  // stage-3 units start released
+  if (whole) {
+    cast_from_f32_on(device_, f.data_ptr<float>(), units_.full(b.index).data_ptr(), g.dtype, static_cast<size_t>(bn));
+  }
+  units_.set_views(b.index, whole);  // the parameters' own (or materialized) values are freed here
 }
 
 Engine::~Engine() {
@@ -271,6 +275,10 @@ Engine::~Engine() {
 }
 
 StepStats Engine::step() {
+  return naming_units([&] { return step_unnamed(); });
+}
+
+StepStats Engine::step_unnamed() {
   StepStats stats;
   stats.loss_scale = optimizer_->loss_scale();
   auto t0 = std::chrono::steady_clock::now();
@@ -292,16 +300,16 @@ StepStats Engine::step() {
     if (!saw_backward_) ++missed_backward_;
     saw_backward_ = false;
   }
+  stats.boundary = next_is_boundary();  // See Note [accumulation boundary]
   ++micro_steps_;
-  stats.boundary = micro_steps_ % options_.optimizer.gradient_accumulation_steps == 0;
   if (stats.boundary) update(stats);
   return stats;
 }
 
 char* Engine::own_chunk(const Bucket& b) const {
   const size_t esize = dtype_size(groups_[b.group]->dtype);
-  char* base = static_cast<char*>(b.full.data_ptr());
-  return options_.stage == 0 ? base : base + static_cast<size_t>(comm_.rank()) * b.layout.shard_numel() * esize;
+  char* base = static_cast<char*>(units_.full(b.index).data_ptr());
+  return policy_.replicated ? base : base + static_cast<size_t>(comm_.rank()) * b.layout.shard_numel() * esize;
 }
 
 std::vector<Engine::Bucket*> Engine::whole_buckets() const {
@@ -309,7 +317,7 @@ std::vector<Engine::Bucket*> Engine::whole_buckets() const {
   // persistent ones and units held by hold_gathered (after drain, none is in flight).
   std::vector<Bucket*> out;
   for (Bucket* b : buckets_) {
-    if (b->state == Bucket::State::kGathered) out.push_back(b);
+    if (units_.gathered(b->index)) out.push_back(b);
   }
   return out;
 }
@@ -333,7 +341,7 @@ void Engine::update(StepStats& stats) {
     ++skipped_steps_;
     return;
   }
-  if (options_.stage == 0) return;  // every rank updated all of its weights itself
+  if (policy_.replicated) return;  // every rank updated all of its weights itself
   auto t1 = std::chrono::steady_clock::now();
   // Two in flight at a time: the backend pipelines them, and a staged communicator holds
   // staging buffers for two buckets, not the whole model.
@@ -344,7 +352,7 @@ void Engine::update(StepStats& stats) {
       gathers.front()->wait();
       gathers.pop_front();
     }
-    gathers.push_back(comm_.all_gather(own_chunk(*b), b->full.data_ptr(), b->layout.shard_numel(),
+    gathers.push_back(comm_.all_gather(own_chunk(*b), units_.full(b->index).data_ptr(), b->layout.shard_numel(),
                                        groups_[b->group]->dtype, static_cast<int64_t>(b->index)));
   }
   for (auto& w : gathers) w->wait();

@@ -26,8 +26,7 @@
 // Stage 3 keeps only shards. Its buckets are the units the caller plans (UnitSpec): each
 // unit's low-precision copy is cast from this rank's FP32 master and all-gathered on the
 // comm thread when the caller asks (gather / prefetch, from module hooks), and its memory
-// is returned by release(): the storage is resized to zero, so even the views autograd
-// saved for backward hold nothing until the unit is gathered again into the same storage.
+// is returned by release() (See Note [released storage], runtime/unit_cache.h).
 // A unit whose gradients are all reported is reduce-scattered on the comm thread and
 // released. Persistent units (small, shared or root parameters) stay gathered.
 #pragma once
@@ -42,14 +41,21 @@
 #include <exception>
 #include <memory>
 #include <mutex>
+#include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "comm/communicator.h"
+#include "core/error.h"
 #include "optim/adamw.h"
 #include "partition/shard_layout.h"
+#include "runtime/grad_packer.h"
 #include "runtime/loss_scaler.h"
+#include "runtime/reduce_policy.h"
 #include "runtime/shard_optimizer.h"
+#include "runtime/unit_cache.h"
+#include "runtime/unit_names.h"
 
 namespace zerort {
 
@@ -73,10 +79,14 @@ struct EngineOptions {
 
 // Stage 3: one unit of `params` (indices into it), gathered and released as one. A
 // persistent unit is gathered once and kept (parameters too small or too shared to shard
-// by use). The units of a stage-3 engine cover every parameter exactly once.
+// by use). The units of a stage-3 engine cover every parameter exactly once. name: what
+// errors call the unit (See Note [unit names]); empty for none.
 struct UnitSpec {
+  UnitSpec(std::vector<size_t> params = {}, bool persistent = false, std::string name = {})
+      : params(std::move(params)), persistent(persistent), name(std::move(name)) {}
   std::vector<size_t> params;
-  bool persistent = false;
+  bool persistent;
+  std::string name;
 };
 
 class Engine {
@@ -100,6 +110,13 @@ class Engine {
   ShardOptimizer& optimizer() { return *optimizer_; }  // non-finite diagnostics (python/zerort/engine/nonfinite.py)
   const EngineOptions& options() const { return options_; }
   const c10::Device& device() const { return device_; }  // the model's: CPU or CUDA
+  // Note [accumulation boundary]: micro-steps count every step() since the start (a loaded
+  // checkpoint sets the count); the window is gradient_accumulation_steps of them, and the
+  // step() that ends it updates. micro_step_in_window() is the micro-steps already in the
+  // open window (0 at its start); next_is_boundary() whether the next step() ends it. The
+  // one place this rule lives: Python asks these (engine.is_gradient_accumulation_boundary).
+  int64_t micro_step_in_window() const { return micro_steps_ % options_.optimizer.gradient_accumulation_steps; }
+  bool next_is_boundary() const { return micro_step_in_window() + 1 == options_.optimizer.gradient_accumulation_steps; }
 
   // Backward hook entry: parameter i of group g (0: params, 1: fp32_params) has its full
   // gradient for this micro-step. Thread-safe; returns quickly.
@@ -160,7 +177,7 @@ class Engine {
   // the gradient pack buffers (stage 2's two, plus the largest one-off buffer; stage 3's
   // per-unit ones) and the low-precision parameters held for good (stages 0-2: the flat
   // buffers; stage 3: the persistent units).
-  const at::Tensor& grad_shard() const { return optimizer_->grad_shard(); }
+  const at::Tensor& grad_shard() const { return optimizer_->state().grad(); }
   const at::Tensor& stage0_scratch() const { return stage0_scratch_; }
   size_t pack_buffer_bytes() const;
   size_t resident_param_bytes() const;
@@ -173,34 +190,33 @@ class Engine {
   void start_gather_locked(Bucket& b);
   void release_locked(std::unique_lock<std::mutex>& lock, Bucket& b, bool hand_off = false);
   void gather_on_comm_thread(Bucket& b);
-  void set_views(Bucket& b, bool whole);  // the parameters view b's storage, or are empty
   void fill_bucket(Group& g, Bucket& b, at::Tensor& master);  // starting values (constructor)
   Bucket& unit(size_t index, const char* what);  // bucket `index`, checked, at stage 3
   void wait_gathered_locked(std::unique_lock<std::mutex>& lock, Bucket& b);
   void enqueue_ready_locked();
   void comm_loop();
   bool reducing_now() const;      // does this micro-step reduce (stage 2, or a boundary)?
-  bool sharded_grads() const { return options_.stage >= 2; }  // no whole low-precision grads
-  int acquire_slot_locked(Bucket& b);             // a free pack buffer for b, or -1 (mu_ held)
-  void ensure_pack_buffer_locked(Bucket& b);      // a pool slot, else a one-off buffer
-  void* pack_buffer(Bucket& b);
   at::TensorOptions bytes_options() const;        // uint8 on the model's device
   void pack_locked(Bucket& b, size_t param);      // param's grad into b's pack buffer; frees it
+  StepStats step_unnamed();  // step() before Note [unit names]
   void update(StepStats& stats);
+  // f(), its zerort::Error naming the units behind the tags it lists: See Note [unit names].
+  template <typename F>
+  auto naming_units(F&& f) -> decltype(f());
   char* own_chunk(const Bucket& b) const;      // this rank's part of b's working copy
   std::vector<Bucket*> whole_buckets() const;  // buckets whose working copy is held
   at::Tensor optimizer_slice(const at::Tensor& t, size_t group) const;
 
   Communicator& comm_;
   EngineOptions options_;
+  ReducePolicy policy_;  // the stage's meaning, decided once: See Note [reduce policy]
   c10::Device device_;
   std::vector<std::unique_ptr<Group>> groups_;
   std::vector<Bucket*> buckets_;               // every group's buckets, in reduce order
   std::unique_ptr<ShardOptimizer> optimizer_;  // this rank's FP32 master, m, v, gradient
   at::Tensor stage0_scratch_;                  // stage 0: one bucket's reduced shard, FP32
-  at::Tensor pack_pool_[2];                    // stage 2: bucket gradient pack buffers (bytes)
-  Bucket* slot_owner_[2] = {nullptr, nullptr};
-  size_t overflow_peak_ = 0;                   // largest one-off pack buffer (out-of-order grads)
+  UnitCache units_;  // every bucket's working copy (unit b is bucket b): See Note [unit cache]
+  std::unique_ptr<GradPacker> packer_;  // mu_ held; See Note [grad packer]
   int64_t micro_steps_ = 0, global_step_ = 0, skipped_steps_ = 0;
   bool saw_backward_ = false;       // a backward pass ran in this micro-step
   int64_t missed_backward_ = 0;     // micro-steps of this window without one
@@ -212,8 +228,6 @@ class Engine {
   std::condition_variable cv_;
   std::deque<std::pair<Op, size_t>> queue_;
   bool busy_ = false;         // the comm thread is running an op
-  int held_ = 0;              // hold_gathered() depth
-  size_t gathered_bytes_ = 0, gathered_peak_ = 0;
   size_t next_to_queue_ = 0;  // buckets are queued strictly in order, on every rank alike
   size_t reduced_ = 0;        // buckets the comm thread finished this round
   bool round_open_ = false;   // a backward pass of this micro-step started reducing
@@ -224,5 +238,16 @@ class Engine {
   std::exception_ptr comm_error_;
   std::thread comm_thread_;
 };
+
+template <typename F>
+auto Engine::naming_units(F&& f) -> decltype(f()) {
+  try {
+    return f();
+  } catch (const Error& e) {
+    const std::string more = unit_names_suffix(e.what(), units_);  // names are fixed: no lock
+    if (more.empty()) throw;
+    rethrow_with(more);
+  }
+}
 
 }  // namespace zerort

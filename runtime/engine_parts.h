@@ -1,5 +1,5 @@
-// Engine's inner parts (buckets and groups), shared by engine.cpp, engine_reduce.cpp and
-// engine_units.cpp only.
+// Engine's inner parts (buckets and groups), shared by engine.cpp, engine_reduce.cpp,
+// engine_units.cpp and engine_state.cpp only.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -26,7 +26,8 @@ inline at::ScalarType scalar_type(DType d) {
 }
 
 // A run of consecutive parameters (in reduce order) with its own W-way shard layout; at
-// stage 3, a unit.
+// stage 3, a unit. Its working copy is unit `index` of the Engine's UnitCache, its pack
+// buffer bucket `index` of its GradPacker.
 struct Engine::Bucket {
   size_t group = 0;
   size_t index = 0;            // in buckets_: the reduce order, and the collectives' tag
@@ -35,19 +36,8 @@ struct Engine::Bucket {
   size_t flat_offset = 0;      // in the group's flat buffers
   size_t opt_offset = 0;       // in the optimizer's master
   size_t opt_numel = 0;        // shard_numel (stages 1-3) or padded_numel (stage 0)
-  // The low-precision working copy: a view of the group's flat buffer (stages 0-2), or a
-  // tensor of its own whose storage is emptied while the unit is released (stage 3).
-  at::Tensor full;
-  bool persistent = true;      // stage 3: false for a unit gathered on use
-  enum class State { kReleased, kGathering, kGathered } state = State::kGathered;
   bool queued = false;         // its reduce is queued this round
-  bool viewed = true;          // its parameters view `full` (stage 3: false while released)
   size_t waiting = 0;          // parameters whose gradient is not complete yet
-  // Stage 2: the pack buffer holding this bucket's low-precision gradients (a pool slot,
-  // or -1), and which parameters' gradients were already copied into it.
-  int slot = -1;
-  at::Tensor overflow;  // a one-off buffer when both slots are taken by later buckets
-  std::vector<bool> packed;
 };
 
 struct Engine::Group {
@@ -61,9 +51,5 @@ struct Engine::Group {
   at::Tensor flat_params, flat_grads;
   size_t opt_offset = 0, opt_numel = 0;
 };
-
-// Frees (nbytes 0) or allocates the storage behind t, keeping the StorageImpl that every
-// view of t shares (engine_units.cpp).
-void set_storage_bytes(const at::Tensor& t, size_t nbytes);
 
 }  // namespace zerort

@@ -24,21 +24,22 @@ const at::Tensor& Engine::flat_grads(size_t g) const { return group(g).flat_grad
 at::Tensor Engine::optimizer_slice(const at::Tensor& t, size_t g) const {
   return t.narrow(0, static_cast<int64_t>(group(g).opt_offset), static_cast<int64_t>(group(g).opt_numel));
 }
-at::Tensor Engine::master(size_t g) const { return optimizer_slice(optimizer_->master(), g); }
-at::Tensor Engine::exp_avg(size_t g) const { return optimizer_slice(optimizer_->exp_avg(), g); }
-at::Tensor Engine::exp_avg_sq(size_t g) const { return optimizer_slice(optimizer_->exp_avg_sq(), g); }
-at::Tensor Engine::grad(size_t g) const { return optimizer_slice(optimizer_->grad_shard(), g); }
+at::Tensor Engine::master(size_t g) const { return optimizer_slice(optimizer_->state().master(), g); }
+at::Tensor Engine::exp_avg(size_t g) const { return optimizer_slice(optimizer_->state().exp_avg(), g); }
+at::Tensor Engine::exp_avg_sq(size_t g) const { return optimizer_slice(optimizer_->state().exp_avg_sq(), g); }
+at::Tensor Engine::grad(size_t g) const { return optimizer_slice(optimizer_->state().grad(), g); }
 
 at::Tensor Engine::gather_master(size_t g) const {
   const Group& grp = group(g);
   const int64_t padded = grp.buckets.empty() ? 0 : static_cast<int64_t>(grp.buckets.back().flat_offset +
                                                                         grp.buckets.back().layout.padded_numel());
   at::Tensor out = at::empty({padded}, at::TensorOptions().dtype(at::kFloat).device(device_));
-  const float* master = optimizer_->master().data_ptr<float>();
+  const at::Tensor& all = optimizer_->state().master();
+  const float* master = all.data_ptr<float>();
   for (const Bucket& b : grp.buckets) {
-    if (options_.stage == 0) {  // every rank holds it all
+    if (policy_.replicated) {  // every rank holds it all
       out.narrow(0, static_cast<int64_t>(b.flat_offset), static_cast<int64_t>(b.opt_numel))
-          .copy_(optimizer_->master().narrow(0, static_cast<int64_t>(b.opt_offset), static_cast<int64_t>(b.opt_numel)));
+          .copy_(all.narrow(0, static_cast<int64_t>(b.opt_offset), static_cast<int64_t>(b.opt_numel)));
     } else {
       comm_.all_gather(master + b.opt_offset, out.data_ptr<float>() + b.flat_offset, b.opt_numel,
                        DType::kFloat32, static_cast<int64_t>(b.index))->wait();
@@ -63,12 +64,12 @@ void Engine::load_counters(const Counters& c) {
 }
 
 void Engine::refresh_params() {
-  const float* master = optimizer_->master().data_ptr<float>();
+  const float* master = optimizer_->state().master().data_ptr<float>();
   for (Bucket* b : whole_buckets()) {  // released units are cast from the master when gathered
     const DType dtype = groups_[b->group]->dtype;
     cast_from_f32_on(device_, master + b->opt_offset, own_chunk(*b), dtype, b->opt_numel);
-    if (options_.stage != 0) {
-      comm_.all_gather(own_chunk(*b), b->full.data_ptr(), b->layout.shard_numel(), dtype,
+    if (!policy_.replicated) {
+      comm_.all_gather(own_chunk(*b), units_.full(b->index).data_ptr(), b->layout.shard_numel(), dtype,
                        static_cast<int64_t>(b->index))->wait();
     }
   }

@@ -49,37 +49,33 @@ ShardOptimizer::ShardOptimizer(at::Tensor master, Communicator& comm, OptimizerO
                 master.is_contiguous(),
             "ShardOptimizer: master must be a contiguous 1-D float32 tensor");
   check_device_supported(master.device(), "ShardOptimizer's master");
-  master_ = std::move(master);
-  const auto f32 = at::TensorOptions().dtype(at::kFloat).device(master_.device());
-  const auto states = f32.dtype(options_.state_dtype == DType::kBFloat16 ? at::kBFloat16 : at::kFloat);
-  exp_avg_ = at::zeros({master_.numel()}, states);
-  exp_avg_sq_ = at::zeros({master_.numel()}, states);
-  grad_shard_ = at::zeros({master_.numel()}, f32);
+  state_ = std::make_unique<InMemoryStateStore>(std::move(master), options_.state_dtype);
 }
 
 bool ShardOptimizer::step(const std::vector<OutputSegment>& outputs, StepStats& stats, int64_t missed_backward) {
   for (const auto& seg : outputs) {
-    ZRT_CHECK(seg.offset + seg.numel <= static_cast<size_t>(master_.numel()) && (seg.out || seg.numel == 0),
+    ZRT_CHECK(seg.offset + seg.numel <= static_cast<size_t>(state_->numel()) && (seg.out || seg.numel == 0),
               "ShardOptimizer.step: output segment [", seg.offset, ", ", seg.offset + seg.numel,
-              ") lies outside the master of ", master_.numel(), " elements, or has no buffer");
+              ") lies outside the master of ", state_->numel(), " elements, or has no buffer");
   }
   auto t0 = std::chrono::steady_clock::now();
   auto elapsed_ms = [&] {
     return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   };
-  const size_t n = static_cast<size_t>(master_.numel());
+  at::Tensor& grad = state_->grad();
+  const size_t n = static_cast<size_t>(state_->numel());
   stats.loss_scale = scaler_.scale();
   AdamWStep s;
   s.step = adam_steps_ + 1;
   const double denominator = scaler_.scale() * comm_.size() * options_.gradient_accumulation_steps;
-  GradStats local = unscale_and_check_on(master_.device(), grad_shard_.data_ptr<float>(), n,
+  GradStats local = unscale_and_check_on(grad.device(), grad.data_ptr<float>(), n,
                                          static_cast<float>(1.0 / denominator));
   Decision global;
   try {  // the one decision, the same on every rank
     global = decide_step(comm_, {static_cast<int64_t>(local.nonfinite), local.sum_squares, missed_backward},
                          options_.replicated, options_.gradient_accumulation_steps);
   } catch (...) {
-    grad_shard_.zero_();  // the window is dropped on every rank alike
+    grad.zero_();  // the window is dropped on every rank alike
     throw;
   }
   stats.nonfinite = global.nonfinite;
@@ -88,7 +84,7 @@ bool ShardOptimizer::step(const std::vector<OutputSegment>& outputs, StepStats& 
   if (stats.nonfinite > 0 || !std::isfinite(global.sum_squares)) {
     stats.skipped = true;
     record_nonfinite();
-    grad_shard_.zero_();
+    grad.zero_();
     stats.optimizer_ms = elapsed_ms();
     scaler_.update(true);  // may throw at the minimum scale, on every rank alike
     return false;
@@ -110,7 +106,7 @@ bool ShardOptimizer::step(const std::vector<OutputSegment>& outputs, StepStats& 
   }
   adamw_range(done, n - done, nullptr, DType::kFloat32, s);
   scaler_.update(false);
-  grad_shard_.zero_();
+  grad.zero_();
   stats.optimizer_ms = elapsed_ms();
   return true;
 }
@@ -136,19 +132,10 @@ void ShardOptimizer::adamw_range(size_t lo, size_t n, void* out, DType dtype, co
       }
     }
     s.hyper = hypers_[group];
-    void* at = out ? static_cast<char*>(out) + (pos - lo) * dtype_size(dtype) : nullptr;
-    const size_t state_bytes = dtype_size(options_.state_dtype);
-    AdamWBuffers b;
-    b.grad = grad_shard_.data_ptr<float>() + pos;
-    b.grad_dtype = DType::kFloat32;
-    b.master = master_.data_ptr<float>() + pos;
-    b.exp_avg = static_cast<char*>(exp_avg_.data_ptr()) + pos * state_bytes;
-    b.exp_avg_sq = static_cast<char*>(exp_avg_sq_.data_ptr()) + pos * state_bytes;
-    b.state_dtype = options_.state_dtype;
-    b.param = at;
+    AdamWBuffers b = state_->span(pos, stop - pos);
+    b.param = out ? static_cast<char*>(out) + (pos - lo) * dtype_size(dtype) : nullptr;
     b.param_dtype = dtype;
-    b.n = stop - pos;
-    adamw_step_on(master_.device(), b, s);
+    adamw_step_on(state_->master().device(), b, s);
     pos = stop;
   }
 }
@@ -162,10 +149,10 @@ void ShardOptimizer::set_hyper_groups(std::vector<AdamWHyper> hypers, std::vecto
   std::sort(regions.begin(), regions.end());
   int64_t end = 0;
   for (const auto& r : regions) {
-    ZRT_CHECK(r[0] >= end && r[1] >= 0 && r[0] + r[1] <= master_.numel() && r[2] >= 0 &&
+    ZRT_CHECK(r[0] >= end && r[1] >= 0 && r[0] + r[1] <= state_->numel() && r[2] >= 0 &&
                   r[2] < static_cast<int64_t>(hypers.size()),
               "ShardOptimizer: hyper region [", r[0], ", ", r[0] + r[1], ") of group ", r[2],
-              " overlaps another, lies outside the shard of ", master_.numel(), " elements, or names no group");
+              " overlaps another, lies outside the shard of ", state_->numel(), " elements, or names no group");
     end = r[0] + r[1];
   }
   hypers_ = std::move(hypers);
@@ -174,8 +161,8 @@ void ShardOptimizer::set_hyper_groups(std::vector<AdamWHyper> hypers, std::vecto
 
 void ShardOptimizer::set_watch_regions(std::vector<std::array<int64_t, 3>> regions) {
   for (const auto& r : regions) {
-    ZRT_CHECK(r[0] >= 0 && r[1] >= 0 && r[0] + r[1] <= master_.numel(), "ShardOptimizer: watch region [",
-              r[0], ", ", r[0] + r[1], ") (id ", r[2], ") lies outside the shard of ", master_.numel(),
+    ZRT_CHECK(r[0] >= 0 && r[1] >= 0 && r[0] + r[1] <= state_->numel(), "ShardOptimizer: watch region [",
+              r[0], ", ", r[0] + r[1], ") (id ", r[2], ") lies outside the shard of ", state_->numel(),
               " elements");
   }
   watch_regions_ = std::move(regions);
@@ -183,8 +170,9 @@ void ShardOptimizer::set_watch_regions(std::vector<std::array<int64_t, 3>> regio
 
 void ShardOptimizer::record_nonfinite() {
   if (watch_regions_.empty()) return;
-  if (grad_shard_.device().is_cpu()) {
-    const float* g = grad_shard_.data_ptr<float>();
+  const at::Tensor& grad = state_->grad();
+  if (grad.device().is_cpu()) {
+    const float* g = grad.data_ptr<float>();
     for (const auto& r : watch_regions_) {
       const float* begin = g + r[0];
       if (std::any_of(begin, begin + r[1], [](float x) { return !std::isfinite(x); })) {
@@ -195,7 +183,7 @@ void ShardOptimizer::record_nonfinite() {
   }
   // On the device: a prefix count of non-finite values, read at each region's two ends, so
   // only 2 numbers per region come to the host, not the shard.
-  const at::Tensor prefix = at::cumsum(at::logical_not(at::isfinite(grad_shard_)), 0, at::kLong);
+  const at::Tensor prefix = at::cumsum(at::logical_not(at::isfinite(grad)), 0, at::kLong);
   const int64_t k = static_cast<int64_t>(watch_regions_.size());
   at::Tensor ends = at::empty({2 * k}, at::TensorOptions().dtype(at::kLong));
   int64_t* e = ends.data_ptr<int64_t>();

@@ -1,5 +1,6 @@
 // ShardOptimizer: the optimizer half of every ZeRO stage. Owns this rank's FP32 master,
-// Adam m and v and FP32 gradient shard, and the loss scaler. One step: the fused unscale /
+// Adam m and v and FP32 gradient shard (in an OptimizerStateStore: See Note [optimizer
+// state store]), and the loss scaler. One step: the fused unscale /
 // non-finite / sum-of-squares pass, the step's decision exchange so every rank takes the same
 // skip-or-clip decision, the fused AdamW that also writes the low-precision shard.
 #pragma once
@@ -8,11 +9,13 @@
 
 #include <array>
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "comm/communicator.h"
 #include "optim/adamw.h"
 #include "runtime/loss_scaler.h"
+#include "runtime/optimizer_state.h"
 
 namespace zerort {
 
@@ -50,12 +53,15 @@ struct StepStats {
 class ShardOptimizer {
  public:
   // master: this rank's FP32 shard (the optimizer keeps this tensor). The same numel on
-  // every rank.
+  // every rank. The state is kept in memory (InMemoryStateStore).
   ShardOptimizer(at::Tensor master, Communicator& comm, OptimizerOptions options);
 
+  // The FP32 state: master, m, v and the gradient. See Note [optimizer state store].
+  OptimizerStateStore& state() { return *state_; }
+  const OptimizerStateStore& state() const { return *state_; }
   // Accumulate gradients here (sum over ranks and micro-steps, still loss-scaled).
-  at::Tensor& grad_shard() { return grad_shard_; }
-  const at::Tensor& grad_shard() const { return grad_shard_; }
+  at::Tensor& grad_shard() { return state_->grad(); }
+  const at::Tensor& grad_shard() const { return state_->grad(); }
 
   // One optimizer step from grad_shard(); writes the new weights to the output segments
   // (which must lie inside the master) and zeroes grad_shard(). Returns false when the
@@ -76,10 +82,10 @@ class ShardOptimizer {
   void set_hyper_groups(std::vector<AdamWHyper> hypers, std::vector<std::array<int64_t, 3>> regions);
   const std::vector<AdamWHyper>& hyper_groups() const { return hypers_; }
   const OptimizerOptions& options() const { return options_; }
-  const at::Tensor& master() const { return master_; }
+  const at::Tensor& master() const { return state_->master(); }
   const LossScaler::State& scaler_state() const { return scaler_.state(); }
-  const at::Tensor& exp_avg() const { return exp_avg_; }
-  const at::Tensor& exp_avg_sq() const { return exp_avg_sq_; }
+  const at::Tensor& exp_avg() const { return state_->exp_avg(); }
+  const at::Tensor& exp_avg_sq() const { return state_->exp_avg_sq(); }
 
   // Diagnostics for skipped steps. Regions {offset, numel, id} of the gradient shard, for
   // example each parameter's piece with the parameter's index as id. When a step is
@@ -98,7 +104,7 @@ class ShardOptimizer {
   Communicator& comm_;
   OptimizerOptions options_;
   LossScaler scaler_;
-  at::Tensor master_, exp_avg_, exp_avg_sq_, grad_shard_;
+  std::unique_ptr<OptimizerStateStore> state_;
   int64_t adam_steps_ = 0;
   std::vector<AdamWHyper> hypers_;                     // one per param group
   std::vector<std::array<int64_t, 3>> hyper_regions_;  // sorted by offset

@@ -145,7 +145,7 @@ def _layout_groups(engine_groups, numel, lp, units=None):
     low, fp32 = ([numel(p) for p in ps] for ps in engine_groups)
     if units is None:
         return [g for g in (Group(low, lp), Group(fp32, 4)) if g.numels]
-    groups = [Group([low[i] for i in ps], lp, persistent) for ps, persistent in units.specs]
+    groups = [Group([low[i] for i in ps], lp, persistent) for ps, persistent, _ in units.specs]
     return groups + ([Group(fp32, 4, True)] if fp32 else [])
 
 

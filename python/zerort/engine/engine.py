@@ -225,8 +225,7 @@ class Engine(StateMethods, DeepSpeedMethods):
                 self.optimizer.step()
             finally:
                 self.optimizer._in_step = False
-        names = self._units.naming() if self._units else contextlib.nullcontext()
-        with self._phase("step"), names:  # the step's decision names diverging units too
+        with self._phase("step"):  # the step's errors name diverging stage-3 units (C++ Note [unit names])
             s = self._nonfinite.step(self._impl.step)
         self._backward_since_step = False
         self._step_applied = s["boundary"] and not s["skipped"]

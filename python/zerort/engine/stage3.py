@@ -21,12 +21,10 @@ Engine when a unit is needed:
 What released means: See Note [released storage] (runtime/unit_cache.h).
 """
 import contextlib
-import re
 import weakref
 
 import torch
 
-from zerort.errors import Error
 
 
 class UnitHooks:
@@ -34,7 +32,6 @@ class UnitHooks:
 
     def __init__(self, engine, model, plan, prefetch):
         self.prefetch = prefetch
-        self.names = plan.names
         self.in_backward = False  # set by Engine.backward: a recomputed forward keeps its unit
         self.depth = [0] * len(plan.modules)  # forwards of the unit running now
         self.units = len(plan.modules)  # Engine units 0..units-1 in forward order; the persistent one follows
@@ -62,15 +59,13 @@ class UnitHooks:
         def hook(module, args):
             impl = self._impl(ref)
             if self.in_backward:  # a recomputation (which may stop early): gather, keep
-                with self.naming():
-                    impl.gather(u)
+                impl.gather(u)
                 return
             if self.depth[u] == 0:
-                with self.naming():
-                    impl.gather(u)
-                    for k in range(1, self.prefetch + 1):
-                        if u + k < self.units:
-                            impl.prefetch(u + k)
+                impl.gather(u)  # its errors name the units (C++ Note [unit names])
+                for k in range(1, self.prefetch + 1):
+                    if u + k < self.units:
+                        impl.prefetch(u + k)
             self.depth[u] += 1
         return hook
 
@@ -91,25 +86,11 @@ class UnitHooks:
     def _pre_backward(self, ref, u):
         def hook(grad):
             impl = self._impl(ref)
-            with self.naming():
-                impl.gather(u)
-                for k in range(1, self.prefetch + 1):
-                    if u - k >= 0:
-                        impl.prefetch(u - k)
+            impl.gather(u)
+            for k in range(1, self.prefetch + 1):
+                if u - k >= 0:
+                    impl.prefetch(u - k)
         return hook
-
-    @contextlib.contextmanager
-    def naming(self):
-        """A collective's error names the units behind the tags it lists (ranks that take
-        different paths through the model gather different units)."""
-        try:
-            yield
-        except Error as e:
-            tags = sorted({int(t) for t in re.findall(r"tag=(\d+)", str(e)) if int(t) < len(self.names)})
-            if not tags:
-                raise
-            named = ", ".join(f"tag {t} = {self.names[t]!r}" for t in tags)
-            raise type(e)(f"{e}\n(stage-3 units: {named})") from e
 
 
 @contextlib.contextmanager

@@ -210,18 +210,19 @@ class UnitPlan:
                 members[next(iter(us))].append(index[id(p)])
             else:
                 persistent.append(index[id(p)])
-        # Engine units in forward (registration) order, then the persistent one.
+        # Engine units in forward (registration) order, then the persistent one. specs: the
+        # Engine's UnitSpecs, (parameter indices, persistent, name); its errors name units.
         self.specs, self.names, self.modules = [], [], []  # per Engine unit
         for module, name, ps in zip(units, names, members):
             if ps:
-                self.specs.append((ps, False))
+                self.specs.append((ps, False, name))
                 self.names.append(name)
                 self.modules.append(module)
         if persistent:
-            self.specs.append((persistent, True))
+            self.specs.append((persistent, True, "persistent"))
             self.names.append("persistent")
         group = [p for p in params if id(p) not in fp32_ids]
-        self.numels = [sum(group[i].numel() for i in ps) for ps, persistent in self.specs if not persistent]
+        self.numels = [sum(group[i].numel() for i in ps) for ps, persistent, _ in self.specs if not persistent]
         self.prefetch = prefetch_units(self.numels, config)
 
 
