@@ -197,6 +197,10 @@ class Engine {
   void comm_loop();
   bool reducing_now() const;      // does this micro-step reduce (stage 2, or a boundary)?
   at::TensorOptions bytes_options() const;        // uint8 on the model's device
+  // grad_ready's steps (mu_ held): the first report of (g, i) in this round, else a
+  // UsageError; the gradient moved where the policy keeps it until the reduce.
+  void report_locked(size_t g, size_t i);
+  void take_gradient_locked(Bucket& b, size_t param);
   void pack_locked(Bucket& b, size_t param);      // param's grad into b's pack buffer; frees it
   StepStats step_unnamed();  // step() before Note [unit names]
   void update(StepStats& stats);

@@ -23,6 +23,16 @@ void Engine::grad_ready(size_t g, size_t i) {
   std::unique_lock<std::mutex> lock(mu_);
   saw_backward_ = true;
   if (!reducing_now()) return;  // stage 0/1 between boundaries: autograd keeps accumulating
+  report_locked(g, i);
+  Bucket& b = groups_[g]->buckets[groups_[g]->param_bucket[i]];
+  take_gradient_locked(b, i);
+  if (b.waiting > 0) --b.waiting;
+  // A unit whose gradients are all in is not needed by this backward any more.
+  if (policy_.units && b.waiting == 0) release_locked(lock, b);
+  enqueue_ready_locked();
+}
+
+void Engine::report_locked(size_t g, size_t i) {
   if (reported_[g][i]) {
     throw UsageError(__FILE__, __LINE__,
                      detail::concat("Engine: parameter ", i, " of group ", g, " got a second gradient in one "
@@ -33,19 +43,17 @@ void Engine::grad_ready(size_t g, size_t i) {
   }
   reported_[g][i] = true;
   round_open_ = true;
-  Bucket& b = groups_[g]->buckets[groups_[g]->param_bucket[i]];
+}
+
+void Engine::take_gradient_locked(Bucket& b, size_t param) {
   if (policy_.pack == ReducePolicy::Pack::kPooled) {
     // Move the gradient into the bucket's pack buffer now, so autograd's copy is freed
     // during backward. With no free buffer it stays put and is packed later.
-    if (packer_->acquire(b.index)) pack_locked(b, i);
+    if (packer_->acquire(b.index)) pack_locked(b, param);
   } else if (policy_.pack == ReducePolicy::Pack::kOwnBuffer) {  // until its reduce is done
     packer_->ensure(b.index);
-    pack_locked(b, i);
-  }
-  if (b.waiting > 0) --b.waiting;
-  // A unit whose gradients are all in is not needed by this backward any more.
-  if (policy_.units && b.waiting == 0) release_locked(lock, b);
-  enqueue_ready_locked();
+    pack_locked(b, param);
+  }  // Pack::kNone: the gradient already lies in the group's flat buffer
 }
 
 at::TensorOptions Engine::bytes_options() const { return at::TensorOptions().dtype(at::kByte).device(device_); }
