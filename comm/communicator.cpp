@@ -2,9 +2,11 @@
 
 #include <algorithm>
 #include <array>
-#include <mutex>
 #include <cstdint>
 #include <cstring>
+#include <mutex>
+#include <optional>
+#include <thread>
 #include <tuple>
 #include <vector>
 
@@ -56,6 +58,34 @@ Communicator::Communicator(int rank, int size, CommOptions options)
             options.timeout.count(), " ms");
 }
 
+void Communicator::delay_calls(DelayedCalls calls, std::chrono::microseconds delay) {
+  const auto index = static_cast<size_t>(calls);
+  ZRT_CHECK_AS(ConfigError, index < delay_us_.size(), "delay_calls: unknown kind of call ", static_cast<int32_t>(calls),
+               "; use gathers or reduces");
+  ZRT_CHECK_AS(ConfigError, delay.count() >= 0, "delay_calls: the delay must be >= 0 us, got ", delay.count());
+  delay_us_[index].store(delay.count());
+}
+
+std::chrono::microseconds Communicator::call_delay(DelayedCalls calls) const {
+  const auto index = static_cast<size_t>(calls);
+  return std::chrono::microseconds(index < delay_us_.size() ? delay_us_[index].load() : 0);
+}
+
+namespace {
+
+// The calls a delay of this kind belongs to, if any: See Note [delayed calls].
+std::optional<DelayedCalls> delayed_calls(Collective kind) {
+  switch (kind) {
+    case Collective::kAllGather: return DelayedCalls::kGathers;
+    case Collective::kAllReduce:
+    case Collective::kReduceScatter:
+    case Collective::kReduceScatterAccumulate: return DelayedCalls::kReduces;
+    default: return std::nullopt;
+  }
+}
+
+}  // namespace
+
 CollectiveDesc Communicator::describe(Collective kind, size_t count, DType dtype, ReduceOp op,
                                       int root, int64_t tag) const {
   CollectiveDesc d;
@@ -92,6 +122,10 @@ void Communicator::check(const CollectiveDesc& d, std::initializer_list<const vo
     }
   }
   calls_.record(d);
+  if (const auto delayed = delayed_calls(d.kind)) {
+    const std::chrono::microseconds delay = call_delay(*delayed);
+    if (delay.count() > 0) std::this_thread::sleep_for(delay);
+  }
   if (checked_.load() && size_ > 1) check_consistent_across_ranks(d);
 }
 

@@ -2,6 +2,7 @@
 // implements. Public calls pass one argument-check funnel and then reach the backend.
 #pragma once
 
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <cstddef>
@@ -13,6 +14,10 @@
 #include "core/dtype.h"
 
 namespace zerort {
+
+// The calls Communicator::delay_calls() slows down: gathers (all_gather) or reduces
+// (all_reduce, reduce_scatter, reduce_scatter_accumulate).
+enum class DelayedCalls : int32_t { kGathers = 0, kReduces = 1 };
 
 struct CommOptions {
   // Every Work::wait() without an explicit timeout uses this.
@@ -46,6 +51,15 @@ class Communicator {
   // its calls (while building an engine, which is collective), and it stays on.
   void check_each_call() { checked_.store(true); }
   bool checks_each_call() const { return checked_.load(); }
+
+  // Note [delayed calls]: a test knob, not for training. From now on every call of the kind
+  // (gathers or reduces) that this rank makes sleeps `delay` in the argument-check funnel,
+  // after its local checks and before its cross-rank check and the backend: on the thread
+  // that calls it, which for an engine's gathers and reduces is the engine's comm thread.
+  // Parity tests delay one kind on some ranks to shake out ordering races; the results must
+  // stay bitwise the same. Zero turns it off; a negative delay is a ConfigError.
+  void delay_calls(DelayedCalls calls, std::chrono::microseconds delay);
+  std::chrono::microseconds call_delay(DelayedCalls calls) const;
   virtual const char* backend_name() const = 0;
   // The buffers it moves are device memory (nccl, or a host backend staged for CUDA).
   virtual bool device_memory() const { return false; }
@@ -130,6 +144,7 @@ class Communicator {
   CallLog calls_;
   std::atomic<int64_t> backend_calls_{0};
   std::atomic<bool> checked_;
+  std::array<std::atomic<int64_t>, 2> delay_us_{};  // per DelayedCalls: See Note [delayed calls]
 };
 
 }  // namespace zerort

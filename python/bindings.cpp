@@ -150,6 +150,16 @@ PYBIND11_MODULE(_C, m) {
       .def_property_readonly("backend_calls", &Communicator::backend_calls)
       .def_property_readonly("checks_each_call", &Communicator::checks_each_call)
       .def("check_each_call", &Communicator::check_each_call)
+      // A test knob: See Note [delayed calls] (comm/communicator.h). kind: "gathers" or "reduces".
+      .def(
+          "delay_calls",
+          [](Communicator& c, const std::string& kind, int64_t microseconds) {
+            ZRT_CHECK_AS(ConfigError, kind == "gathers" || kind == "reduces",
+                         "comm.delay_calls: kind must be 'gathers' or 'reduces', got '", kind, "'");
+            c.delay_calls(kind == "gathers" ? DelayedCalls::kGathers : DelayedCalls::kReduces,
+                          std::chrono::microseconds(microseconds));
+          },
+          py::arg("kind"), py::arg("microseconds"))
       .def("reset_scratch_peak", &Communicator::reset_scratch_peak)
       .def("all_reduce", [](Communicator& c, uintptr_t buf, size_t n, const std::string& dt,
                             const std::string& op) {

@@ -10,8 +10,12 @@
 #include <ATen/core/Generator.h>
 #include <ATen/CPUGeneratorImpl.h>
 
+#include <gtest/gtest.h>
+
 #include <cmath>
 #include <cstring>
+
+#include "run_ranks.h"
 
 namespace zerort::testing {
 
@@ -24,6 +28,49 @@ constexpr int64_t kBatch = 8;
 
 at::Generator gen(uint64_t seed) { return at::detail::createCPUGenerator(seed); }
 
+// The micro-batch of (step, rank, micro): the same on every process.
+std::pair<at::Tensor, at::Tensor> batch(int step, int rank, int64_t micro) {
+  auto g = gen(static_cast<uint64_t>(step) * 1000003 + static_cast<uint64_t>(rank) * 101 + static_cast<uint64_t>(micro));
+  return {at::randn({kBatch, 13}, g), at::randn({kBatch, 7}, g)};
+}
+
+// Forward in the parameters' dtype, loss in FP32 (as AMP does).
+at::Tensor forward(const std::vector<at::Tensor>& p, const at::Tensor& x, const at::Tensor& y) {
+  auto h = at::tanh(at::addmm(p[1], x.to(p[0].scalar_type()), p[0].t()));
+  auto out = at::addmm(p[4], h, p[3].t());
+  return at::mse_loss(out.to(at::kFloat), y);
+}
+
+void forward_backward(const std::vector<at::Tensor>& p, const at::Tensor& x, const at::Tensor& y, double scale) {
+  (forward(p, x, y) * scale).backward();
+}
+
+at::ScalarType lp_type(DType d) { return d == DType::kBFloat16 ? at::kBFloat16 : at::kHalf; }
+
+// One backward pass (and its forward) as the Python engine runs it. Stage 3, as its module
+// hooks do: each unit gathered before its forward (the next one prefetched), every unit
+// released after forward (the views autograd saved hold no bytes then), then
+// begin_backward() and each unit gathered again, in reverse, before backward.
+void pass(Engine& engine, const std::vector<at::Tensor>& p, const at::Tensor& x, const at::Tensor& y) {
+  if (engine.options().stage != 3) {
+    engine.begin_backward();
+    forward_backward(p, x, y, engine.loss_scale());
+    return;
+  }
+  const size_t units = engine.num_buckets();
+  for (size_t u = 0; u < units; ++u) {
+    if (u + 1 < units) engine.prefetch(u + 1);
+    engine.gather(u);
+  }
+  at::Tensor loss = forward(p, x, y);
+  for (size_t u = 0; u < units; ++u) engine.release(u);
+  engine.begin_backward();
+  for (size_t u = units; u-- > 0;) engine.gather(u);
+  (loss * engine.loss_scale()).backward();
+}
+
+}  // namespace
+
 std::vector<at::Tensor> init_params() {
   auto g = gen(1234);
   std::vector<at::Tensor> ps;
@@ -31,24 +78,7 @@ std::vector<at::Tensor> init_params() {
   return ps;
 }
 
-// The micro-batch of (step, rank, micro): the same on every process.
-std::pair<at::Tensor, at::Tensor> batch(int step, int rank, int64_t micro) {
-  auto g = gen(static_cast<uint64_t>(step) * 1000003 + static_cast<uint64_t>(rank) * 101 + static_cast<uint64_t>(micro));
-  return {at::randn({kBatch, 13}, g), at::randn({kBatch, 7}, g)};
-}
-
-// Forward in the parameters' dtype, loss in FP32 (as AMP does), backward of loss * scale.
-void forward_backward(const std::vector<at::Tensor>& p, const at::Tensor& x, const at::Tensor& y,
-                      double scale) {
-  auto h = at::tanh(at::addmm(p[1], x.to(p[0].scalar_type()), p[0].t()));
-  auto out = at::addmm(p[4], h, p[3].t());
-  auto loss = at::mse_loss(out.to(at::kFloat), y);
-  (loss * scale).backward();
-}
-
-at::ScalarType lp_type(DType d) { return d == DType::kBFloat16 ? at::kBFloat16 : at::kHalf; }
-
-}  // namespace
+std::vector<UnitSpec> default_units() { return {{{0, 1}, false}, {{2}, false}, {{3}, false}, {{4}, true}}; }
 
 EngineOptions default_options(int stage, DType precision) {
   EngineOptions o;
@@ -64,7 +94,11 @@ EngineOptions default_options(int stage, DType precision) {
 
 EngineRun run_engine(Communicator& comm, const RunConfig& config) {
   auto params = init_params();
-  Engine engine(params, comm, config.options);
+  const bool stage3 = config.options.stage == 3;
+  // As the Python engine does at stage 3: See Note [checked calls] (comm/communicator.h).
+  if (stage3) comm.check_each_call();
+  Engine engine(params, comm, config.options, {},
+                stage3 ? (config.units.empty() ? default_units() : config.units) : std::vector<UnitSpec>{});
   EngineRun run;
   const int64_t gas = config.options.optimizer.gradient_accumulation_steps;
   for (int step = 0; step < config.steps; ++step) {
@@ -72,8 +106,7 @@ EngineRun run_engine(Communicator& comm, const RunConfig& config) {
       const bool skip = config.skip_backward && config.skip_backward(step, comm.rank(), micro);
       for (int k = 0; k < config.passes && !skip; ++k) {
         auto [x, y] = batch(step, comm.rank(), micro * config.passes + k);
-        engine.begin_backward();
-        forward_backward(params, x, y, engine.loss_scale());
+        pass(engine, params, x, y);
         for (size_t i = params.size(); config.report_grads && i-- > 0;) engine.grad_ready(0, i);
       }
       if (config.after_backward) config.after_backward(params, step, comm.rank());
@@ -81,16 +114,30 @@ EngineRun run_engine(Communicator& comm, const RunConfig& config) {
     }
     run.scales.push_back(engine.loss_scale());
   }
-  // Back to parameter order (the engine lays parameters out in reversed buckets).
+  // Back to parameter order (the engine lays parameters out in reversed buckets). The
+  // parameters view the working copy: the flat buffer, or (stage 3) every unit, held whole.
   at::Tensor full = engine.gather_master();
-  const auto* bits = static_cast<const uint16_t*>(engine.flat_params().data_ptr());
+  if (stage3) engine.hold_gathered(true);
   for (size_t i = 0; i < params.size(); ++i) {
     const size_t off = engine.param_offset(0, i), n = static_cast<size_t>(params[i].numel());
     run.master.insert(run.master.end(), full.data_ptr<float>() + off, full.data_ptr<float>() + off + n);
-    run.params.insert(run.params.end(), bits + off, bits + off + n);
+    const at::Tensor p = params[i].detach().contiguous();
+    const auto* bits = static_cast<const uint16_t*>(p.data_ptr());
+    run.params.insert(run.params.end(), bits, bits + n);
   }
+  if (stage3) engine.hold_gathered(false);
   run.adam_steps = engine.adam_steps();
   return run;
+}
+
+std::vector<EngineRun> run_all(int world, const RunConfig& config, const std::function<void(Communicator&)>& setup) {
+  std::vector<EngineRun> runs(static_cast<size_t>(world));
+  auto errors = run_ranks(world, [&](Communicator& comm) {
+    if (setup) setup(comm);
+    runs[static_cast<size_t>(comm.rank())] = run_engine(comm, config);
+  });
+  for (size_t r = 0; r < errors.size(); ++r) EXPECT_EQ(errors[r], "") << "rank " << r;
+  return runs;
 }
 
 Reference run_reference(int world, const RunConfig& config, const std::vector<double>& scales) {
@@ -123,13 +170,13 @@ Reference run_reference(int world, const RunConfig& config, const std::vector<do
         off += numel;
       }
       // Autograd sums micro-steps in low precision until the reducing one (stages 0, 1);
-      // stage 2 reduces every micro-step. Each pass of a reducing micro-step is reduced on
-      // its own (the engine's begin_backward()), so it is summed here in FP64.
+      // stages 2 and 3 reduce every micro-step. Each pass of a reducing micro-step is reduced
+      // on its own (the engine's begin_backward()), so it is summed here in FP64.
       for (int64_t micro = 0; micro < gas; ++micro) {
         for (int pass = 0; pass < config.passes; ++pass) {
           auto [x, y] = batch(step, r, micro * config.passes + pass);
           forward_backward(p, x, y, scale);
-          if (stage != 2 && micro != gas - 1) continue;
+          if (stage < 2 && micro != gas - 1) continue;
           size_t k = 0;
           for (auto& t : p) {
             if (!t.grad().defined()) { k += static_cast<size_t>(t.numel()); continue; }

@@ -1,7 +1,7 @@
 // Engine test cases that run on any Communicator (in-process threads or MPI processes):
-// a small MLP trained by the Engine, and a single-process reference that computes the same
-// thing another way (FP64 mean gradient over all ranks' micro-batches, FP64 AdamW on an
-// FP32 master).
+// a small MLP trained by the Engine (stages 0-3), and a single-process reference that
+// computes the same thing another way (FP64 mean gradient over all ranks' micro-batches,
+// FP64 AdamW on an FP32 master).
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -34,10 +34,24 @@ struct RunConfig {
   bool report_grads = false;
   // When it returns true, this rank runs no backward pass in that micro-step.
   std::function<bool(int step, int rank, int64_t micro)> skip_backward;
+  // Stage 3: the Engine's units (default_units() when empty). Each pass gathers them for
+  // forward (prefetching the next), releases them, gathers them again in reverse for
+  // backward, as the Python engine's module hooks do; reported gradients release a unit.
+  std::vector<UnitSpec> units;
 };
 
+// The MLP's parameters (13 -> 31 -> 7 with an empty one): FP32 leaves, the same on every
+// call and every process.
+std::vector<at::Tensor> init_params();
+// Its stage-3 units in forward order: fc1's weight and bias, the empty parameter alone,
+// fc2's weight, and fc2's bias persistent.
+std::vector<UnitSpec> default_units();
 EngineOptions default_options(int stage, DType precision);
 EngineRun run_engine(Communicator& comm, const RunConfig& config);
+// run_engine on W in-process ranks (threads), after setup(comm) on each when given; a rank
+// that throws fails the test.
+std::vector<EngineRun> run_all(int world, const RunConfig& config,
+                               const std::function<void(Communicator&)>& setup = {});
 
 struct Reference {
   std::vector<float> master;

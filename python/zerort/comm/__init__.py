@@ -145,6 +145,19 @@ class Communicator:
         same point of its calls."""
         self._c.check_each_call()
 
+    def delay_calls(self, kind, microseconds):
+        """A test knob, not for training (Note [delayed calls] in comm/communicator.h): from now
+        on this rank sleeps `microseconds` before each of its gathers (kind 'gathers':
+        all_gather) or reduces ('reduces': all_reduce, reduce_scatter,
+        reduce_scatter_accumulate), on the thread that makes the call (an engine's comm
+        thread for its gathers and reduces). 0 turns it off. Parity tests use it to shake out
+        ordering races: the results must stay bitwise the same."""
+        if kind not in ("gathers", "reduces"):
+            raise ConfigError(f"comm.delay_calls: kind must be 'gathers' or 'reduces', got {kind!r}")
+        if isinstance(microseconds, bool) or not isinstance(microseconds, int) or microseconds < 0:
+            raise ConfigError(f"comm.delay_calls: microseconds must be an int >= 0, got {microseconds!r}")
+        self._c.delay_calls(kind, microseconds)
+
     def _staged(self, call, *tensors):
         """Small CPU control tensors (flags, digests, counters) given to a CUDA communicator
         travel through device copies; the results are copied back. Returns the last tensor."""
