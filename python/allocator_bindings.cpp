@@ -1,9 +1,11 @@
 // zerort._C's counting CPU allocator (runtime/counting_allocator.h): install it, read it,
-// start a new peak window, mark a generation. zerort/accounting/phases.py is the Python side.
+// start a new peak window, mark a generation, and a memory phase's boundary in one call
+// (phase_mark). zerort/accounting/phases.py is the Python side.
 #include <torch/extension.h>
 
 #include "core/error.h"
 #include "runtime/counting_allocator.h"
+#include "runtime/engine.h"
 
 namespace py = pybind11;
 using namespace zerort;
@@ -43,4 +45,20 @@ void bind_allocator(py::module_& m) {
      "mark_allocator().");
   m.def("reset_allocator_peak", [] { installed().reset_peak(); },
         "Starts a new peak window: peak := current.");
+  m.def("phase_mark", [](bool reset, bool cpu, Engine* engine) {
+    // The engine's counter first, as zerort.accounting.phases.EngineMemory reads it.
+    int64_t gathered_peak = 0, gathered_bytes = 0;
+    if (engine != nullptr) {
+      gathered_peak = static_cast<int64_t>(engine->gathered_peak());
+      if (reset) engine->reset_gathered_peak();
+      gathered_bytes = static_cast<int64_t>(engine->gathered_bytes());
+    }
+    const PhaseMark a = cpu ? installed().mark_phase(reset) : PhaseMark{};
+    return py::make_tuple(a.current, a.peak, a.start, gathered_peak, gathered_bytes);
+  }, py::arg("reset"), py::arg("cpu"), py::arg("engine") = nullptr,
+     "A memory phase's boundary in one crossing (zerort.accounting.phases): with engine (a "
+     "stage-3 Engine) its gathered_peak, then with reset its reset_gathered_peak(), then its "
+     "gathered_bytes; with cpu the counting allocator's current and peak bytes, then with "
+     "reset its reset_allocator_peak() and the current bytes again. Returns (current, peak, "
+     "start, gathered_peak, gathered_bytes), zeros for the parts not asked for.");
 }

@@ -222,6 +222,9 @@ void bind_engine(py::module_& m) {
       .def_property_readonly("skipped_steps", &Engine::skipped_steps)
       .def_property_readonly("adam_steps", &Engine::adam_steps)
       .def_property_readonly("micro_steps", [](const Engine& e) { return e.counters().micro_steps; })
+      // See Note [accumulation boundary] (runtime/engine.h)
+      .def_property_readonly("micro_step_in_window", &Engine::micro_step_in_window)
+      .def("is_boundary", &Engine::next_is_boundary)
       .def_property_readonly("num_groups", &Engine::num_groups)
       .def("grad_ready", &Engine::grad_ready)  // from post-accumulate-grad hooks
       .def("begin_backward", &Engine::begin_backward, py::call_guard<py::gil_scoped_release>())

@@ -96,6 +96,18 @@ void CountingAllocator::reset_peak() {
   raise_peak(current_.load());  // an allocation between the load and the store still counts
 }
 
+PhaseMark CountingAllocator::mark_phase(bool reset) {
+  const AllocatorStats s = stats();
+  PhaseMark m;
+  m.current = m.start = s.current;
+  m.peak = s.peak;
+  if (reset) {
+    reset_peak();
+    m.start = current_.load();
+  }
+  return m;
+}
+
 bool install_counting_allocator() {
   static std::once_flag once;
   std::call_once(once, [] {

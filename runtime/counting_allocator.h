@@ -17,6 +17,13 @@ struct AllocatorStats {
   int64_t since_mark = 0;  // of `current`, the bytes allocated since the last mark()
 };
 
+// What a memory phase's boundary reads (zerort.accounting.phases, one call per boundary).
+struct PhaseMark {
+  int64_t current = 0;  // live bytes before any reset
+  int64_t peak = 0;     // the peak before any reset
+  int64_t start = 0;    // live bytes after the reset (when there was one): the new window's start
+};
+
 // Each allocation of n bytes takes n + kHeaderBytes from the wrapped allocator; the header in
 // front of the data records n, the owner, the generation (mark()) it was made in and the
 // wrapped allocation's context and deleter.
@@ -41,6 +48,9 @@ class CountingAllocator final : public c10::Allocator {
   AllocatorStats stats() const;
   // Starts a new measurement window: peak := current.
   void reset_peak();
+  // stats(), then with reset a reset_peak(), then the live bytes again: a phase's boundary
+  // in one call (the end of the windows open so far and, with reset, the start of a new one).
+  PhaseMark mark_phase(bool reset);
   // Starts a new generation: since_mark := 0, and from now on it counts the bytes allocated
   // after this call that are still live. Freeing memory allocated before the mark leaves it
   // alone, so it measures what a piece of code allocated and kept, whatever older memory

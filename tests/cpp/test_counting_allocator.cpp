@@ -138,6 +138,26 @@ TEST(CountingAllocator, MarkCountsWhatIsAllocatedAfterItAndKept) {
   EXPECT_EQ(counting.stats().current, 7);
 }
 
+// A memory phase's boundary in one call (zerort._C.phase_mark): the window so far, then with
+// reset a new one starting at what is live.
+TEST(CountingAllocator, MarkPhaseReadsThenStartsANewWindow) {
+  SpyAllocator spy;
+  CountingAllocator counting(&spy);
+  c10::DataPtr kept = counting.allocate(100);
+  { c10::DataPtr temporary = counting.allocate(400); }
+  PhaseMark m = counting.mark_phase(false);
+  EXPECT_EQ(m.current, 100);
+  EXPECT_EQ(m.peak, 500);
+  EXPECT_EQ(m.start, 100);
+  EXPECT_EQ(counting.stats().peak, 500);  // no reset: the window goes on
+  m = counting.mark_phase(true);
+  EXPECT_EQ(m.peak, 500);  // the peak before the reset
+  EXPECT_EQ(m.start, 100);
+  EXPECT_EQ(counting.stats().peak, 100);  // the new window starts at what is live
+  { c10::DataPtr temporary = counting.allocate(30); }
+  EXPECT_EQ(counting.mark_phase(true).peak, 130);
+}
+
 TEST(CountingAllocator, InstalledCountsTorchTensorsOnly) {
   at::Tensor before = at::empty({1000}, at::kFloat);  // freed through the old allocator
   ASSERT_TRUE(install_counting_allocator());

@@ -206,4 +206,4 @@ def test_memory_estimate_follows_the_same_rule():
         groups = model_groups(Net(), 2, "bf16", cfg)
         e = zerort.initialize(Net(), dict(INPROC, stage=2, precision="bf16", fp32_modules=list(change)))
         fp32 = [g for g in groups if g.element_bytes == 4]
-        assert sorted(fp32[0].numels) == sorted(p.numel() for p in e._groups[1]), change
+        assert sorted(fp32[0].numels) == sorted(p.numel() for p in e.param_index.groups[1]), change

@@ -57,8 +57,9 @@ def test_segments_equal_a_walk_over_the_shards(world, stage):
     numels = [0, 1, 7, 4096, 3, 0, 1000, 33] + [rng.randrange(0, 5000) for _ in range(20)]
     params = [torch.empty(0) for _ in numels]
     impl = FakeImpl(numels, world, stage, bucket=6000)
-    engine = types.SimpleNamespace(_impl=impl, _shapes={id(p): (n,) for p, n in zip(params, numels)},
-                                   config=types.SimpleNamespace(stage=stage), world_size=world)
+    index = types.SimpleNamespace(shapes={id(p): (n,) for p, n in zip(params, numels)})
+    engine = types.SimpleNamespace(runtime=impl, param_index=index, config=types.SimpleNamespace(stage=stage),
+                                   world_size=world)
     got = shard_map._group_segments(engine, 0, params)
     for i, (p, n) in enumerate(zip(params, numels)):
         a = impl.offsets[i]

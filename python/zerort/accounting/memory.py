@@ -10,17 +10,15 @@ Two columns per category: the ZeRO paper's formula (stage 0: 16Ψ; 1: 4Ψ+12Ψ/W
 W x 16 elements, the FP32 gradient shard our design adds, the reduce scratch and the
 gathered stage-3 units.
 
-engine.memory_report() (report(), MemoryReport) puts a running engine beside it: first what
-the allocator measured (zerort.accounting.phases.EngineMemory, which zerort.initialize sets up and the
-engine's forward, backward and step feed: the bytes the engine holds, each phase's peak
-growth beside what zerort's buffers should add in it, the rest shown as "other"), then the
-engine's own counters per category beside exact().
+engine.memory_report() (zerort.accounting.report: report(), MemoryReport) puts a running
+engine beside it: first what the allocator measured (zerort.accounting.phases.EngineMemory,
+which the engine sets up and its forward, backward and step feed: the bytes the engine
+holds, each phase's peak growth beside what zerort's buffers should add in it, the rest
+shown as "other"), then the engine's own counters per category beside exact().
 """
 import argparse
 import dataclasses
 import json
-import math
-import resource
 import sys
 
 import torch
@@ -210,178 +208,6 @@ def phase_estimates(groups, world_size, stage, prefetch=1):
 
 def _part(label, nbytes, bound=False):
     return {"label": label, "bytes": nbytes, "bound": bound}
-
-
-_OTHER = {
-    "forward": "other (activations, autograd)",
-    "backward": "other (autograd's grads, queued packs)",
-    "step": "other (temporaries)",
-}
-
-
-class MemoryReport:
-    """What one run allocated on every rank, beside our exact estimate.
-
-    allocator: the allocator's figures (zerort's counting CPU allocator; on CUDA torch's
-    memory statistics), per rank with min and max across ranks: the bytes the engine held
-    when zerort.initialize returned (allocated during it and still live), beside the layout's
-    resident bytes; and for each phase (forward: engine(...), backward: engine.backward,
-    step: engine.step) the most it allocated at its peak above what was live when it began
-    (the largest over its calls), beside what zerort's own buffers should add in it
-    (phase_estimates). The difference is not zerort's: activations and what autograd saves
-    and computes, which the engine cannot know, shown as "other".
-
-    measured (per category): the engine's own counters, its bookkeeping of the buffers it
-    made, beside the exact estimate of the same layout (estimate_memory)."""
-
-    def __init__(self, measured, across, estimate, peak_rss, cuda_peak, stage, world_size, allocator=None):
-        self.measured, self.across, self.estimate = measured, across, estimate
-        self.peak_rss, self.cuda_peak, self.stage, self.world_size = peak_rss, cuda_peak, stage, world_size
-        self.allocator = allocator
-
-    def to_dict(self):
-        rows = {}
-        for k, _ in CATEGORIES:
-            rows[k] = {"measured": self.measured[k], "min": self.across[k][0], "max": self.across[k][1],
-                       "sum": self.across[k][2], "estimate": self.estimate[k],
-                       "diff": self.measured[k] - self.estimate[k], "bound_only": k in BOUND_ONLY}
-        return {"stage": self.stage, "world_size": self.world_size, "categories": rows,
-                "total_measured": sum(self.measured.values()), "peak_rss_bytes": self.peak_rss,
-                "cuda_max_allocated_bytes": self.cuda_peak, "allocator": self.allocator}
-
-    def table(self):
-        mib, w = 1 << 20, 46
-        f = lambda b: "" if b is None else f"{b / mib:.3f}"
-        lines = [f"memory report: ZeRO stage {self.stage}, W={self.world_size}, per rank (MiB)"]
-        head = lambda first: lines.append(f"{first:{w}s}{'this rank':>11s}{'min':>10s}{'max':>10s}"
-                                          f"{'estimate':>10s}{'diff':>10s}")
-        row = lambda label, m=None, lo=None, hi=None, e=None, d=None: lines.append(
-            f"{label:{w}s}{f(m):>11s}{f(lo):>10s}{f(hi):>10s}{f(e):>10s}{f(d):>10s}".rstrip())
-        a = self.allocator
-        if a is not None:
-            head("measured by the allocator")
-            lines.append(f"  ({a['source']})")
-            h = a["held"]
-            if h["measured"] is None:
-                row("held by the engine: not measured (no initialize)")
-            else:
-                row("held by the engine after initialize", h["measured"], h["min"], h["max"], h["estimate"],
-                    h["measured"] - h["estimate"])
-            row("  the categories below at rest (no gathered", e=h["layout"])
-            row("  units, stage-3 pack buffer, reduce scratch)")
-            row("  frozen params + FP32 copies, cast buffers", e=h["other_tensors"])
-            for name in PHASES:
-                ph = a["phases"][name]
-                if ph["growth"] is None:
-                    row(f"{name}: not run yet")
-                    continue
-                calls = f"{ph['calls']} call{'s' if ph['calls'] != 1 else ''}"
-                row(f"{name}: peak growth ({calls})", ph["growth"], ph["min"], ph["max"], ph["estimate"],
-                    ph["growth"] - ph["estimate"])
-                for part in ph["parts"]:
-                    row(f"  {part['label']}{', a bound' if part['bound'] else ''}", e=part["bytes"])
-                if not ph["parts"]:
-                    row("  zerort's buffers: none in this phase", e=0)
-                if ph["engine_gathered"] is not None:
-                    row("  gathered units, engine's counter", m=ph["engine_gathered"])
-                row(f"  {_OTHER[name]}", d=ph["growth"] - ph["estimate"])
-            lines += ["  peak growth: the most allocated during the phase above what was live at its start;",
-                      "  estimate: what zerort's own buffers add in it (phase_estimates); other = diff: what",
-                      "  zerort cannot know. forward: activations and what autograd saves; backward: autograd's",
-                      "  gradients before zerort packs them, pack buffers of reduces queued behind the comm",
-                      "  thread, less the activations backward frees; step: temporaries"]
-            if a["not_counted"]:
-                lines.append(f"  not seen by the allocator: the communicator's reduce scratch (peak "
-                             f"{f(a['not_counted'])} MiB, in 'comm\n  buffers' below), which it allocates outside it")
-        head("engine bookkeeping (zerort's own counters)")
-        for k, label in CATEGORIES:
-            m, (lo, hi, _), e = self.measured[k], self.across[k], self.estimate[k]
-            note = "  (estimate is a bound)" if k in BOUND_ONLY and e else ""
-            row(label, m, lo, hi, e, m - e)
-            lines[-1] += note
-        total_m, total_e = sum(self.measured.values()), sum(self.estimate.values())
-        row("model states", total_m, e=total_e, d=total_m - total_e)
-        lines.append(f"peak process RSS: {self.peak_rss / mib:.1f} MiB" +
-                     ("" if self.cuda_peak is None else f"; CUDA max allocated {self.cuda_peak / mib:.1f} MiB"))
-        return "\n".join(lines)
-
-
-def measure(engine):
-    """Bytes the engine's runtime allocated on this rank, per category (its own counters)."""
-    nbytes = lambda t: t.numel() * t.element_size()
-    impl, out = engine._impl, dict.fromkeys((k for k, _ in CATEGORIES), 0)
-    scratch = engine.comm._c.scratch_peak_bytes
-    mem = getattr(engine, "_memory", None)
-    out["lp_params"] = impl.resident_param_bytes  # stage 3: the persistent units
-    out["gathered_units"] = mem.gathered_peak(impl) if mem is not None else impl.gathered_peak
-    for g in range(impl.num_groups):
-        flat_grads = impl.flat_grads(g)
-        out["lp_grads"] += nbytes(flat_grads) if flat_grads is not None else 0
-        out["master"] += nbytes(impl.master(g))
-        out["adam_m"] += nbytes(impl.exp_avg(g))
-        out["adam_v"] += nbytes(impl.exp_avg_sq(g))
-    out["lp_grads"] += impl.pack_buffer_bytes  # stages 2, 3
-    out["grad_shard"] = nbytes(impl.grad_shard)
-    out["comm_buffers"] = scratch + (nbytes(impl.stage0_scratch) if impl.stage0_scratch is not None else 0)
-    return out
-
-
-def _engine_groups(engine):
-    numel = lambda p: math.prod(engine._shapes[id(p)])  # stage 3 empties released parameters
-    return _layout_groups(engine._groups, numel, BYTES[engine.config.precision], engine._unit_plan)
-
-
-def _allocator_figures(engine, groups):
-    """This rank's allocator figures (MemoryReport.allocator, without min and max)."""
-    c = engine.config
-    mem = getattr(engine, "_memory", None)
-    if mem is None:  # no phase ran and not made by initialize
-        from zerort.accounting.phases import EngineMemory
-
-        mem = engine._memory = EngineMemory(engine.device)
-    layout = sum(exact(groups, engine.world_size, c.stage, c.reduce_bucket_numel, c.stage3.prefetch, at_rest=True,
-                       state_bytes=STATE_BYTES[c.optimizer.state_dtype]).values())
-    source = ("zerort's counting CPU allocator" if mem.key == "cpu" else
-              f"torch.cuda.memory_allocated / max_memory_allocated on {mem.key}")
-    out = {"source": source, "device": mem.key,
-           "held": {"measured": mem.held, "estimate": layout + mem.other_tensors, "layout": layout,
-                    "other_tensors": mem.other_tensors},
-           "phases": {}, "not_counted": engine.comm._c.scratch_peak_bytes if mem.key == "cpu" else 0}
-    est = phase_estimates(groups, engine.world_size, c.stage, c.stage3.prefetch)
-    for name in PHASES:
-        r = mem.phases.result.get(name)
-        parts = est[name]
-        out["phases"][name] = {
-            "growth": r.growth if r else None, "peak": r.peak if r else None, "start": r.start if r else None,
-            "end": r.end if r else None, "calls": r.calls if r else 0,
-            "estimate": sum(part["bytes"] for part in parts), "parts": parts,
-            "engine_gathered": mem.gathered.get(name) if c.stage == 3 else None}
-    return out
-
-
-def report(engine):
-    """The MemoryReport of a running engine (a collective: call it on every rank)."""
-    c = engine.config
-    measured = measure(engine)
-    groups = _engine_groups(engine)
-    alloc = _allocator_figures(engine, groups)
-    keys = [k for k, _ in CATEGORIES]
-    figures = [alloc["held"]["measured"]] + [alloc["phases"][n]["growth"] for n in PHASES]
-    vals = torch.tensor([measured[k] for k in keys] + [0 if v is None else v for v in figures], dtype=torch.int64)
-    lo, hi, tot = vals.clone(), vals.clone(), vals.clone()
-    engine.comm.all_reduce(lo, "min")
-    engine.comm.all_reduce(hi, "max")
-    engine.comm.all_reduce(tot, "sum")
-    across = {k: (int(lo[i]), int(hi[i]), int(tot[i])) for i, k in enumerate(keys)}
-    n = len(keys)
-    alloc["held"]["min"], alloc["held"]["max"] = int(lo[n]), int(hi[n])
-    for i, name in enumerate(PHASES):
-        alloc["phases"][name]["min"], alloc["phases"][name]["max"] = int(lo[n + 1 + i]), int(hi[n + 1 + i])
-    est = exact(groups, engine.world_size, c.stage, c.reduce_bucket_numel, c.stage3.prefetch,
-                state_bytes=STATE_BYTES[c.optimizer.state_dtype])
-    peak_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-    cuda_peak = torch.cuda.max_memory_allocated() if torch.cuda.is_available() else None
-    return MemoryReport(measured, across, est, peak_rss, cuda_peak, c.stage, engine.world_size, alloc)
 
 
 def gpt_numel(layers, hidden, vocab, seq=2048, tied=True):

@@ -19,8 +19,14 @@ open and then starts a new window, so nested and overlapping phases all stay exa
 the peak only through reset_peak() here, never with zerort._C.reset_allocator_peak or
 torch.cuda.reset_peak_memory_stats directly, or the open phases lose their peak.
 
-EngineMemory is an engine's own record (zerort.initialize makes it; Engine.__call__,
+EngineMemory is an engine's own record (Engine.__init__ makes it; Engine.__call__,
 backward and step open its phases); engine.memory_report() reads it.
+
+Note [one crossing per phase mark]: each time a phase opens or closes, everything it reads
+from C++ (the counting allocator's current and peak bytes, its reset, and at stage 3 the
+engine's gathered-units counter and its reset) comes from one zerort._C.phase_mark call,
+and the allocator is installed once per process: memory accounting costs two crossings per
+phase (tests/python/test_crossings.py counts them).
 """
 import dataclasses
 import threading
@@ -33,13 +39,20 @@ from zerort.errors import DeviceError, Error, UsageError
 PHASES = ("forward", "backward", "step")
 
 
+_installed = False  # install_counting_allocator() succeeded in this process
+
+
 def install_counting_allocator():
     """Installs zerort's counting CPU allocator, once per process (later calls do nothing).
     Raises when another CPU allocator of higher priority keeps it from being torch's."""
+    global _installed
+    if _installed:
+        return
     if not _C.install_counting_allocator():
         raise Error("zerort's counting CPU allocator is installed but not in use: another CPU "
                            "allocator of higher priority was set with c10::SetCPUAllocator, so zerort "
                            "cannot measure CPU memory")
+    _installed = True
 
 
 def _key(device):
@@ -84,27 +97,41 @@ _lock = threading.Lock()
 _open = {}  # device key -> windows open on it, in any order
 
 
-def _fold(key):
-    """The allocator's peak so far into every window open on the device; returns current."""
-    current, peak = allocated(key)
+def _mark(key, reset, engine=None):
+    """One boundary's readings (See Note [one crossing per phase mark]): (current, peak) of
+    the device, and with reset a new peak window and the bytes live at its start; with
+    engine (a stage-3 zerort._C.Engine) its gathered_peak and, after resetting it with reset,
+    its gathered_bytes. Returns (current, peak, start, gathered_peak, gathered_bytes)."""
+    cpu = key == "cpu"
+    if cpu:
+        install_counting_allocator()
+    if cpu or engine is not None:
+        marks = _C.phase_mark(reset, cpu, engine)
+    if cpu:
+        return marks
+    current, peak = torch.cuda.memory_allocated(key), torch.cuda.max_memory_allocated(key)
+    start = current
+    if reset:
+        torch.cuda.reset_peak_memory_stats(key)
+        start = torch.cuda.memory_allocated(key)
+    gathered = marks[3:] if engine is not None else (0, 0)
+    return (current, peak, start) + tuple(gathered)
+
+
+def _fold(key, reset, engine=None):
+    """The allocator's peak so far into every window open on the device (under _lock), then
+    with reset a new peak window. Returns (start, gathered_peak, gathered_bytes) of _mark."""
+    current, peak, start, gathered_peak, gathered_bytes = _mark(key, reset, engine)
     for w in _open.get(key, []):
         w.peak = max(w.peak, peak, current)
-    return current
-
-
-def _reset(key):
-    if key == "cpu":
-        _C.reset_allocator_peak()
-    else:
-        torch.cuda.reset_peak_memory_stats(key)
+    return start, gathered_peak, gathered_bytes
 
 
 def reset_peak(device="cpu"):
     """Starts a new peak window on the device without losing the peak of the open phases."""
     key = _key(device)
     with _lock:
-        _fold(key)
-        _reset(key)
+        _fold(key, True)
 
 
 class Phases:
@@ -118,27 +145,37 @@ class Phases:
             install_counting_allocator()
 
     def begin(self, name):
+        self.begin_marked(name)
+
+    def end(self, name):
+        return self.end_marked(name)[0]
+
+    def begin_marked(self, name, engine=None):
+        """begin(name), reading a stage-3 engine's gathered-units counter in the same
+        crossing: returns its (gathered_peak before the reset, gathered_bytes)."""
         if name in self._windows:
             raise UsageError(f"memory phase '{name}' is already open; end() it first")
         with _lock:
-            _fold(self.key)
-            _reset(self.key)
-            w = _Window(allocated(self.key)[0])
+            start, gathered_peak, gathered_bytes = _fold(self.key, True, engine)
+            w = _Window(start)
             _open.setdefault(self.key, []).append(w)
         self._windows[name] = w
+        return gathered_peak, gathered_bytes
 
-    def end(self, name):
+    def end_marked(self, name, engine=None):
+        """end(name), with the engine's (gathered_peak, gathered_bytes) as begin_marked:
+        returns (PhaseMemory, gathered_peak, gathered_bytes)."""
         w = self._windows.pop(name, None)
         if w is None:
             raise UsageError(f"memory phase '{name}' is not open; begin() it first")
         with _lock:
-            end = _fold(self.key)
+            end, gathered_peak, gathered_bytes = _fold(self.key, False, engine)
             _open[self.key].remove(w)
         r = self.result.setdefault(name, PhaseMemory())
         r.start, r.end, r.calls = w.start, end, r.calls + 1
         r.peak, r.last_peak = max(r.peak, w.peak), w.peak
         r.growth = max(r.growth, w.peak - w.start)
-        return r
+        return r, gathered_peak, gathered_bytes
 
     def __call__(self, name):
         return _Scope(self, name)
@@ -176,12 +213,12 @@ class EngineMemory:
     (its gathered_peak, reset at the phase's start like the allocator's peak), so the report
     can put zerort's bookkeeping beside the allocator's figure.
 
-    zerort.initialize makes it: begin_initialize() before the Engine allocates anything,
-    end_initialize() after. An Engine made directly (zerort.Engine(...)) gets one at its
-    first phase, without the held bytes (held is None)."""
+    Engine.__init__ makes it: begin_initialize() before the Engine allocates anything,
+    end_initialize() after (held is None only for one made otherwise)."""
 
-    def __init__(self, device):
+    def __init__(self, device, stage3=False):
         self.key = _key(device)
+        self.stage3 = stage3      # the engine's gathered-units counter is read too
         self.phases = Phases(device)
         self.held = None          # bytes allocated by initialize and live when it returned
         self.other_tensors = 0    # of those, the model tensors the Engine made (see end_initialize)
@@ -219,10 +256,10 @@ class EngineMemory:
         it made outside its buffers (frozen parameters in the working precision and their
         FP32 copies, buffers cast to the compute dtype, counted by their storages)."""
         keep, before = token
-        self = cls(engine.device)
-        trainable = {id(p) for p in engine._params}
+        self = cls(engine.device, engine.config.stage == 3)
+        trainable = {id(p) for p in engine.param_index.params}
         tensors = [p for p in engine.module.parameters() if id(p) not in trainable]
-        tensors += list(engine.module.buffers()) + list(engine._frozen_fp32.values())
+        tensors += list(engine.module.buffers()) + list(engine.frozen_masters.values())
         tensors = [t for t in tensors if t.device == engine.device]
         if self.key == "cpu":
             self.held = _C.allocator_since_mark()
@@ -238,24 +275,22 @@ class EngineMemory:
         if self._depth.get(name):  # a phase inside itself (engine(x) called from a forward): the outer one counts
             self._depth[name] += 1
             return
-        if impl is not None and impl.stage == 3:  # the engine's counter has one peak, as the allocator
-            peak = impl.gathered_peak
+        engine = impl if self.stage3 else None
+        peak, now = self.phases.begin_marked(name, engine)
+        if engine is not None:  # the engine's counter has one peak, as the allocator
             for w in self._gwindows.values():
                 w[1] = max(w[1], peak)
-            impl.reset_gathered_peak()
-            now = impl.gathered_bytes
             self._gwindows[name] = [now, now]
-        self.phases.begin(name)
         self._depth[name] = 1
 
     def end(self, name, impl):
         self._depth[name] -= 1
         if self._depth[name]:
             return
-        self.phases.end(name)
         w = self._gwindows.pop(name, None)
+        _, peak, _ = self.phases.end_marked(name, impl if w is not None else None)
         if w is not None:
-            most = max(w[1], impl.gathered_peak)
+            most = max(w[1], peak)
             self.gathered[name] = max(self.gathered.get(name, 0), most - w[0])
             self.gathered_most[name] = max(self.gathered_most.get(name, 0), most)
 

@@ -8,7 +8,7 @@ sit under one "zerort" section. All problems of one config come in one ConfigErr
 import os
 
 from zerort.config.deepspeed_keys import TABLE
-from zerort.config.parser import Draft, common, loss_scale, optimizer_params, runtime_keys
+from zerort.config.our_form import Draft, common, loss_scale, optimizer_params, runtime_keys
 from zerort.config.reader import MAX_NUMEL, _Reader, show
 from zerort.config.sections import Config, Optimizer
 

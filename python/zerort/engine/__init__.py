@@ -2,7 +2,6 @@
 param groups (optimizer), DeepSpeed's schedules (lr_schedules), stage 3's module hooks
 (stage3), meta-device models (meta_init), the non-finite guard (nonfinite), the one-model
 check (same_model), and ending a job when one rank fails (failfast)."""
-from zerort.accounting import phases
 from zerort.config import parse
 from zerort.engine.engine import Engine
 from zerort.errors import UsageError
@@ -23,7 +22,7 @@ def initialize(model=None, config=None, comm=None, weights=None, param_groups=No
     zerort.engine.lr_schedules), or a function optimizer -> schedule; the engine steps it after
     every applied update. Not with a config scheduler or lr_schedule.
 
-    Memory: before the engine allocates anything this installs zerort's counting CPU
+    Memory: before the engine allocates anything it installs zerort's counting CPU
     allocator (zerort.accounting.phases), and notes what is allocated; engine.memory_report() then
     shows what the engine holds and each phase's peak as the allocator (on CUDA: torch's
     memory statistics) saw them. Arguments of deepspeed.initialize (model_parameters,
@@ -35,8 +34,4 @@ def initialize(model=None, config=None, comm=None, weights=None, param_groups=No
                          "optimizer, args, training_data, ...) and its 4-tuple result are "
                          "zerort.integrations.deepspeed.initialize's: import it as deepspeed, or pass param_groups= "
                          "here instead of model_parameters=")
-    config = parse(config)
-    token = phases.EngineMemory.begin_initialize(model)
-    engine = Engine(model, config, comm, weights, param_groups, lr_scheduler)
-    engine._memory = phases.EngineMemory.end_initialize(token, engine)
-    return engine
+    return Engine(model, parse(config), comm, weights, param_groups, lr_scheduler)

@@ -1,7 +1,8 @@
 """DeepSpeed's engine methods that zerort's own training loop does not need: the ones real
-DeepSpeed scripts call (get_mom, destroy, empty_partition_cache, monitor, dp_world_size,
-set_gradient_accumulation_boundary) and DeepSpeed's accessors (is_gradient_accumulation_boundary,
-fp16_enabled, train_batch_size, global_steps, ...), each with DeepSpeed's meaning. They are
+DeepSpeed scripts call (get_mom, destroy, zero_grad, empty_partition_cache, monitor,
+dp_world_size, set_gradient_accumulation_boundary) and DeepSpeed's accessors
+(is_gradient_accumulation_boundary, fp16_enabled, train_batch_size, global_steps, ...), each
+with DeepSpeed's meaning. They are
 part of zerort.engine.engine.Engine (this mixin keeps that file to building the engine and
 the training loop) and use its fields as its own methods do."""
 import torch
@@ -26,6 +27,25 @@ class DeepSpeedMethods:
                              "micro-steps, and the next step() is "
                              f"{'' if self.is_gradient_accumulation_boundary() else 'not '}"
                              "a boundary; set gradient_accumulation_steps to the window you want instead")
+
+    def zero_grad(self, set_to_none=True):
+        """zerort zeroes the gradients itself after every step() that ends the window, so
+        this does nothing between step() and the next backward(): at stages 2 and 3 the
+        window's gradients are in the FP32 shard already (as DeepSpeed's ZeRO-2/3 keep
+        them). It is an error after backward() and before step(), where part of the
+        gradients may already be reduced on other ranks, and at stages 0 and 1 inside an
+        accumulation window, where it would drop the window's local sum."""
+        inside = self._impl.micro_step_in_window and self.config.stage < 2  # See Note [accumulation boundary]
+        if self._backward_since_step:
+            raise UsageError("engine.zero_grad(): called after backward() and before the step(); part of these "
+                                "gradients may already be reduced on other ranks. zerort zeroes gradients after "
+                                "every step() that ends the window: call zero_grad() (if at all) after step()")
+        if inside:
+            raise UsageError(f"engine.zero_grad(): called at stages 0 and 1 inside an accumulation window "
+                                f"(micro-step {self._impl.micro_step_in_window} of "
+                                f"{self.config.batch.gradient_accumulation_steps}), where it would drop the window's "
+                                "gradients, which this rank holds until the window ends; call it after the step() "
+                                "that ends the window")
 
     def empty_partition_cache(self):
         """Stage 3: releases the gathered units no forward is using (prefetched ones too),
@@ -69,7 +89,7 @@ class DeepSpeedMethods:
 
     def is_gradient_accumulation_boundary(self):
         """Whether the next step() ends the accumulation window (and updates)."""
-        return (self._impl.micro_steps + 1) % self.config.batch.gradient_accumulation_steps == 0
+        return self._impl.is_boundary()  # See Note [accumulation boundary] (runtime/engine.h)
 
     def was_step_applied(self):
         """Whether the last step() updated the parameters: False after a micro-step that only

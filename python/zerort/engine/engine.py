@@ -26,6 +26,7 @@ the model's device: CPU (mpi or gloo communicators) or one CUDA device (nccl).
 import contextlib
 import math
 import time
+import types
 import weakref
 
 import torch
@@ -34,11 +35,13 @@ from zerort import _C, lifecycle
 from zerort import comm as comm_mod
 from zerort.accounting import phases
 from zerort.config import native, replace, resolve_batch
-from zerort.engine import failfast, meta_init, nonfinite, same_model, setup, stage3
+from zerort.engine import failfast, nonfinite, same_model, setup, stage3
+from zerort.engine.alive import alive
 from zerort.engine.deepspeed_methods import DeepSpeedMethods
-from zerort.engine.state_methods import StateMethods
 from zerort.engine.optimizer import ZeroOptimizer
-from zerort.errors import ConfigError, DeviceError, UsageError
+from zerort.engine.param_index import ParamIndex
+from zerort.engine.state_methods import StateMethods
+from zerort.errors import ConfigError, UsageError
 from zerort.layout import precision
 from zerort.layout import units as unit_plan
 from zerort.monitoring import monitor, progress
@@ -48,122 +51,110 @@ _DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
 class Engine(StateMethods, DeepSpeedMethods):
     def __init__(self, model, config, comm=None, weights=None, param_groups=None, lr_scheduler=None):
-        c = config
-        owner = setup.engine_of(model.parameters())
-        if owner is not None:
-            raise UsageError("zerort.initialize: this model is already wrapped by a live zerort engine, whose "
-                             f"initialize made its parameters {owner.dtype} views of that engine's buffers (in "
-                             "place); wrap a model once and train through the engine initialize returned, or call "
-                             "that engine's destroy() first (every parameter gets its FP32 master value back)")
-        self.module = model
-        self.config = c
-        self.dtype = _DTYPES[c.precision]
-        self.device = setup.model_device(model)
-        cuda = self.device.type == "cuda"
-        backend = "nccl" if cuda and c.comm.backend == "auto" else c.comm.backend
-        if comm is None and backend == "nccl" and not cuda:
-            raise ConfigError([f"comm.backend: got 'nccl' but the model is on {self.device}; nccl moves CUDA "
-                               "buffers: move the model (model.cuda()), or use 'auto', 'mpi' or 'gloo'"])
-        # A CUDA model over mpi or gloo: its buffers travel through pinned host memory (ranks
-        # that share one GPU, where NCCL refuses them).
-        staged = "cuda" if cuda and backend != "nccl" else None
-        if comm is None:
-            comm = comm_mod.init(backend, c.comm.timeout_s, bool(c.comm.debug), staged)
-        self.comm = comm
-        if self.comm.device != self.device:
-            raise ConfigError([f"comm.backend: the model is on {self.device} but the '{self.comm.backend}' "
-                               f"communicator moves {self.comm.device} buffers; use 'nccl' (or 'auto') for CUDA "
-                               "models, or zerort.comm.init(..., staged='cuda'), and 'mpi' or 'gloo' for CPU "
-                               "models"])
-        if c.stage == 3 and c.comm.debug is None:
-            self.comm.check_each_call()  # Note [checked calls]: ranks that diverge at stage 3 differ in size
-        c = self.config = resolve_batch(c, self.comm.size)  # DeepSpeed's batch rule, at this world size
-        failfast.install(self.comm.rank, self.comm.size)  # an uncaught error ends every rank
-        lifecycle.track_engine(self)  # closed at exit if still alive (its comm thread joined)
-        same_model.check_model(self.comm, model)  # the same model on every rank, or an error
-        grouping = precision.group_params(model, c.precision, c.fp32_modules)
+        """See zerort.initialize, which parses the config and calls this. Each step below is
+        one job, in the order they must run (each later one uses what the earlier made)."""
+        setup.refuse_wrapped(model)
+        memory_token = phases.EngineMemory.begin_initialize(model)  # before anything is allocated
+        self._declare(model, config)
+        self.comm = setup.connect(config, self.device, comm)
+        self.config = resolve_batch(config, self.comm.size)  # DeepSpeed's batch rule, at this world size
+        self._join_job()
+        grouping = precision.group_params(model, self.config.precision, self.config.fp32_modules)
         plan = grouping.fp32_plan
-        fp32_ids = plan.fp32_ids
         self._hooks = precision.compute_in_fp32(plan, self.dtype)  # every hook on the model, for destroy()
         self._cast_buffers = plan.cast_buffers
-        self._names = grouping.names  # id(param) -> its first name, for errors
-        with torch.no_grad():  # bf16/fp16 parameters (a model loaded in half precision): their values, exactly, in
-            for p in model.parameters():  # the FP32 master, as DeepSpeed takes them
-                if p.dtype in (torch.bfloat16, torch.float16):
-                    p.data = p.data.float()
-        wrong = [p for p in model.parameters() if p.dtype != torch.float32]
-        if wrong:
-            raise DeviceError(f"zerort: parameter {self._names[id(wrong[0])]!r} is {wrong[0].dtype}; zerort trains "
-                              "float32, bfloat16 and float16 parameters (it keeps an FP32 master and casts itself): "
-                              "convert the model (model.float()), or keep such a tensor as a buffer "
-                              "(register_buffer) instead of a parameter")
-        params, frozen = grouping.trainable, grouping.frozen
-        materialize = None
-        if weights is not None and not meta_init.is_meta_model(model):
-            raise ConfigError("zerort.initialize: weights= is for a model built on the meta device (with "
-                             "torch.device('meta'): ...); this model's parameters already hold values")
-        if meta_init.is_meta_model(model):  # made real bucket by bucket inside the Engine
-            meta_init.check_buffers(model)
-            materialize = meta_init.Materializer(model, self.device, weights)
-            frozen = materialize(frozen)  # frozen parameters stay whole: real from the start
-        # Frozen parameters take part in compute only: rank 0's values, in the working
-        # precision. Their FP32 values are kept for full_state_dict(master=True).
-        self._frozen_fp32 = {}
-        with torch.no_grad():
-            for p in frozen:
-                self.comm.broadcast(p.data, 0)
-                self._frozen_fp32[id(p)] = p.data.clone()
-                if id(p) not in fp32_ids:
-                    p.data = p.data.to(self.dtype)
-            for m in model.modules():  # rank 0's buffers; cast only where zerort.layout.precision says
-                for name, b in m.named_buffers(recurse=False):
-                    if b is not None and b.is_floating_point():
-                        self.comm.broadcast(b, 0)
-                        if (id(m), name) in plan.cast_buffers:
-                            setattr(m, name, b.to(self.dtype))
-        self._groups = grouping.groups
-        self._shapes = {id(p): tuple(p.shape) for p in params}  # stage 3 empties the params
-        self._params = params  # every trainable parameter, each once
-        self._frozen = frozen
+        setup.masters_to_fp32(model, grouping.names)
+        materialize = setup.materializer(model, self.device, weights)
+        frozen = materialize(grouping.frozen) if materialize else grouping.frozen  # frozen stay whole: real now
+        self._frozen_fp32 = setup.share_rank0_values(self.comm, model, frozen, plan, self.dtype)
+        self._build_runtime(grouping, frozen, materialize)
+        self._units = stage3.UnitHooks(self, model, self.unit_plan) if self.unit_plan else None
+        self._register_grad_hooks()
+        self._build_training_loop(param_groups, lr_scheduler)
+        self._memory = phases.EngineMemory.end_initialize(memory_token, self)
+        progress.announce(self, comm_mod.detect_launch_env())
+
+    def _declare(self, model, config):
+        """Every attribute the engine has, born here (the later steps fill them in), so a
+        half-built engine (its __init__ raised) is still one zerort.lifecycle can close."""
+        self.module = model
+        self.config = config
+        self.dtype = _DTYPES[config.precision]
+        self.device = setup.model_device(model)
+        self.comm = None
+        self._impl = None               # the C++ Engine (engine.runtime); None once closed
+        self.param_index = None         # a ParamIndex, when the C++ Engine exists
+        self.unit_plan = None           # stage 3: the zerort.layout.units.UnitPlan
+        self.unit_names = []            # stage 3: Engine unit i's module
+        self._units = None              # stage 3: the module hooks (zerort.engine.stage3.UnitHooks)
+        self._hooks = []                # every hook on the model, removed by destroy()
+        self._cast_buffers = set()      # (id(module), name) of the buffers cast to the compute dtype
+        self._frozen_fp32 = {}          # id(frozen param) -> its FP32 value (engine.frozen_masters)
+        self._replaced = {}             # meta model: id(meta param) -> the real one
+        self._memory = None             # phases.EngineMemory: the allocator's view (memory_report)
+        self.stats = {}
+        self.training_dataloader = None  # deepspeed.initialize's training_data loader, when it made one
+        self.tput_timer = progress.ThroughputTimer()
+        self._nonfinite = None          # nonfinite.Guard: names non-finite params; max_consecutive_skips
+        self.optimizer = None
+        self.lr_scheduler = None
+        self._no_sync = False
+        self._forward_only = None  # why backward() and step() are refused (make_forward_only), or None
+        self._backward_since_step = False
+        self._step_applied = False
+        self._t_forward = self._t_backward = 0.0  # the last forward's and backward's seconds
+        self._progress = None           # progress.Progress: steps_per_print, wall_clock_breakdown
+        self._monitor = None            # the config's CSV / TensorBoard monitor, or None
+
+    def _join_job(self):
+        """This engine in the job: an uncaught error ends every rank, it is closed at exit if
+        still alive (its comm thread joined), and every rank holds the same model."""
+        failfast.install(self.comm.rank, self.comm.size)
+        lifecycle.track_engine(self)
+        same_model.check_model(self.comm, self.module)
+
+    def _build_runtime(self, grouping, frozen, materialize):
+        """The C++ Engine over the trainable parameters (stage 3: over the planned units), and
+        the ParamIndex of the parameters it holds (a meta model's real ones)."""
+        c, model, params, groups = self.config, self.module, grouping.trainable, grouping.groups
+        shapes = {id(p): tuple(p.shape) for p in params}  # stage 3 empties the params
         self.comm._c.reset_scratch_peak()  # the memory report measures from here
-        units = unit_plan.UnitPlan(model, params, fp32_ids, c) if c.stage == 3 else None
+        units = unit_plan.UnitPlan(model, params, grouping.fp32_plan.fp32_ids, c) if c.stage == 3 else None
         if units:  # DeepSpeed's element counts become a number of units (zerort.layout.units.prefetch_units)
             c = self.config = replace(c, stage3={"prefetch": units.prefetch})
-        fill = None if materialize is None else lambda g, idx: materialize([self._groups[g][i] for i in idx])
-        self._impl = _C.Engine(self._groups[0], self._groups[1], self.comm._c, units=units.specs if units else [],
+        fill = None if materialize is None else lambda g, idx: materialize([groups[g][i] for i in idx])
+        self._impl = _C.Engine(groups[0], groups[1], self.comm._c, units=units.specs if units else [],
                                options=native.engine_options(c), materialize=fill)  # zerort.config.native
+        names = grouping.names
         if materialize is not None:  # the real parameters replace the meta ones everywhere
             real = lambda ps: [materialize.replaced.get(id(p), p) for p in ps]
-            self._groups = [real(g) for g in self._groups]
-            self._params = real(self._params)
-            self._shapes = {id(p): self._shapes[id(q)] for p, q in zip(self._params, params)}
-            self._names = {id(p): n for n, p in reversed(list(model.named_parameters()))}
+            groups, meta, params = [real(g) for g in groups], params, real(params)
+            shapes = {id(p): shapes[id(q)] for p, q in zip(params, meta)}
+            names = {id(p): n for n, p in reversed(list(model.named_parameters()))}
             self._replaced = materialize.replaced  # for param groups built from the meta parameters
-        self._unit_plan = units
-        self.unit_names = units.names if units else []  # stage 3: Engine unit i's module
-        self._units = stage3.UnitHooks(self, model, units, units.prefetch) if units else None
-        # Each gradient, once complete, lets its bucket go to the comm thread while backward
-        # continues (at stage 3 it also lets a finished unit be released).
+        self.param_index = ParamIndex.build(params, frozen, names, groups, shapes, self.dtype)
+        self.unit_plan = units
+        self.unit_names = units.names if units else []
+
+    def _register_grad_hooks(self):
+        """Each gradient, once complete, lets its bucket go to the comm thread while backward
+        continues (at stage 3 it also lets a finished unit be released)."""
         ref = weakref.ref(self)  # the model's hooks must not keep the engine alive
-        for g, group in enumerate(self._groups):
+        for g, group in enumerate(self.param_index.groups):
             for i, p in enumerate(group):
                 self._hooks.append(
                     p.register_post_accumulate_grad_hook(lambda _p, g=g, i=i: alive(ref)._grad_ready(g, i)))
         if self._units:
             self._hooks += self._units.handles
-        self.stats = {}
-        self.training_dataloader = None  # deepspeed.initialize's training_data loader, when it made one
-        self.tput_timer = progress.ThroughputTimer()
-        self._nonfinite = nonfinite.Guard(self)  # names non-finite params; max_consecutive_skips
+
+    def _build_training_loop(self, param_groups, lr_scheduler):
+        """What step() uses beside the C++ Engine: the non-finite guard, the param groups, the
+        lr schedule, the progress printer and the monitor."""
+        self._nonfinite = nonfinite.Guard(self)
         self.optimizer = ZeroOptimizer(self, param_groups)
-        self.lr_scheduler = setup.scheduler(c, self.optimizer, lr_scheduler)
-        self._no_sync = False
-        self._forward_only = None  # why backward() and step() are refused (make_forward_only), or None
-        self._backward_since_step = False
-        self._step_applied = False
-        self._progress = progress.Progress(self)  # steps_per_print, wall_clock_breakdown
-        self._monitor = monitor.make(self)  # the config's CSV / TensorBoard monitor, or None
-        progress.announce(self, comm_mod.detect_launch_env())
+        self.lr_scheduler = setup.scheduler(self.config, self.optimizer, lr_scheduler)
+        self._progress = progress.Progress(self)
+        self._monitor = monitor.make(self)
 
     # ---- training loop -------------------------------------------------------------
     def __call__(self, *args, **kwargs):
@@ -176,7 +167,8 @@ class Engine(StateMethods, DeepSpeedMethods):
                 self._monitor.forward(args, kwargs)
             args, kwargs = precision.cast_floats((args, kwargs), self.dtype)
             t0 = time.perf_counter()
-            out = self.module(*args, **kwargs)
+            with self._units.forward_pass() if self._units else contextlib.nullcontext():
+                out = self.module(*args, **kwargs)
             self._t_forward = time.perf_counter() - t0
         return out
 
@@ -193,16 +185,10 @@ class Engine(StateMethods, DeepSpeedMethods):
         with self._phase("backward"):
             t0 = time.perf_counter()
             self._impl.begin_backward()  # a previous pass's reduces finish first
-            if self._units:
-                self._units.in_backward = True  # recomputed forwards keep their units
-            try:
-                with torch.enable_grad():  # the scaling multiply must be part of the graph
-                    gas = self.config.batch.gradient_accumulation_steps
-                    scale = self._impl.loss_scale * (1 if scale_wrt_gas else gas)
-                    (loss.float() * scale).backward(retain_graph=retain_graph)
-            finally:
-                if self._units:
-                    self._units.in_backward = False
+            recompute = self._units.backward_pass() if self._units else contextlib.nullcontext()
+            with recompute, torch.enable_grad():  # the scaling multiply must be part of the graph
+                scale = self._impl.loss_scale * (1 if scale_wrt_gas else self.config.batch.gradient_accumulation_steps)
+                (loss.float() * scale).backward(retain_graph=retain_graph)
             self._t_backward = time.perf_counter() - t0
 
     def step(self, lr_kwargs=None):
@@ -220,18 +206,15 @@ class Engine(StateMethods, DeepSpeedMethods):
         self._progress.before_step()
         boundary = self.is_gradient_accumulation_boundary()
         if boundary:  # the param groups' values (a scheduler may have changed them) go to the update
-            self.optimizer._in_step = True
-            try:
+            with self.optimizer.stepping():
                 self.optimizer.step()
-            finally:
-                self.optimizer._in_step = False
         with self._phase("step"):  # the step's errors name diverging stage-3 units (C++ Note [unit names])
             s = self._nonfinite.step(self._impl.step)
         self._backward_since_step = False
         self._step_applied = s["boundary"] and not s["skipped"]
         if s["boundary"]:
-            s["forward_ms"] = 1e3 * getattr(self, "_t_forward", 0.0)
-            s["backward_ms"] = 1e3 * getattr(self, "_t_backward", 0.0)
+            s["forward_ms"] = 1e3 * self._t_forward
+            s["backward_ms"] = 1e3 * self._t_backward
             self.stats = s
             if self._step_applied and self.lr_scheduler is not None:
                 moved = getattr(self.lr_scheduler, "optimizer", None)
@@ -272,26 +255,6 @@ class Engine(StateMethods, DeepSpeedMethods):
         finally:
             self._no_sync = False
 
-    def zero_grad(self, set_to_none=True):
-        """zerort zeroes the gradients itself after every step() that ends the window, so
-        this does nothing between step() and the next backward(): at stages 2 and 3 the
-        window's gradients are in the FP32 shard already (as DeepSpeed's ZeRO-2/3 keep
-        them). It is an error after backward() and before step(), where part of the
-        gradients may already be reduced on other ranks, and at stages 0 and 1 inside an
-        accumulation window, where it would drop the window's local sum."""
-        gas = self.config.batch.gradient_accumulation_steps
-        inside = self._impl.micro_steps % gas and self.config.stage < 2
-        if self._backward_since_step:
-            raise UsageError("engine.zero_grad(): called after backward() and before the step(); part of these "
-                                "gradients may already be reduced on other ranks. zerort zeroes gradients after "
-                                "every step() that ends the window: call zero_grad() (if at all) after step()")
-        if inside:
-            raise UsageError(f"engine.zero_grad(): called at stages 0 and 1 inside an accumulation window "
-                                f"(micro-step {self._impl.micro_steps % gas} of "
-                                f"{gas}), where it would drop the window's "
-                                "gradients, which this rank holds until the window ends; call it after the step() "
-                                "that ends the window")
-
     def train(self, mode=True):
         """engine.module.train(mode); returns the engine."""
         self.module.train(mode)
@@ -315,16 +278,14 @@ class Engine(StateMethods, DeepSpeedMethods):
     def _phase(self, name):
         """The allocator's peak over one phase (zerort.accounting.phases.EngineMemory), for the memory
         report."""
-        mem = getattr(self, "_memory", None)
-        if mem is None:  # made as zerort.Engine(...), not by zerort.initialize
-            mem = self._memory = phases.EngineMemory(self.device)
+        mem = self._memory
         mem.begin(name, self._impl)
         try:
             yield
         finally:
             mem.end(name, self._impl)
             done = mem.phases.result.get(name)
-            if getattr(self, "_monitor", None) and done is not None:
+            if self._monitor and done is not None:
                 self._monitor.phase_peak(done.last_peak)
 
     def make_forward_only(self, reason):
@@ -339,11 +300,12 @@ class Engine(StateMethods, DeepSpeedMethods):
         made the change). A forward-only engine refuses to train."""
         if self._forward_only:
             raise UsageError(self._forward_only)
-        for ps, was in ((self._params, True), (self._frozen, False)):
+        index = self.param_index
+        for ps, was in ((index.params, True), (index.frozen, False)):
             for p in ps:
                 if p.requires_grad != was:
                     raise UsageError(
-                        f"zerort: parameter {self._names[id(p)]!r} was {'trainable' if was else 'frozen'} at "
+                        f"zerort: parameter {index.names[id(p)]!r} was {'trainable' if was else 'frozen'} at "
                         f"initialize and now has requires_grad={p.requires_grad}; zerort lays out its shards and "
                         "optimizer state at initialize, so set requires_grad before zerort.initialize (freeze "
                         "or unfreeze, then wrap the model again, or restore requires_grad)")
@@ -356,6 +318,26 @@ class Engine(StateMethods, DeepSpeedMethods):
     @property
     def world_size(self):
         return self.comm.size
+
+    @property
+    def runtime(self):
+        """The C++ Engine (zerort._C.Engine) that holds the buffers, shards and counters, for
+        zerort's own modules (checkpoints, the shard map, the memory report); None once the
+        engine is closed."""
+        return self._impl
+
+    @property
+    def frozen_masters(self):
+        """id(frozen parameter) -> its FP32 value (read-only mapping; the tensors are the
+        engine's own, which checkpoint loads write into)."""
+        return types.MappingProxyType(self._frozen_fp32)
+
+    @property
+    def unit_order(self):
+        """Stage 3: the Engine units in the order the last recorded forward ran them, which
+        prefetch follows (See Note [recorded unit order], zerort.engine.stage3); [] at
+        stages 0-2."""
+        return list(self._units.order) if self._units else []
 
     @property
     def loss_scale(self):
@@ -386,14 +368,6 @@ class Engine(StateMethods, DeepSpeedMethods):
         is whole. Unusable afterwards."""
         self._impl = None
         self._nonfinite = None
-        if getattr(self, "_monitor", None):
+        if self._monitor:
             self._monitor.close()
 
-def alive(ref):
-    """The engine behind a model hook's weak reference, or a clear error once it is gone."""
-    engine = ref()
-    if engine is None:
-        raise UsageError("zerort: the engine this model was wrapped by has been deleted, and its hooks "
-                           "(and at stage 3 its parameters) went with it; keep the engine alive while you "
-                           "use the model, or wrap the model again")
-    return engine

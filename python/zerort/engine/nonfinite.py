@@ -30,7 +30,7 @@ class Guard:
         self.engine = weakref.proxy(engine)  # owned by the engine: no reference cycle
         self.limit = engine.config.max_consecutive_skips
         self.consecutive = 0
-        self.target = engine._impl  # has set_watch_regions
+        self.target = engine.runtime  # has set_watch_regions
         layout = shard_map.param_layout(engine)  # trainable parameters, named_parameters() order
         self.names = list(layout)
         index = {name: i for i, name in enumerate(self.names)}

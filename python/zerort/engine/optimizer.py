@@ -13,6 +13,7 @@ hands the groups' current values to the C++ optimizer (and lets a torch LRSchedu
 that the optimizer stepped). The FP32 master and Adam moments live sharded in the engine;
 state_dict() holds the param groups only, by parameter name, so it survives resharding.
 """
+import contextlib
 import math
 import weakref
 
@@ -78,8 +79,19 @@ class ZeroOptimizer(torch.optim.Optimizer):
             param_group.setdefault(key, value)
         self.param_groups.append(param_group)
 
+    @contextlib.contextmanager
+    def stepping(self):
+        """Inside, step() hands the groups to the update: engine.step() opens it at each
+        accumulation boundary; a user's own optimizer.step() call is refused."""
+        self._in_step = True
+        try:
+            yield
+        finally:
+            self._in_step = False
+
     def step(self, closure=None):
-        """Called by engine.step() at each accumulation boundary, before the update."""
+        """Called by engine.step() at each accumulation boundary (inside stepping()), before
+        the update."""
         if not self._in_step:
             raise UsageError("engine.optimizer.step(): zerort's update is engine.step(), which reduces the "
                                 "gradients and then updates with these param groups; call engine.step() "
@@ -118,12 +130,12 @@ class ZeroOptimizer(torch.optim.Optimizer):
         engine = self._live()
         schedule = engine.config.optimizer.lr_schedule
         if schedule is not None:
-            lr = schedule(engine._impl.adam_steps + 1)
+            lr = schedule(engine.runtime.adam_steps + 1)
             for g in self.param_groups:
                 g["lr"] = lr
         rows = [_row(k, g, schedule is not None) for k, g in enumerate(self.param_groups)]
         if rows != self._pushed:
-            engine._impl.set_hyper_groups(rows, self._regions if len(rows) > 1 else [])
+            engine.runtime.set_hyper_groups(rows, self._regions if len(rows) > 1 else [])
             self._pushed = rows
 
 
@@ -158,10 +170,10 @@ def _row(k, g, scheduled):
 
 def _normalize(engine, param_groups):
     """torch-style groups holding engine's trainable parameters, each exactly once."""
-    trainable = {id(p): p for p in engine._params}
-    frozen = {id(p) for p in engine._frozen}
+    trainable = {id(p): p for p in engine.param_index.params}
+    frozen = {id(p) for p in engine.param_index.frozen}
     if param_groups is None:
-        return [{"params": list(engine._params)}]
+        return [{"params": list(engine.param_index.params)}]
     if isinstance(param_groups, torch.Tensor):
         raise ConfigError("zerort optimizer: param groups must be an iterable of tensors or of dicts, got one tensor; "
                         "pass model.parameters() or a list of groups")
@@ -188,7 +200,7 @@ def _normalize(engine, param_groups):
                 raise ConfigError(f"zerort optimizer: {_where(k)} holds a tensor of shape {list(p.shape)} that is not "
                                  "a parameter of the model passed to initialize; build the groups from "
                                  "model.named_parameters()")
-            name = engine._names[id(p)]
+            name = engine.param_index.names[id(p)]
             if id(p) in seen:
                 raise ConfigError(f"zerort optimizer: parameter {name!r} is in {_where(seen[id(p)])} and in "
                                  f"{_where(k)}; put each parameter in one group")
@@ -196,7 +208,7 @@ def _normalize(engine, param_groups):
             kept.append(p)
         g["params"] = kept  # Note [shared param groups]: the caller's dict itself, as torch.optim does
         out.append(g)
-    missing = [engine._names[i] for i in trainable if i not in seen]
+    missing = [engine.param_index.names[i] for i in trainable if i not in seen]
     if missing:
         raise ConfigError(f"zerort optimizer: {len(missing)} trainable parameters are in no param group, first "
                          f"{', '.join(repr(n) for n in missing[:5])}; put every trainable parameter in a group, or "
@@ -206,7 +218,7 @@ def _normalize(engine, param_groups):
 
 def _regions(engine, groups):
     """(offset, numel, group) of this rank's shard, merged where neighbours share a group."""
-    group_of = {engine._names[id(p)]: k for k, g in enumerate(groups) for p in g["params"]}
+    group_of = {engine.param_index.names[id(p)]: k for k, g in enumerate(groups) for p in g["params"]}
     merged = []
     for offset, numel, name in owned(engine):
         k = group_of[name]
@@ -223,7 +235,7 @@ def describe(engine, groups):
     for g in groups:
         d = {k: (list(v) if isinstance(v, tuple) else float(v) if isinstance(v, torch.Tensor) else v)
              for k, v in g.items() if k != "params"}
-        d["params"] = [engine._names[id(p)] for p in g["params"]]
+        d["params"] = [engine.param_index.names[id(p)] for p in g["params"]]
         out.append(d)
     return out
 
@@ -234,7 +246,7 @@ def restore(engine, groups, saved, who):
         raise CheckpointError(f"{who}: the saved optimizer has {len(saved)} param groups, this engine {len(groups)}; "
                          "build the same param groups as the run that saved it")
     for k, (g, s) in enumerate(zip(groups, saved)):
-        names = [engine._names[id(p)] for p in g["params"]]
+        names = [engine.param_index.names[id(p)] for p in g["params"]]
         if sorted(names) != sorted(s["params"]):
             diff = sorted(set(names) ^ set(s["params"]))
             raise CheckpointError(f"{who}: {_where(k)} holds other parameters than the saved one (first difference "

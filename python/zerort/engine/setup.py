@@ -1,19 +1,102 @@
-"""What building an Engine decides before it allocates: the model's one device, whether a
-live engine already trains the model, and the lr schedule the engine steps."""
+"""What building an Engine decides before it allocates, as steps of Engine.__init__: whether a
+live engine already trains the model, the model's one device, the communicator, the FP32
+master values, a meta-device model's materializer, rank 0's frozen parameters and buffers,
+and the lr schedule the engine steps."""
 import torch
 
+from zerort import comm as comm_mod
 from zerort import lifecycle
-from zerort.engine import lr_schedules
-from zerort.errors import ConfigError, DeviceError
+from zerort.engine import lr_schedules, meta_init
+from zerort.errors import ConfigError, DeviceError, UsageError
 
 
 def engine_of(params):
     """The live engine that trains any of params, or None."""
     ids = {id(p) for p in params}
-    for engine in lifecycle.engines():  # one whose __init__ failed has no _impl
-        if getattr(engine, "_impl", None) is not None and ids & set(engine._names):
+    for engine in lifecycle.engines():  # one whose __init__ failed early has no C++ Engine
+        if engine.runtime is not None and ids & set(engine.param_index.names):
             return engine
     return None
+
+
+def refuse_wrapped(model):
+    """A model that a live engine trains cannot be wrapped again."""
+    owner = engine_of(model.parameters())
+    if owner is not None:
+        raise UsageError("zerort.initialize: this model is already wrapped by a live zerort engine, whose "
+                         f"initialize made its parameters {owner.dtype} views of that engine's buffers (in "
+                         "place); wrap a model once and train through the engine initialize returned, or call "
+                         "that engine's destroy() first (every parameter gets its FP32 master value back)")
+
+
+def connect(c, device, comm):
+    """The communicator: the one given, or one of config c's backend, moving buffers on the
+    model's device."""
+    cuda = device.type == "cuda"
+    backend = "nccl" if cuda and c.comm.backend == "auto" else c.comm.backend
+    if comm is None and backend == "nccl" and not cuda:
+        raise ConfigError([f"comm.backend: got 'nccl' but the model is on {device}; nccl moves CUDA "
+                           "buffers: move the model (model.cuda()), or use 'auto', 'mpi' or 'gloo'"])
+    # A CUDA model over mpi or gloo: its buffers travel through pinned host memory (ranks
+    # that share one GPU, where NCCL refuses them).
+    staged = "cuda" if cuda and backend != "nccl" else None
+    if comm is None:
+        comm = comm_mod.init(backend, c.comm.timeout_s, bool(c.comm.debug), staged)
+    if comm.device != device:
+        raise ConfigError([f"comm.backend: the model is on {device} but the '{comm.backend}' "
+                           f"communicator moves {comm.device} buffers; use 'nccl' (or 'auto') for CUDA "
+                           "models, or zerort.comm.init(..., staged='cuda'), and 'mpi' or 'gloo' for CPU "
+                           "models"])
+    if c.stage == 3 and c.comm.debug is None:
+        comm.check_each_call()  # Note [checked calls]: ranks that diverge at stage 3 differ in size
+    return comm
+
+
+def masters_to_fp32(model, names):
+    """bf16/fp16 parameters (a model loaded in half precision): their values, exactly, in the
+    FP32 master, as DeepSpeed takes them; any other dtype is an error."""
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dtype in (torch.bfloat16, torch.float16):
+                p.data = p.data.float()
+    wrong = [p for p in model.parameters() if p.dtype != torch.float32]
+    if wrong:
+        raise DeviceError(f"zerort: parameter {names[id(wrong[0])]!r} is {wrong[0].dtype}; zerort trains "
+                          "float32, bfloat16 and float16 parameters (it keeps an FP32 master and casts itself): "
+                          "convert the model (model.float()), or keep such a tensor as a buffer "
+                          "(register_buffer) instead of a parameter")
+
+
+def materializer(model, device, weights):
+    """A model built on the meta device: the meta_init.Materializer that makes it real bucket
+    by bucket inside the C++ Engine; else None."""
+    if weights is not None and not meta_init.is_meta_model(model):
+        raise ConfigError("zerort.initialize: weights= is for a model built on the meta device (with "
+                          "torch.device('meta'): ...); this model's parameters already hold values")
+    if not meta_init.is_meta_model(model):
+        return None
+    meta_init.check_buffers(model)
+    return meta_init.Materializer(model, device, weights)
+
+
+def share_rank0_values(comm, model, frozen, plan, dtype):
+    """Frozen parameters take part in compute only: rank 0's values, in the working precision
+    dtype. Float buffers: rank 0's, cast only where zerort.layout.precision says. Returns the
+    frozen parameters' FP32 values by id, kept for full_state_dict(master=True)."""
+    fp32 = {}
+    with torch.no_grad():
+        for p in frozen:
+            comm.broadcast(p.data, 0)
+            fp32[id(p)] = p.data.clone()
+            if id(p) not in plan.fp32_ids:
+                p.data = p.data.to(dtype)
+        for m in model.modules():
+            for name, b in m.named_buffers(recurse=False):
+                if b is not None and b.is_floating_point():
+                    comm.broadcast(b, 0)
+                    if (id(m), name) in plan.cast_buffers:
+                        setattr(m, name, b.to(dtype))
+    return fp32
 
 
 def model_device(model):

@@ -13,9 +13,10 @@ Engine when a unit is needed:
   lm_head, small ones) form one persistent unit, kept whole; FP32-module parameters form the
   Engine's persistent FP32 group. Frozen parameters stay whole in the working precision.
 - Before a unit (or any of its submodules called on its own, such as a tied head) runs
-  forward, its Engine unit is gathered and the next stage3.prefetch units start gathering
-  on the comm thread; after it, the unit is released, and a hook on its outputs gathers it
-  again when backward reaches them (prefetching the units before it). The Engine releases a
+  forward, its Engine unit is gathered and the next stage3.prefetch units in the recorded
+  forward order (Note [recorded unit order]) start gathering on the comm thread; after it,
+  the unit is released, and a hook on its outputs gathers it again when backward reaches
+  them (prefetching the units before it in that order). The Engine releases a
   unit once all its gradients are in and reduces them on its comm thread.
 
 What released means: See Note [released storage] (runtime/unit_cache.h).
@@ -25,16 +26,29 @@ import weakref
 
 import torch
 
+from zerort.engine.alive import alive
 
 
 class UnitHooks:
-    """The module hooks that gather and release an Engine's stage-3 units."""
+    """The module hooks that gather and release an Engine's stage-3 units.
 
-    def __init__(self, engine, model, plan, prefetch):
-        self.prefetch = prefetch
-        self.in_backward = False  # set by Engine.backward: a recomputed forward keeps its unit
+    Note [recorded unit order]: prefetch follows the order the forward ran the units in, not
+    the order they were registered (model.modules() order need not be call order). Each
+    forward the engine runs (Engine.__call__, inside forward_pass()) records the units as
+    they start; when that differs from the recorded order (the first forward, or a forward
+    down another path), it becomes the order. Until a forward is recorded it is
+    registration order. In the forward a unit prefetches the next `prefetch` units after it
+    in that order; in the backward, the ones before it (the backward runs it reversed).
+    Every rank records the same order when its forward takes the same path; ranks whose
+    paths differ gather different units, and the checked calls name them (stage 3)."""
+
+    def __init__(self, engine, model, plan):
+        self.prefetch = plan.prefetch
+        self.in_backward = False  # inside Engine.backward (backward_pass()): a recomputed forward keeps its unit
         self.depth = [0] * len(plan.modules)  # forwards of the unit running now
-        self.units = len(plan.modules)  # Engine units 0..units-1 in forward order; the persistent one follows
+        self.units = len(plan.modules)  # Engine units 0..units-1; the persistent one follows
+        self.order = list(range(self.units))  # See Note [recorded unit order]
+        self._trace = None  # the units the running forward_pass() started, in order
         self.handles = []  # removed by engine.destroy()
         ref = self._ref = weakref.ref(engine)
         for u, unit in enumerate(plan.modules):
@@ -44,6 +58,32 @@ class UnitHooks:
                     self.handles.append(m.register_forward_pre_hook(self._pre_forward(ref, u)))
                     self.handles.append(m.register_forward_hook(self._post_forward(ref, u)))
 
+    @contextlib.contextmanager
+    def forward_pass(self):
+        """One forward of the engine: records the order it runs the units in (See Note
+        [recorded unit order]). A forward inside another (engine(x) called from a forward)
+        belongs to the outer one."""
+        if self._trace is not None or self.in_backward:
+            yield
+            return
+        self._trace = []
+        try:
+            yield
+            if self._trace and self._trace != self.order:
+                self.order = self._trace
+        finally:
+            self._trace = None
+
+    @contextlib.contextmanager
+    def backward_pass(self):
+        """Inside Engine.backward: a forward recomputed by checkpointing gathers its unit
+        and keeps it (backward releases it once its gradients are in)."""
+        self.in_backward = True
+        try:
+            yield
+        finally:
+            self.in_backward = False
+
     def release_idle(self):
         """Releases every unit no forward is running (prefetched ones included)."""
         impl = self._impl(self._ref)
@@ -52,8 +92,24 @@ class UnitHooks:
                 impl.release(u)
 
     def _impl(self, ref):
-        from zerort.engine.engine import alive
-        return alive(ref)._impl
+        return alive(ref).runtime
+
+    def _ahead(self, u):
+        """The next `prefetch` units after u in the recorded order (u's place: where the
+        running forward is in it, else u's first run)."""
+        at = len(self._trace) - 1 if self._trace else -1
+        order = self.order
+        if not (0 <= at < len(order) and order[at] == u):
+            at = order.index(u) if u in order else len(order)
+        return [v for v in order[at + 1:at + 1 + self.prefetch] if v != u]
+
+    def _behind(self, u):
+        """The `prefetch` units the backward reaches after u: the ones before u's last run
+        in the recorded order, nearest first."""
+        if u not in self.order:
+            return []
+        at = len(self.order) - 1 - self.order[::-1].index(u)
+        return [v for v in self.order[max(0, at - self.prefetch):at][::-1] if v != u]
 
     def _pre_forward(self, ref, u):
         def hook(module, args):
@@ -62,10 +118,11 @@ class UnitHooks:
                 impl.gather(u)
                 return
             if self.depth[u] == 0:
+                if self._trace is not None:
+                    self._trace.append(u)
                 impl.gather(u)  # its errors name the units (C++ Note [unit names])
-                for k in range(1, self.prefetch + 1):
-                    if u + k < self.units:
-                        impl.prefetch(u + k)
+                for v in self._ahead(u):
+                    impl.prefetch(v)
             self.depth[u] += 1
         return hook
 
@@ -87,9 +144,8 @@ class UnitHooks:
         def hook(grad):
             impl = self._impl(ref)
             impl.gather(u)
-            for k in range(1, self.prefetch + 1):
-                if u - k >= 0:
-                    impl.prefetch(u - k)
+            for v in self._behind(u):
+                impl.prefetch(v)
         return hook
 
 

@@ -23,9 +23,9 @@ class StateMethods:
         if master:
             for g in range(self._impl.num_groups):
                 full = self._impl.gather_master(g)
-                for i, p in enumerate(self._groups[g]):
+                for i, p in enumerate(self.param_index.groups[g]):
                     off = self._impl.param_offset(g, i)
-                    shape = self._shapes[id(p)]  # stage 3 empties released parameters
+                    shape = self.param_index.shapes[id(p)]  # stage 3 empties released parameters
                     values[id(p)] = full[off:off + math.prod(shape)].view(shape).clone()
         out = {}
         for name, t in self.module.state_dict(keep_vars=True).items():
@@ -39,11 +39,7 @@ class StateMethods:
 
     def full_shape(self, p):
         """p's whole shape (stage 3 empties released parameters; their shape is kept here)."""
-        return self._shapes.get(id(p), tuple(p.shape))
-
-    def _working_dtype(self, p):
-        """The dtype p computes in: float32 for FP32 modules, else the compute dtype."""
-        return torch.float32 if any(p is q for q in self._groups[1]) else self.dtype
+        return self.param_index.full_shape(p)
 
     def save_checkpoint(self, save_dir, tag=None, client_state=None, save_latest=True,
                         exclude_frozen_parameters=False):
@@ -103,12 +99,12 @@ class StateMethods:
 
     def memory_report(self):
         """What this run allocated on every rank, beside our exact estimate
-        (zerort.accounting.memory.MemoryReport): the allocator's figures first (what initialize left
+        (zerort.accounting.report.MemoryReport): the allocator's figures first (what initialize left
         allocated, each phase's peak growth), then the engine's own counters per category.
         A collective: call it on every rank."""
-        from zerort.accounting import memory
+        from zerort.accounting import report
 
-        return memory.report(self)
+        return report.report(self, self._memory)
 
     @contextlib.contextmanager
     def gathered_parameters(self):

@@ -32,8 +32,8 @@ def replicated(engine):
 
 def _group_segments(engine, g, params):
     """{id(p): segments} for group g's parameters, from each bucket's ShardLayout."""
-    impl, stage0 = engine._impl, replicated(engine)
-    numels = [math.prod(engine._shapes[id(p)]) for p in params]  # stage 3 empties the params
+    impl, stage0 = engine.runtime, replicated(engine)
+    numels = [math.prod(engine.param_index.shapes[id(p)]) for p in params]  # stage 3 empties the params
     offsets = [impl.param_offset(g, i) for i in range(len(params))]
     out = {id(p): [] for p in params}
     for start, padded, shard, opt in impl.bucket_layout(g) if params else []:
@@ -54,15 +54,15 @@ def _group_segments(engine, g, params):
 def param_layout(engine):
     """{name: {"shape", "dtype", "compute_dtype", "segments"}} for every trainable parameter
     of the engine, in named_parameters() order (a shared parameter under its first name)."""
-    where = {}
-    for g, params in enumerate(engine._groups):
+    where, index = {}, engine.param_index
+    for g, params in enumerate(index.groups):
         where.update(_group_segments(engine, g, params))
     out, seen = {}, set()
     for name, p in engine.module.named_parameters():
         if id(p) in where and id(p) not in seen:
             seen.add(id(p))
-            out[name] = {"shape": list(engine._shapes[id(p)]), "dtype": "float32",  # the saved master
-                         "compute_dtype": str(engine._working_dtype(p)).replace("torch.", ""),
+            out[name] = {"shape": list(index.shapes[id(p)]), "dtype": "float32",  # the saved master
+                         "compute_dtype": str(index.dtypes[id(p)]).replace("torch.", ""),
                          "segments": where[id(p)]}
     return out
 
@@ -78,7 +78,7 @@ def owned(engine, layout=None):
 def optimizer_tensors(engine):
     """{"master", "exp_avg", "exp_avg_sq"}: one flat FP32 tensor per engine group, each
     this rank's optimizer state (the indices of the segments run across the groups)."""
-    impl = engine._impl
+    impl = engine.runtime
     n = impl.num_groups
     return {"master": [impl.master(g) for g in range(n)], "exp_avg": [impl.exp_avg(g) for g in range(n)],
             "exp_avg_sq": [impl.exp_avg_sq(g) for g in range(n)]}

@@ -156,7 +156,7 @@ def save(engine, directory, tag=None, client_state=None, save_latest=True):
             tensors.update({f"extra::{k}": v for k, v in extras.items()})
             path = os.path.join(work, f"shard_{rank:05d}.pt")
             digest = files.write_shard(path, tensors, {"rank": rank, "world_size": engine.world_size,
-                                                 "save_id": save_id, "state": engine._impl.state()})
+                                                 "save_id": save_id, "state": engine.runtime.state()})
             created.append(path)
             return digest
 
@@ -229,7 +229,7 @@ def _clean_up(comm, rank, work, created, committed):
 def _aliases(engine):
     """Tied parameters: every state_dict name beyond the first, mapped to the first."""
     first, out = {}, {}
-    trainable = {id(p) for p in engine._params}  # frozen tied names are all in the extras
+    trainable = {id(p) for p in engine.param_index.params}  # frozen tied names are all in the extras
     for name, p in engine.module.named_parameters(remove_duplicate=False):
         if id(p) not in trainable:
             continue
@@ -243,12 +243,12 @@ def _aliases(engine):
 def _extras(engine):
     """State outside the optimizer: frozen parameters (their FP32 values) and buffers."""
     out = {}
-    trainable = {id(p) for p in engine._params}
+    trainable = {id(p) for p in engine.param_index.params}
     for name, t in engine.module.state_dict(keep_vars=True).items():
         if id(t) in trainable:
             continue
-        if id(t) in engine._frozen_fp32:
-            out[name] = engine._frozen_fp32[id(t)].clone()
+        if id(t) in engine.frozen_masters:
+            out[name] = engine.frozen_masters[id(t)].clone()
         else:
             out[name] = t.detach().float().clone() if t.is_floating_point() else t.detach().clone()
     return out
@@ -272,8 +272,8 @@ def _restore_extras(engine, meta, tensors):
     with torch.no_grad():
         for name in meta.get("extras", []):
             saved, t = tensors[f"extra::{name}"], live[name]
-            if id(t) in engine._frozen_fp32:
-                engine._frozen_fp32[id(t)].copy_(saved)
+            if id(t) in engine.frozen_masters:
+                engine.frozen_masters[id(t)].copy_(saved)
             t.data.copy_(saved)  # cast to the working dtype
 
 
@@ -387,7 +387,7 @@ def _restore(engine, meta, mine, reader, what="all"):
     if what != "module":
         saved = _window(engine, meta, dict(reader.shard(0)[1]["state"]))
         if what == "weights":  # this engine's optimizer counters and loss scale stay
-            now = engine._impl.state()
+            now = engine.runtime.state()
             saved.update({k: v for k, v in now.items() if k not in ("global_step", "skipped_steps", "micro_steps")})
-        engine._impl.load_state(saved)
-    engine._impl.refresh_params()
+        engine.runtime.load_state(saved)
+    engine.runtime.refresh_params()

@@ -14,7 +14,8 @@ import os
 
 import torch
 
-from zerort.state.metadata import CheckpointError, open_regular
+from zerort.errors import CheckpointError
+from zerort.state.regular_files import open_regular
 
 FILE = "engine_state.pt"
 

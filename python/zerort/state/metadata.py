@@ -24,20 +24,20 @@ the loader, and never loads wrong values silently. Checked:
 Format 1 (before shards were bound to meta.json) is not read: it never left this
 repository, so there is nothing to migrate; such a directory is named with its format.
 """
-import errno
 import hashlib
 import json
 import math
 import os
 import re
 import reprlib
-import stat
 import unicodedata
 
 import torch
 
 from zerort.errors import CheckpointError  # noqa: F401  (raised here; imported from here by state/)
-from zerort.file_types import file_kind  # noqa: F401  (used here; imported from here by state/)
+from zerort.file_types import file_kind  # noqa: F401  (imported from here by state/)
+from zerort.state.loop_state import validate
+from zerort.state.regular_files import check_directory, open_regular, stat_or_none  # noqa: F401  (and by state/)
 
 FORMAT = "zerort-checkpoint-2"
 STATE_TENSORS = ("master", "exp_avg", "exp_avg_sq")
@@ -148,53 +148,6 @@ def check_tag(tag, where):
     return tag
 
 
-def stat_or_none(path):
-    """os.stat(path) (links followed); None when nothing is there; a CheckpointError for a
-    symlink loop or a dangling link, which are not 'missing'."""
-    try:
-        return os.stat(path)
-    except OSError as e:
-        if e.errno == errno.ELOOP:
-            raise CheckpointError(f"{path} is a symlink loop: following its links never reaches a file") from None
-        if e.errno in (errno.ENOENT, errno.ENOTDIR):
-            if os.path.islink(path):
-                raise CheckpointError(f"{path} is a symlink to {_short.repr(os.readlink(path))}, which does not "
-                                      "exist") from None
-            return None
-        raise CheckpointError(f"{path}: {e.strerror}") from None
-
-
-def open_regular(path, missing):
-    """path opened for reading as an unbuffered file object, if it is a regular file (links
-    followed); else a CheckpointError: `missing` when nothing is there, otherwise what is
-    there. A FIFO is never opened: its type is checked first, and the open itself does not
-    block (O_NONBLOCK) should one be swapped in between; the opened file is checked again."""
-    st = stat_or_none(path)
-    if st is None:
-        raise CheckpointError(missing)
-    if not stat.S_ISREG(st.st_mode):
-        raise CheckpointError(f"{path} is {file_kind(st.st_mode)}, not a regular file: a checkpoint holds only "
-                              "regular files here")
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
-    except OSError as e:
-        raise CheckpointError(f"{path}: cannot be opened ({e.strerror})") from None
-    st = os.fstat(fd)
-    if not stat.S_ISREG(st.st_mode):
-        os.close(fd)
-        raise CheckpointError(f"{path} is {file_kind(st.st_mode)}, not a regular file")
-    return os.fdopen(fd, "rb", buffering=0)
-
-
-def check_directory(path, missing):
-    """A CheckpointError unless path is a directory (links followed)."""
-    st = stat_or_none(path)
-    if st is None:
-        raise CheckpointError(missing)
-    if not stat.S_ISDIR(st.st_mode):
-        raise CheckpointError(f"{path} is {file_kind(st.st_mode)}, not a directory")
-
-
 def _read_latest(directory):
     latest = os.path.join(directory, "latest")
     with open_regular(latest, f"{directory} is not a zerort checkpoint directory (no 'latest' file); "
@@ -283,9 +236,7 @@ def validate_meta(meta, path):
             f.fail(f"extras[{i}]", name, "a name that is not also a parameter or an alias")
     if len(set(extras)) != len(extras):
         f.fail("extras", extras, "distinct names")
-    from zerort.state.loop_state import validate  # the param groups and engine_state.pt
-
-    validate(f, meta)
+    validate(f, meta)  # the param groups and engine_state.pt (zerort.state.loop_state)
     return meta
 
 

@@ -22,6 +22,7 @@ from zerort import comm as zerort_comm
 from zerort import lifecycle
 from zerort.errors import CommError, ConfigError
 from zerort.integrations.deepspeed.names import not_provided
+from zerort.integrations.deepspeed.ranks import get_local_rank, get_rank, get_world_size  # noqa: F401
 from zerort.integrations.deepspeed.utils import log_dist
 
 ReduceOp = dist.ReduceOp
@@ -122,19 +123,6 @@ def _group_or_fail(name):
     if not dist.is_initialized():
         raise CommError(f"deepspeed.comm.{name}: torch.distributed has no process group yet; call "
                         "deepspeed.init_distributed() first (or deepspeed.initialize(), which makes one)")
-
-
-def get_rank(group=None):
-    """This process's rank: torch.distributed's once a group exists, the launcher's before."""
-    return dist.get_rank(group) if dist.is_initialized() else zerort_comm.detect_launch_env()["rank"]
-
-
-def get_world_size(group=None):
-    return dist.get_world_size(group) if dist.is_initialized() else zerort_comm.detect_launch_env()["world_size"]
-
-
-def get_local_rank():
-    return zerort_comm.detect_launch_env()["local_rank"]
 
 
 def get_global_rank(group=None, group_rank=0):

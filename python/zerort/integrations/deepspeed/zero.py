@@ -19,6 +19,7 @@ rank's values of them into every rank's FP32 master on exit (a collective: every
 enters it). Parameters of no engine yet are whole already: nothing to do.
 """
 import contextlib
+import enum
 
 import torch
 
@@ -83,11 +84,16 @@ def _refuse_forward_until_wrapped(module):
     handle = module.register_forward_pre_hook(check)
 
 
+class ZeroParamStatus(enum.Enum):
+    """deepspeed.runtime.zero.partition_parameters.ZeroParamStatus (re-exported there)."""
+    AVAILABLE = 1  # whole on this rank
+    NOT_AVAILABLE = 2  # only this rank's shard
+    INFLIGHT = 3  # being gathered
+
+
 def _status(param):
     """Parameter.ds_status: AVAILABLE while whole, NOT_AVAILABLE while only this rank's
     shard is held; an AttributeError on a parameter no stage-3 engine marked."""
-    from zerort.integrations.deepspeed.runtime.zero.partition_parameters import ZeroParamStatus
-
     numel = param.__dict__.get("ds_numel")
     if numel is None:
         raise AttributeError("ds_status: this parameter is not sharded by a zerort stage-3 engine")
@@ -176,11 +182,11 @@ def _take_values(engine, params, rank):
         if name not in layout:  # frozen: its working copy and its FP32 copy
             with torch.no_grad():
                 engine.comm.broadcast(p.data, rank)
-                if id(p) in engine._frozen_fp32:
-                    engine._frozen_fp32[id(p)].copy_(p.data)
+                if id(p) in engine.frozen_masters:
+                    engine.frozen_masters[id(p)].copy_(p.data)
             continue
         value = p.detach().float().clone()
         engine.comm.broadcast(value, rank)
         full[name] = value
     write_state(engine, "master", full, layout)
-    engine._impl.refresh_params()  # the working copies from the new master (a collective)
+    engine.runtime.refresh_params()  # the working copies from the new master (a collective)

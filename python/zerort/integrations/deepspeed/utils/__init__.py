@@ -7,6 +7,7 @@ import sys
 import torch
 
 from zerort.integrations.deepspeed.names import NotProvidedError, not_provided
+from zerort.integrations.deepspeed.ranks import get_rank
 
 
 
@@ -33,8 +34,6 @@ if not logger.handlers:
 
 
 def _rank():
-    from zerort.integrations.deepspeed.comm import get_rank  # comm imports this module's log_dist
-
     return get_rank()
 
 
@@ -80,11 +79,11 @@ def _full(param, key, who, engine=None):
     from zerort.layout.shard_map import flat, optimizer_tensors, param_layout, replicated
 
     engine = engine or _owner(param, who)
-    name = engine._names[id(param)]
+    name = engine.param_index.names[id(param)]
     info = param_layout(engine).get(name)
     if info is None:
         raise NotProvidedError(f"deepspeed.utils.{who}: {name!r} is frozen: it has no optimizer state")
-    impl = engine._impl
+    impl = engine.runtime
     state = flat([impl.grad(g) for g in range(impl.num_groups)] if key == "grad" else optimizer_tensors(engine)[key])
     numel = 1
     for d in info["shape"]:
@@ -113,8 +112,8 @@ def safe_get_full_grad(param):
     engine = _owner(param, "safe_get_full_grad")
     if not param.requires_grad:
         return None
-    engine._impl.reduce_now()
-    impl = engine._impl
+    engine.runtime.reduce_now()
+    impl = engine.runtime
     denominator = impl.loss_scale * engine.world_size * engine.config.batch.gradient_accumulation_steps
     return _full(param, "grad", "safe_get_full_grad", engine) / denominator
 
