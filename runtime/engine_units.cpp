@@ -34,16 +34,18 @@ void Engine::gather_on_comm_thread(Bucket& b) {
 }
 
 void Engine::wait_gathered_locked(std::unique_lock<std::mutex>& lock, Bucket& b) {
+  units_.wait_for(b.index, +1);  // no release() empties it meanwhile (See Note [unit cache])
   cv_.wait(lock, [&] { return units_.state(b.index) != UnitCache::State::kGathering; });
+  units_.wait_for(b.index, -1);
   if (comm_error_) std::rethrow_exception(comm_error_);  // step() clears it
   units_.view_gathered(b.index);
 }
 
 void Engine::release_locked(std::unique_lock<std::mutex>& lock, Bucket& b, bool hand_off) {
   if (!units_.releasable(b.index)) return;
-  // The gather writes into it.
+  // The gather writes into it; a gather() waiting for it keeps it (See Note [unit cache]).
   cv_.wait(lock, [&] { return units_.state(b.index) != UnitCache::State::kGathering; });
-  units_.release(b.index, hand_off);
+  if (units_.releasable(b.index)) units_.release(b.index, hand_off);
 }
 
 void Engine::prefetch(size_t index) {

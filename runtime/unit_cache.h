@@ -33,8 +33,10 @@ void set_storage_bytes(const at::Tensor& t, size_t nbytes);
 // parameters emptied, its bytes no longer counted). A persistent unit is always kGathered.
 // What released means: See Note [released storage]. gathered_bytes() is the storage of the
 // non-persistent units not released; its peak is the most since reset_peak(). While held
-// (hold(), counted), release() does nothing. Not thread-safe: the Engine calls it with
-// its mutex held and waits out kGathering itself.
+// (hold(), counted), or while a gather() waits for the unit (wait_for, counted per unit: a
+// release racing a gather on another thread must not empty what the gather hands back),
+// release() does nothing. Not thread-safe: the Engine calls it with its mutex held and waits
+// out kGathering itself.
 class UnitCache {
  public:
   enum class State { kReleased, kGathering, kGathered };
@@ -67,8 +69,10 @@ class UnitCache {
   // waited out kGathering. hand_off: See Note [handed-off storage] (unit_cache.cpp).
   void release(size_t u, bool hand_off = false);
   bool releasable(size_t u) const {
-    return !units_[u].persistent && held_ == 0 && units_[u].state != State::kReleased;
+    return !units_[u].persistent && held_ == 0 && units_[u].waiters == 0 && units_[u].state != State::kReleased;
   }
+  // A gather() waits for unit u (+1) or has its views (-1).
+  void wait_for(size_t u, int delta) { units_[u].waiters += delta; }
 
   void hold() { ++held_; }
   bool unhold();  // true when the last hold ends
@@ -83,6 +87,7 @@ class UnitCache {
     bool persistent = true;
     State state = State::kGathered;
     bool viewed = true;  // its parameters view `full`
+    int waiters = 0;     // gather() calls waiting for it
     std::vector<ParamView> params;
     std::string name;
   };

@@ -196,6 +196,28 @@ TEST_P(EngineStage3, PrefetchRacingAReleaseEndsConsistent) {
   });
 }
 
+// gather() and release() of one unit on two threads: whichever takes the unit first, the
+// gather hands back whole parameters, since a release waiting for the gather's collective
+// leaves alone a unit a gather() waits for (See Note [unit cache]). One gather per round on
+// every rank: the unit is released before each.
+TEST_P(EngineStage3, GatherRacingAReleaseHandsBackWholeParameters) {
+  on_ranks(GetParam(), [](Engine& engine, Communicator& comm, Params& params) {
+    comm.delay_calls(DelayedCalls::kGathers, microseconds(comm.rank() % 2 ? 3000 : 500));
+    for (int round = 0; round < 20; ++round) {
+      std::thread releaser([&] { engine.release(0); });
+      try {
+        engine.gather(0);
+      } catch (...) {
+        releaser.join();
+        throw;
+      }
+      releaser.join();
+      EXPECT_TRUE(whole(params, 0)) << "round " << round;
+      engine.release(0);
+    }
+  });
+}
+
 // Zerort's promise: the stages agree bit for bit without clipping (stage 3 sums the norm's
 // squares in another order), whether gradients are reported by hooks or left to step(),
 // and however the comm threads are delayed (gathers on odd ranks, reduces on even ones).
