@@ -34,19 +34,17 @@ def median_ms(fn, reps=20, warmup=3):
     return statistics.median(times)
 
 
-def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--numel", type=int, default=1 << 28, help="elements per AdamW shard (default 268M)")
-    args = ap.parse_args()
-    n = args.numel
-    rows = []
+def copy_row(n):
+    """(device copy GB/s, its row): the ceiling the other rows are measured against."""
     src = torch.empty(n * 2, dtype=torch.float32, device="cuda").normal_()
     dst = torch.empty_like(src)
     t = median_ms(lambda: dst.copy_(src))
     copy_gbs = 2 * src.numel() * 4 / t / 1e6
-    rows.append(("device copy_ (read+write)", f"{src.numel() * 8 / 1e9:.2f} GB", t, copy_gbs, "100% (ceiling)", ""))
-    del src, dst
+    return copy_gbs, ("device copy_ (read+write)", f"{src.numel() * 8 / 1e9:.2f} GB", t, copy_gbs, "100% (ceiling)", "")
 
+
+def adamw_rows(n, copy_gbs):
+    """zerort's fused AdamW + bf16 write over n elements, and torch's fused AdamW + cast."""
     g = torch.randn(n, device="cuda") * 1e-2
     p = torch.randn(n, device="cuda")
     m = torch.zeros(n, device="cuda")
@@ -60,26 +58,35 @@ def main():
     tp.grad = g.clone()
     opt = torch.optim.AdamW([tp], fused=True, **hyper)
     t_torch = median_ms(lambda: (opt.step(), out.copy_(tp.detach())))
-    rows.append(("zerort AdamW + bf16 write (30 B/elem)", f"{n / 1e6:.0f}M elem", t_ours, ours_gbs,
-                 f"{100 * ours_gbs / copy_gbs:.1f}%", f"{t_torch / t_ours:.2f}x torch fused+cast"))
-    rows.append(("torch AdamW(fused) + bf16 cast", f"{n / 1e6:.0f}M elem", t_torch, 34 * n / t_torch / 1e6,
-                 f"{100 * 34 * n / t_torch / 1e6 / copy_gbs:.1f}%", "(34 B/elem)"))
-    del g, p, m, v, out, tp, opt
+    return [("zerort AdamW + bf16 write (30 B/elem)", f"{n / 1e6:.0f}M elem", t_ours, ours_gbs,
+             f"{100 * ours_gbs / copy_gbs:.1f}%", f"{t_torch / t_ours:.2f}x torch fused+cast"),
+            ("torch AdamW(fused) + bf16 cast", f"{n / 1e6:.0f}M elem", t_torch, 34 * n / t_torch / 1e6,
+             f"{100 * 34 * n / t_torch / 1e6 / copy_gbs:.1f}%", "(34 B/elem)")]
 
-    shard = n // 4
-    for world in (2, 4, 8):
-        chunks = torch.randn(world * shard, device="cuda").to(torch.bfloat16)
-        acc = torch.randn(shard, device="cuda")
-        t_ours = median_ms(lambda: kernels.sum_chunks_to_f32(chunks, acc, accumulate=True))
-        nbytes = world * shard * 2 + 8 * shard
-        t_torch = median_ms(lambda: acc.add_(chunks.view(world, shard).float().sum(0)))
-        rows.append((f"local sum W={world} bf16 -> f32 (accumulate)", f"{shard / 1e6:.0f}M out", t_ours,
-                     nbytes / t_ours / 1e6, f"{100 * nbytes / t_ours / 1e6 / copy_gbs:.1f}%",
-                     f"{t_torch / t_ours:.2f}x torch float().sum(0)"))
-        del chunks, acc
+
+def local_sum_row(world, shard, copy_gbs):
+    """reduce_scatter_accumulate's local sum of `world` bf16 chunks into an FP32 shard."""
+    chunks = torch.randn(world * shard, device="cuda").to(torch.bfloat16)
+    acc = torch.randn(shard, device="cuda")
+    t_ours = median_ms(lambda: kernels.sum_chunks_to_f32(chunks, acc, accumulate=True))
+    nbytes = world * shard * 2 + 8 * shard
+    t_torch = median_ms(lambda: acc.add_(chunks.view(world, shard).float().sum(0)))
+    return (f"local sum W={world} bf16 -> f32 (accumulate)", f"{shard / 1e6:.0f}M out", t_ours,
+            nbytes / t_ours / 1e6, f"{100 * nbytes / t_ours / 1e6 / copy_gbs:.1f}%",
+            f"{t_torch / t_ours:.2f}x torch float().sum(0)")
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--numel", type=int, default=1 << 28, help="elements per AdamW shard (default 268M)")
+    args = ap.parse_args()
+    n = args.numel
+    copy_gbs, row = copy_row(n)
+    rows = [row, *adamw_rows(n, copy_gbs)]
+    rows += [local_sum_row(world, n // 4, copy_gbs) for world in (2, 4, 8)]
 
     print(f"GPU: {torch.cuda.get_device_name()}  torch {torch.__version__}")
-    print(f"| kernel | size | median ms | GB/s | of copy bandwidth | vs torch (same run) |")
+    print("| kernel | size | median ms | GB/s | of copy bandwidth | vs torch (same run) |")
     print("|---|---|---|---|---|---|")
     for name, size, t, gbs, frac, ratio in rows:
         print(f"| {name} | {size} | {t:.3f} | {gbs:.0f} | {frac} | {ratio} |")

@@ -47,6 +47,34 @@ def torch_adamw(n, **flags):
     return p, opt
 
 
+def time_ours(n):
+    """Median seconds of zerort's fused AdamW step over n elements (its buffers freed on return)."""
+    grad, master = torch.randn(n), torch.randn(n)
+    m, v, lp = torch.zeros(n), torch.zeros(n), torch.empty(n, dtype=torch.bfloat16)
+    step = [0]
+
+    def ours():
+        step[0] += 1
+        adamw_step(grad, master, m, v, lp, step=step[0], **HYPER)
+
+    return median_time(ours)
+
+
+def time_torch(n, fused=False, foreach=False):
+    """Median seconds of torch's AdamW step over n elements; fused: with the bf16 cast of the
+    weights that zerort's kernel does in the same pass."""
+    p, opt = torch_adamw(n, fused=fused, foreach=foreach)
+    if not fused:
+        return median_time(opt.step)
+    lp = torch.empty(n, dtype=torch.bfloat16)
+
+    def fused_and_cast():
+        opt.step()
+        lp.copy_(p.detach())
+
+    return median_time(fused_and_cast)
+
+
 def main():
     threads = torch.get_num_threads()
     bw = copy_bandwidth()
@@ -56,28 +84,7 @@ def main():
           "| foreach / ours | fused+cast / ours | our GB/s (30 B/elem) | % of copy bw |")
     print("|---:|---:|---:|---:|---:|---:|---:|---:|")
     for n in (16 << 20, 64 << 20):
-        grad, master = torch.randn(n), torch.randn(n)
-        m, v, lp = torch.zeros(n), torch.zeros(n), torch.empty(n, dtype=torch.bfloat16)
-        step = [0]
-
-        def ours():
-            step[0] += 1
-            adamw_step(grad, master, m, v, lp, step=step[0], **HYPER)
-
-        t_ours = median_time(ours)
-        del grad, master, m, v, lp
-        p, opt = torch_adamw(n, foreach=True)
-        t_foreach = median_time(opt.step)
-        del p, opt
-        p, opt = torch_adamw(n, fused=True)
-        lp = torch.empty(n, dtype=torch.bfloat16)
-
-        def fused_and_cast():
-            opt.step()
-            lp.copy_(p.detach())
-
-        t_fused = median_time(fused_and_cast)
-        del p, opt, lp
+        t_ours, t_foreach, t_fused = time_ours(n), time_torch(n, foreach=True), time_torch(n, fused=True)
         ours_bw = 30 * n / t_ours
         print(f"| {n} | {t_ours * 1e3:.1f} | {t_foreach * 1e3:.1f} | {t_fused * 1e3:.1f} | "
               f"{t_foreach / t_ours:.2f} | {t_fused / t_ours:.2f} | {ours_bw / 1e9:.2f} | {100 * ours_bw / bw:.0f}% |")

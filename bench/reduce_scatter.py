@@ -42,6 +42,21 @@ def timed(fn, world, reps, warmup=2):
     return statistics.median(samples)
 
 
+def time_size(comm, world, mb):
+    """(mb, elements, reps, zerort s, MPI s, gloo s) for an S = mb MiB FP32 gradient; its buffers
+    are freed on return, before the next size allocates its own."""
+    rank, W = world.Get_rank(), world.Get_size()
+    n = (mb * 2**20 // 4) // W * W
+    reps = 20 if mb <= 16 else 7 if mb <= 64 else 5
+    g32 = torch.randn(n, generator=torch.Generator().manual_seed(rank))
+    g16 = g32.bfloat16()
+    shard32 = torch.empty(n // W)
+    t_a = timed(lambda: comm.reduce_scatter_accumulate(g16, shard32), world, reps)
+    t_b = timed(lambda: world.Reduce_scatter_block(g32.numpy(), shard32.numpy(), op=MPI.SUM), world, reps)
+    t_c = timed(lambda: dist.reduce_scatter_tensor(shard32, g32), world, reps)
+    return mb, n, reps, t_a, t_b, t_c
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--sizes-mb", type=int, nargs="*", default=SIZES_MB)
@@ -55,19 +70,7 @@ def main():
     dist.init_process_group("gloo", rank=rank, world_size=W, timeout=datetime.timedelta(minutes=10))
     comm = zerort.comm.init("mpi", timeout_s=600)
 
-    rows = []
-    for mb in args.sizes_mb:
-        n = (mb * 2**20 // 4) // W * W
-        reps = 20 if mb <= 16 else 7 if mb <= 64 else 5
-        g32 = torch.randn(n, generator=torch.Generator().manual_seed(rank))
-        g16 = g32.bfloat16()
-        shard32 = torch.empty(n // W)
-        t_a = timed(lambda: comm.reduce_scatter_accumulate(g16, shard32), world, reps)
-        t_b = timed(lambda: world.Reduce_scatter_block(g32.numpy(), shard32.numpy(), op=MPI.SUM),
-                    world, reps)
-        t_c = timed(lambda: dist.reduce_scatter_tensor(shard32, g32), world, reps)
-        rows.append((mb, n, reps, t_a, t_b, t_c))
-        del g32, g16, shard32
+    rows = [time_size(comm, world, mb) for mb in args.sizes_mb]
 
     if rank == 0:
         print(f"\nreduce-scatter, W = {W} ranks, {os.cpu_count()} cores, torch {torch.__version__}, "

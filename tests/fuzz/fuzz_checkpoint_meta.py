@@ -27,7 +27,6 @@ sys.path.insert(0, os.path.join(HERE, "..", "python"))
 
 import torch  # noqa: E402
 
-from zerort.state.checkpoint import CheckpointError  # noqa: E402
 from checkpoint_fuzz_files import (exercise, fresh_copy, meta_path, one_input, read_meta_json,  # noqa: E402,F401
                                    rewrite_shard, tag_dir, write_bytes, write_meta_json)
 

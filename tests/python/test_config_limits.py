@@ -95,7 +95,7 @@ def test_integer_literals_of_any_length_name_the_key(tmp_path):
     assert problems(path) == ["stage: got 77777777777777777777...(an integer of 5738 digits); allowed: >= 0 and <= 3"]
     path = _write(tmp_path, "lr.json", '{"optimizer": {"lr": -' + "1" * 10_000 + '}, "bogus": ' + "2" * 5000 + "}")
     text = "\n".join(problems(path))
-    assert f"optimizer.lr: got -1111111111111111111...(an integer of 10000 digits); allowed: >= 0 and <= " in text
+    assert "optimizer.lr: got -1111111111111111111...(an integer of 10000 digits); allowed: >= 0 and <= " in text
     assert "bogus: unknown or unsupported key (got 22222222222222222222...(an integer of 5000 digits))" in text
     (line,) = problems({"stage": 10 ** 5000})  # the same from a dict
     assert line == "stage: got (an integer of 5001 digits); allowed: >= 0 and <= 3"

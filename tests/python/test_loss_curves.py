@@ -14,7 +14,6 @@ of DDP. Over these 50 steps the loss falls from 5.42 to 2.97 (45%, about 100 tim
 bound), and every curve must fall by at least 30%.
 """
 import os
-import subprocess
 import sys
 
 import pytest
