@@ -334,9 +334,8 @@ class Engine(StateMethods, DeepSpeedMethods):
 
     @property
     def unit_order(self):
-        """Stage 3: the Engine units in the order the last recorded forward ran them, which
-        prefetch follows (See Note [recorded unit order], zerort.engine.stage3); [] at
-        stages 0-2."""
+        """Stage 3: the Engine units in the order prefetch follows now, as a recorded forward
+        ran them (See Note [recorded unit order], zerort.engine.stage3); [] at stages 0-2."""
         return list(self._units.order) if self._units else []
 
     @property

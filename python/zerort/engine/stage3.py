@@ -35,12 +35,15 @@ class UnitHooks:
     Note [recorded unit order]: prefetch follows the order the forward ran the units in, not
     the order they were registered (model.modules() order need not be call order). Each
     forward the engine runs (Engine.__call__, inside forward_pass()) records the units as
-    they start; when that differs from the recorded order (the first forward, or a forward
-    down another path), it becomes the order. Until a forward is recorded it is
-    registration order. In the forward a unit prefetches the next `prefetch` units after it
-    in that order; in the backward, the ones before it (the backward runs it reversed).
-    Every rank records the same order when its forward takes the same path; ranks whose
-    paths differ gather different units, and the checked calls name them (stage 3)."""
+    they start, followed by the units it did not run in registration order (a path that
+    skips a unit now may take it later). When that differs from the order in use (the
+    first forward, or a forward down another path), it becomes the order from the next
+    forward on: one step's forward and backward prefetch by one order, so ranks whose
+    paths part in a step prefetch alike until then. Before a forward is recorded the order
+    is registration order. In the forward a unit prefetches the next `prefetch` units
+    after it in the order; in the backward, the ones before it (backward runs it
+    reversed). Ranks whose paths differ gather different units, and the checked calls
+    name them (stage 3)."""
 
     def __init__(self, engine, model, plan):
         self.prefetch = plan.prefetch
@@ -49,6 +52,7 @@ class UnitHooks:
         self.units = len(plan.modules)  # Engine units 0..units-1; the persistent one follows
         self.order = list(range(self.units))  # See Note [recorded unit order]
         self._trace = None  # the units the running forward_pass() started, in order
+        self._recorded = None  # a new order the last forward recorded, taken by the next one
         self.handles = []  # removed by engine.destroy()
         ref = self._ref = weakref.ref(engine)
         for u, unit in enumerate(plan.modules):
@@ -66,11 +70,15 @@ class UnitHooks:
         if self._trace is not None or self.in_backward:
             yield
             return
+        if self._recorded is not None:  # the previous forward's order, from this step on
+            self.order, self._recorded = self._recorded, None
         self._trace = []
         try:
             yield
-            if self._trace and self._trace != self.order:
-                self.order = self._trace
+            ran = self._trace
+            order = ran + [u for u in range(self.units) if u not in ran]  # units it skipped keep their place after
+            if ran and order != self.order:
+                self._recorded = order
         finally:
             self._trace = None
 
