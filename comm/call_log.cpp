@@ -15,8 +15,8 @@ uint64_t mix(uint64_t x) {
 }  // namespace
 
 CallFields call_fields(const CollectiveDesc& d) {
-  return {static_cast<int64_t>(d.kind), static_cast<int64_t>(d.dtype), static_cast<int64_t>(d.op),
-          static_cast<int64_t>(d.count), static_cast<int64_t>(d.root), d.tag};
+  return {static_cast<int64_t>(d.kind),  static_cast<int64_t>(d.dtype), static_cast<int64_t>(d.op),
+          static_cast<int64_t>(d.count), static_cast<int64_t>(d.root),  d.tag};
 }
 
 std::string describe_call(const CallFields& f, int rank, int world) {

@@ -55,7 +55,7 @@ Communicator::Communicator(int rank, int size, CommOptions options)
   ZRT_CHECK(size >= 1, "world size must be at least 1, got ", size);
   ZRT_CHECK(rank >= 0 && rank < size, "rank ", rank, " is outside the world of size ", size);
   ZRT_CHECK_AS(ConfigError, options.timeout.count() > 0, "comm.timeout_s must be at least 1 ms, got ",
-            options.timeout.count(), " ms");
+               options.timeout.count(), " ms");
 }
 
 void Communicator::delay_calls(DelayedCalls calls, std::chrono::microseconds delay) {
@@ -86,8 +86,8 @@ std::optional<DelayedCalls> delayed_calls(Collective kind) {
 
 }  // namespace
 
-CollectiveDesc Communicator::describe(Collective kind, size_t count, DType dtype, ReduceOp op,
-                                      int root, int64_t tag) const {
+CollectiveDesc Communicator::describe(Collective kind, size_t count, DType dtype, ReduceOp op, int root,
+                                      int64_t tag) const {
   CollectiveDesc d;
   d.kind = kind;
   d.rank = rank_;
@@ -103,10 +103,10 @@ CollectiveDesc Communicator::describe(Collective kind, size_t count, DType dtype
 
 void Communicator::check(const CollectiveDesc& d, std::initializer_list<const void*> buffers) {
   const char* name = collective_name(d.kind);
-  ZRT_CHECK(is_valid(d.dtype), name, " on rank ", rank_, ": unknown dtype value ",
-            static_cast<int32_t>(d.dtype), "; use one of f32, f64, i32, i64, bf16, f16");
-  ZRT_CHECK(is_valid(d.op), name, " on rank ", rank_, ": unknown reduce op value ",
-            static_cast<int32_t>(d.op), "; use sum, max or min");
+  ZRT_CHECK(is_valid(d.dtype), name, " on rank ", rank_, ": unknown dtype value ", static_cast<int32_t>(d.dtype),
+            "; use one of f32, f64, i32, i64, bf16, f16");
+  ZRT_CHECK(is_valid(d.op), name, " on rank ", rank_, ": unknown reduce op value ", static_cast<int32_t>(d.op),
+            "; use sum, max or min");
   if (d.kind == Collective::kReduceScatterAccumulate) {
     ZRT_CHECK(is_low_precision(d.dtype) || d.dtype == DType::kFloat32, name, " on rank ", rank_,
               ": input dtype must be bf16, f16 or f32 (the output is FP32), got ", dtype_name(d.dtype));
@@ -151,18 +151,18 @@ void Communicator::check_consistent_across_ranks(const CollectiveDesc& d) {
     } catch (const CommTimeoutError&) {
       const std::string gone = peer_exits(0);
       if (!gone.empty()) {  // the wait ended early: a peer exited (comm/peer_exits.h)
-        throw CommTimeoutError(__FILE__, __LINE__, peer_exit_message(detail::concat(d.to_string(), " (", what, ")"),
-                                                                     gone));
+        throw CommTimeoutError(__FILE__, __LINE__,
+                               peer_exit_message(detail::concat(d.to_string(), " (", what, ")"), gone));
       }
-      throw CommTimeoutError(__FILE__, __LINE__,
-                         detail::concat(d.to_string(), ": ", what, " did not finish within ",
-                                        options_.timeout.count(),
-                                        " ms; a peer rank is missing, stuck, or failed its own "
-                                        "argument check"));
+      throw CommTimeoutError(
+          __FILE__, __LINE__,
+          detail::concat(d.to_string(), ": ", what, " did not finish within ", options_.timeout.count(),
+                         " ms; a peer rank is missing, stuck, or failed its own "
+                         "argument check"));
     } catch (const Error& e) {  // the backend failed: typically a peer process exited or crashed
       throw CommError(__FILE__, __LINE__,
-                  detail::concat(d.to_string(), ": ", what, " failed (", e.message(),
-                                 "); a peer rank probably exited or crashed: see its log"));
+                      detail::concat(d.to_string(), ": ", what, " failed (", e.message(),
+                                     "); a peer rank probably exited or crashed: see its log"));
     }
   };
   CollectiveDesc probe = describe(Collective::kAllReduce, buf.size(), DType::kInt64, ReduceOp::kMax);
@@ -181,7 +181,8 @@ void Communicator::check_consistent_across_ranks(const CollectiveDesc& d) {
   auto calls = std::make_shared<std::vector<int64_t>>(kProbeFields * static_cast<size_t>(size_));
   auto sent = std::make_shared<CallFields>(mine);
   ++backend_calls_;
-  auto gather = do_all_gather(sent->data(), calls->data(), describe(Collective::kAllGather, kProbeFields, DType::kInt64));
+  auto gather =
+      do_all_gather(sent->data(), calls->data(), describe(Collective::kAllGather, kProbeFields, DType::kInt64));
   gather->keep_alive(calls);
   gather->keep_alive(sent);
   wait_probe(gather, "gathering every rank's call after a mismatch");
@@ -194,14 +195,19 @@ void Communicator::check_consistent_across_ranks(const CollectiveDesc& d) {
   }
   if (size_ > kListed) who += detail::concat("\n  (", size_ - kListed, " more ranks)");
   if (first == 0) {
-    throw CollectiveMismatchError(__FILE__, __LINE__, detail::concat(
-        d.to_string(), ": ranks called different collectives at the same point; every rank must "
-        "issue the same collectives in the same order. Each rank's call:", who));
+    throw CollectiveMismatchError(
+        __FILE__, __LINE__,
+        detail::concat(d.to_string(),
+                       ": ranks called different collectives at the same point; every rank must "
+                       "issue the same collectives in the same order. Each rank's call:",
+                       who));
   }
-  throw CollectiveMismatchError(__FILE__, __LINE__, detail::concat(
-      d.to_string(), ": ", names[first], " differs across ranks; every rank must pass the same ",
-      names[first], first == 5 ? " (the same bucket or unit: ranks took different paths through the model)" : "",
-      ". Each rank's call:", who));
+  throw CollectiveMismatchError(
+      __FILE__, __LINE__,
+      detail::concat(d.to_string(), ": ", names[first], " differs across ranks; every rank must pass the same ",
+                     names[first],
+                     first == 5 ? " (the same bucket or unit: ranks took different paths through the model)" : "",
+                     ". Each rank's call:", who));
 }
 
 WorkPtr Communicator::all_reduce(void* buf, size_t count, DType dtype, ReduceOp op, int64_t tag) {
@@ -211,16 +217,15 @@ WorkPtr Communicator::all_reduce(void* buf, size_t count, DType dtype, ReduceOp 
   return issue([&] { return do_all_reduce(buf, d); });
 }
 
-WorkPtr Communicator::reduce_scatter(const void* in, void* out, size_t recv_count, DType dtype,
-                                     ReduceOp op) {
+WorkPtr Communicator::reduce_scatter(const void* in, void* out, size_t recv_count, DType dtype, ReduceOp op) {
   auto d = describe(Collective::kReduceScatter, recv_count, dtype, op);
   check(d, {in, out});
   if (size_ == 1) return local_copy(in, out, d);
   return issue([&] { return do_reduce_scatter(in, out, d); });
 }
 
-WorkPtr Communicator::reduce_scatter_accumulate(const void* in, DType in_dtype, float* out,
-                                                size_t recv_count, bool accumulate, int64_t tag) {
+WorkPtr Communicator::reduce_scatter_accumulate(const void* in, DType in_dtype, float* out, size_t recv_count,
+                                                bool accumulate, int64_t tag) {
   auto d = describe(Collective::kReduceScatterAccumulate, recv_count, in_dtype, ReduceOp::kSum, 0, tag);
   check(d, {in, out});
   if (size_ == 1) return local_reduce_scatter_accumulate(in, out, accumulate, d);

@@ -65,11 +65,9 @@ class Communicator {
   virtual bool device_memory() const { return false; }
 
   // In place: buf (count elements) becomes op over all ranks' buf.
-  WorkPtr all_reduce(void* buf, size_t count, DType dtype, ReduceOp op = ReduceOp::kSum,
-                     int64_t tag = kNoTag);
+  WorkPtr all_reduce(void* buf, size_t count, DType dtype, ReduceOp op = ReduceOp::kSum, int64_t tag = kNoTag);
   // in has size()*recv_count elements; out gets this rank's recv_count-element chunk.
-  WorkPtr reduce_scatter(const void* in, void* out, size_t recv_count, DType dtype,
-                         ReduceOp op = ReduceOp::kSum);
+  WorkPtr reduce_scatter(const void* in, void* out, size_t recv_count, DType dtype, ReduceOp op = ReduceOp::kSum);
   // in: size()*recv_count bf16, f16 (or f32) elements. out: this rank's FP32 shard. An
   // all-to-all of the chunks as they are, then a local sum in rank order 0..W-1 (see
   // local_reduce.h). accumulate=true adds into out (gradient accumulation across micro-steps).
@@ -108,17 +106,15 @@ class Communicator {
   virtual WorkPtr do_barrier(const CollectiveDesc& d) = 0;
   // Host buffers by default: an all-to-all into host scratch, then sum_chunks_to_f32 on the
   // waiting thread. Device backends (NCCL) override it to keep both halves on the device.
-  virtual WorkPtr do_reduce_scatter_accumulate(const void* in, float* out, bool accumulate,
-                                               const CollectiveDesc& d);
+  virtual WorkPtr do_reduce_scatter_accumulate(const void* in, float* out, bool accumulate, const CollectiveDesc& d);
 
   // W = 1: the memory a collective to itself writes, without a collective (host memory
   // here; device backends override them to stay on the device).
   virtual WorkPtr local_copy(const void* in, void* out, const CollectiveDesc& d);
-  virtual WorkPtr local_reduce_scatter_accumulate(const void* in, float* out, bool accumulate,
-                                                  const CollectiveDesc& d);
+  virtual WorkPtr local_reduce_scatter_accumulate(const void* in, float* out, bool accumulate, const CollectiveDesc& d);
 
-  CollectiveDesc describe(Collective kind, size_t count, DType dtype, ReduceOp op = ReduceOp::kSum,
-                          int root = 0, int64_t tag = kNoTag) const;
+  CollectiveDesc describe(Collective kind, size_t count, DType dtype, ReduceOp op = ReduceOp::kSum, int root = 0,
+                          int64_t tag = kNoTag) const;
   // Counts `bytes` of backend scratch as live (for scratch_peak_bytes) until the returned
   // token is released.
   std::shared_ptr<void> track_scratch(size_t bytes);

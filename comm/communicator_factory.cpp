@@ -23,12 +23,13 @@ std::string resolve_backend(const std::string& backend, const LaunchEnv& env) {
   return "inprocess";
 }
 
-std::unique_ptr<Communicator> make_communicator(const std::string& backend, const LaunchEnv& env,
-                                                CommOptions options) {
+std::unique_ptr<Communicator> make_communicator(const std::string& backend, const LaunchEnv& env, CommOptions options) {
   const std::string name = resolve_backend(backend, env);
   if (name == "inprocess") {
-    ZRT_CHECK(env.world_size == 1, "comm.backend 'inprocess' from a launcher gives one rank per "
-              "process, but ", launcher_name(env.launcher), " started ", env.world_size,
+    ZRT_CHECK(env.world_size == 1,
+              "comm.backend 'inprocess' from a launcher gives one rank per "
+              "process, but ",
+              launcher_name(env.launcher), " started ", env.world_size,
               " ranks; use 'mpi' or 'gloo', or InProcessGroup for threads");
     return InProcessGroup::create(1, options)->communicator(0);
   }
@@ -37,18 +38,20 @@ std::unique_ptr<Communicator> make_communicator(const std::string& backend, cons
     return make_mpi_communicator(options);
 #else
     ZRT_THROW_AS(CommError, "comm.backend 'mpi' is not in this build (MPI was not found at configure time); "
-              "install libopenmpi-dev and rebuild, or use 'gloo' under torchrun");
+                            "install libopenmpi-dev and rebuild, or use 'gloo' under torchrun");
 #endif
   }
   if (name == "nccl") {
 #if ZERORT_WITH_NCCL
     if (env.launcher == Launcher::kNone) return make_nccl_communicator(0, 1, 0, nccl_unique_id(), options);
-    ZRT_CHECK(env.launcher != Launcher::kTorchrun, "comm.backend 'nccl' under torchrun exchanges its unique "
+    ZRT_CHECK(env.launcher != Launcher::kTorchrun,
+              "comm.backend 'nccl' under torchrun exchanges its unique "
               "id through c10d's TCPStore: create it from Python with zerort.comm.init(backend='nccl')");
     return make_nccl_communicator_mpi(-1, options);
 #else
-    ZRT_THROW_AS(CommError, "comm.backend 'nccl' is not in this build (nvcc was not found at configure time); "
-              "install the CUDA toolkit and nvidia-nccl-cu13 and rebuild, or use 'mpi' or 'gloo' for CPU tensors");
+    ZRT_THROW_AS(CommError,
+                 "comm.backend 'nccl' is not in this build (nvcc was not found at configure time); "
+                 "install the CUDA toolkit and nvidia-nccl-cu13 and rebuild, or use 'mpi' or 'gloo' for CPU tensors");
 #endif
   }
   if (name == "gloo") {

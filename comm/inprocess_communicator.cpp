@@ -11,8 +11,8 @@ namespace {
 
 class InProcessWork final : public Work {
  public:
-  InProcessWork(const CollectiveDesc& d, std::chrono::milliseconds timeout,
-                std::shared_ptr<InProcessGroup> group, std::shared_ptr<InProcessGroup::Op> op)
+  InProcessWork(const CollectiveDesc& d, std::chrono::milliseconds timeout, std::shared_ptr<InProcessGroup> group,
+                std::shared_ptr<InProcessGroup::Op> op)
       : Work(d, timeout), group_(std::move(group)), op_(std::move(op)) {}
   ~InProcessWork() override {
     if (!group_->is_done(op_)) retire_buffers();  // a late peer may still execute into them
@@ -26,9 +26,7 @@ class InProcessWork final : public Work {
       ZRT_THROW_AS(CommError, desc().to_string(), ": ", e.message());
     }
   }
-  void on_timeout() override {
-    group_->abort(desc().to_string() + " timed out waiting for its peers");
-  }
+  void on_timeout() override { group_->abort(desc().to_string() + " timed out waiting for its peers"); }
 
  private:
   std::shared_ptr<InProcessGroup> group_;
@@ -43,15 +41,9 @@ class InProcessCommunicator final : public Communicator {
 
  protected:
   WorkPtr do_all_reduce(void* buf, const CollectiveDesc& d) override { return post(buf, buf, d); }
-  WorkPtr do_reduce_scatter(const void* in, void* out, const CollectiveDesc& d) override {
-    return post(in, out, d);
-  }
-  WorkPtr do_all_gather(const void* in, void* out, const CollectiveDesc& d) override {
-    return post(in, out, d);
-  }
-  WorkPtr do_all_to_all(const void* in, void* out, const CollectiveDesc& d) override {
-    return post(in, out, d);
-  }
+  WorkPtr do_reduce_scatter(const void* in, void* out, const CollectiveDesc& d) override { return post(in, out, d); }
+  WorkPtr do_all_gather(const void* in, void* out, const CollectiveDesc& d) override { return post(in, out, d); }
+  WorkPtr do_all_to_all(const void* in, void* out, const CollectiveDesc& d) override { return post(in, out, d); }
   WorkPtr do_broadcast(void* buf, const CollectiveDesc& d) override { return post(buf, buf, d); }
   WorkPtr do_barrier(const CollectiveDesc& d) override { return post(nullptr, nullptr, d); }
 
@@ -72,10 +64,8 @@ size_t out_elems(const CollectiveDesc& d) {
     case Collective::kAllToAll:
     case Collective::kReduceScatterAccumulate:  // the all-to-all half lands W chunks
       return d.count * static_cast<size_t>(d.world);
-    case Collective::kBarrier:
-      return 0;
-    default:
-      return d.count;
+    case Collective::kBarrier: return 0;
+    default: return d.count;
   }
 }
 
@@ -86,8 +76,7 @@ std::shared_ptr<InProcessGroup> InProcessGroup::create(int world_size, CommOptio
   return std::shared_ptr<InProcessGroup>(new InProcessGroup(world_size, options));
 }
 
-InProcessGroup::InProcessGroup(int world_size, CommOptions options)
-    : world_(world_size), options_(options) {}
+InProcessGroup::InProcessGroup(int world_size, CommOptions options) : world_(world_size), options_(options) {}
 
 std::unique_ptr<Communicator> InProcessGroup::communicator(int rank) {
   return std::make_unique<InProcessCommunicator>(shared_from_this(), rank, options_);
@@ -99,8 +88,8 @@ void InProcessGroup::abort(const std::string& reason) {
   cv_.notify_all();
 }
 
-std::shared_ptr<InProcessGroup::Op> InProcessGroup::post(uint64_t seq, int rank, const void* in,
-                                                         void* out, const CollectiveDesc& desc) {
+std::shared_ptr<InProcessGroup::Op> InProcessGroup::post(uint64_t seq, int rank, const void* in, void* out,
+                                                         const CollectiveDesc& desc) {
   std::shared_ptr<Op> op;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -134,12 +123,10 @@ bool InProcessGroup::is_done(const std::shared_ptr<Op>& op) {
   return op->done;
 }
 
-bool InProcessGroup::wait_done(const std::shared_ptr<Op>& op,
-                               std::chrono::steady_clock::time_point deadline) {
+bool InProcessGroup::wait_done(const std::shared_ptr<Op>& op, std::chrono::steady_clock::time_point deadline) {
   std::unique_lock<std::mutex> lock(mu_);
-  bool finished = cv_.wait_until(lock, deadline, [&] {
-    return op->done || op->arrived == world_ || !abort_reason_.empty();
-  });
+  bool finished =
+      cv_.wait_until(lock, deadline, [&] { return op->done || op->arrived == world_ || !abort_reason_.empty(); });
   if (!finished) return false;
   // Every rank arrived: the last one is copying into our buffers right now. That is a
   // bounded local copy, so wait for it past the deadline rather than free buffers under it.
@@ -152,10 +139,10 @@ bool InProcessGroup::wait_done(const std::shared_ptr<Op>& op,
 void InProcessGroup::execute(Op& op) {
   const CollectiveDesc& d0 = op.slots[0].desc;
   for (const Slot& s : op.slots) {  // the backend sees all arguments, so it checks them itself
-    ZRT_CHECK(s.desc.kind == d0.kind && s.desc.count == d0.count && s.desc.dtype == d0.dtype &&
-                  s.desc.op == d0.op && s.desc.root == d0.root,
-              "in-process collective mismatch: rank 0 called ", d0.to_string(), " but rank ",
-              s.desc.rank, " called ", s.desc.to_string());
+    ZRT_CHECK(s.desc.kind == d0.kind && s.desc.count == d0.count && s.desc.dtype == d0.dtype && s.desc.op == d0.op &&
+                  s.desc.root == d0.root,
+              "in-process collective mismatch: rank 0 called ", d0.to_string(), " but rank ", s.desc.rank, " called ",
+              s.desc.to_string());
   }
   const size_t esize = d0.kind == Collective::kBarrier ? 0 : dtype_size(d0.dtype);
   const size_t chunk = d0.count * esize;
@@ -199,8 +186,7 @@ void InProcessGroup::execute(Op& op) {
       for (auto& res : results) res.assign(root, root + chunk);
       break;
     }
-    case Collective::kBarrier:
-      break;
+    case Collective::kBarrier: break;
   }
   for (size_t r = 0; r < world; ++r) {
     if (!results[r].empty()) std::memcpy(op.slots[r].out, results[r].data(), results[r].size());

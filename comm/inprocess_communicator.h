@@ -38,8 +38,7 @@ class InProcessGroup : public std::enable_shared_from_this<InProcessGroup> {
 
   // Posts this rank's arguments for its seq-th collective. The last rank to arrive
   // computes every rank's output. Returns the shared op to wait on.
-  std::shared_ptr<Op> post(uint64_t seq, int rank, const void* in, void* out,
-                           const CollectiveDesc& desc);
+  std::shared_ptr<Op> post(uint64_t seq, int rank, const void* in, void* out, const CollectiveDesc& desc);
   bool is_done(const std::shared_ptr<Op>& op);
   // False on timeout; throws zerort::Error when the op failed.
   bool wait_done(const std::shared_ptr<Op>& op, std::chrono::steady_clock::time_point deadline);

@@ -24,8 +24,8 @@ int parse_int(const EnvLookup& env, const std::string& name, int min_value) {
             " is not set but the launcher's other variables are; set it or unset them all");
   char* end = nullptr;
   long value = std::strtol(text->c_str(), &end, 10);
-  ZRT_CHECK(end && *end == '\0' && value >= min_value && value <= 1 << 24, "environment variable ",
-            name, "='", *text, "' is not an integer in [", min_value, ", ", 1 << 24, "]");
+  ZRT_CHECK(end && *end == '\0' && value >= min_value && value <= 1 << 24, "environment variable ", name, "='", *text,
+            "' is not an integer in [", min_value, ", ", 1 << 24, "]");
   return static_cast<int>(value);
 }
 
@@ -78,12 +78,13 @@ LaunchEnv detect_launch_env(const EnvLookup& env) {
   }
   out.rank = parse_int(env, rank_var, 0);
   out.world_size = parse_int(env, size_var, 1);
-  ZRT_CHECK(out.rank < out.world_size, rank_var, "=", out.rank, " must be below ", size_var, "=",
-            out.world_size);
+  ZRT_CHECK(out.rank < out.world_size, rank_var, "=", out.rank, " must be below ", size_var, "=", out.world_size);
   if (out.local_world_size < 0) out.local_world_size = out.world_size;  // not given: one node
-  ZRT_CHECK(out.local_rank < out.local_world_size && out.local_world_size <= out.world_size, "the launcher's "
-            "node-local rank ", out.local_rank, " and node size ", out.local_world_size, " do not fit a world of ",
-            out.world_size, " (", launcher_name(out.launcher), " variables)");
+  ZRT_CHECK(out.local_rank < out.local_world_size && out.local_world_size <= out.world_size,
+            "the launcher's "
+            "node-local rank ",
+            out.local_rank, " and node size ", out.local_world_size, " do not fit a world of ", out.world_size, " (",
+            launcher_name(out.launcher), " variables)");
   return out;
 }
 

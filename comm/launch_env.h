@@ -16,8 +16,8 @@ struct LaunchEnv {
   int world_size = 1;
   int local_rank = 0;        // among this node's ranks: picks the GPU
   int local_world_size = 1;  // ranks on this node
-  std::string master_addr;  // torchrun only
-  int master_port = 0;      // torchrun only
+  std::string master_addr;   // torchrun only
+  int master_port = 0;       // torchrun only
 };
 
 // Resolution order: torchrun (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR,

@@ -62,26 +62,20 @@ void sum_chunks(const F* chunks, size_t world, size_t n, float* out, bool accumu
 
 void reduce_into(void* acc, const void* src, size_t n, DType dtype, ReduceOp op) {
   switch (dtype) {
-    case DType::kFloat32:
-      return reduce_typed(static_cast<float*>(acc), static_cast<const float*>(src), n, op);
-    case DType::kFloat64:
-      return reduce_typed(static_cast<double*>(acc), static_cast<const double*>(src), n, op);
-    case DType::kInt32:
-      return reduce_typed(static_cast<int32_t*>(acc), static_cast<const int32_t*>(src), n, op);
-    case DType::kInt64:
-      return reduce_typed(static_cast<int64_t*>(acc), static_cast<const int64_t*>(src), n, op);
+    case DType::kFloat32: return reduce_typed(static_cast<float*>(acc), static_cast<const float*>(src), n, op);
+    case DType::kFloat64: return reduce_typed(static_cast<double*>(acc), static_cast<const double*>(src), n, op);
+    case DType::kInt32: return reduce_typed(static_cast<int32_t*>(acc), static_cast<const int32_t*>(src), n, op);
+    case DType::kInt64: return reduce_typed(static_cast<int64_t*>(acc), static_cast<const int64_t*>(src), n, op);
     case DType::kBFloat16:
-      return reduce_half<bf16_to_f32, f32_to_bf16>(static_cast<uint16_t*>(acc),
-                                                   static_cast<const uint16_t*>(src), n, op);
+      return reduce_half<bf16_to_f32, f32_to_bf16>(static_cast<uint16_t*>(acc), static_cast<const uint16_t*>(src), n,
+                                                   op);
     case DType::kFloat16:
-      return reduce_half<f16_to_f32, f32_to_f16>(static_cast<uint16_t*>(acc),
-                                                 static_cast<const uint16_t*>(src), n, op);
+      return reduce_half<f16_to_f32, f32_to_f16>(static_cast<uint16_t*>(acc), static_cast<const uint16_t*>(src), n, op);
   }
   ZRT_THROW("reduce_into: unknown dtype value ", static_cast<int32_t>(dtype));
 }
 
-void sum_chunks_to_f32(const void* chunks, DType dtype, size_t world, size_t n, float* out,
-                       bool accumulate) {
+void sum_chunks_to_f32(const void* chunks, DType dtype, size_t world, size_t n, float* out, bool accumulate) {
   const auto* c = static_cast<const uint16_t*>(chunks);
   if (dtype == DType::kBFloat16) return sum_chunks<bf16_to_f32>(c, world, n, out, accumulate);
   if (dtype == DType::kFloat16) return sum_chunks<f16_to_f32>(c, world, n, out, accumulate);

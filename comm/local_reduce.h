@@ -15,7 +15,6 @@ void reduce_into(void* acc, const void* src, size_t n, DType dtype, ReduceOp op)
 // each (bf16, f16 or f32), chunk r from rank r. out[i] (+)= sum over r = 0..world-1 in that
 // order, accumulated in FP64 and rounded once to FP32, so the result is the correctly
 // rounded sum and is bitwise reproducible. With accumulate=false out is overwritten.
-void sum_chunks_to_f32(const void* chunks, DType dtype, size_t world, size_t n, float* out,
-                       bool accumulate);
+void sum_chunks_to_f32(const void* chunks, DType dtype, size_t world, size_t n, float* out, bool accumulate);
 
 }  // namespace zerort

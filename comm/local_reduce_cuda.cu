@@ -16,14 +16,24 @@ constexpr unsigned kMaxBlocks = 8192;
 template <typename T>
 __device__ __forceinline__ double widen(T x);
 template <>
-__device__ __forceinline__ double widen<float>(float x) { return x; }
+__device__ __forceinline__ double widen<float>(float x) {
+  return x;
+}
 
-struct Bf16 { uint16_t bits; };
-struct F16 { uint16_t bits; };
+struct Bf16 {
+  uint16_t bits;
+};
+struct F16 {
+  uint16_t bits;
+};
 template <>
-__device__ __forceinline__ double widen<Bf16>(Bf16 x) { return bf16_to_f32(x.bits); }
+__device__ __forceinline__ double widen<Bf16>(Bf16 x) {
+  return bf16_to_f32(x.bits);
+}
 template <>
-__device__ __forceinline__ double widen<F16>(F16 x) { return f16_to_f32(x.bits); }
+__device__ __forceinline__ double widen<F16>(F16 x) {
+  return f16_to_f32(x.bits);
+}
 
 // kVec elements of T make 16 bytes: one vector load per chunk per step.
 template <typename T>
@@ -64,21 +74,21 @@ template <typename T>
 void launch(const void* chunks, size_t world, size_t n, float* out, bool accumulate, cudaStream_t stream) {
   constexpr size_t kN = Vec<T>::kN;
   // Vector loads need every chunk start 16-byte aligned: the base, and n a multiple of kN.
-  const bool aligned = reinterpret_cast<uintptr_t>(chunks) % 16 == 0 && n % kN == 0 &&
-                       reinterpret_cast<uintptr_t>(out) % 16 == 0;
+  const bool aligned =
+      reinterpret_cast<uintptr_t>(chunks) % 16 == 0 && n % kN == 0 && reinterpret_cast<uintptr_t>(out) % 16 == 0;
   const size_t vec_n = aligned ? n / kN : 0;
   const size_t work = aligned ? vec_n : n;
   size_t blocks = (work + kThreads - 1) / kThreads;
   blocks = blocks < 1 ? 1 : blocks > kMaxBlocks ? kMaxBlocks : blocks;
-  sum_chunks_kernel<T><<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(
-      static_cast<const T*>(chunks), world, n, vec_n, out, accumulate);
+  sum_chunks_kernel<T><<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(static_cast<const T*>(chunks), world, n,
+                                                                               vec_n, out, accumulate);
   ZRT_CHECK_CUDA(cudaGetLastError());
 }
 
 }  // namespace
 
-void sum_chunks_to_f32_cuda(const void* chunks, DType dtype, size_t world, size_t n, float* out,
-                            bool accumulate, cudaStream_t stream) {
+void sum_chunks_to_f32_cuda(const void* chunks, DType dtype, size_t world, size_t n, float* out, bool accumulate,
+                            cudaStream_t stream) {
   ZRT_CHECK(world >= 1, "sum_chunks_to_f32_cuda: world must be >= 1, got ", world);
   if (n == 0) return;
   ZRT_CHECK(chunks && out, "sum_chunks_to_f32_cuda: null chunks or output buffer for ", n, " elements");
@@ -86,8 +96,7 @@ void sum_chunks_to_f32_cuda(const void* chunks, DType dtype, size_t world, size_
     case DType::kBFloat16: return launch<Bf16>(chunks, world, n, out, accumulate, stream);
     case DType::kFloat16: return launch<F16>(chunks, world, n, out, accumulate, stream);
     case DType::kFloat32: return launch<float>(chunks, world, n, out, accumulate, stream);
-    default:
-      ZRT_THROW("sum_chunks_to_f32_cuda: input dtype must be bf16, f16 or f32, got ", dtype_name(dtype));
+    default: ZRT_THROW("sum_chunks_to_f32_cuda: input dtype must be bf16, f16 or f32, got ", dtype_name(dtype));
   }
 }
 

@@ -24,9 +24,9 @@ std::string mpi_error_string(int code) {
   return std::string(text, static_cast<size_t>(len));
 }
 
-#define ZRT_CHECK_MPI(call, what)                                                         \
-  do {                                                                                    \
-    int zrt_rc_ = (call);                                                                 \
+#define ZRT_CHECK_MPI(call, what)                                                                               \
+  do {                                                                                                          \
+    int zrt_rc_ = (call);                                                                                       \
     ZRT_CHECK_AS(CommError, zrt_rc_ == MPI_SUCCESS, what, ": ", #call, " failed: ", mpi_error_string(zrt_rc_)); \
   } while (0)
 
@@ -136,8 +136,7 @@ struct MpiRuntime {
     auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(2);
     int all_done = 0;
     while (!all_done && std::chrono::steady_clock::now() < deadline) {
-      MPI_Testall(static_cast<int>(rt.abandoned.size()), rt.abandoned.data(), &all_done,
-                  MPI_STATUSES_IGNORE);
+      MPI_Testall(static_cast<int>(rt.abandoned.size()), rt.abandoned.data(), &all_done, MPI_STATUSES_IGNORE);
       if (!all_done) std::this_thread::sleep_for(std::chrono::milliseconds(1));
     }
     if (all_done) MPI_Finalize();
@@ -191,8 +190,10 @@ class MpiWork final : public Work {
       ZRT_CHECK_MPI(MPI_Test(&request_, &flag, MPI_STATUS_IGNORE), desc().to_string());
       if (flag) return true;
       if (std::chrono::steady_clock::now() >= deadline) return false;
-      if (spins > 1000) std::this_thread::sleep_for(std::chrono::microseconds(200));
-      else if (spins > 100) std::this_thread::yield();
+      if (spins > 1000)
+        std::this_thread::sleep_for(std::chrono::microseconds(200));
+      else if (spins > 100)
+        std::this_thread::yield();
     }
   }
   void on_timeout() override {
@@ -247,15 +248,15 @@ class MpiCommunicator final : public Communicator {
  protected:
   WorkPtr do_all_reduce(void* buf, const CollectiveDesc& d) override {
     MPI_Request req;
-    ZRT_CHECK_MPI(MPI_Iallreduce(MPI_IN_PLACE, buf, mpi_count(d.count, d), mpi_type(d.dtype),
-                                 mpi_op(d.dtype, d.op), comm_, &req),
-                  d.to_string());
+    ZRT_CHECK_MPI(
+        MPI_Iallreduce(MPI_IN_PLACE, buf, mpi_count(d.count, d), mpi_type(d.dtype), mpi_op(d.dtype, d.op), comm_, &req),
+        d.to_string());
     return make(d, req);
   }
   WorkPtr do_reduce_scatter(const void* in, void* out, const CollectiveDesc& d) override {
     MPI_Request req;
-    ZRT_CHECK_MPI(MPI_Ireduce_scatter_block(in, out, mpi_count(d.count, d), mpi_type(d.dtype),
-                                            mpi_op(d.dtype, d.op), comm_, &req),
+    ZRT_CHECK_MPI(MPI_Ireduce_scatter_block(in, out, mpi_count(d.count, d), mpi_type(d.dtype), mpi_op(d.dtype, d.op),
+                                            comm_, &req),
                   d.to_string());
     return make(d, req);
   }
@@ -265,21 +266,18 @@ class MpiCommunicator final : public Communicator {
     // In place when `in` is this rank's chunk of `out` (MPI forbids aliased buffers).
     const char* own = static_cast<const char*>(out) + static_cast<size_t>(rank()) * d.count * dtype_size(d.dtype);
     const void* send = in == own ? MPI_IN_PLACE : in;
-    ZRT_CHECK_MPI(MPI_Iallgather(send, n, mpi_type(d.dtype), out, n, mpi_type(d.dtype), comm_, &req),
-                  d.to_string());
+    ZRT_CHECK_MPI(MPI_Iallgather(send, n, mpi_type(d.dtype), out, n, mpi_type(d.dtype), comm_, &req), d.to_string());
     return make(d, req);
   }
   WorkPtr do_all_to_all(const void* in, void* out, const CollectiveDesc& d) override {
     MPI_Request req;
     int n = mpi_count(d.count, d);
-    ZRT_CHECK_MPI(MPI_Ialltoall(in, n, mpi_type(d.dtype), out, n, mpi_type(d.dtype), comm_, &req),
-                  d.to_string());
+    ZRT_CHECK_MPI(MPI_Ialltoall(in, n, mpi_type(d.dtype), out, n, mpi_type(d.dtype), comm_, &req), d.to_string());
     return make(d, req);
   }
   WorkPtr do_broadcast(void* buf, const CollectiveDesc& d) override {
     MPI_Request req;
-    ZRT_CHECK_MPI(MPI_Ibcast(buf, mpi_count(d.count, d), mpi_type(d.dtype), d.root, comm_, &req),
-                  d.to_string());
+    ZRT_CHECK_MPI(MPI_Ibcast(buf, mpi_count(d.count, d), mpi_type(d.dtype), d.root, comm_, &req), d.to_string());
     return make(d, req);
   }
   WorkPtr do_barrier(const CollectiveDesc& d) override {
@@ -300,8 +298,6 @@ class MpiCommunicator final : public Communicator {
 
 }  // namespace
 
-std::unique_ptr<Communicator> make_mpi_communicator(CommOptions options) {
-  return MpiCommunicator::create(options);
-}
+std::unique_ptr<Communicator> make_mpi_communicator(CommOptions options) { return MpiCommunicator::create(options); }
 
 }  // namespace zerort

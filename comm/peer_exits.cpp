@@ -40,7 +40,8 @@ std::string peer_exits(long settled_ms) {
 }
 
 std::string peer_exit_message(const std::string& call, const std::string& gone) {
-  return detail::concat(call, " cannot finish: ", gone, " while this rank waited for it. Every rank must make the "
+  return detail::concat(call, " cannot finish: ", gone,
+                        " while this rank waited for it. Every rank must make the "
                         "same collectives before it exits: a rank that stops early (fewer steps or batches, an early "
                         "return) leaves the others waiting");
 }

@@ -28,9 +28,7 @@ class HostMover final : public Mover {
 class StagedCommunicator final : public Communicator {
  public:
   StagedCommunicator(std::shared_ptr<Communicator> inner, std::unique_ptr<Mover> mover, CommOptions options)
-      : Communicator(inner->rank(), inner->size(), options),
-        inner_(std::move(inner)),
-        mover_(std::move(mover)),
+      : Communicator(inner->rank(), inner->size(), options), inner_(std::move(inner)), mover_(std::move(mover)),
         name_(std::string(inner_->backend_name()) + "+staged-" + mover_->name()) {}
 
   const char* backend_name() const override { return name_.c_str(); }
@@ -70,13 +68,12 @@ class StagedCommunicator final : public Communicator {
   // The W received chunks and the FP32 sum stay on the host; the FP32 shard goes back.
   // accumulate: `out` is read when the sum is done, not when the call is made, as on the
   // other backends (the sum of this call is added to what `out` holds then).
-  WorkPtr do_reduce_scatter_accumulate(const void* in, float* out, bool accumulate,
-                                       const CollectiveDesc& d) override {
+  WorkPtr do_reduce_scatter_accumulate(const void* in, float* out, bool accumulate, const CollectiveDesc& d) override {
     auto h_in = stage_in(in, bytes(d, d.count * world()));
     const size_t out_bytes = d.count * sizeof(float);
     auto h_sum = mover_->host_buffer(out_bytes);
-    WorkPtr w = inner_->reduce_scatter_accumulate(h_in.get(), d.dtype, reinterpret_cast<float*>(h_sum.get()),
-                                                  d.count, false, d.tag);
+    WorkPtr w = inner_->reduce_scatter_accumulate(h_in.get(), d.dtype, reinterpret_cast<float*>(h_sum.get()), d.count,
+                                                  false, d.tag);
     w->keep_alive(h_in);
     if (!accumulate) return back(w, h_sum, out, out_bytes);
     w->keep_alive(h_sum);

@@ -45,8 +45,8 @@ void Work::wait(std::chrono::milliseconds timeout) {
   if (!then_error_.empty()) throw CommError(__FILE__, __LINE__, then_error_);
   // Saturate: a huge timeout means "no deadline", never an overflowed one in the past.
   const auto now = std::chrono::steady_clock::now();
-  const auto room = std::chrono::duration_cast<std::chrono::milliseconds>(
-      std::chrono::steady_clock::time_point::max() - now);
+  const auto room =
+      std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::time_point::max() - now);
   const auto deadline = timeout >= room ? std::chrono::steady_clock::time_point::max() : now + timeout;
   // In slices, so a peer known to have exited ends the wait early (comm/peer_exits.h).
   bool finished = false;
@@ -62,11 +62,11 @@ void Work::wait(std::chrono::milliseconds timeout) {
   }
   if (!finished) {
     if (timeout_message_.empty()) {
-      timeout_message_ = detail::concat(
-          desc_.to_string(), " did not finish within ", timeout.count(),
-          " ms. A peer rank is missing, stuck, failed its own argument check, or called a "
-          "different collective (comm.debug: true checks every call across ranks and names each "
-          "rank's); raise comm.timeout_s if the peers are just slow");
+      timeout_message_ =
+          detail::concat(desc_.to_string(), " did not finish within ", timeout.count(),
+                         " ms. A peer rank is missing, stuck, failed its own argument check, or called a "
+                         "different collective (comm.debug: true checks every call across ranks and names each "
+                         "rank's); raise comm.timeout_s if the peers are just slow");
     }
     on_timeout();
     retire_buffers();

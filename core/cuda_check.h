@@ -5,11 +5,11 @@
 
 #include "core/error.h"
 
-#define ZRT_CHECK_CUDA(call)                                                               \
-  do {                                                                                     \
-    cudaError_t zrt_err_ = (call);                                                         \
+#define ZRT_CHECK_CUDA(call)                                                                 \
+  do {                                                                                       \
+    cudaError_t zrt_err_ = (call);                                                           \
     ZRT_CHECK(zrt_err_ == cudaSuccess, #call, " failed: ", cudaGetErrorName(zrt_err_), " (", \
-              cudaGetErrorString(zrt_err_), ")");                                          \
+              cudaGetErrorString(zrt_err_), ")");                                            \
   } while (0)
 
 namespace zerort {

@@ -19,17 +19,13 @@ bool is_low_precision(DType dtype) { return dtype == DType::kBFloat16 || dtype =
 size_t dtype_size(DType dtype) {
   switch (dtype) {
     case DType::kFloat32:
-    case DType::kInt32:
-      return 4;
+    case DType::kInt32: return 4;
     case DType::kFloat64:
-    case DType::kInt64:
-      return 8;
+    case DType::kInt64: return 8;
     case DType::kBFloat16:
-    case DType::kFloat16:
-      return 2;
+    case DType::kFloat16: return 2;
   }
-  ZRT_THROW("unknown dtype value ", static_cast<int32_t>(dtype),
-            "; expected one of f32, f64, i32, i64, bf16, f16");
+  ZRT_THROW("unknown dtype value ", static_cast<int32_t>(dtype), "; expected one of f32, f64, i32, i64, bf16, f16");
 }
 
 const char* dtype_name(DType dtype) {

@@ -11,7 +11,6 @@ std::string basename_of(const char* file) {
 }  // namespace
 
 Error::Error(const char* file, int line, const std::string& message)
-    : std::runtime_error(basename_of(file) + ":" + std::to_string(line) + ": " + message),
-      message_(message) {}
+    : std::runtime_error(basename_of(file) + ":" + std::to_string(line) + ": " + message), message_(message) {}
 
 }  // namespace zerort

@@ -77,21 +77,21 @@ std::string concat(const Args&... args) {
 }  // namespace zerort
 
 // ZRT_CHECK(cond, parts...): throws zerort::Error built from the streamed parts.
-#define ZRT_CHECK(cond, ...)                                                    \
-  do {                                                                          \
-    if (!(cond)) {                                                              \
+#define ZRT_CHECK(cond, ...)                                                            \
+  do {                                                                                  \
+    if (!(cond)) {                                                                      \
       throw ::zerort::Error(__FILE__, __LINE__, ::zerort::detail::concat(__VA_ARGS__)); \
-    }                                                                           \
+    }                                                                                   \
   } while (0)
 
 #define ZRT_THROW(...) throw ::zerort::Error(__FILE__, __LINE__, ::zerort::detail::concat(__VA_ARGS__))
 
 // The same, throwing one of the kinds above: ZRT_CHECK_AS(ConfigError, cond, parts...).
-#define ZRT_CHECK_AS(Kind, cond, ...)                                                \
-  do {                                                                               \
-    if (!(cond)) {                                                                   \
+#define ZRT_CHECK_AS(Kind, cond, ...)                                                  \
+  do {                                                                                 \
+    if (!(cond)) {                                                                     \
       throw ::zerort::Kind(__FILE__, __LINE__, ::zerort::detail::concat(__VA_ARGS__)); \
-    }                                                                                \
+    }                                                                                  \
   } while (0)
 
 #define ZRT_THROW_AS(Kind, ...) throw ::zerort::Kind(__FILE__, __LINE__, ::zerort::detail::concat(__VA_ARGS__))

@@ -42,8 +42,8 @@ int main() {
       comm->barrier()->wait();
     }
     if (rank == 0) {
-      std::cout << "each received value is the sum over ranks of (r+1)*(i+1)/8 = "
-                << world * (world + 1) / 2 << "*(i+1)/8" << std::endl;
+      std::cout << "each received value is the sum over ranks of (r+1)*(i+1)/8 = " << world * (world + 1) / 2
+                << "*(i+1)/8" << std::endl;
     }
   } catch (const std::exception& e) {
     std::cerr << "reduce_scatter_demo: " << e.what() << std::endl;

@@ -32,7 +32,8 @@ Mlp make_mlp(uint64_t seed, bool trainable) {
   Mlp m;
   m.params = {at::randn({kHidden, kIn}, g) * (1.0 / std::sqrt(kIn)), at::randn({kHidden}, g) * 0.1,
               at::randn({kOut, kHidden}, g) * (1.0 / std::sqrt(kHidden)), at::randn({kOut}, g) * 0.1};
-  if (trainable) for (auto& p : m.params) p.requires_grad_(true);
+  if (trainable)
+    for (auto& p : m.params) p.requires_grad_(true);
   return m;
 }
 
@@ -60,7 +61,8 @@ int main(int argc, char** argv) {
     }
     double first_loss = 0, last_loss = 0;
     for (int step = 0; step < steps; ++step) {
-      auto g = at::detail::createCPUGenerator(1000 + static_cast<uint64_t>(step) * 64 + static_cast<uint64_t>(comm->rank()));
+      auto g =
+          at::detail::createCPUGenerator(1000 + static_cast<uint64_t>(step) * 64 + static_cast<uint64_t>(comm->rank()));
       at::Tensor x = at::randn({kBatch, kIn}, g);
       at::Tensor y = teacher.forward(x);
       at::Tensor loss = at::mse_loss(student.forward(x).to(at::kFloat), y);

@@ -17,20 +17,24 @@ enum class Out { kNone, kBf16, kF16, kF32 };
 // A value of 2-byte type T is bf16 bits; of 4 bytes, a float.
 template <typename T>
 __attribute__((always_inline)) inline float load(const T* x, size_t i) {
-  if constexpr (sizeof(T) == 2) return bf16_to_f32(x[i]);
-  else return x[i];
+  if constexpr (sizeof(T) == 2)
+    return bf16_to_f32(x[i]);
+  else
+    return x[i];
 }
 
 template <typename T>
 __attribute__((always_inline)) inline void store(T* x, size_t i, float value) {
-  if constexpr (sizeof(T) == 2) x[i] = f32_to_bf16(value);
-  else x[i] = value;
+  if constexpr (sizeof(T) == 2)
+    x[i] = f32_to_bf16(value);
+  else
+    x[i] = value;
 }
 
 template <typename G, typename S, Out O, bool FromGrad>
 __attribute__((always_inline)) inline void adamw_loop(const AdamWCoeffs& coeffs, const G* __restrict g,
-                                                      float* __restrict p, S* __restrict m,
-                                                      S* __restrict v, void* out, size_t n) {
+                                                      float* __restrict p, S* __restrict m, S* __restrict v, void* out,
+                                                      size_t n) {
   const AdamWCoeffs c = coeffs;  // a local copy: no aliasing with the float streams
   uint16_t* __restrict lp = static_cast<uint16_t*>(out);
   float* __restrict wp = static_cast<float*>(out);
@@ -48,23 +52,25 @@ __attribute__((always_inline)) inline void adamw_loop(const AdamWCoeffs& coeffs,
 }
 
 template <typename G, typename S, Out O>
-__attribute__((always_inline)) inline void adamw_body(const AdamWCoeffs& c, const G* g, float* p,
-                                                      S* m, S* v, void* lp, size_t n) {
-  if (c.lerp_from_grad) adamw_loop<G, S, O, true>(c, g, p, m, v, lp, n);
-  else adamw_loop<G, S, O, false>(c, g, p, m, v, lp, n);
+__attribute__((always_inline)) inline void adamw_body(const AdamWCoeffs& c, const G* g, float* p, S* m, S* v, void* lp,
+                                                      size_t n) {
+  if (c.lerp_from_grad)
+    adamw_loop<G, S, O, true>(c, g, p, m, v, lp, n);
+  else
+    adamw_loop<G, S, O, false>(c, g, p, m, v, lp, n);
 }
 
 // Run-time dispatch: GCC builds each function for AVX-512, AVX2+FMA and baseline x86-64
 // and picks one at load time from CPUID. Named adamw_<grad>_<states>_<param out>.
-#define ZRT_ADAMW_VARIANT(name, G, S, O)                                                       \
+#define ZRT_ADAMW_VARIANT(name, G, S, O)                                                   \
   __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default"))) void name( \
-      const AdamWCoeffs& c, const G* g, float* p, S* m, S* v, void* lp, size_t n) {             \
-    adamw_body<G, S, O>(c, g, p, m, v, lp, n);                                                 \
+      const AdamWCoeffs& c, const G* g, float* p, S* m, S* v, void* lp, size_t n) {        \
+    adamw_body<G, S, O>(c, g, p, m, v, lp, n);                                             \
   }
-#define ZRT_ADAMW_OUTS(prefix, G, S)                   \
-  ZRT_ADAMW_VARIANT(prefix##_bf16, G, S, Out::kBf16)   \
-  ZRT_ADAMW_VARIANT(prefix##_f16, G, S, Out::kF16)     \
-  ZRT_ADAMW_VARIANT(prefix##_none, G, S, Out::kNone)   \
+#define ZRT_ADAMW_OUTS(prefix, G, S)                 \
+  ZRT_ADAMW_VARIANT(prefix##_bf16, G, S, Out::kBf16) \
+  ZRT_ADAMW_VARIANT(prefix##_f16, G, S, Out::kF16)   \
+  ZRT_ADAMW_VARIANT(prefix##_none, G, S, Out::kNone) \
   ZRT_ADAMW_VARIANT(prefix##_f32, G, S, Out::kF32)
 ZRT_ADAMW_OUTS(adamw_f32_f32, float, float)
 ZRT_ADAMW_OUTS(adamw_bf16_f32, uint16_t, float)
@@ -85,8 +91,7 @@ template <typename G, typename S>
 using Typed = void (*)(const AdamWCoeffs&, const G*, float*, S*, S*, void*, size_t);
 
 template <typename G, typename S>
-Kernel by_out(DType param, bool write_param, Typed<G, S> none, Typed<G, S> bf16, Typed<G, S> f16,
-              Typed<G, S> f32) {
+Kernel by_out(DType param, bool write_param, Typed<G, S> none, Typed<G, S> bf16, Typed<G, S> f16, Typed<G, S> f32) {
   if (!write_param) return erase(none);
   if (param == DType::kBFloat16) return erase(bf16);
   if (param == DType::kFloat32) return erase(f32);
@@ -99,12 +104,10 @@ Kernel pick(DType grad, DType state, DType param, bool write_param) {
     return by_out(param, write_param, adamw_f32_f32_none, adamw_f32_f32_bf16, adamw_f32_f32_f16, adamw_f32_f32_f32);
   }
   if (s32) {
-    return by_out(param, write_param, adamw_bf16_f32_none, adamw_bf16_f32_bf16, adamw_bf16_f32_f16,
-                  adamw_bf16_f32_f32);
+    return by_out(param, write_param, adamw_bf16_f32_none, adamw_bf16_f32_bf16, adamw_bf16_f32_f16, adamw_bf16_f32_f32);
   }
   if (g32) {
-    return by_out(param, write_param, adamw_f32_bf16_none, adamw_f32_bf16_bf16, adamw_f32_bf16_f16,
-                  adamw_f32_bf16_f32);
+    return by_out(param, write_param, adamw_f32_bf16_none, adamw_f32_bf16_bf16, adamw_f32_bf16_f16, adamw_f32_bf16_f32);
   }
   return by_out(param, write_param, adamw_bf16_bf16_none, adamw_bf16_bf16_bf16, adamw_bf16_bf16_f16,
                 adamw_bf16_bf16_f32);
@@ -113,20 +116,23 @@ Kernel pick(DType grad, DType state, DType param, bool write_param) {
 }  // namespace
 
 void check_adamw_hyper(const AdamWHyper& h, const char* who) {
-  ZRT_CHECK_AS(ConfigError, h.beta1 >= 0 && h.beta1 < 1 && h.beta2 >= 0 && h.beta2 < 1, who, ": betas must be in [0, 1), got (",
-            h.beta1, ", ", h.beta2, ")");
-  ZRT_CHECK_AS(ConfigError, std::isfinite(h.lr) && h.lr >= 0 && std::isfinite(h.weight_decay) && h.weight_decay >= 0, who, ": lr (",
-            h.lr, ") and weight_decay (", h.weight_decay, ") must be finite numbers >= 0");
+  ZRT_CHECK_AS(ConfigError, h.beta1 >= 0 && h.beta1 < 1 && h.beta2 >= 0 && h.beta2 < 1, who,
+               ": betas must be in [0, 1), got (", h.beta1, ", ", h.beta2, ")");
+  ZRT_CHECK_AS(ConfigError, std::isfinite(h.lr) && h.lr >= 0 && std::isfinite(h.weight_decay) && h.weight_decay >= 0,
+               who, ": lr (", h.lr, ") and weight_decay (", h.weight_decay, ") must be finite numbers >= 0");
   // The kernels compute in FP32: an eps that is 0 or subnormal there is 0 / 0 = NaN where a
   // gradient and its moments are 0, and an lr past FP32's range is inf.
-  ZRT_CHECK_AS(ConfigError, std::isfinite(h.eps) && static_cast<float>(h.eps) >= std::numeric_limits<float>::min(),
-               who, ": eps must be a finite number >= ", std::numeric_limits<float>::min(), " (FP32's smallest normal "
-               "number; e.g. 1e-8), got ", h.eps, "; with eps = 0 in FP32 a gradient and moments of 0 give the update "
+  ZRT_CHECK_AS(ConfigError, std::isfinite(h.eps) && static_cast<float>(h.eps) >= std::numeric_limits<float>::min(), who,
+               ": eps must be a finite number >= ", std::numeric_limits<float>::min(),
+               " (FP32's smallest normal "
+               "number; e.g. 1e-8), got ",
+               h.eps,
+               "; with eps = 0 in FP32 a gradient and moments of 0 give the update "
                "0 / 0 = NaN");
-  ZRT_CHECK_AS(ConfigError, std::isfinite(static_cast<float>(h.lr)) &&
-                   std::isfinite(static_cast<float>(h.weight_decay)),
-               who, ": lr (", h.lr, ") and weight_decay (", h.weight_decay, ") must be finite in FP32 (<= ",
-               std::numeric_limits<float>::max(), ")");
+  ZRT_CHECK_AS(ConfigError,
+               std::isfinite(static_cast<float>(h.lr)) && std::isfinite(static_cast<float>(h.weight_decay)), who,
+               ": lr (", h.lr, ") and weight_decay (", h.weight_decay,
+               ") must be finite in FP32 (<= ", std::numeric_limits<float>::max(), ")");
 }
 
 void adamw_step(const AdamWBuffers& b, const AdamWStep& s) {

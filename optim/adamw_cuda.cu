@@ -18,9 +18,12 @@ __device__ __forceinline__ float load_grad(const void* g, bool bf16, size_t i) {
 }
 
 __device__ __forceinline__ void store_param(void* p, int mode, size_t i, float x) {
-  if (mode == 1) static_cast<uint16_t*>(p)[i] = f32_to_bf16(x);
-  else if (mode == 2) static_cast<uint16_t*>(p)[i] = f32_to_f16(x);
-  else if (mode == 3) static_cast<float*>(p)[i] = x;
+  if (mode == 1)
+    static_cast<uint16_t*>(p)[i] = f32_to_bf16(x);
+  else if (mode == 2)
+    static_cast<uint16_t*>(p)[i] = f32_to_f16(x);
+  else if (mode == 3)
+    static_cast<float*>(p)[i] = x;
 }
 
 // Four elements per thread per step with 16-byte loads of master, m and v when aligned;
@@ -28,24 +31,28 @@ __device__ __forceinline__ void store_param(void* p, int mode, size_t i, float x
 // Adam's moments: float, or bf16 bits (S = uint16_t) read to float and rounded on store.
 template <typename S>
 __device__ __forceinline__ float load_state(const S* x, size_t i) {
-  if constexpr (sizeof(S) == 2) return bf16_to_f32(x[i]);
-  else return x[i];
+  if constexpr (sizeof(S) == 2)
+    return bf16_to_f32(x[i]);
+  else
+    return x[i];
 }
 
 template <typename S>
 __device__ __forceinline__ void store_state(S* x, size_t i, float value) {
-  if constexpr (sizeof(S) == 2) x[i] = f32_to_bf16(value);
-  else x[i] = value;
+  if constexpr (sizeof(S) == 2)
+    x[i] = f32_to_bf16(value);
+  else
+    x[i] = value;
 }
 
 template <typename S>
-__global__ void adamw_kernel(AdamWCoeffs c, const void* __restrict__ grad, bool grad_bf16,
-                             float* __restrict__ p, S* __restrict__ m, S* __restrict__ v,
-                             void* __restrict__ param, int param_mode, size_t n) {
+__global__ void adamw_kernel(AdamWCoeffs c, const void* __restrict__ grad, bool grad_bf16, float* __restrict__ p,
+                             S* __restrict__ m, S* __restrict__ v, void* __restrict__ param, int param_mode, size_t n) {
   const size_t stride = static_cast<size_t>(gridDim.x) * blockDim.x;
   const size_t first = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  const bool aligned = sizeof(S) == 4 && (reinterpret_cast<uintptr_t>(p) | reinterpret_cast<uintptr_t>(m) |
-                                          reinterpret_cast<uintptr_t>(v)) % 16 == 0;
+  const bool aligned =
+      sizeof(S) == 4 &&
+      (reinterpret_cast<uintptr_t>(p) | reinterpret_cast<uintptr_t>(m) | reinterpret_cast<uintptr_t>(v)) % 16 == 0;
   const size_t vec_n = aligned ? n / 4 : 0;
   for (size_t q = first; q < vec_n; q += stride) {
     float4 pv = reinterpret_cast<float4*>(p)[q];
@@ -66,8 +73,10 @@ __global__ void adamw_kernel(AdamWCoeffs c, const void* __restrict__ grad, bool 
   }
   for (size_t i = vec_n * 4 + first; i < n; i += stride) {
     float pi = p[i], mi = load_state(m, i), vi = load_state(v, i);
-    if (c.lerp_from_grad) adamw_element<true>(c, load_grad(grad, grad_bf16, i), pi, mi, vi);
-    else adamw_element<false>(c, load_grad(grad, grad_bf16, i), pi, mi, vi);
+    if (c.lerp_from_grad)
+      adamw_element<true>(c, load_grad(grad, grad_bf16, i), pi, mi, vi);
+    else
+      adamw_element<false>(c, load_grad(grad, grad_bf16, i), pi, mi, vi);
     p[i] = pi;
     store_state(m, i, mi);
     store_state(v, i, vi);
@@ -84,8 +93,8 @@ __device__ __forceinline__ void unscale_one(float& g, float inv_scale, double& a
 
 // 16-byte float4 loads and stores when the gradient is aligned (a scalar tail otherwise);
 // the multiply is float, the sum of squares FP64, both as on the CPU.
-__global__ void unscale_kernel(float* __restrict__ g, size_t n, float inv_scale,
-                               double* __restrict__ block_sums, unsigned long long* __restrict__ block_bad) {
+__global__ void unscale_kernel(float* __restrict__ g, size_t n, float inv_scale, double* __restrict__ block_sums,
+                               unsigned long long* __restrict__ block_bad) {
   __shared__ double sums[kThreads];
   __shared__ unsigned long long bad[kThreads];
   double acc = 0;
@@ -132,13 +141,12 @@ void adamw_step_cuda(const AdamWBuffers& b, const AdamWStep& s, cudaStream_t str
   if (b.n == 0) return;
   ZRT_CHECK(b.grad && b.master && b.exp_avg && b.exp_avg_sq,
             "adamw_step_cuda: null gradient, master, exp_avg or exp_avg_sq buffer");
-  int mode = !b.param ? 0
+  int mode = !b.param                            ? 0
              : b.param_dtype == DType::kBFloat16 ? 1
              : b.param_dtype == DType::kFloat16  ? 2
              : b.param_dtype == DType::kFloat32  ? 3
                                                  : -1;
-  ZRT_CHECK(mode >= 0, "adamw_step_cuda: parameter dtype must be bf16, f16 or f32, got ",
-            dtype_name(b.param_dtype));
+  ZRT_CHECK(mode >= 0, "adamw_step_cuda: parameter dtype must be bf16, f16 or f32, got ", dtype_name(b.param_dtype));
   ZRT_CHECK(b.state_dtype == DType::kFloat32 || b.state_dtype == DType::kBFloat16,
             "adamw_step_cuda: optimizer state dtype must be f32 or bf16, got ", dtype_name(b.state_dtype));
   const bool grad_bf16 = b.grad_dtype == DType::kBFloat16;
@@ -168,7 +176,8 @@ GradStats unscale_and_check_cuda(float* grad, size_t n, float inv_scale, cudaStr
   std::vector<double> host_sums(blocks);
   std::vector<unsigned long long> host_bad(blocks);
   ZRT_CHECK_CUDA(cudaMemcpyAsync(host_sums.data(), sums, blocks * sizeof(double), cudaMemcpyDeviceToHost, stream));
-  ZRT_CHECK_CUDA(cudaMemcpyAsync(host_bad.data(), bad, blocks * sizeof(unsigned long long), cudaMemcpyDeviceToHost, stream));
+  ZRT_CHECK_CUDA(
+      cudaMemcpyAsync(host_bad.data(), bad, blocks * sizeof(unsigned long long), cudaMemcpyDeviceToHost, stream));
   ZRT_CHECK_CUDA(cudaFreeAsync(sums, stream));
   ZRT_CHECK_CUDA(cudaFreeAsync(bad, stream));
   ZRT_CHECK_CUDA(cudaStreamSynchronize(stream));

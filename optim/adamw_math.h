@@ -20,8 +20,8 @@ struct AdamWCoeffs {
   float lerp_coeff;     // w = 1 - beta1 when |w| < 0.5, else w - 1 (torch's two lerp forms)
   bool lerp_from_grad;  // |w| >= 0.5: m = g + (w - 1)(g - m), else m = m + w(g - m)
   float beta2;
-  float one_minus_b2;   // 1 - beta2
-  float bc2_sqrt;       // sqrt(1 - beta2^step)
+  float one_minus_b2;  // 1 - beta2
+  float bc2_sqrt;      // sqrt(1 - beta2^step)
   float eps;
   float neg_step_size;  // -lr / (1 - beta1^step)
   float grad_multiplier;

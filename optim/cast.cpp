@@ -20,8 +20,7 @@ void cast_from_f32(const float* in, void* out, DType out_dtype, size_t n) {
     case DType::kFloat32:
       if (n) std::memmove(out, in, n * sizeof(float));
       return;
-    default:
-      ZRT_THROW("cast_from_f32: target dtype must be bf16, f16 or f32, got ", dtype_name(out_dtype));
+    default: ZRT_THROW("cast_from_f32: target dtype must be bf16, f16 or f32, got ", dtype_name(out_dtype));
   }
 }
 
@@ -37,8 +36,7 @@ void cast_to_f32(const void* in, DType in_dtype, float* out, size_t n) {
     case DType::kFloat32:
       if (n) std::memmove(out, in, n * sizeof(float));
       return;
-    default:
-      ZRT_THROW("cast_to_f32: source dtype must be bf16, f16 or f32, got ", dtype_name(in_dtype));
+    default: ZRT_THROW("cast_to_f32: source dtype must be bf16, f16 or f32, got ", dtype_name(in_dtype));
   }
 }
 

@@ -30,9 +30,7 @@ struct GridLoop {
   __device__ GridLoop(const void* in, const void* out, size_t n)
       : first(static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x),
         stride(static_cast<size_t>(gridDim.x) * blockDim.x),
-        vec_n((reinterpret_cast<uintptr_t>(in) % 16 == 0 && reinterpret_cast<uintptr_t>(out) % 16 == 0)
-                  ? n / 8
-                  : 0) {}
+        vec_n((reinterpret_cast<uintptr_t>(in) % 16 == 0 && reinterpret_cast<uintptr_t>(out) % 16 == 0) ? n / 8 : 0) {}
   size_t first, stride, vec_n;
 };
 

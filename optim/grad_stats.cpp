@@ -13,8 +13,10 @@ namespace {
 constexpr size_t kBlock = size_t{1} << 16;
 constexpr size_t kLanes = 8;
 
-__attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
-void unscale_block(float* g, size_t n, float inv_scale, double* lanes, int64_t* nonfinite) {
+__attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default"))) void unscale_block(float* g, size_t n,
+                                                                                                 float inv_scale,
+                                                                                                 double* lanes,
+                                                                                                 int64_t* nonfinite) {
   double acc[kLanes] = {0, 0, 0, 0, 0, 0, 0, 0};
   int64_t bad[kLanes] = {0, 0, 0, 0, 0, 0, 0, 0};
   size_t i = 0;

@@ -7,7 +7,7 @@
 namespace zerort {
 
 struct GradStats {
-  int64_t nonfinite = 0;  // elements that are NaN or +-Inf after unscaling
+  int64_t nonfinite = 0;   // elements that are NaN or +-Inf after unscaling
   double sum_squares = 0;  // of the unscaled values, accumulated in FP64
 };
 

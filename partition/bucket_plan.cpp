@@ -4,8 +4,8 @@
 
 namespace zerort {
 
-std::vector<BucketPlan> plan_buckets(const std::vector<size_t>& numels, int world_size,
-                                     size_t bucket_numel, size_t alignment) {
+std::vector<BucketPlan> plan_buckets(const std::vector<size_t>& numels, int world_size, size_t bucket_numel,
+                                     size_t alignment) {
   ZRT_CHECK(bucket_numel >= 1, "plan_buckets: bucket_numel must be >= 1, got ", bucket_numel);
   std::vector<BucketPlan> plan;
   for (size_t end = numels.size(); end > 0;) {

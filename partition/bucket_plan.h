@@ -16,7 +16,7 @@ struct BucketPlan {
   ShardLayout layout;          // over those parameters' sizes, in that order
 };
 
-std::vector<BucketPlan> plan_buckets(const std::vector<size_t>& numels, int world_size,
-                                     size_t bucket_numel, size_t alignment);
+std::vector<BucketPlan> plan_buckets(const std::vector<size_t>& numels, int world_size, size_t bucket_numel,
+                                     size_t alignment);
 
 }  // namespace zerort

@@ -21,13 +21,12 @@ ShardLayout::ShardLayout(std::vector<size_t> numels, int world_size, size_t alig
 }
 
 void ShardLayout::check_rank(int rank) const {
-  ZRT_CHECK(rank >= 0 && rank < world_, "ShardLayout: rank ", rank, " is outside world size ",
-            world_);
+  ZRT_CHECK(rank >= 0 && rank < world_, "ShardLayout: rank ", rank, " is outside world size ", world_);
 }
 
 void ShardLayout::check_param(size_t param) const {
-  ZRT_CHECK(param < numels_.size(), "ShardLayout: parameter index ", param, " out of range (",
-            numels_.size(), " parameters)");
+  ZRT_CHECK(param < numels_.size(), "ShardLayout: parameter index ", param, " out of range (", numels_.size(),
+            " parameters)");
 }
 
 size_t ShardLayout::param_numel(size_t param) const {

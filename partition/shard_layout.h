@@ -34,15 +34,15 @@ class ShardLayout {
   int world_size() const { return world_; }
   size_t alignment() const { return alignment_; }
   size_t num_params() const { return numels_.size(); }
-  size_t numel() const { return total_; }                // sum of parameter sizes
+  size_t numel() const { return total_; }  // sum of parameter sizes
   size_t padded_numel() const { return shard_numel_ * static_cast<size_t>(world_); }
   size_t padding() const { return padded_numel() - total_; }
   size_t shard_numel() const { return shard_numel_; }
   size_t param_numel(size_t param) const;
   size_t param_offset(size_t param) const;  // where the parameter starts in the flat buffer
 
-  Range shard_range(int rank) const;                          // [begin, end) in the flat buffer
-  std::vector<ParamSlice> slices_in_shard(int rank) const;    // in flat order
+  Range shard_range(int rank) const;                            // [begin, end) in the flat buffer
+  std::vector<ParamSlice> slices_in_shard(int rank) const;      // in flat order
   std::vector<ParamSlice> slices_of_param(size_t param) const;  // in rank order
 
  private:

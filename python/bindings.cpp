@@ -28,7 +28,7 @@
 namespace py = pybind11;
 using namespace zerort;
 
-void bind_engine(py::module_& m);  // engine_bindings.cpp
+void bind_engine(py::module_& m);     // engine_bindings.cpp
 void bind_allocator(py::module_& m);  // allocator_bindings.cpp
 
 namespace {
@@ -41,8 +41,10 @@ c10::Device device_of(int index) {
 }
 
 CommOptions comm_options(double timeout_s, bool debug) {
-  ZRT_CHECK_AS(ConfigError, timeout_s >= 1e-3 && timeout_s <= 1e9, "comm.timeout_s must be between 0.001 and 1e9 "
-            "seconds, got ", timeout_s);
+  ZRT_CHECK_AS(ConfigError, timeout_s >= 1e-3 && timeout_s <= 1e9,
+               "comm.timeout_s must be between 0.001 and 1e9 "
+               "seconds, got ",
+               timeout_s);
   CommOptions o;
   o.timeout = std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000.0));
   o.debug = debug;
@@ -129,15 +131,12 @@ PYBIND11_MODULE(_C, m) {
   });
   m.def("note_peer_exit", &note_peer_exit, py::arg("rank"), py::arg("how"));
   m.def("clear_peer_exits", &clear_peer_exits);
-  m.def("resolve_backend", [](const std::string& backend) {
-    return resolve_backend(backend, detect_launch_env());
-  });
+  m.def("resolve_backend", [](const std::string& backend) { return resolve_backend(backend, detect_launch_env()); });
 
-  py::class_<Work, std::shared_ptr<Work>>(m, "Work")
-      .def("wait", [](Work& w) {
-        py::gil_scoped_release release;
-        w.wait();
-      });
+  py::class_<Work, std::shared_ptr<Work>>(m, "Work").def("wait", [](Work& w) {
+    py::gil_scoped_release release;
+    w.wait();
+  });
 
   // Deleted without the GIL (python/without_gil.h): a gloo communicator's last reference to
   // c10d's backend joins gloo's worker threads.
@@ -161,111 +160,138 @@ PYBIND11_MODULE(_C, m) {
           },
           py::arg("kind"), py::arg("microseconds"))
       .def("reset_scratch_peak", &Communicator::reset_scratch_peak)
-      .def("all_reduce", [](Communicator& c, uintptr_t buf, size_t n, const std::string& dt,
-                            const std::string& op) {
-        run([&] { return c.all_reduce(ptr(buf), n, parse_dtype(dt), parse_op(op)); });
-      })
-      .def("reduce_scatter", [](Communicator& c, uintptr_t in, uintptr_t out, size_t n,
-                                const std::string& dt, const std::string& op) {
-        run([&] { return c.reduce_scatter(ptr(in), ptr(out), n, parse_dtype(dt), parse_op(op)); });
-      })
-      .def("reduce_scatter_accumulate", [](Communicator& c, uintptr_t in, const std::string& dt,
-                                           uintptr_t out, size_t n, bool accumulate, int64_t tag) {
-        run([&] {
-          return c.reduce_scatter_accumulate(ptr(in), parse_dtype(dt), static_cast<float*>(ptr(out)),
-                                             n, accumulate, tag);
-        });
-      }, py::arg("inp"), py::arg("dtype"), py::arg("out"), py::arg("n"), py::arg("accumulate"),
-         py::arg("tag") = kNoTag)
-      .def("all_gather", [](Communicator& c, uintptr_t in, uintptr_t out, size_t n,
-                            const std::string& dt, int64_t tag) {
-        run([&] { return c.all_gather(ptr(in), ptr(out), n, parse_dtype(dt), tag); });
-      }, py::arg("inp"), py::arg("out"), py::arg("n"), py::arg("dtype"), py::arg("tag") = kNoTag)
-      .def("all_gather_async", [](Communicator& c, uintptr_t in, uintptr_t out, size_t n,
-                                  const std::string& dt, int64_t tag) {
-        return c.all_gather(ptr(in), ptr(out), n, parse_dtype(dt), tag);  // may block in the arg check
-      }, py::arg("inp"), py::arg("out"), py::arg("n"), py::arg("dtype"), py::arg("tag") = kNoTag,
-         py::call_guard<py::gil_scoped_release>())
-      .def("all_to_all", [](Communicator& c, uintptr_t in, uintptr_t out, size_t n,
-                            const std::string& dt) {
-        run([&] { return c.all_to_all(ptr(in), ptr(out), n, parse_dtype(dt)); });
-      })
-      .def("broadcast", [](Communicator& c, uintptr_t buf, size_t n, const std::string& dt, int root) {
-        run([&] { return c.broadcast(ptr(buf), n, parse_dtype(dt), root); });
-      })
+      .def("all_reduce",
+           [](Communicator& c, uintptr_t buf, size_t n, const std::string& dt, const std::string& op) {
+             run([&] { return c.all_reduce(ptr(buf), n, parse_dtype(dt), parse_op(op)); });
+           })
+      .def("reduce_scatter",
+           [](Communicator& c, uintptr_t in, uintptr_t out, size_t n, const std::string& dt, const std::string& op) {
+             run([&] { return c.reduce_scatter(ptr(in), ptr(out), n, parse_dtype(dt), parse_op(op)); });
+           })
+      .def(
+          "reduce_scatter_accumulate",
+          [](Communicator& c, uintptr_t in, const std::string& dt, uintptr_t out, size_t n, bool accumulate,
+             int64_t tag) {
+            run([&] {
+              return c.reduce_scatter_accumulate(ptr(in), parse_dtype(dt), static_cast<float*>(ptr(out)), n, accumulate,
+                                                 tag);
+            });
+          },
+          py::arg("inp"), py::arg("dtype"), py::arg("out"), py::arg("n"), py::arg("accumulate"),
+          py::arg("tag") = kNoTag)
+      .def(
+          "all_gather",
+          [](Communicator& c, uintptr_t in, uintptr_t out, size_t n, const std::string& dt, int64_t tag) {
+            run([&] { return c.all_gather(ptr(in), ptr(out), n, parse_dtype(dt), tag); });
+          },
+          py::arg("inp"), py::arg("out"), py::arg("n"), py::arg("dtype"), py::arg("tag") = kNoTag)
+      .def(
+          "all_gather_async",
+          [](Communicator& c, uintptr_t in, uintptr_t out, size_t n, const std::string& dt, int64_t tag) {
+            return c.all_gather(ptr(in), ptr(out), n, parse_dtype(dt), tag);  // may block in the arg check
+          },
+          py::arg("inp"), py::arg("out"), py::arg("n"), py::arg("dtype"), py::arg("tag") = kNoTag,
+          py::call_guard<py::gil_scoped_release>())
+      .def("all_to_all",
+           [](Communicator& c, uintptr_t in, uintptr_t out, size_t n, const std::string& dt) {
+             run([&] { return c.all_to_all(ptr(in), ptr(out), n, parse_dtype(dt)); });
+           })
+      .def("broadcast", [](Communicator& c, uintptr_t buf, size_t n, const std::string& dt,
+                           int root) { run([&] { return c.broadcast(ptr(buf), n, parse_dtype(dt), root); }); })
       .def("barrier", [](Communicator& c) { run([&] { return c.barrier(); }); });
 
-  m.def("make_communicator", [](const std::string& backend, double timeout_s, bool check) {
-    py::gil_scoped_release release;  // MPI_Init may take a while
-    return owned_without_gil(make_communicator(backend, detect_launch_env(), comm_options(timeout_s, check)));
-  }, py::arg("backend"), py::arg("timeout_s"), py::arg("debug"));
-  m.def("make_gloo_communicator", [](const std::string& group_name, double timeout_s, bool check) {
-    return owned_without_gil(make_gloo_communicator(group_name, comm_options(timeout_s, check)));
-  }, py::arg("group_name"), py::arg("timeout_s"), py::arg("debug"));
+  m.def(
+      "make_communicator",
+      [](const std::string& backend, double timeout_s, bool check) {
+        py::gil_scoped_release release;  // MPI_Init may take a while
+        return owned_without_gil(make_communicator(backend, detect_launch_env(), comm_options(timeout_s, check)));
+      },
+      py::arg("backend"), py::arg("timeout_s"), py::arg("debug"));
+  m.def(
+      "make_gloo_communicator",
+      [](const std::string& group_name, double timeout_s, bool check) {
+        return owned_without_gil(make_gloo_communicator(group_name, comm_options(timeout_s, check)));
+      },
+      py::arg("group_name"), py::arg("timeout_s"), py::arg("debug"));
 
   // A host communicator carrying device buffers (device >= 0: CUDA, pinned staging) or,
   // with device -1, CPU buffers through the same staging code.
-  m.def("make_staged_communicator", [](std::shared_ptr<Communicator> inner, int device, double timeout_s, bool debug) {
-    std::unique_ptr<Mover> mover;
-    if (device < 0) {
-      mover = make_host_mover();
-    } else {
+  m.def(
+      "make_staged_communicator",
+      [](std::shared_ptr<Communicator> inner, int device, double timeout_s, bool debug) {
+        std::unique_ptr<Mover> mover;
+        if (device < 0) {
+          mover = make_host_mover();
+        } else {
 #if ZERORT_WITH_NCCL
-      mover = make_cuda_mover(device);
+          mover = make_cuda_mover(device);
 #else
-      ZRT_THROW("staging CUDA buffers needs a build with CUDA (nvcc was not found at build time)");
+          ZRT_THROW("staging CUDA buffers needs a build with CUDA (nvcc was not found at build time)");
 #endif
-    }
-    return owned_without_gil(make_staged_communicator(std::move(inner), std::move(mover), comm_options(timeout_s, debug)));
-  }, py::arg("inner"), py::arg("device"), py::arg("timeout_s"), py::arg("debug"));
+        }
+        return owned_without_gil(
+            make_staged_communicator(std::move(inner), std::move(mover), comm_options(timeout_s, debug)));
+      },
+      py::arg("inner"), py::arg("device"), py::arg("timeout_s"), py::arg("debug"));
 
 #if ZERORT_WITH_NCCL
   m.def("nccl_unique_id", [] { return py::bytes(nccl_unique_id()); });
-  m.def("make_nccl_communicator", [](int rank, int size, int device, py::bytes id, double timeout_s, bool check) {
-    std::string raw = id;
-    py::gil_scoped_release release;  // waits for every rank to join
-    return owned_without_gil(make_nccl_communicator(rank, size, device, raw, comm_options(timeout_s, check)));
-  }, py::arg("rank"), py::arg("size"), py::arg("device"), py::arg("unique_id"), py::arg("timeout_s"),
-     py::arg("debug"));
+  m.def(
+      "make_nccl_communicator",
+      [](int rank, int size, int device, py::bytes id, double timeout_s, bool check) {
+        std::string raw = id;
+        py::gil_scoped_release release;  // waits for every rank to join
+        return owned_without_gil(make_nccl_communicator(rank, size, device, raw, comm_options(timeout_s, check)));
+      },
+      py::arg("rank"), py::arg("size"), py::arg("device"), py::arg("unique_id"), py::arg("timeout_s"),
+      py::arg("debug"));
 #endif
 
-  m.def("cast_from_f32", [](uintptr_t in, uintptr_t out, const std::string& dt, size_t n, int device) {
-    py::gil_scoped_release release;
-    cast_from_f32_on(device_of(device), static_cast<const float*>(ptr(in)), ptr(out), parse_dtype(dt), n);
-  }, py::arg("inp"), py::arg("out"), py::arg("dtype"), py::arg("n"), py::arg("device") = -1);
-  m.def("cast_to_f32", [](uintptr_t in, const std::string& dt, uintptr_t out, size_t n, int device) {
-    py::gil_scoped_release release;
-    cast_to_f32_on(device_of(device), ptr(in), parse_dtype(dt), static_cast<float*>(ptr(out)), n);
-  }, py::arg("inp"), py::arg("dtype"), py::arg("out"), py::arg("n"), py::arg("device") = -1);
-  m.def("sum_chunks_to_f32", [](uintptr_t chunks, const std::string& dt, size_t world, size_t n, uintptr_t out,
-                                bool accumulate, int device) {
-    py::gil_scoped_release release;
-    sum_chunks_to_f32_on(device_of(device), ptr(chunks), parse_dtype(dt), world, n, static_cast<float*>(ptr(out)),
-                         accumulate);
-  }, py::arg("chunks"), py::arg("dtype"), py::arg("world"), py::arg("n"), py::arg("out"), py::arg("accumulate"),
-     py::arg("device") = -1);
+  m.def(
+      "cast_from_f32",
+      [](uintptr_t in, uintptr_t out, const std::string& dt, size_t n, int device) {
+        py::gil_scoped_release release;
+        cast_from_f32_on(device_of(device), static_cast<const float*>(ptr(in)), ptr(out), parse_dtype(dt), n);
+      },
+      py::arg("inp"), py::arg("out"), py::arg("dtype"), py::arg("n"), py::arg("device") = -1);
+  m.def(
+      "cast_to_f32",
+      [](uintptr_t in, const std::string& dt, uintptr_t out, size_t n, int device) {
+        py::gil_scoped_release release;
+        cast_to_f32_on(device_of(device), ptr(in), parse_dtype(dt), static_cast<float*>(ptr(out)), n);
+      },
+      py::arg("inp"), py::arg("dtype"), py::arg("out"), py::arg("n"), py::arg("device") = -1);
+  m.def(
+      "sum_chunks_to_f32",
+      [](uintptr_t chunks, const std::string& dt, size_t world, size_t n, uintptr_t out, bool accumulate, int device) {
+        py::gil_scoped_release release;
+        sum_chunks_to_f32_on(device_of(device), ptr(chunks), parse_dtype(dt), world, n, static_cast<float*>(ptr(out)),
+                             accumulate);
+      },
+      py::arg("chunks"), py::arg("dtype"), py::arg("world"), py::arg("n"), py::arg("out"), py::arg("accumulate"),
+      py::arg("device") = -1);
 
-  m.def("adamw_step", [](uintptr_t grad, const std::string& grad_dt, uintptr_t master, uintptr_t m_,
-                         uintptr_t v, const std::string& state_dt, uintptr_t param, const std::string& param_dt,
-                         size_t n, double lr, double beta1, double beta2, double eps, double weight_decay,
-                         int64_t step, float grad_multiplier, int device) {
-    AdamWBuffers b;
-    b.grad = ptr(grad);
-    b.grad_dtype = parse_dtype(grad_dt);
-    b.master = static_cast<float*>(ptr(master));
-    b.exp_avg = ptr(m_);
-    b.exp_avg_sq = ptr(v);
-    b.state_dtype = parse_dtype(state_dt);
-    b.param = ptr(param);
-    b.param_dtype = parse_dtype(param_dt);
-    b.n = n;
-    AdamWStep s;
-    s.hyper = AdamWHyper{lr, beta1, beta2, eps, weight_decay};
-    s.step = step;
-    s.grad_multiplier = grad_multiplier;
-    py::gil_scoped_release release;
-    adamw_step_on(device_of(device), b, s);
-  });
+  m.def("adamw_step",
+        [](uintptr_t grad, const std::string& grad_dt, uintptr_t master, uintptr_t m_, uintptr_t v,
+           const std::string& state_dt, uintptr_t param, const std::string& param_dt, size_t n, double lr, double beta1,
+           double beta2, double eps, double weight_decay, int64_t step, float grad_multiplier, int device) {
+          AdamWBuffers b;
+          b.grad = ptr(grad);
+          b.grad_dtype = parse_dtype(grad_dt);
+          b.master = static_cast<float*>(ptr(master));
+          b.exp_avg = ptr(m_);
+          b.exp_avg_sq = ptr(v);
+          b.state_dtype = parse_dtype(state_dt);
+          b.param = ptr(param);
+          b.param_dtype = parse_dtype(param_dt);
+          b.n = n;
+          AdamWStep s;
+          s.hyper = AdamWHyper{lr, beta1, beta2, eps, weight_decay};
+          s.step = step;
+          s.grad_multiplier = grad_multiplier;
+          py::gil_scoped_release release;
+          adamw_step_on(device_of(device), b, s);
+        });
   m.def("unscale_and_check", [](uintptr_t grad, size_t n, float inv_scale, int device) {
     GradStats s;
     {
@@ -296,10 +322,11 @@ PYBIND11_MODULE(_C, m) {
       .def_property_readonly("numel", &ShardLayout::numel)
       .def_property_readonly("padded_numel", &ShardLayout::padded_numel)
       .def_property_readonly("shard_numel", &ShardLayout::shard_numel)
-      .def("shard_range", [](const ShardLayout& l, int rank) {
-        Range r = l.shard_range(rank);
-        return py::make_tuple(r.begin, r.end);
-      })
+      .def("shard_range",
+           [](const ShardLayout& l, int rank) {
+             Range r = l.shard_range(rank);
+             return py::make_tuple(r.begin, r.end);
+           })
       .def("slices_in_shard", &ShardLayout::slices_in_shard)
       .def("slices_of_param", &ShardLayout::slices_of_param);
 }

@@ -143,8 +143,8 @@ std::function<std::vector<at::Tensor>(size_t, const std::vector<size_t>&)> mater
 }  // namespace
 
 void bind_engine(py::module_& m) {
-  bind_options(m);  // See Note [options by name]
-  m.attr("SHARD_ALIGNMENT") = kShardAlignment;   // elements: an Engine's shards are multiples of it
+  bind_options(m);                              // See Note [options by name]
+  m.attr("SHARD_ALIGNMENT") = kShardAlignment;  // elements: an Engine's shards are multiples of it
 
   py::class_<ShardOptimizer>(m, "ShardOptimizer")
       .def(py::init([](at::Tensor master, Communicator& comm, const OptimizerOptions& options) {
@@ -152,38 +152,42 @@ void bind_engine(py::module_& m) {
            }),
            py::keep_alive<1, 3>(), py::arg("master"), py::arg("comm"),  // it holds comm by reference
            py::arg("options") = OptimizerOptions())
-      .def("step", [](ShardOptimizer& o, std::vector<std::pair<size_t, at::Tensor>> outputs) {
-        // outputs: (offset into the master, contiguous bf16/f16/f32 tensor to write)
-        std::vector<OutputSegment> segs;
-        for (auto& [offset, t] : outputs) {
-          ZRT_CHECK(t.is_contiguous(), "ShardOptimizer.step: output tensors must be contiguous");
-          DType dt = t.scalar_type() == at::kBFloat16 ? DType::kBFloat16
-                     : t.scalar_type() == at::kHalf   ? DType::kFloat16
-                                                      : DType::kFloat32;
-          ZRT_CHECK(dt != DType::kFloat32 || t.scalar_type() == at::kFloat,
-                    "ShardOptimizer.step: outputs must be bf16, f16 or f32");
-          segs.push_back({offset, static_cast<size_t>(t.numel()), t.data_ptr(), dt});
-        }
-        StepStats s;
-        s.boundary = true;
-        {
-          py::gil_scoped_release release;
-          o.step(segs, s);
-        }
-        return stats_dict(s);
-      })
+      .def("step",
+           [](ShardOptimizer& o, std::vector<std::pair<size_t, at::Tensor>> outputs) {
+             // outputs: (offset into the master, contiguous bf16/f16/f32 tensor to write)
+             std::vector<OutputSegment> segs;
+             for (auto& [offset, t] : outputs) {
+               ZRT_CHECK(t.is_contiguous(), "ShardOptimizer.step: output tensors must be contiguous");
+               DType dt = t.scalar_type() == at::kBFloat16 ? DType::kBFloat16
+                          : t.scalar_type() == at::kHalf   ? DType::kFloat16
+                                                           : DType::kFloat32;
+               ZRT_CHECK(dt != DType::kFloat32 || t.scalar_type() == at::kFloat,
+                         "ShardOptimizer.step: outputs must be bf16, f16 or f32");
+               segs.push_back({offset, static_cast<size_t>(t.numel()), t.data_ptr(), dt});
+             }
+             StepStats s;
+             s.boundary = true;
+             {
+               py::gil_scoped_release release;
+               o.step(segs, s);
+             }
+             return stats_dict(s);
+           })
       .def_property_readonly("grad_shard", [](ShardOptimizer& o) { return o.grad_shard(); })
       .def_property_readonly("master", &ShardOptimizer::master)
       .def_property_readonly("exp_avg", &ShardOptimizer::exp_avg)
       .def_property_readonly("exp_avg_sq", &ShardOptimizer::exp_avg_sq)
       .def_property_readonly("loss_scale", &ShardOptimizer::loss_scale)
       .def_property_readonly("adam_steps", &ShardOptimizer::adam_steps)
-      .def("set_hyper_groups", [](ShardOptimizer& o, const std::vector<std::array<double, 6>>& h,
-                                  std::vector<std::array<int64_t, 3>> r) { o.set_hyper_groups(hypers(h), std::move(r)); })
+      .def("set_hyper_groups",
+           [](ShardOptimizer& o, const std::vector<std::array<double, 6>>& h, std::vector<std::array<int64_t, 3>> r) {
+             o.set_hyper_groups(hypers(h), std::move(r));
+           })
       .def("set_watch_regions", &ShardOptimizer::set_watch_regions)
       .def_property_readonly("nonfinite_ids", &ShardOptimizer::nonfinite_ids)
       .def("state", [](const ShardOptimizer& o) { return state_dict(o.scaler_state(), o.adam_steps()); })
-      .def("load_state", [](ShardOptimizer& o, py::dict d) { o.load_state(scaler_state(d), d["adam_steps"].cast<int64_t>()); });
+      .def("load_state",
+           [](ShardOptimizer& o, py::dict d) { o.load_state(scaler_state(d), d["adam_steps"].cast<int64_t>()); });
 
   // Deleted without the GIL (python/without_gil.h): ~Engine joins the comm thread.
   py::class_<Engine, std::shared_ptr<Engine>>(m, "Engine")
@@ -201,21 +205,21 @@ void bind_engine(py::module_& m) {
            py::arg("params"), py::arg("fp32_params"), py::arg("comm"),
            py::arg("units") = std::vector<std::tuple<std::vector<size_t>, bool, std::string>>{},
            py::arg("options") = EngineOptions(), py::arg("materialize") = py::none())
-      .def("step", [](Engine& e) {
-        StepStats s;
-        {
-          py::gil_scoped_release release;
-          s = e.step();
-        }
-        return stats_dict(s);
-      })
-      .def("set_hyper_groups", [](Engine& e, const std::vector<std::array<double, 6>>& h,
-                                  std::vector<std::array<int64_t, 3>> r) {
-        e.optimizer().set_hyper_groups(hypers(h), std::move(r));
-      })
-      .def("set_watch_regions", [](Engine& e, std::vector<std::array<int64_t, 3>> r) {
-        e.optimizer().set_watch_regions(std::move(r));
-      })
+      .def("step",
+           [](Engine& e) {
+             StepStats s;
+             {
+               py::gil_scoped_release release;
+               s = e.step();
+             }
+             return stats_dict(s);
+           })
+      .def("set_hyper_groups",
+           [](Engine& e, const std::vector<std::array<double, 6>>& h, std::vector<std::array<int64_t, 3>> r) {
+             e.optimizer().set_hyper_groups(hypers(h), std::move(r));
+           })
+      .def("set_watch_regions",
+           [](Engine& e, std::vector<std::array<int64_t, 3>> r) { e.optimizer().set_watch_regions(std::move(r)); })
       .def_property_readonly("nonfinite_ids", [](Engine& e) { return e.optimizer().nonfinite_ids(); })
       .def_property_readonly("loss_scale", &Engine::loss_scale)
       .def_property_readonly("global_step", &Engine::global_step)
@@ -243,10 +247,11 @@ void bind_engine(py::module_& m) {
       .def_property_readonly("resident_param_bytes", &Engine::resident_param_bytes)
       .def_property_readonly("stage", [](const Engine& e) { return e.options().stage; })
       .def("param_offset", &Engine::param_offset)
-      .def("gather_master", [](const Engine& e, size_t g) {
-        py::gil_scoped_release release;  // a collective
-        return e.gather_master(g);
-      })
+      .def("gather_master",
+           [](const Engine& e, size_t g) {
+             py::gil_scoped_release release;  // a collective
+             return e.gather_master(g);
+           })
       .def("master", &Engine::master)
       .def("exp_avg", &Engine::exp_avg)
       .def("exp_avg_sq", &Engine::exp_avg_sq)
@@ -256,18 +261,20 @@ void bind_engine(py::module_& m) {
       .def_property_readonly("stage0_scratch", &Engine::stage0_scratch)
       .def_property_readonly("pack_buffer_bytes", &Engine::pack_buffer_bytes)
       .def("bucket_layout", &Engine::bucket_layout)
-      .def("state", [](const Engine& e) {
-        auto c = e.counters();
-        py::dict d = state_dict(c.scaler, c.adam_steps);
-        d["global_step"] = c.global_step;
-        d["skipped_steps"] = c.skipped_steps;
-        d["micro_steps"] = c.micro_steps;
-        return d;
-      })
-      .def("load_state", [](Engine& e, py::dict d) {
-        e.load_counters({d["global_step"].cast<int64_t>(), d["skipped_steps"].cast<int64_t>(),
-                         d["micro_steps"].cast<int64_t>(), d["adam_steps"].cast<int64_t>(), scaler_state(d)});
-      })
+      .def("state",
+           [](const Engine& e) {
+             auto c = e.counters();
+             py::dict d = state_dict(c.scaler, c.adam_steps);
+             d["global_step"] = c.global_step;
+             d["skipped_steps"] = c.skipped_steps;
+             d["micro_steps"] = c.micro_steps;
+             return d;
+           })
+      .def("load_state",
+           [](Engine& e, py::dict d) {
+             e.load_counters({d["global_step"].cast<int64_t>(), d["skipped_steps"].cast<int64_t>(),
+                              d["micro_steps"].cast<int64_t>(), d["adam_steps"].cast<int64_t>(), scaler_state(d)});
+           })
       .def("refresh_params", [](Engine& e) {
         py::gil_scoped_release release;  // a collective
         e.refresh_params();

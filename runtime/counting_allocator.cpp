@@ -37,8 +37,8 @@ CountingAllocator::CountingAllocator(c10::Allocator* inner) : inner_(inner) {
 c10::DataPtr CountingAllocator::allocate(size_t n) {
   const c10::Device cpu(c10::DeviceType::CPU);
   if (n == 0) return c10::DataPtr(nullptr, nullptr, &free_counted, cpu);  // as torch's: no memory
-  ZRT_CHECK(n <= static_cast<size_t>(std::numeric_limits<int64_t>::max()) - kHeaderBytes,
-            "CPU allocation of ", n, " bytes is too large");
+  ZRT_CHECK(n <= static_cast<size_t>(std::numeric_limits<int64_t>::max()) - kHeaderBytes, "CPU allocation of ", n,
+            " bytes is too large");
   c10::DataPtr inner = inner_->allocate(n + kHeaderBytes);
   ZRT_CHECK(inner.get() != nullptr, "the wrapped CPU allocator returned no memory for ", n, " bytes");
   char* base = static_cast<char*>(inner.get());

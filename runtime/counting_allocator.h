@@ -12,8 +12,8 @@
 namespace zerort {
 
 struct AllocatorStats {
-  int64_t current = 0;  // bytes of live allocations made through this allocator
-  int64_t peak = 0;     // the most `current` has been since construction or reset_peak()
+  int64_t current = 0;     // bytes of live allocations made through this allocator
+  int64_t peak = 0;        // the most `current` has been since construction or reset_peak()
   int64_t since_mark = 0;  // of `current`, the bytes allocated since the last mark()
 };
 

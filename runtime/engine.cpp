@@ -24,11 +24,10 @@ void check_params(const std::vector<at::Tensor>& params, const char* what) {
   for (size_t i = 0; i < params.size(); ++i) {
     const at::Tensor& p = params[i];
     ZRT_CHECK(p.defined(), "Engine: ", what, " ", i, " is undefined");
-    ZRT_CHECK(p.scalar_type() == at::kFloat, "Engine: ", what, " ", i, " has dtype ",
-              c10::toString(p.scalar_type()), "; build the model in float32 (the engine keeps the FP32 "
+    ZRT_CHECK(p.scalar_type() == at::kFloat, "Engine: ", what, " ", i, " has dtype ", c10::toString(p.scalar_type()),
+              "; build the model in float32 (the engine keeps the FP32 "
               "master and casts the working copy itself)");
-    ZRT_CHECK(p.requires_grad() && p.is_leaf(), "Engine: ", what, " ", i,
-              " must be a leaf tensor that requires grad");
+    ZRT_CHECK(p.requires_grad() && p.is_leaf(), "Engine: ", what, " ", i, " must be a leaf tensor that requires grad");
   }
 }
 
@@ -44,28 +43,30 @@ c10::Device common_device(const std::vector<at::Tensor>& a, const std::vector<at
       if (!p.defined() || p.is_meta()) continue;  // meta: materialized on the model's device
       if (first) device = p.device();
       first = false;
-      ZRT_CHECK_AS(DeviceError, p.device() == device, "Engine: ", list == &a ? "parameter " : "fp32 parameter ", i, " is on ",
-                p.device().str(), " but the first parameter is on ", device.str(),
-                "; move the whole model to one device first");
+      ZRT_CHECK_AS(DeviceError, p.device() == device, "Engine: ", list == &a ? "parameter " : "fp32 parameter ", i,
+                   " is on ", p.device().str(), " but the first parameter is on ", device.str(),
+                   "; move the whole model to one device first");
     }
   }
   check_device_supported(device, "the model");
   ZRT_CHECK_AS(ConfigError, comm.device_memory() == device.is_cuda(), "Engine: the model is on ", device.str(),
-            " but the '", comm.backend_name(), "' communicator moves ", comm.device_memory() ? "device" : "host",
-            " buffers; ", device.is_cuda() ? "CUDA models need the nccl backend, or mpi/gloo staged for CUDA"
-                                           : "a device communicator needs a CUDA model (model.cuda())");
+               " but the '", comm.backend_name(), "' communicator moves ", comm.device_memory() ? "device" : "host",
+               " buffers; ",
+               device.is_cuda() ? "CUDA models need the nccl backend, or mpi/gloo staged for CUDA"
+                                : "a device communicator needs a CUDA model (model.cuda())");
   return device;
 }
 
 const EngineOptions& validated(const EngineOptions& o) {
   ZRT_CHECK_AS(ConfigError, o.stage >= 0 && o.stage <= 3, "stage must be 0, 1, 2 or 3, got ", o.stage);
-  ZRT_CHECK_AS(ConfigError, o.reduce_bucket_numel >= 1, "reduce_bucket_numel must be >= 1, got ", o.reduce_bucket_numel);
+  ZRT_CHECK_AS(ConfigError, o.reduce_bucket_numel >= 1, "reduce_bucket_numel must be >= 1, got ",
+               o.reduce_bucket_numel);
   return o;
 }
 
 // Stage 3: the units as bucket plans, after checking they cover every parameter once.
-std::vector<BucketPlan> unit_plans(const std::vector<UnitSpec>& units, const std::vector<size_t>& sizes,
-                                   int world, size_t alignment) {
+std::vector<BucketPlan> unit_plans(const std::vector<UnitSpec>& units, const std::vector<size_t>& sizes, int world,
+                                   size_t alignment) {
   std::vector<int> seen(sizes.size(), 0);
   std::vector<BucketPlan> plans;
   for (size_t u = 0; u < units.size(); ++u) {
@@ -141,8 +142,8 @@ Engine::Engine(std::vector<at::Tensor> params, Communicator& comm, EngineOptions
       const int64_t bn = static_cast<int64_t>(b.layout.padded_numel());
       // Units: storage of their own, emptied while released (See Note [released storage]);
       // they start released unless persistent. Otherwise a view of the group's flat buffer.
-      at::Tensor full = policy_.units ? at::empty({bn}, opts)
-                                      : g->flat_params.narrow(0, static_cast<int64_t>(b.flat_offset), bn);
+      at::Tensor full =
+          policy_.units ? at::empty({bn}, opts) : g->flat_params.narrow(0, static_cast<int64_t>(b.flat_offset), bn);
       std::vector<UnitCache::ParamView> views;
       for (size_t j = 0; j < b.params.size(); ++j) {
         views.push_back({&g->params[b.params[j]], static_cast<int64_t>(b.layout.param_offset(j)),
@@ -183,8 +184,8 @@ Engine::Engine(std::vector<at::Tensor> params, Communicator& comm, EngineOptions
       packs.push_back({b.params.size(), b.layout.padded_numel() * dtype_size(g->dtype), scalar_type(g->dtype)});
     }
   }
-  packer_ = std::make_unique<GradPacker>(std::move(packs), policy_.pack == ReducePolicy::Pack::kPooled,
-                                         bytes_options());
+  packer_ =
+      std::make_unique<GradPacker>(std::move(packs), policy_.pack == ReducePolicy::Pack::kPooled, bytes_options());
 
   OptimizerOptions optimizer = options_.optimizer;
   optimizer.replicated = policy_.replicated;  // stage 0: every rank holds the whole state
@@ -203,7 +204,8 @@ Engine::Engine(std::vector<at::Tensor> params, Communicator& comm, EngineOptions
       try {
         comm_loop();
         return;
-      } ZRT_RETHROW_FORCED_UNWIND catch (...) {
+      }
+      ZRT_RETHROW_FORCED_UNWIND catch (...) {
         std::lock_guard<std::mutex> lock(mu_);
         if (!comm_error_) comm_error_ = std::current_exception();
       }
@@ -284,15 +286,17 @@ StepStats Engine::step_unnamed() {
   auto t0 = std::chrono::steady_clock::now();
   const bool reduce = reducing_now();
   try {
-    if (reduce) drain();  // buckets the hooks did not already send
+    if (reduce) drain();                        // buckets the hooks did not already send
   } catch (const CollectiveMismatchError& e) {  // checked calls (stage 3): say why, when this rank knows
     std::lock_guard<std::mutex> lock(mu_);
     if (saw_backward_) throw;
     throw UsageError(__FILE__, __LINE__,
-                     detail::concat("engine.step(): rank ", comm_.rank(), " called step() without a backward pass "
+                     detail::concat("engine.step(): rank ", comm_.rank(),
+                                    " called step() without a backward pass "
                                     "since its previous step() while another rank was still in backward. Call "
                                     "engine.backward(loss) before every engine.step() on every rank; a rank without "
-                                    "data can backpropagate a zero loss (for example loss * 0). ", e.message()));
+                                    "data can backpropagate a zero loss (for example loss * 0). ",
+                                    e.message()));
   }
   stats.reduce_ms = ms_since(t0);
   {

@@ -74,7 +74,7 @@ struct EngineOptions {
   // Called bucket by bucket, so at most about one bucket exists in FP32 at a time.
   std::function<std::vector<at::Tensor>(size_t group, const std::vector<size_t>& params)> materialize;
   size_t reduce_bucket_numel = size_t{1} << 24;  // gradient elements (all ranks) per bucket
-  size_t alignment = kShardAlignment;  // elements; each shard is a multiple of it
+  size_t alignment = kShardAlignment;            // elements; each shard is a multiple of it
 };
 
 // Stage 3: one unit of `params` (indices into it), gathered and released as one. A
@@ -104,7 +104,7 @@ class Engine {
   double loss_scale() const { return optimizer_->loss_scale(); }
   StepStats step();
 
-  int64_t global_step() const { return global_step_; }      // boundaries passed
+  int64_t global_step() const { return global_step_; }  // boundaries passed
   int64_t skipped_steps() const { return skipped_steps_; }
   int64_t adam_steps() const { return optimizer_->adam_steps(); }
   ShardOptimizer& optimizer() { return *optimizer_; }  // non-finite diagnostics (python/zerort/engine/nonfinite.py)
@@ -150,7 +150,7 @@ class Engine {
   size_t numel(size_t group = 0) const;                   // parameter elements (no padding)
   size_t param_offset(size_t group, size_t param) const;  // in the group's flat buffers
   const at::Tensor& flat_params(size_t group = 0) const;  // padded, the group's dtype (undefined at stage 3)
-  const at::Tensor& flat_grads(size_t group = 0) const;  // stages 0, 1 (undefined at stage 2)
+  const at::Tensor& flat_grads(size_t group = 0) const;   // stages 0, 1 (undefined at stage 2)
   // This rank's FP32 state for the group: its shards (stages 1, 2) or all of it (stage 0).
   at::Tensor master(size_t group = 0) const;
   at::Tensor exp_avg(size_t group = 0) const;
@@ -191,18 +191,18 @@ class Engine {
   void release_locked(std::unique_lock<std::mutex>& lock, Bucket& b, bool hand_off = false);
   void gather_on_comm_thread(Bucket& b);
   void fill_bucket(Group& g, Bucket& b, at::Tensor& master);  // starting values (constructor)
-  Bucket& unit(size_t index, const char* what);  // bucket `index`, checked, at stage 3
+  Bucket& unit(size_t index, const char* what);               // bucket `index`, checked, at stage 3
   void wait_gathered_locked(std::unique_lock<std::mutex>& lock, Bucket& b);
   void enqueue_ready_locked();
   void comm_loop();
-  bool reducing_now() const;      // does this micro-step reduce (stage 2, or a boundary)?
-  at::TensorOptions bytes_options() const;        // uint8 on the model's device
+  bool reducing_now() const;                // does this micro-step reduce (stage 2, or a boundary)?
+  at::TensorOptions bytes_options() const;  // uint8 on the model's device
   // grad_ready's steps (mu_ held): the first report of (g, i) in this round, else a
   // UsageError; the gradient moved where the policy keeps it until the reduce.
   void report_locked(size_t g, size_t i);
   void take_gradient_locked(Bucket& b, size_t param);
-  void pack_locked(Bucket& b, size_t param);      // param's grad into b's pack buffer; frees it
-  StepStats step_unnamed();  // step() before Note [unit names]
+  void pack_locked(Bucket& b, size_t param);  // param's grad into b's pack buffer; frees it
+  StepStats step_unnamed();                   // step() before Note [unit names]
   void update(StepStats& stats);
   // f(), its zerort::Error naming the units behind the tags it lists: See Note [unit names].
   template <typename F>
@@ -219,11 +219,11 @@ class Engine {
   std::vector<Bucket*> buckets_;               // every group's buckets, in reduce order
   std::unique_ptr<ShardOptimizer> optimizer_;  // this rank's FP32 master, m, v, gradient
   at::Tensor stage0_scratch_;                  // stage 0: one bucket's reduced shard, FP32
-  UnitCache units_;  // every bucket's working copy (unit b is bucket b): See Note [unit cache]
+  UnitCache units_;                     // every bucket's working copy (unit b is bucket b): See Note [unit cache]
   std::unique_ptr<GradPacker> packer_;  // mu_ held; See Note [grad packer]
   int64_t micro_steps_ = 0, global_step_ = 0, skipped_steps_ = 0;
-  bool saw_backward_ = false;       // a backward pass ran in this micro-step
-  int64_t missed_backward_ = 0;     // micro-steps of this window without one
+  bool saw_backward_ = false;    // a backward pass ran in this micro-step
+  int64_t missed_backward_ = 0;  // micro-steps of this window without one
 
   // The comm thread and its queue of work: reduce or (stage 3) gather a bucket (an index
   // into buckets_). Every collective is issued from that queue, in the order queued.

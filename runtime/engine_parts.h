@@ -13,7 +13,10 @@
 // GIL during interpreter shutdown.
 #if defined(__GLIBCXX__)
 #include <cxxabi.h>
-#define ZRT_RETHROW_FORCED_UNWIND catch (const abi::__forced_unwind&) { throw; }
+#define ZRT_RETHROW_FORCED_UNWIND       \
+  catch (const abi::__forced_unwind&) { \
+    throw;                              \
+  }
 #else
 #define ZRT_RETHROW_FORCED_UNWIND
 #endif
@@ -33,19 +36,19 @@ struct Engine::Bucket {
   size_t index = 0;            // in buckets_: the reduce order, and the collectives' tag
   std::vector<size_t> params;  // indices into the group's params
   ShardLayout layout{{}, 1, 1};
-  size_t flat_offset = 0;      // in the group's flat buffers
-  size_t opt_offset = 0;       // in the optimizer's master
-  size_t opt_numel = 0;        // shard_numel (stages 1-3) or padded_numel (stage 0)
-  bool queued = false;         // its reduce is queued this round
-  size_t waiting = 0;          // parameters whose gradient is not complete yet
+  size_t flat_offset = 0;  // in the group's flat buffers
+  size_t opt_offset = 0;   // in the optimizer's master
+  size_t opt_numel = 0;    // shard_numel (stages 1-3) or padded_numel (stage 0)
+  bool queued = false;     // its reduce is queued this round
+  size_t waiting = 0;      // parameters whose gradient is not complete yet
 };
 
 struct Engine::Group {
   DType dtype;
   std::vector<at::Tensor> params;
   std::vector<std::vector<int64_t>> shapes;  // stage 3 empties released parameters
-  std::vector<size_t> param_offset;  // in the flat buffers
-  std::vector<size_t> param_bucket;  // index into buckets
+  std::vector<size_t> param_offset;          // in the flat buffers
+  std::vector<size_t> param_bucket;          // index into buckets
   std::vector<Bucket> buckets;
   size_t numel = 0;
   at::Tensor flat_params, flat_grads;

@@ -18,8 +18,8 @@ bool Engine::reducing_now() const {
 }
 
 void Engine::grad_ready(size_t g, size_t i) {
-  ZRT_CHECK(g < groups_.size() && i < groups_[g]->params.size(), "Engine.grad_ready: no parameter ", i,
-            " in group ", g);
+  ZRT_CHECK(g < groups_.size() && i < groups_[g]->params.size(), "Engine.grad_ready: no parameter ", i, " in group ",
+            g);
   std::unique_lock<std::mutex> lock(mu_);
   saw_backward_ = true;
   if (!reducing_now()) return;  // stage 0/1 between boundaries: autograd keeps accumulating
@@ -35,7 +35,8 @@ void Engine::grad_ready(size_t g, size_t i) {
 void Engine::report_locked(size_t g, size_t i) {
   if (reported_[g][i]) {
     throw UsageError(__FILE__, __LINE__,
-                     detail::concat("Engine: parameter ", i, " of group ", g, " got a second gradient in one "
+                     detail::concat("Engine: parameter ", i, " of group ", g,
+                                    " got a second gradient in one "
                                     "micro-step after its first was sent to be reduced: a backward pass ran "
                                     "without engine.backward() (for example loss.backward() called directly). "
                                     "Run every backward pass through engine.backward(loss), which lets several "
@@ -97,18 +98,23 @@ void Engine::comm_loop() {
     lock.unlock();
     try {
       if (!comm_error_) {
-        if (op == Op::kReduce) reduce_bucket(*buckets_[index]);
-        else gather_on_comm_thread(*buckets_[index]);
+        if (op == Op::kReduce)
+          reduce_bucket(*buckets_[index]);
+        else
+          gather_on_comm_thread(*buckets_[index]);
       }
-    } ZRT_RETHROW_FORCED_UNWIND catch (...) {
+    }
+    ZRT_RETHROW_FORCED_UNWIND catch (...) {
       lock.lock();
       if (!comm_error_) comm_error_ = std::current_exception();
       lock.unlock();
     }
     lock.lock();
     busy_ = false;
-    if (op == Op::kReduce) ++reduced_;
-    else units_.end_gather(index);  // gather() rethrows a failure
+    if (op == Op::kReduce)
+      ++reduced_;
+    else
+      units_.end_gather(index);  // gather() rethrows a failure
     cv_.notify_all();
   }
 }
@@ -197,7 +203,8 @@ void Engine::reduce_now() {
     throw UsageError(__FILE__, __LINE__,
                      detail::concat("the gradients are reduced in the accumulation window's last micro-step at stage ",
                                     options_.stage, " (micro-step ", micro_step_in_window() + 1, " of ",
-                                    options_.optimizer.gradient_accumulation_steps, " now): ask for them after "
+                                    options_.optimizer.gradient_accumulation_steps,
+                                    " now): ask for them after "
                                     "that micro-step's backward, before its step()"));
   }
   finish_round();

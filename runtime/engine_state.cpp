@@ -31,8 +31,10 @@ at::Tensor Engine::grad(size_t g) const { return optimizer_slice(optimizer_->sta
 
 at::Tensor Engine::gather_master(size_t g) const {
   const Group& grp = group(g);
-  const int64_t padded = grp.buckets.empty() ? 0 : static_cast<int64_t>(grp.buckets.back().flat_offset +
-                                                                        grp.buckets.back().layout.padded_numel());
+  const int64_t padded =
+      grp.buckets.empty()
+          ? 0
+          : static_cast<int64_t>(grp.buckets.back().flat_offset + grp.buckets.back().layout.padded_numel());
   at::Tensor out = at::empty({padded}, at::TensorOptions().dtype(at::kFloat).device(device_));
   const at::Tensor& all = optimizer_->state().master();
   const float* master = all.data_ptr<float>();
@@ -41,8 +43,10 @@ at::Tensor Engine::gather_master(size_t g) const {
       out.narrow(0, static_cast<int64_t>(b.flat_offset), static_cast<int64_t>(b.opt_numel))
           .copy_(all.narrow(0, static_cast<int64_t>(b.opt_offset), static_cast<int64_t>(b.opt_numel)));
     } else {
-      comm_.all_gather(master + b.opt_offset, out.data_ptr<float>() + b.flat_offset, b.opt_numel,
-                       DType::kFloat32, static_cast<int64_t>(b.index))->wait();
+      comm_
+          .all_gather(master + b.opt_offset, out.data_ptr<float>() + b.flat_offset, b.opt_numel, DType::kFloat32,
+                      static_cast<int64_t>(b.index))
+          ->wait();
     }
   }
   return out;
@@ -55,8 +59,8 @@ Engine::Counters Engine::counters() const {
 
 void Engine::load_counters(const Counters& c) {
   ZRT_CHECK(c.global_step >= 0 && c.skipped_steps >= 0 && c.skipped_steps <= c.global_step && c.micro_steps >= 0,
-            "checkpoint: inconsistent step counters (global ", c.global_step, ", skipped ", c.skipped_steps,
-            ", micro ", c.micro_steps, ")");
+            "checkpoint: inconsistent step counters (global ", c.global_step, ", skipped ", c.skipped_steps, ", micro ",
+            c.micro_steps, ")");
   optimizer_->load_state(c.scaler, c.adam_steps);
   global_step_ = c.global_step;
   skipped_steps_ = c.skipped_steps;
@@ -69,8 +73,10 @@ void Engine::refresh_params() {
     const DType dtype = groups_[b->group]->dtype;
     cast_from_f32_on(device_, master + b->opt_offset, own_chunk(*b), dtype, b->opt_numel);
     if (!policy_.replicated) {
-      comm_.all_gather(own_chunk(*b), units_.full(b->index).data_ptr(), b->layout.shard_numel(), dtype,
-                       static_cast<int64_t>(b->index))->wait();
+      comm_
+          .all_gather(own_chunk(*b), units_.full(b->index).data_ptr(), b->layout.shard_numel(), dtype,
+                      static_cast<int64_t>(b->index))
+          ->wait();
     }
   }
 }

@@ -21,8 +21,8 @@ namespace zerort {
 class GradPacker {
  public:
   struct BucketShape {
-    size_t params = 0;  // parameters in the bucket
-    size_t bytes = 0;   // its packed size: padded numel * element size
+    size_t params = 0;                    // parameters in the bucket
+    size_t bytes = 0;                     // its packed size: padded numel * element size
     at::ScalarType type = at::kBFloat16;  // its gradients' dtype
   };
 
@@ -52,9 +52,9 @@ class GradPacker {
   std::vector<BucketShape> shapes_;
   at::TensorOptions bytes_options_;
   at::Tensor pool_[2];
-  int owner_[2] = {-1, -1};            // the bucket holding each slot
-  std::vector<int> slot_;              // per bucket: its pool slot, or -1
-  std::vector<at::Tensor> overflow_;   // per bucket: its one-off buffer, or undefined
+  int owner_[2] = {-1, -1};           // the bucket holding each slot
+  std::vector<int> slot_;             // per bucket: its pool slot, or -1
+  std::vector<at::Tensor> overflow_;  // per bucket: its one-off buffer, or undefined
   std::vector<std::vector<bool>> packed_;
   size_t overflow_peak_ = 0;
 };

@@ -24,8 +24,9 @@ int index_of(const c10::Device& device) { return device.index() < 0 ? 0 : device
 
 void check_device_supported(const c10::Device& device, const char* what) {
   if (device.is_cpu()) return;
-  ZRT_CHECK_AS(DeviceError, device.is_cuda() && ZERORT_WITH_CUDA, what, " is on ", device.str(), "; this build of zerort runs on ",
-            ZERORT_WITH_CUDA ? "CPU and CUDA tensors" : "CPU tensors only (nvcc was not found at build time)");
+  ZRT_CHECK_AS(DeviceError, device.is_cuda() && ZERORT_WITH_CUDA, what, " is on ", device.str(),
+               "; this build of zerort runs on ",
+               ZERORT_WITH_CUDA ? "CPU and CUDA tensors" : "CPU tensors only (nvcc was not found at build time)");
 }
 
 void cast_from_f32_on(const c10::Device& device, const float* in, void* out, DType out_dtype, size_t n) {

@@ -9,12 +9,12 @@ namespace zerort {
 
 LossScaler::LossScaler(LossScalerOptions o) : options_(o) {
   ZRT_CHECK_AS(ConfigError, std::isfinite(o.initial_scale) && o.initial_scale > 0,
-            "loss_scale.initial_scale must be a positive finite number, got ", o.initial_scale);
+               "loss_scale.initial_scale must be a positive finite number, got ", o.initial_scale);
   if (o.dynamic) {
     ZRT_CHECK_AS(ConfigError, o.window >= 1, "loss_scale.window must be >= 1, got ", o.window);
     ZRT_CHECK_AS(ConfigError, o.hysteresis >= 1, "loss_scale.hysteresis must be >= 1, got ", o.hysteresis);
     ZRT_CHECK_AS(ConfigError, o.min_scale > 0 && o.min_scale <= o.initial_scale, "loss_scale.min_scale must be in (0, ",
-              "initial_scale=", o.initial_scale, "], got ", o.min_scale);
+                 "initial_scale=", o.initial_scale, "], got ", o.min_scale);
     ZRT_CHECK_AS(ConfigError, o.factor > 1, "loss_scale.factor must be > 1, got ", o.factor);
   }
   state_.scale = o.initial_scale;
@@ -31,9 +31,9 @@ void LossScaler::update(bool overflow) {
   if (overflow) {
     if (s.hysteresis_left <= 1) {
       ZRT_CHECK_AS(LossScaleError, s.scale > options_.min_scale, "gradients overflowed at step ", s.iteration + 1,
-                " with the loss scale already at its minimum ", options_.min_scale,
-                " (loss_scale.min_scale); the model produces non-finite gradients at any scale. "
-                "Lower the learning rate, check the data, or use bf16");
+                   " with the loss scale already at its minimum ", options_.min_scale,
+                   " (loss_scale.min_scale); the model produces non-finite gradients at any scale. "
+                   "Lower the learning rate, check the data, or use bf16");
       s.scale = std::max(s.scale / options_.factor, options_.min_scale);
     } else {
       --s.hysteresis_left;
@@ -54,10 +54,9 @@ void LossScaler::update(bool overflow) {
 }
 
 void LossScaler::load_state(const State& st) {
-  ZRT_CHECK(std::isfinite(st.scale) && st.scale > 0, "loss scaler state: scale must be positive, got ",
-            st.scale);
-  ZRT_CHECK(st.iteration >= 0 && st.last_overflow_iteration >= -1 &&
-                st.last_overflow_iteration < st.iteration + 1 && st.hysteresis_left >= 0,
+  ZRT_CHECK(std::isfinite(st.scale) && st.scale > 0, "loss scaler state: scale must be positive, got ", st.scale);
+  ZRT_CHECK(st.iteration >= 0 && st.last_overflow_iteration >= -1 && st.last_overflow_iteration < st.iteration + 1 &&
+                st.hysteresis_left >= 0,
             "loss scaler state is inconsistent (iteration ", st.iteration, ", last overflow ",
             st.last_overflow_iteration, ", hysteresis left ", st.hysteresis_left, ")");
   state_ = st;

@@ -21,9 +21,9 @@ class LossScaler {
   struct State {
     double scale = 1.0;
     int64_t hysteresis_left = 0;
-    int64_t iteration = 0;           // updates so far
+    int64_t iteration = 0;  // updates so far
     int64_t last_overflow_iteration = -1;
-    int64_t overflows = 0;           // skipped steps so far
+    int64_t overflows = 0;  // skipped steps so far
   };
 
   explicit LossScaler(LossScalerOptions options = {});

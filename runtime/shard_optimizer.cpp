@@ -29,12 +29,13 @@ LossScalerOptions scaler_options(const OptimizerOptions& o) {
 }
 
 const OptimizerOptions& validated(const OptimizerOptions& o) {
-  ZRT_CHECK_AS(ConfigError, o.precision == DType::kBFloat16 || o.precision == DType::kFloat16 || o.precision == DType::kFloat32,
-            "precision must be bf16, f16 or f32, got ", dtype_name(o.precision));
+  ZRT_CHECK_AS(ConfigError,
+               o.precision == DType::kBFloat16 || o.precision == DType::kFloat16 || o.precision == DType::kFloat32,
+               "precision must be bf16, f16 or f32, got ", dtype_name(o.precision));
   ZRT_CHECK_AS(ConfigError, o.gradient_accumulation_steps >= 1, "gradient_accumulation_steps must be >= 1, got ",
-            o.gradient_accumulation_steps);
+               o.gradient_accumulation_steps);
   ZRT_CHECK_AS(ConfigError, o.gradient_clipping >= 0 && std::isfinite(o.gradient_clipping),
-            "gradient_clipping must be >= 0 (0 disables), got ", o.gradient_clipping);
+               "gradient_clipping must be >= 0 (0 disables), got ", o.gradient_clipping);
   ZRT_CHECK_AS(ConfigError, o.state_dtype == DType::kFloat32 || o.state_dtype == DType::kBFloat16,
                "optimizer state dtype must be fp32 or bf16, got ", dtype_name(o.state_dtype));
   check_adamw_hyper(o.adamw, "optimizer options (AdamWHyper)");  // at construction, not at the first step
@@ -45,8 +46,7 @@ const OptimizerOptions& validated(const OptimizerOptions& o) {
 
 ShardOptimizer::ShardOptimizer(at::Tensor master, Communicator& comm, OptimizerOptions options)
     : comm_(comm), options_(validated(options)), scaler_(scaler_options(options)), hypers_{options_.adamw} {
-  ZRT_CHECK(master.defined() && master.scalar_type() == at::kFloat && master.dim() == 1 &&
-                master.is_contiguous(),
+  ZRT_CHECK(master.defined() && master.scalar_type() == at::kFloat && master.dim() == 1 && master.is_contiguous(),
             "ShardOptimizer: master must be a contiguous 1-D float32 tensor");
   check_device_supported(master.device(), "ShardOptimizer's master");
   state_ = std::make_unique<InMemoryStateStore>(std::move(master), options_.state_dtype);
@@ -68,8 +68,8 @@ bool ShardOptimizer::step(const std::vector<OutputSegment>& outputs, StepStats& 
   AdamWStep s;
   s.step = adam_steps_ + 1;
   const double denominator = scaler_.scale() * comm_.size() * options_.gradient_accumulation_steps;
-  GradStats local = unscale_and_check_on(grad.device(), grad.data_ptr<float>(), n,
-                                         static_cast<float>(1.0 / denominator));
+  GradStats local =
+      unscale_and_check_on(grad.device(), grad.data_ptr<float>(), n, static_cast<float>(1.0 / denominator));
   Decision global;
   try {  // the one decision, the same on every rank
     global = decide_step(comm_, {static_cast<int64_t>(local.nonfinite), local.sum_squares, missed_backward},
@@ -161,9 +161,8 @@ void ShardOptimizer::set_hyper_groups(std::vector<AdamWHyper> hypers, std::vecto
 
 void ShardOptimizer::set_watch_regions(std::vector<std::array<int64_t, 3>> regions) {
   for (const auto& r : regions) {
-    ZRT_CHECK(r[0] >= 0 && r[1] >= 0 && r[0] + r[1] <= state_->numel(), "ShardOptimizer: watch region [",
-              r[0], ", ", r[0] + r[1], ") (id ", r[2], ") lies outside the shard of ", state_->numel(),
-              " elements");
+    ZRT_CHECK(r[0] >= 0 && r[1] >= 0 && r[0] + r[1] <= state_->numel(), "ShardOptimizer: watch region [", r[0], ", ",
+              r[0] + r[1], ") (id ", r[2], ") lies outside the shard of ", state_->numel(), " elements");
   }
   watch_regions_ = std::move(regions);
 }

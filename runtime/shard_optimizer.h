@@ -20,12 +20,12 @@
 namespace zerort {
 
 struct OptimizerOptions {
-  DType precision = DType::kBFloat16;  // compute precision: f16 gets the dynamic loss scale
-  AdamWHyper adamw;                            // every element's, until set_hyper_groups
-  LossScalerOptions loss_scale;                // used for f16; bf16 uses a static scale of 1
-  double gradient_clipping = 0.0;              // max global L2 norm; 0 disables
-  int64_t gradient_accumulation_steps = 1;     // the gradient is averaged over these and W
-  DType state_dtype = DType::kFloat32;         // Adam's m and v: f32, or bf16 (half their memory)
+  DType precision = DType::kBFloat16;       // compute precision: f16 gets the dynamic loss scale
+  AdamWHyper adamw;                         // every element's, until set_hyper_groups
+  LossScalerOptions loss_scale;             // used for f16; bf16 uses a static scale of 1
+  double gradient_clipping = 0.0;           // max global L2 norm; 0 disables
+  int64_t gradient_accumulation_steps = 1;  // the gradient is averaged over these and W
+  DType state_dtype = DType::kFloat32;      // Adam's m and v: f32, or bf16 (half their memory)
   // Stage 0: every rank holds the whole state and the whole summed gradient, so the
   // decision inputs are already global and are not all-reduced.
   bool replicated = false;
@@ -41,12 +41,12 @@ struct OutputSegment {
 };
 
 struct StepStats {
-  bool boundary = false;   // false: a micro-step that only accumulated
-  bool skipped = false;    // non-finite gradients: no update, scale backed off
-  double loss_scale = 1;   // the scale this step's gradients carried
-  double grad_norm = 0;    // global L2 norm of the averaged, unscaled gradient (pre-clip)
-  double clip_coef = 1;    // min(1, clip / (norm + 1e-6)) when clipping
-  int64_t nonfinite = 0;   // global count of non-finite gradient values
+  bool boundary = false;  // false: a micro-step that only accumulated
+  bool skipped = false;   // non-finite gradients: no update, scale backed off
+  double loss_scale = 1;  // the scale this step's gradients carried
+  double grad_norm = 0;   // global L2 norm of the averaged, unscaled gradient (pre-clip)
+  double clip_coef = 1;   // min(1, clip / (norm + 1e-6)) when clipping
+  int64_t nonfinite = 0;  // global count of non-finite gradient values
   double reduce_ms = 0, optimizer_ms = 0, gather_ms = 0;
 };
 

@@ -48,7 +48,7 @@ std::vector<int64_t> gather_rows(Communicator& comm, const int64_t* mine, size_t
   for (int r = 0; r < world; ++r) most = std::max(most, rows[r * kRow + 3]);
   const size_t listed = std::min(static_cast<size_t>(most), CallLog::kKept);
   kept.resize(std::min(kept.size(), static_cast<size_t>(my_calls)));  // not the decision's own call
-  std::vector<int64_t> mine(listed * kFields, 0);  // kind 0: no call there
+  std::vector<int64_t> mine(listed * kFields, 0);                     // kind 0: no call there
   for (size_t i = 0; i < kept.size() && i < listed; ++i) std::copy(kept[i].begin(), kept[i].end(), &mine[i * kFields]);
   const std::vector<int64_t> all = gather_rows(comm, mine.data(), mine.size());
   auto call = [&](int r, size_t i) {
@@ -67,13 +67,15 @@ std::vector<int64_t> gather_rows(Communicator& comm, const int64_t* mine, size_t
   for (int r = 0; r < world && r < kNamed; ++r) {
     const CallFields f = call(r, first < listed ? first : 0);
     const bool none = first >= listed || f[0] == 0;
-    who += detail::concat("\n  rank ", r, ": ", none ? detail::concat("(", rows[r * kRow + 3], " calls in all)")
-                                                     : describe_call(f, r, world));
+    who +=
+        detail::concat("\n  rank ", r, ": ",
+                       none ? detail::concat("(", rows[r * kRow + 3], " calls in all)") : describe_call(f, r, world));
   }
   if (world > kNamed) who += detail::concat("\n  (", world - kNamed, " more ranks)");
-  const std::string where = first < listed
-      ? detail::concat("call ", first + 1, " since the previous step is the first that differs. Each rank's call:")
-      : detail::concat("the first ", listed, " calls agree; a later one differs. Each rank's count:");
+  const std::string where =
+      first < listed
+          ? detail::concat("call ", first + 1, " since the previous step is the first that differs. Each rank's call:")
+          : detail::concat("the first ", listed, " calls agree; a later one differs. Each rank's count:");
   throw UsageError(__FILE__, __LINE__,
                    detail::concat("engine.step(): ranks called different collectives since the previous step "
                                   "(ranks took different paths through the model, or called zerort.comm on some "
@@ -97,9 +99,11 @@ Decision decide_step(Communicator& comm, const RankReport& mine, bool replicated
     rows = gather_rows(comm, row, kRow);
   } catch (const CollectiveMismatchError& e) {  // comm.debug's check: the other ranks are elsewhere
     throw UsageError(__FILE__, __LINE__,
-                     detail::concat("engine.step(): rank ", comm.rank(), " reached the end of the accumulation "
+                     detail::concat("engine.step(): rank ", comm.rank(),
+                                    " reached the end of the accumulation "
                                     "window while other ranks were still in a collective of backward (",
-                                    mine.missed_backward, " of this rank's ", window, " micro-steps had no backward "
+                                    mine.missed_backward, " of this rank's ", window,
+                                    " micro-steps had no backward "
                                     "pass): call engine.backward(loss) before every engine.step() on every rank. ",
                                     e.message()));
   }
@@ -114,7 +118,9 @@ Decision decide_step(Communicator& comm, const RankReport& mine, bool replicated
   if (!missed.empty()) {  // the likelier cause: a rank that skipped backward also called less
     throw UsageError(__FILE__, __LINE__,
                      detail::concat("engine.step(): a rank called step() without a backward pass since its "
-                                    "previous step(): ", missed, " micro-steps of this accumulation window had "
+                                    "previous step(): ",
+                                    missed,
+                                    " micro-steps of this accumulation window had "
                                     "none; no update was applied and the window's gradients were dropped (on "
                                     "every rank). Call engine.backward(loss) before every engine.step() on every "
                                     "rank; a rank without data can backpropagate a zero loss (for example loss * 0)"));

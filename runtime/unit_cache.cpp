@@ -21,8 +21,7 @@ void set_storage_bytes(const at::Tensor& t, size_t nbytes) {
   s->set_nbytes(nbytes);
 }
 
-size_t UnitCache::add(at::Tensor full, size_t bytes, bool persistent, std::vector<ParamView> params,
-                      std::string name) {
+size_t UnitCache::add(at::Tensor full, size_t bytes, bool persistent, std::vector<ParamView> params, std::string name) {
   Unit u;
   u.full = std::move(full);
   u.bytes = bytes;

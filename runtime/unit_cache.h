@@ -41,7 +41,7 @@ class UnitCache {
  public:
   enum class State { kReleased, kGathering, kGathered };
   struct ParamView {
-    at::Tensor* param = nullptr;  // the parameter (it outlives the cache)
+    at::Tensor* param = nullptr;    // the parameter (it outlives the cache)
     int64_t offset = 0, numel = 0;  // its place in the working copy, in elements
     std::vector<int64_t> shape;
   };

@@ -55,8 +55,7 @@ std::string exited_peer(const std::string& what) {
 
 class GlooWork final : public Work {
  public:
-  GlooWork(const CollectiveDesc& d, std::chrono::milliseconds timeout,
-           c10::intrusive_ptr<c10d::Work> work)
+  GlooWork(const CollectiveDesc& d, std::chrono::milliseconds timeout, c10::intrusive_ptr<c10d::Work> work)
       : Work(d, timeout), work_(std::move(work)) {}
   ~GlooWork() override {
     if (!work_->isCompleted()) retire_buffers();  // gloo may still write into them
@@ -69,8 +68,7 @@ class GlooWork final : public Work {
   // timeout instead, which zerort.comm.init sets to the same comm.timeout_s. Either way
   // a timeout becomes our CommTimeoutError naming the collective.
   bool wait_until(std::chrono::steady_clock::time_point deadline) override {
-    auto remaining = std::chrono::duration_cast<std::chrono::milliseconds>(
-        deadline - std::chrono::steady_clock::now());
+    auto remaining = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
     try {
       work_->wait(std::max(remaining, std::chrono::milliseconds(1)));
     } catch (const std::exception& e) {
@@ -151,24 +149,23 @@ class GlooCommunicator final : public Communicator {
 
 }  // namespace
 
-std::unique_ptr<Communicator> make_gloo_communicator(const std::string& group_name,
-                                                     CommOptions options) {
+std::unique_ptr<Communicator> make_gloo_communicator(const std::string& group_name, CommOptions options) {
   c10::intrusive_ptr<c10d::ProcessGroup> group;
   try {
     group = c10d::resolve_process_group(group_name);
   } catch (const std::exception& e) {
     ZRT_THROW_AS(CommError, "gloo: no torch.distributed process group named '", group_name,
-              "'; call torch.distributed.init_process_group('gloo') first (", e.what(), ")");
+                 "'; call torch.distributed.init_process_group('gloo') first (", e.what(), ")");
   }
   c10::intrusive_ptr<c10d::Backend> backend;
   try {
     backend = group->getBackend(c10::DeviceType::CPU);
   } catch (const std::exception& e) {
     ZRT_THROW_AS(CommError, "gloo: process group '", group_name, "' has no backend for CPU tensors (", e.what(),
-              "); initialise it with backend='gloo'");
+                 "); initialise it with backend='gloo'");
   }
-  ZRT_CHECK_AS(CommError, backend->getBackendName() == "gloo", "gloo: process group '", group_name,
-            "' uses backend '", backend->getBackendName(), "' for CPU tensors, not gloo");
+  ZRT_CHECK_AS(CommError, backend->getBackendName() == "gloo", "gloo: process group '", group_name, "' uses backend '",
+               backend->getBackendName(), "' for CPU tensors, not gloo");
   return std::make_unique<GlooCommunicator>(std::move(backend), options);
 }
 

@@ -12,7 +12,6 @@ namespace zerort {
 
 // group_name is torch.distributed's ProcessGroup.group_name (the default group is "0").
 // Errors when the group is unknown or has no gloo backend for CPU tensors.
-std::unique_ptr<Communicator> make_gloo_communicator(const std::string& group_name,
-                                                     CommOptions options = {});
+std::unique_ptr<Communicator> make_gloo_communicator(const std::string& group_name, CommOptions options = {});
 
 }  // namespace zerort

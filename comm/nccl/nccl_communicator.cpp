@@ -32,9 +32,7 @@ ncclDataType_t nccl_type(DType d) {
   ZRT_THROW("NCCL: unsupported dtype ", dtype_name(d));
 }
 
-ncclRedOp_t nccl_op(ReduceOp op) {
-  return op == ReduceOp::kMax ? ncclMax : op == ReduceOp::kMin ? ncclMin : ncclSum;
-}
+ncclRedOp_t nccl_op(ReduceOp op) { return op == ReduceOp::kMax ? ncclMax : op == ReduceOp::kMin ? ncclMin : ncclSum; }
 
 // Memory of `device` (device or managed); false for host memory and for other GPUs.
 bool is_device_pointer(const void* p, int device) {
@@ -85,8 +83,8 @@ class NcclCommunicator final : public Communicator {
               " bytes (from nccl_unique_id() on rank 0), got ", id.size());
     int count = 0;
     ZRT_CHECK_CUDA(cudaGetDeviceCount(&count));
-    ZRT_CHECK(device >= 0 && device < count, "NCCL: rank ", rank, " asked for CUDA device ", device, " but ",
-              count, " are visible; set CUDA_VISIBLE_DEVICES or pass a device in [0, ", count, ")");
+    ZRT_CHECK(device >= 0 && device < count, "NCCL: rank ", rank, " asked for CUDA device ", device, " but ", count,
+              " are visible; set CUDA_VISIBLE_DEVICES or pass a device in [0, ", count, ")");
     state_->device = device;
     CudaDeviceGuard guard(device);
     int lo = 0, hi = 0;
@@ -106,7 +104,7 @@ class NcclCommunicator final : public Communicator {
       state_->stream = nullptr;
       state_->input_ready = nullptr;
       ZRT_THROW_AS(CommTimeoutError, "NCCL: rank ", rank, " of ", size, " could not create the communicator within ",
-                options.timeout.count(), " ms; a peer rank is missing or got a different unique id");
+                   options.timeout.count(), " ms; a peer rank is missing or got a different unique id");
     }
   }
 
@@ -117,27 +115,36 @@ class NcclCommunicator final : public Communicator {
  protected:
   WorkPtr do_all_reduce(void* buf, const CollectiveDesc& d) override {
     if (!is_device_pointer(buf, state_->device)) return staged(buf, d, true);
-    return enqueue(d, {nullptr, [&](ncclComm_t c, cudaStream_t s) {
-      ZRT_CHECK_NCCL(ncclAllReduce(buf, buf, d.count, nccl_type(d.dtype), nccl_op(d.op), c, s), c);
-    }, nullptr});
+    return enqueue(d, {nullptr,
+                       [&](ncclComm_t c, cudaStream_t s) {
+                         ZRT_CHECK_NCCL(ncclAllReduce(buf, buf, d.count, nccl_type(d.dtype), nccl_op(d.op), c, s), c);
+                       },
+                       nullptr});
   }
   WorkPtr do_broadcast(void* buf, const CollectiveDesc& d) override {
     if (!is_device_pointer(buf, state_->device)) return staged(buf, d, false);
-    return enqueue(d, {nullptr, [&](ncclComm_t c, cudaStream_t s) {
-      ZRT_CHECK_NCCL(ncclBroadcast(buf, buf, d.count, nccl_type(d.dtype), d.root, c, s), c);
-    }, nullptr});
+    return enqueue(d, {nullptr,
+                       [&](ncclComm_t c, cudaStream_t s) {
+                         ZRT_CHECK_NCCL(ncclBroadcast(buf, buf, d.count, nccl_type(d.dtype), d.root, c, s), c);
+                       },
+                       nullptr});
   }
   WorkPtr do_reduce_scatter(const void* in, void* out, const CollectiveDesc& d) override {
     require_device(d, {in, out});
-    return enqueue(d, {nullptr, [&](ncclComm_t c, cudaStream_t s) {
-      ZRT_CHECK_NCCL(ncclReduceScatter(in, out, d.count, nccl_type(d.dtype), nccl_op(d.op), c, s), c);
-    }, nullptr});
+    return enqueue(d, {nullptr,
+                       [&](ncclComm_t c, cudaStream_t s) {
+                         ZRT_CHECK_NCCL(ncclReduceScatter(in, out, d.count, nccl_type(d.dtype), nccl_op(d.op), c, s),
+                                        c);
+                       },
+                       nullptr});
   }
   WorkPtr do_all_gather(const void* in, void* out, const CollectiveDesc& d) override {
     require_device(d, {in, out});
-    return enqueue(d, {nullptr, [&](ncclComm_t c, cudaStream_t s) {
-      ZRT_CHECK_NCCL(ncclAllGather(in, out, d.count, nccl_type(d.dtype), c, s), c);
-    }, nullptr});
+    return enqueue(d, {nullptr,
+                       [&](ncclComm_t c, cudaStream_t s) {
+                         ZRT_CHECK_NCCL(ncclAllGather(in, out, d.count, nccl_type(d.dtype), c, s), c);
+                       },
+                       nullptr});
   }
   WorkPtr do_all_to_all(const void* in, void* out, const CollectiveDesc& d) override {
     require_device(d, {in, out});
@@ -158,7 +165,8 @@ class NcclCommunicator final : public Communicator {
     if (in == out || d.count == 0) return std::make_shared<CompletedWork>(d, options().timeout);
     return enqueue(d, {[&](cudaStream_t s) {
                          ZRT_CHECK_CUDA(cudaMemcpyAsync(out, in, d.count * dtype_size(d.dtype), cudaMemcpyDefault, s));
-                       }, nullptr, nullptr});
+                       },
+                       nullptr, nullptr});
   }
   WorkPtr local_reduce_scatter_accumulate(const void* in, float* out, bool accumulate,
                                           const CollectiveDesc& d) override {
@@ -170,8 +178,7 @@ class NcclCommunicator final : public Communicator {
   // All on the device: grouped send/recv into device scratch, then (once NCCL has
   // settled) the FP64 local sum kernel on the same stream; the scratch is freed
   // stream-ordered behind the kernel.
-  WorkPtr do_reduce_scatter_accumulate(const void* in, float* out, bool accumulate,
-                                       const CollectiveDesc& d) override {
+  WorkPtr do_reduce_scatter_accumulate(const void* in, float* out, bool accumulate, const CollectiveDesc& d) override {
     require_device(d, {in, out});
     if (d.count == 0) return std::make_shared<CompletedWork>(d, options().timeout);
     const size_t world = static_cast<size_t>(size()), bytes = world * d.count * dtype_size(d.dtype);
@@ -207,8 +214,8 @@ class NcclCommunicator final : public Communicator {
     if (phases.nccl && !st.settle(deadline_after(options().timeout), collective_name(d.kind))) {
       st.abort(detail::concat(d.to_string(), " could not be enqueued"));
       throw CommTimeoutError(__FILE__, __LINE__,
-                         detail::concat(d.to_string(), ": NCCL did not accept the collective within ",
-                                        options().timeout.count(), " ms; a peer rank is missing or stuck"));
+                             detail::concat(d.to_string(), ": NCCL did not accept the collective within ",
+                                            options().timeout.count(), " ms; a peer rank is missing or stuck"));
     }
     if (phases.after) phases.after(st.stream);
     cudaEvent_t done = nullptr;
@@ -262,8 +269,9 @@ class NcclCommunicator final : public Communicator {
     int index = 0;
     for (const void* p : buffers) {
       ZRT_CHECK_AS(DeviceError, is_device_pointer(p, state_->device), d.to_string(), ": buffer argument ", index,
-                " is not memory of this communicator's GPU; the nccl backend moves device buffers (put the "
-                "tensor on cuda:", state_->device, ", or use the mpi or gloo backend for CPU tensors)");
+                   " is not memory of this communicator's GPU; the nccl backend moves device buffers (put the "
+                   "tensor on cuda:",
+                   state_->device, ", or use the mpi or gloo backend for CPU tensors)");
       ++index;
     }
   }

@@ -10,8 +10,9 @@ namespace zerort {
 void check_nccl(ncclResult_t result, const char* call, ncclComm_t comm, const char* file, int line) {
   if (result == ncclSuccess || result == ncclInProgress) return;
   const char* last = comm ? ncclGetLastError(comm) : ncclGetLastError(nullptr);
-  throw CommError(file, line, detail::concat(call, " failed: ", ncclGetErrorString(result),
-                                         (last && *last) ? detail::concat(" (", last, ")") : std::string()));
+  throw CommError(file, line,
+                  detail::concat(call, " failed: ", ncclGetErrorString(result),
+                                 (last && *last) ? detail::concat(" (", last, ")") : std::string()));
 }
 
 std::shared_ptr<void> NcclState::pinned(size_t bytes, const std::shared_ptr<NcclState>& self) {
@@ -52,8 +53,10 @@ NcclState::~NcclState() {
       std::this_thread::sleep_for(std::chrono::microseconds(100));
       if (ncclCommGetAsyncError(comm, &state) != ncclSuccess) break;
     }
-    if (state == ncclSuccess) ncclCommDestroy(comm);
-    else ncclCommAbort(comm);
+    if (state == ncclSuccess)
+      ncclCommDestroy(comm);
+    else
+      ncclCommAbort(comm);
   }
   if (input_ready) cudaEventDestroy(input_ready);
   if (stream) cudaStreamDestroy(stream);

@@ -25,7 +25,7 @@ void check_nccl(ncclResult_t result, const char* call, ncclComm_t comm, const ch
 
 struct NcclState {
   ncclComm_t comm = nullptr;
-  cudaStream_t stream = nullptr;  // the communicator's own stream
+  cudaStream_t stream = nullptr;      // the communicator's own stream
   cudaEvent_t input_ready = nullptr;  // recorded on the legacy default stream before each collective
   int device = 0;
   std::mutex mu;       // one enqueue at a time (held while it settles)
@@ -56,8 +56,7 @@ struct NcclState {
 
 class NcclWork final : public Work {
  public:
-  NcclWork(CollectiveDesc desc, std::chrono::milliseconds timeout, std::shared_ptr<NcclState> state,
-           cudaEvent_t done);
+  NcclWork(CollectiveDesc desc, std::chrono::milliseconds timeout, std::shared_ptr<NcclState> state, cudaEvent_t done);
   ~NcclWork() override;
 
  protected:

@@ -11,7 +11,7 @@ namespace zerort::testing {
 
 namespace {
 
-const DType kAllDTypes[] = {DType::kFloat32, DType::kFloat64, DType::kInt32,
+const DType kAllDTypes[] = {DType::kFloat32, DType::kFloat64,  DType::kInt32,
                             DType::kInt64,   DType::kBFloat16, DType::kFloat16};
 const ReduceOp kAllOps[] = {ReduceOp::kSum, ReduceOp::kMax, ReduceOp::kMin};
 
@@ -74,8 +74,8 @@ class Checker {
       double got = load(out, dt, i), want = expected(i);
       if (got != want) {
         std::ostringstream os;
-        os << name << " dtype=" << dtype_name(dt) << " count=" << count_ << " rank " << comm_.rank()
-           << " of " << comm_.size() << ": out[" << i << "]=" << got << ", expected " << want;
+        os << name << " dtype=" << dtype_name(dt) << " count=" << count_ << " rank " << comm_.rank() << " of "
+           << comm_.size() << ": out[" << i << "]=" << got << ", expected " << want;
         failures.push_back(os.str());
         return;
       }
@@ -142,8 +142,8 @@ std::vector<std::string> check_all_collectives(Communicator& comm, size_t count)
         for (size_t i = 0; i < count * w; ++i) store(rin.data(), dt, i, value(me, i, salt));
         std::vector<float> rout(count + 1, accumulate ? 0.5f : 1e30f);  // garbage when overwriting
         comm.reduce_scatter_accumulate(rin.data(), dt, rout.data(), count, accumulate)->wait();
-        c.expect(accumulate ? "reduce_scatter_accumulate(accumulate)" : "reduce_scatter_accumulate",
-                 rout.data(), DType::kFloat32, count, [&](size_t i) {
+        c.expect(accumulate ? "reduce_scatter_accumulate(accumulate)" : "reduce_scatter_accumulate", rout.data(),
+                 DType::kFloat32, count, [&](size_t i) {
                    return (accumulate ? 0.5 : 0.0) + combine(ReduceOp::kSum, world, i, salt, mine * count);
                  });
       }
@@ -156,11 +156,10 @@ std::vector<std::string> check_all_collectives(Communicator& comm, size_t count)
 std::string AccuracyResult::to_string() const {
   std::ostringstream os;
   os.precision(3);
-  os << std::scientific << "reduce_scatter_accumulate (bf16 wire, FP32 sum): max |err| "
-     << rsa_max_abs_err << ", mean |err| " << rsa_mean_abs_err
+  os << std::scientific << "reduce_scatter_accumulate (bf16 wire, FP32 sum): max |err| " << rsa_max_abs_err
+     << ", mean |err| " << rsa_mean_abs_err
      << (rsa_bitwise_equal ? " (bitwise = fp64 sum rounded once)" : " (NOT bitwise equal)")
-     << "; plain bf16 reduce_scatter: max |err| " << bf16_max_abs_err << ", mean |err| "
-     << bf16_mean_abs_err;
+     << "; plain bf16 reduce_scatter: max |err| " << bf16_max_abs_err << ", mean |err| " << bf16_mean_abs_err;
   return os.str();
 }
 

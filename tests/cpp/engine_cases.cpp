@@ -30,7 +30,8 @@ at::Generator gen(uint64_t seed) { return at::detail::createCPUGenerator(seed); 
 
 // The micro-batch of (step, rank, micro): the same on every process.
 std::pair<at::Tensor, at::Tensor> batch(int step, int rank, int64_t micro) {
-  auto g = gen(static_cast<uint64_t>(step) * 1000003 + static_cast<uint64_t>(rank) * 101 + static_cast<uint64_t>(micro));
+  auto g =
+      gen(static_cast<uint64_t>(step) * 1000003 + static_cast<uint64_t>(rank) * 101 + static_cast<uint64_t>(micro));
   return {at::randn({kBatch, 13}, g), at::randn({kBatch, 7}, g)};
 }
 
@@ -87,7 +88,7 @@ EngineOptions default_options(int stage, DType precision) {
   o.optimizer.adamw = AdamWHyper{3e-3, 0.9, 0.999, 1e-8, 0.01};
   o.optimizer.loss_scale.initial_scale = 1024;  // f16: dynamic, from 2^10
   o.optimizer.loss_scale.window = 5;
-  o.reduce_bucket_numel = 200;        // several buckets over 658 elements
+  o.reduce_bucket_numel = 200;  // several buckets over 658 elements
   o.alignment = 4;
   return o;
 }
@@ -179,7 +180,10 @@ Reference run_reference(int world, const RunConfig& config, const std::vector<do
           if (stage < 2 && micro != gas - 1) continue;
           size_t k = 0;
           for (auto& t : p) {
-            if (!t.grad().defined()) { k += static_cast<size_t>(t.numel()); continue; }
+            if (!t.grad().defined()) {
+              k += static_cast<size_t>(t.numel());
+              continue;
+            }
             auto g = t.grad().to(at::kDouble).contiguous();
             for (int64_t i = 0; i < g.numel(); ++i) grad[k++] += g.data_ptr<double>()[i];
             t.mutable_grad() = at::Tensor();

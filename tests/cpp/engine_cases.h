@@ -16,11 +16,11 @@
 namespace zerort::testing {
 
 struct EngineRun {
-  std::vector<float> master;        // full FP32 master, gathered from all ranks
-  std::vector<uint16_t> params;     // full low-precision parameters (bits)
-  std::vector<StepStats> stats;     // one per step() call
-  std::vector<double> scales;       // loss scale after each boundary
-  int64_t adam_steps = 0;           // optimizer updates applied (skips excluded)
+  std::vector<float> master;     // full FP32 master, gathered from all ranks
+  std::vector<uint16_t> params;  // full low-precision parameters (bits)
+  std::vector<StepStats> stats;  // one per step() call
+  std::vector<double> scales;    // loss scale after each boundary
+  int64_t adam_steps = 0;        // optimizer updates applied (skips excluded)
 };
 
 struct RunConfig {

@@ -38,9 +38,7 @@ struct SpyAllocator final : c10::Allocator {
     g_spy_live.fetch_add(1);
     return c10::DataPtr(data, new SpyContext{data}, &spy_free, c10::Device(c10::DeviceType::CPU));
   }
-  void copy_data(void* dest, const void* src, std::size_t count) const override {
-    default_copy_data(dest, src, count);
-  }
+  void copy_data(void* dest, const void* src, std::size_t count) const override { default_copy_data(dest, src, count); }
 };
 
 class CountingAllocatorSizes : public ::testing::TestWithParam<size_t> {};

@@ -107,7 +107,8 @@ TEST(AdamWCuda, MatchesCpuOver10Steps) {
       adamw_step_cuda({dg, DType::kFloat32, dp, dm, dv, dlp, DType::kBFloat16, n}, s, nullptr);
     }
     auto gp = to_host(dp, n);
-    for (size_t i = 0; i < n; ++i) ASSERT_NEAR(gp[i], p[i], 1e-6f * (1.0f + std::fabs(p[i]))) << "n=" << n << " i=" << i;
+    for (size_t i = 0; i < n; ++i)
+      ASSERT_NEAR(gp[i], p[i], 1e-6f * (1.0f + std::fabs(p[i]))) << "n=" << n << " i=" << i;
     auto glp = to_host(dlp, n);
     std::vector<uint16_t> expect(n);
     cast_from_f32(gp.data(), expect.data(), DType::kBFloat16, n);
@@ -117,8 +118,8 @@ TEST(AdamWCuda, MatchesCpuOver10Steps) {
     auto gpu_stats = unscale_and_check_cuda(dg, n, 0.25f, nullptr);
     EXPECT_EQ(gpu_stats.nonfinite, cpu_stats.nonfinite);
     EXPECT_NEAR(gpu_stats.sum_squares, cpu_stats.sum_squares, 1e-9 * cpu_stats.sum_squares);
-    for (void* d : {static_cast<void*>(dp), static_cast<void*>(dm), static_cast<void*>(dv),
-                    static_cast<void*>(dg), static_cast<void*>(dlp)}) {
+    for (void* d : {static_cast<void*>(dp), static_cast<void*>(dm), static_cast<void*>(dv), static_cast<void*>(dg),
+                    static_cast<void*>(dlp)}) {
       cudaFree(d);
     }
   }

@@ -106,9 +106,8 @@ void expect_global_skip(DType precision, float poison) {
   };
   const int world = 4;
   std::vector<EngineRun> runs(world);
-  auto errors = run_ranks(world, [&](Communicator& comm) {
-    runs[static_cast<size_t>(comm.rank())] = run_engine(comm, config);
-  });
+  auto errors =
+      run_ranks(world, [&](Communicator& comm) { runs[static_cast<size_t>(comm.rank())] = run_engine(comm, config); });
   for (const auto& e : errors) ASSERT_EQ(e, "");
   for (int r = 0; r < world; ++r) {
     for (int s = 0; s < 8; ++s) EXPECT_EQ(runs[r].stats[s].skipped, s == 3) << "rank " << r << " step " << s;
@@ -157,7 +156,8 @@ TEST(EngineClipping, GlobalNormEqualsReferenceNorm) {
   auto ref = run_reference(4, config, runs[0].scales);
   for (int s = 0; s < 6; ++s) {
     double ours = runs[0].stats[static_cast<size_t>(s)].grad_norm;
-    EXPECT_NEAR(ours, ref.grad_norms[static_cast<size_t>(s)], 1e-5 * ref.grad_norms[static_cast<size_t>(s)]) << "step " << s;
+    EXPECT_NEAR(ours, ref.grad_norms[static_cast<size_t>(s)], 1e-5 * ref.grad_norms[static_cast<size_t>(s)])
+        << "step " << s;
     EXPECT_LT(runs[0].stats[static_cast<size_t>(s)].clip_coef, 1.0);
   }
   EXPECT_LT(max_rel_diff(runs[0].master, ref.master), 5e-4);
@@ -171,7 +171,10 @@ TEST(EngineOptions, EpsZeroIsRejectedAtConstruction) {
   config.options.optimizer.adamw.eps = 0.0;
   config.steps = 1;
   auto errors = run_ranks(1, [&](Communicator& comm) { run_engine(comm, config); });
-  EXPECT_NE(errors[0].find("eps must be a finite number >= 1.17549e-38 (FP32's smallest normal number; e.g. 1e-8), got 0"), std::string::npos) << errors[0];
+  EXPECT_NE(
+      errors[0].find("eps must be a finite number >= 1.17549e-38 (FP32's smallest normal number; e.g. 1e-8), got 0"),
+      std::string::npos)
+      << errors[0];
 }
 
 // Several backward passes per micro-step add up as autograd's .grad does (torch's rule),

@@ -196,24 +196,31 @@ TEST_P(EngineStage3, PrefetchRacingAReleaseEndsConsistent) {
   });
 }
 
-// gather() and release() of one unit on two threads: whichever takes the unit first, the
-// gather hands back whole parameters, since a release waiting for the gather's collective
-// leaves alone a unit a gather() waits for (See Note [unit cache]). One gather per round on
+// gather() and release() of one unit on two threads. A release that comes while the
+// gather's collective is in flight waits for it and then leaves the unit alone, since a
+// gather() waits for it (See Note [unit cache]): the gather never hands back parameters
+// over emptied storage (before, torch's setStorage error on one rank). A release that
+// comes after gather() returned releases the unit, as it should. One gather per round on
 // every rank: the unit is released before each.
-TEST_P(EngineStage3, GatherRacingAReleaseHandsBackWholeParameters) {
+TEST_P(EngineStage3, GatherRacingAReleaseEndsConsistent) {
   on_ranks(GetParam(), [](Engine& engine, Communicator& comm, Params& params) {
+    engine.gather(0);
+    const at::Tensor saved = params[0].detach();
+    const size_t bytes = storage_bytes(saved);
+    engine.release(0);
     comm.delay_calls(DelayedCalls::kGathers, microseconds(comm.rank() % 2 ? 3000 : 500));
     for (int round = 0; round < 20; ++round) {
       std::thread releaser([&] { engine.release(0); });
       try {
-        engine.gather(0);
+        engine.gather(0);  // threw when the release emptied the unit under it
       } catch (...) {
         releaser.join();
         throw;
       }
       releaser.join();
-      EXPECT_TRUE(whole(params, 0)) << "round " << round;
+      expect_consistent(engine, params, saved, bytes, "gather racing a release");
       engine.release(0);
+      expect_released(engine, params, saved, "released after the race");
     }
   });
 }

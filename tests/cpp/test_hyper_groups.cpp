@@ -18,8 +18,8 @@ namespace zerort::testing {
 namespace {
 
 TEST(HyperGroups, EachRegionStepsWithItsGroup) {
-  const std::vector<AdamWHyper> hypers = {{0.1, 0.9, 0.999, 1e-8, 0.0}, {0.01, 0.8, 0.99, 1e-6, 0.5},
-                                          {0.0, 0.9, 0.999, 1e-8, 0.1}};
+  const std::vector<AdamWHyper> hypers = {
+      {0.1, 0.9, 0.999, 1e-8, 0.0}, {0.01, 0.8, 0.99, 1e-6, 0.5}, {0.0, 0.9, 0.999, 1e-8, 0.1}};
   // Elements 0-2: group 1; 3-4: no region (group 0); 5-7: group 2; 8: group 0; 9-11: group 1.
   const std::vector<std::array<int64_t, 3>> regions = {{9, 3, 1}, {0, 3, 1}, {5, 3, 2}, {8, 1, 0}};
   const std::vector<int> group_of = {1, 1, 1, 0, 0, 2, 2, 2, 0, 1, 1, 1};

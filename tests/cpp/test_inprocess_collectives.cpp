@@ -29,8 +29,8 @@ TEST_P(InProcessCollectives, MatchReference) {
 
 INSTANTIATE_TEST_SUITE_P(WorldsAndCounts, InProcessCollectives,
                          ::testing::Combine(::testing::Values(1, 2, 3, 4, 8),
-                                            ::testing::Values(size_t{0}, size_t{1}, size_t{7},
-                                                              size_t{1000}, size_t{(1u << 20) + 3})),
+                                            ::testing::Values(size_t{0}, size_t{1}, size_t{7}, size_t{1000},
+                                                              size_t{(1u << 20) + 3})),
                          [](const auto& info) {
                            return "W" + std::to_string(std::get<0>(info.param)) + "_n" +
                                   std::to_string(std::get<1>(info.param));
@@ -50,8 +50,8 @@ TEST_P(StagedCollectives, MatchReference) {
     threads.emplace_back([&, r] {
       std::vector<std::string> f;
       try {
-        auto staged = make_staged_communicator(std::shared_ptr<Communicator>(group->communicator(r)),
-                                               make_host_mover(), CommOptions{});
+        auto staged = make_staged_communicator(std::shared_ptr<Communicator>(group->communicator(r)), make_host_mover(),
+                                               CommOptions{});
         EXPECT_STREQ(staged->backend_name(), "inprocess+staged-host");
         f = check_all_collectives(*staged, count);
       } catch (const std::exception& e) {
@@ -77,9 +77,8 @@ INSTANTIATE_TEST_SUITE_P(WorldsAndCounts, StagedCollectives,
 // plain bf16 reduce-scatter of the same data is measurably worse.
 TEST(InProcessAccuracy, ReduceScatterAccumulateBeatsBf16AtW8) {
   std::vector<AccuracyResult> results(8);  // one slot per rank: no lock needed
-  auto errors = run_ranks(8, [&](Communicator& comm) {
-    results[static_cast<size_t>(comm.rank())] = check_rsa_accuracy(comm, 4099, 42);
-  });
+  auto errors = run_ranks(
+      8, [&](Communicator& comm) { results[static_cast<size_t>(comm.rank())] = check_rsa_accuracy(comm, 4099, 42); });
   for (const auto& e : errors) ASSERT_EQ(e, "");
   for (const auto& r : results) {
     EXPECT_TRUE(r.rsa_bitwise_equal) << r.to_string();

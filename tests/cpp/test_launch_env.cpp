@@ -26,8 +26,13 @@ TEST(LaunchEnv, NoLauncherIsSingleRank) {
 }
 
 TEST(LaunchEnv, TorchrunWinsOverOpenMpi) {
-  auto e = detect({{"RANK", "3"}, {"WORLD_SIZE", "4"}, {"LOCAL_RANK", "1"}, {"MASTER_ADDR", "10.0.0.1"},
-                   {"MASTER_PORT", "29555"}, {"OMPI_COMM_WORLD_RANK", "0"}, {"OMPI_COMM_WORLD_SIZE", "2"}});
+  auto e = detect({{"RANK", "3"},
+                   {"WORLD_SIZE", "4"},
+                   {"LOCAL_RANK", "1"},
+                   {"MASTER_ADDR", "10.0.0.1"},
+                   {"MASTER_PORT", "29555"},
+                   {"OMPI_COMM_WORLD_RANK", "0"},
+                   {"OMPI_COMM_WORLD_SIZE", "2"}});
   EXPECT_EQ(e.launcher, Launcher::kTorchrun);
   EXPECT_EQ(e.rank, 3);
   EXPECT_EQ(e.world_size, 4);
@@ -38,8 +43,11 @@ TEST(LaunchEnv, TorchrunWinsOverOpenMpi) {
 }
 
 TEST(LaunchEnv, OpenMpiThenPmi) {
-  auto e = detect({{"OMPI_COMM_WORLD_RANK", "1"}, {"OMPI_COMM_WORLD_SIZE", "2"},
-                   {"OMPI_COMM_WORLD_LOCAL_RANK", "1"}, {"PMI_RANK", "0"}, {"PMI_SIZE", "5"}});
+  auto e = detect({{"OMPI_COMM_WORLD_RANK", "1"},
+                   {"OMPI_COMM_WORLD_SIZE", "2"},
+                   {"OMPI_COMM_WORLD_LOCAL_RANK", "1"},
+                   {"PMI_RANK", "0"},
+                   {"PMI_SIZE", "5"}});
   EXPECT_EQ(e.launcher, Launcher::kOpenMpi);
   EXPECT_EQ(e.rank, 1);
   EXPECT_EQ(e.world_size, 2);
@@ -56,8 +64,10 @@ TEST(LaunchEnv, NodeLocalRankFromEveryLauncher) {
   auto t = detect({{"RANK", "3"}, {"WORLD_SIZE", "4"}, {"LOCAL_RANK", "1"}, {"LOCAL_WORLD_SIZE", "2"}});
   EXPECT_EQ(t.local_rank, 1);
   EXPECT_EQ(t.local_world_size, 2);
-  auto o = detect({{"OMPI_COMM_WORLD_RANK", "3"}, {"OMPI_COMM_WORLD_SIZE", "4"},
-                   {"OMPI_COMM_WORLD_LOCAL_RANK", "1"}, {"OMPI_COMM_WORLD_LOCAL_SIZE", "2"}});
+  auto o = detect({{"OMPI_COMM_WORLD_RANK", "3"},
+                   {"OMPI_COMM_WORLD_SIZE", "4"},
+                   {"OMPI_COMM_WORLD_LOCAL_RANK", "1"},
+                   {"OMPI_COMM_WORLD_LOCAL_SIZE", "2"}});
   EXPECT_EQ(o.local_rank, 1);
   EXPECT_EQ(o.local_world_size, 2);
   auto mpich = detect({{"PMI_RANK", "3"}, {"PMI_SIZE", "4"}, {"MPI_LOCALRANKID", "1"}, {"MPI_LOCALNRANKS", "2"}});

@@ -54,10 +54,16 @@ TEST(LossScaler, DefaultsFollowDeepSpeed) {
 
 TEST(LossScaler, WindowHysteresisAndBackoff) {
   LossScaler s(opts(8, 3, 2));
-  run_script(s, {{'C', 8, 2}, {'C', 8, 2}, {'C', 8, 2}, {'C', 16, 2},  // the 4th clean step doubles
-                 {'O', 16, 1},                                          // hysteresis absorbs one
-                 {'O', 8, 1}, {'O', 4, 1},                              // then every overflow halves
-                 {'C', 4, 1}, {'C', 4, 1}, {'C', 4, 1},                 // 3 clean: not yet
+  run_script(s, {{'C', 8, 2},
+                 {'C', 8, 2},
+                 {'C', 8, 2},
+                 {'C', 16, 2},  // the 4th clean step doubles
+                 {'O', 16, 1},  // hysteresis absorbs one
+                 {'O', 8, 1},
+                 {'O', 4, 1},  // then every overflow halves
+                 {'C', 4, 1},
+                 {'C', 4, 1},
+                 {'C', 4, 1},    // 3 clean: not yet
                  {'C', 8, 2}});  // the 4th clean step after the last overflow doubles and refills
   EXPECT_EQ(s.state().overflows, 3);
   EXPECT_EQ(s.state().last_overflow_iteration, 6);
@@ -95,9 +101,14 @@ struct Trajectory {
 const std::vector<Trajectory>& deepspeed_trajectories() {
   static const std::vector<Trajectory> t = {
       // test_no_overflow (TestFused, TestUnfused; TestZeROFloat16 with default hysteresis 2)
-      {"no_overflow", 8, 2, 2, 1, false, "CCCCCCCCCC",
-       {256, 256, 512, 512, 1024, 1024, 2048, 2048, 4096, 4096}},
-      {"no_overflow_hysteresis1", 8, 2, 1, 1, false, "CCCCCCCCCC",
+      {"no_overflow", 8, 2, 2, 1, false, "CCCCCCCCCC", {256, 256, 512, 512, 1024, 1024, 2048, 2048, 4096, 4096}},
+      {"no_overflow_hysteresis1",
+       8,
+       2,
+       1,
+       1,
+       false,
+       "CCCCCCCCCC",
        {256, 256, 512, 512, 1024, 1024, 2048, 2048, 4096, 4096}},
       // test_some_overflow: 2 overflows (256 / 4), window + 1 clean (x 2), 1 overflow (/ 2)
       {"some_overflow", 8, 2, 1, 1, false, "OOCCCO", {128, 64, 64, 64, 128, 64}},
@@ -111,8 +122,7 @@ const std::vector<Trajectory>& deepspeed_trajectories() {
       // with hysteresis > 1): hysteresis 2 absorbs one overflow and is refilled only by a
       // doubling; with consecutive_hysteresis by every clean step.
       {"hysteresis2", 8, 2, 2, 1, false, "OOCCCOCCOO", {256, 128, 128, 128, 256, 256, 256, 256, 128, 64}},
-      {"hysteresis2_consecutive", 8, 2, 2, 1, true, "OOCCCOCCOO",
-       {256, 128, 128, 128, 256, 256, 256, 256, 256, 128}},
+      {"hysteresis2_consecutive", 8, 2, 2, 1, true, "OOCCCOCCOO", {256, 128, 128, 128, 256, 256, 256, 256, 256, 128}},
   };
   return t;
 }

@@ -150,14 +150,16 @@ TEST_P(OptimKernels, AdamWMatchesDoubleReferenceAndWritesBf16Params) {
 // normal FP32 number (> 0), as must every other hyperparameter be in range, before anything moves.
 TEST(AdamWHyperCheck, EpsMustBeFiniteAndPositive) {
   // 1e-46 is 0 in FP32 and 1e-40 subnormal: both positive doubles the FP32 kernels cannot use.
-  for (double eps : {0.0, -1e-8, 1e-46, 1e-40, std::numeric_limits<double>::quiet_NaN(),
-                     std::numeric_limits<double>::infinity()}) {
+  for (double eps :
+       {0.0, -1e-8, 1e-46, 1e-40, std::numeric_limits<double>::quiet_NaN(), std::numeric_limits<double>::infinity()}) {
     AdamWHyper h{1e-3, 0.9, 0.999, eps, 0.0};
     try {
       check_adamw_hyper(h, "test");
       ADD_FAILURE() << "eps " << eps << " was accepted";
     } catch (const Error& e) {
-      EXPECT_NE(std::string(e.what()).find("test: eps must be a finite number >= 1.17549e-38 (FP32's smallest normal number; e.g. 1e-8)"), std::string::npos)
+      EXPECT_NE(std::string(e.what()).find(
+                    "test: eps must be a finite number >= 1.17549e-38 (FP32's smallest normal number; e.g. 1e-8)"),
+                std::string::npos)
           << e.what();
     }
     const size_t n = 3;
@@ -167,8 +169,8 @@ TEST(AdamWHyperCheck, EpsMustBeFiniteAndPositive) {
     auto v = exact(std::vector<float>(n, 0.0f));
     AdamWStep s;
     s.hyper = h;
-    EXPECT_THROW(adamw_step({g.get(), DType::kFloat32, master.get(), m.get(), v.get(), nullptr, DType::kBFloat16, n}, s),
-                 Error);
+    EXPECT_THROW(
+        adamw_step({g.get(), DType::kFloat32, master.get(), m.get(), v.get(), nullptr, DType::kBFloat16, n}, s), Error);
     EXPECT_EQ(master[0], 1.0f);  // nothing moved
   }
   check_adamw_hyper(AdamWHyper{1e-3, 0.9, 0.999, 1e-30, 0.0}, "test");  // any positive eps is taken
@@ -177,8 +179,7 @@ TEST(AdamWHyperCheck, EpsMustBeFiniteAndPositive) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Counts, OptimKernels,
-                         ::testing::Values(size_t{0}, size_t{1}, size_t{7}, size_t{1000},
-                                           size_t{2} * 65536 + 3));
+                         ::testing::Values(size_t{0}, size_t{1}, size_t{7}, size_t{1000}, size_t{2} * 65536 + 3));
 
 }  // namespace
 }  // namespace zerort

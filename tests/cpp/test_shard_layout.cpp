@@ -90,11 +90,11 @@ TEST(ShardLayout, RandomProperties) {
 }
 
 TEST(ShardLayout, EdgeCases) {
-  check_layout({}, 4, 1);            // nothing at all: every shard empty
-  check_layout({0, 0, 0}, 3, 2);     // only empty parameters
-  check_layout({1}, 16, 1);          // one element: 15 shards of pure padding
+  check_layout({}, 4, 1);         // nothing at all: every shard empty
+  check_layout({0, 0, 0}, 3, 2);  // only empty parameters
+  check_layout({1}, 16, 1);       // one element: 15 shards of pure padding
   check_layout({7, 0, 1000, 3}, 8, 4);
-  ShardLayout big({100}, 10, 1);     // one parameter spanning all 10 shards
+  ShardLayout big({100}, 10, 1);  // one parameter spanning all 10 shards
   EXPECT_EQ(big.slices_of_param(0).size(), 10u);
   ShardLayout three({2, 10, 2}, 4, 1);  // middle parameter spans ranks 0..3
   EXPECT_GE(three.slices_of_param(1).size(), 3u);

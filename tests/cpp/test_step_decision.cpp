@@ -26,7 +26,7 @@ TEST(StepDecision, SumsInRankOrderAndClearsTheLog) {
       std::vector<float> x(5, 1.0f);
       comm.all_reduce(x.data(), 5, DType::kFloat32)->wait();
       got[comm.rank()] = decide_step(comm, report(comm), false, 1);
-      EXPECT_EQ(comm.calls().summary().calls, 0);  // the next window starts empty
+      EXPECT_EQ(comm.calls().summary().calls, 0);                                     // the next window starts empty
       got[comm.rank()].nonfinite += 100 * decide_step(comm, {}, false, 1).nonfinite;  // a second step
     });
     double want = 0;
