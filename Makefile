@@ -45,9 +45,8 @@ test-asan: $(STAMPS)/deps $(VENV)/.installed
 # both checking only: nothing is rewritten.
 CXX_SOURCES = $(shell find core comm partition optim runtime python tests examples bench \
                 -name '*.cpp' -o -name '*.h' -o -name '*.cu' -o -name '*.cuh' | sort)
-lint: $(VENV)/.installed
+lint: $(STAMPS)/deps $(VENV)/.installed
 	$(VENV)/bin/ruff check python tests bench examples scripts
-	@command -v clang-format >/dev/null || { echo "lint: clang-format is missing: apt-get install -y clang-format"; exit 1; }
 	clang-format --dry-run -Werror $(CXX_SOURCES)
 
 # The main job: the byte-level GPT on 2 ranks, ZeRO stage 3, bf16.
