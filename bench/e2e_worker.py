@@ -134,8 +134,9 @@ class DeepSpeedRuntime:
             zero["stage3_prefetch_bucket_size"] = 0
         cfg = {"train_micro_batch_size_per_gpu": micro, "gradient_accumulation_steps": 1, "bf16": {"enabled": True},
                "gradient_clipping": CLIP, "zero_optimization": zero, "steps_per_print": 1 << 30,
-               "optimizer": {"type": "AdamW", "params": {"lr": OPT["lr"], "betas": list(OPT["betas"]), "eps": OPT["eps"],
-                                                         "weight_decay": OPT["weight_decay"], "torch_adam": True}}}
+               "optimizer": {"type": "AdamW",
+                             "params": {"lr": OPT["lr"], "betas": list(OPT["betas"]), "eps": OPT["eps"],
+                                        "weight_decay": OPT["weight_decay"], "torch_adam": True}}}
         self.engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=cfg)
 
     def forward(self, x):

@@ -216,7 +216,8 @@ def main():
     ap.add_argument("--models", nargs="+", default=["linear8", "50m"], choices=sorted(STEPS))
     ap.add_argument("--runtimes", nargs="+", choices=ORDER, help="default: every runtime that applies to the model")
     ap.add_argument("--steps", type=int, help="steps per run (default: linear8 10, 50m 20)")
-    ap.add_argument("--ds-python", default=os.environ.get("DS_PYTHON", e2e.DS_PYTHON if os.path.exists(e2e.DS_PYTHON) else None),
+    ap.add_argument("--ds-python",
+                    default=os.environ.get("DS_PYTHON", e2e.DS_PYTHON if os.path.exists(e2e.DS_PYTHON) else None),
                     help="a Python with deepspeed installed against this torch (without it the ds3 rows are skipped)")
     ap.add_argument("--timeout", type=int, default=600, help="seconds per launch")
     ap.add_argument("--json", help="also write every run's raw results here")

@@ -42,7 +42,8 @@ class GPT(nn.Module):
         self.head.weight = self.tok.weight
         for name, p in self.named_parameters():
             if p.dim() == 2:
-                nn.init.normal_(p, std=0.02 / (math.sqrt(2 * layers) if name.endswith(("proj.weight", "out.weight")) else 1))
+                nn.init.normal_(p, std=0.02 / (math.sqrt(2 * layers)
+                                               if name.endswith(("proj.weight", "out.weight")) else 1))
 
     def forward(self, idx):
         t = idx.shape[1]

@@ -54,8 +54,8 @@ def rewrite_shard(ckpt, rank, edit, resign=True):
     if resign:
         try:
             payload["sha256"] = checkpoint_files.shard_digest(payload["tensors"], payload["meta"])
-        except (KeyError, TypeError, AttributeError, IndexError):  # the edit broke what the hash covers: keep the old one
-            pass
+        except (KeyError, TypeError, AttributeError, IndexError):
+            pass  # the edit broke what the hash covers: keep the old one
     torch.save(payload, path)
 
 

@@ -115,12 +115,14 @@ def corpus(seed):
     add("meta.json nested 100000 deep", _meta_bytes(lambda d: b"[" * 100000), M, "corrupt")
     add("meta.json a 5000-digit number", _meta_bytes(lambda d: b'{"world_size": ' + b"9" * 5000 + b"}"), M, "corrupt")
     add("value edited without re-signing", _meta_edit(_set(["stage"], 1), resign=False), M, "checksum mismatch")
-    add("format of another version", _meta_edit(_set(["format"], "zerort-checkpoint-9")), M, "not zerort checkpoint metadata")
+    add("format of another version", _meta_edit(_set(["format"], "zerort-checkpoint-9")), M,
+        "not zerort checkpoint metadata")
     # bad hashes
     add("sha256 missing", _meta_edit(_delete(["sha256"]), resign=False), M, "field sha256", "64 lowercase hex")
     add("sha256 a number", _meta_edit(_set(["sha256"], 12345), resign=False), M, "field sha256")
     add("sha256 too short", _meta_edit(_set(["sha256"], "abc123"), resign=False), M, "field sha256")
-    add("sha256 upper case", _meta_edit(lambda m: m.update(sha256=m["sha256"].upper()), resign=False), M, "field sha256")
+    add("sha256 upper case", _meta_edit(lambda m: m.update(sha256=m["sha256"].upper()), resign=False), M,
+        "field sha256")
     add("sha256 of other contents", _meta_edit(_set(["sha256"], "0" * 64), resign=False), M, "checksum mismatch")
     # missing keys and wrong types at the top level (re-signed: past the checksum)
     for key in ("world_size", "stage", "precision", "config", "shards", "params", "aliases", "extras"):
@@ -143,17 +145,19 @@ def corpus(seed):
         S1, "field meta.rank", "swapped")
     # one parameter's record
     add("parameter record a list", _meta_edit(_set(["params", split], [1])), M, P)
-    add("parameter name empty", _meta_edit(lambda m: m["params"].update({"": m["params"].pop(split)})), M, "field params")
+    add("parameter name empty", _meta_edit(lambda m: m["params"].update({"": m["params"].pop(split)})), M,
+        "field params")
     for key in ("shape", "dtype", "compute_dtype", "segments"):
         add(f"{key} missing", _meta_edit(_delete(["params", split, key])), M, f"{P}.{key}", "missing")
     for key, bad in (("shape", "37x24"), ("shape", [-1, 24]), ("shape", [37.0, 24]), ("shape", [True, 24]),
                      ("shape", [2 ** 40, 2 ** 40]), ("shape", [1] * 17), ("dtype", "float16"),
                      ("compute_dtype", "int8"), ("segments", None), ("segments", {"0": 1})):
         add(f"{key} = {bad!r}", _meta_edit(_set(["params", split, key], bad)), M, f"{P}.{key}")
-    add("shape with one more row (numel mismatch)", _meta_edit(_set(["params", split, "shape"], [shape[0] + 1] + shape[1:])),
-        M, f"{P}.segments", "cover")
-    add("shape with one fewer row (numel mismatch)", _meta_edit(_set(["params", split, "shape"], [shape[0] - 1] + shape[1:])),
-        M, f"{P}.segments", "covering exactly")
+    add("shape with one more row (numel mismatch)",
+        _meta_edit(_set(["params", split, "shape"], [shape[0] + 1] + shape[1:])), M, f"{P}.segments", "cover")
+    add("shape with one fewer row (numel mismatch)",
+        _meta_edit(_set(["params", split, "shape"], [shape[0] - 1] + shape[1:])), M, f"{P}.segments",
+        "covering exactly")
     add("no segments", _meta_edit(_set(["params", split, "segments"], [])), M, f"{P}.segments", "cover")
     seg = ["params", split, "segments", 0]
     for i, bad, what in ((0, 2, "rank"), (0, -1, "rank"), (0, "0", "rank"), (1, -5, "shard index"),
@@ -163,7 +167,8 @@ def corpus(seed):
     add("segment of 3 numbers", _meta_edit(_set(seg, seg0[:3])), M, f"{P}.segments[0]", "[rank, shard index")
     add("segment a string", _meta_edit(_set(seg, "0,0,0,1")), M, f"{P}.segments[0]")
     add("segment one element longer (overlap)", _meta_edit(_set(seg + [3], seg0[3] + 1)), M, f"{P}.segments", "overlap")
-    add("segment one element shorter (gap)", _meta_edit(_set(seg + [3], seg0[3] - 1)), M, f"{P}.segments", "leaves elements")
+    add("segment one element shorter (gap)", _meta_edit(_set(seg + [3], seg0[3] - 1)), M, f"{P}.segments",
+        "leaves elements")
     add("segment listed twice", _meta_edit(lambda m: m["params"][split]["segments"].append(list(seg0))), M,
         f"{P}.segments", "overlaps")
     add("segments overlapping another parameter's shard elements",

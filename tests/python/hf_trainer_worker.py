@@ -53,7 +53,8 @@ def in_order(trainer_class):
 
 def arguments(work, world, steps, **kw):
     values = dict(output_dir=work, use_cpu=True, per_device_train_batch_size=PER_DEVICE,
-                  per_device_eval_batch_size=PER_DEVICE, gradient_accumulation_steps=GLOBAL_BATCH // (PER_DEVICE * world),
+                  per_device_eval_batch_size=PER_DEVICE,
+                  gradient_accumulation_steps=GLOBAL_BATCH // (PER_DEVICE * world),
                   max_steps=steps, learning_rate=2e-3, weight_decay=0.1, warmup_steps=2, lr_scheduler_type="linear",
                   max_grad_norm=0.5, logging_steps=1, report_to=[], save_strategy="no", seed=7, disable_tqdm=True)
     return transformers.TrainingArguments(**{**values, **kw})

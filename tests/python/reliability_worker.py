@@ -185,7 +185,8 @@ def nonfinite(out):
         results[f"minscale:{stage}"] = nonfinite_case(
             comm, stage, "fp16", 100, {"loss_scale": {"initial_scale_power": 2, "hysteresis": 1, "min_scale": 1}},
             ["ok", "nan", "nan", "nan", "nan"])
-    results["reset"] = nonfinite_case(comm, 2, "bf16", 3, {}, ["nan", "nan", "ok", "nan", "nan", "ok", "nan", "nan", "nan"])
+    results["reset"] = nonfinite_case(comm, 2, "bf16", 3, {},
+                                      ["nan", "nan", "ok", "nan", "nan", "ok", "nan", "nan", "nan"])
     results["nanloss"] = nonfinite_case(comm, 0, "bf16", 3, {}, ["ok", "nanloss", "ok"])
     with open(f"{out}.{comm.rank}.json", "w") as f:
         json.dump(results, f)

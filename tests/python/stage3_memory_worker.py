@@ -13,11 +13,12 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(HERE, "..", "..", "python"))
 
+# E402: these imports come after the sys.path setup above, which finds this repository's zerort and engine_worker.
 import torch  # noqa: E402
 
 import zerort  # noqa: E402
 from zerort.accounting import memory  # noqa: E402
-from zerort.layout import units
+from zerort.layout import units  # noqa: E402
 from engine_worker import run_cases  # noqa: E402
 
 WIDTH, LAYERS, BATCH = 4096, 8, 4

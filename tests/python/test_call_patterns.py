@@ -267,7 +267,8 @@ def check_window(case, outcome, wins):
     if kind == "direct":
         for r, e in enumerate(errors):
             if not e["usage_error"] or e["phase"] != "backward" or DIRECT not in e["message"]:
-                return f"rank {r}: expected {DIRECT!r} from the backward, got {e['error']} ({e['phase']}): {e['message']}"
+                return (f"rank {r}: expected {DIRECT!r} from the backward, "
+                        f"got {e['error']} ({e['phase']}): {e['message']}")
         return None
     if kind == "change":
         c = case["change"]
@@ -303,7 +304,8 @@ def check_window(case, outcome, wins):
         for r, e in enumerate(errors):
             if "stage-3 unit" not in e["message"] or f"'experts.{r} (Linear)'" not in e["message"]:
                 return f"rank {r}: expected a zerort.Error naming experts.{r}, got {e['error']}: {e['message']}"
-            if case.get("prefetch") == 0 and (e["phase"] != "forward" or "tag differs across ranks" not in e["message"]):
+            if case.get("prefetch") == 0 and (e["phase"] != "forward"
+                                              or "tag differs across ranks" not in e["message"]):
                 return f"rank {r}: expected 'tag differs across ranks' from forward, got ({e['phase']}) {e['message']}"
         return None
     return f"unknown outcome {outcome}"

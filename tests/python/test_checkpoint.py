@@ -19,7 +19,9 @@ from zerort.state.checkpoint import CheckpointError
 HERE = os.path.dirname(os.path.abspath(__file__))
 WORKER = os.path.join(HERE, "ckpt_worker.py")
 
-pytestmark = pytest.mark.skipif(not zerort._C.with_mpi, reason="MPI is optional at build time and this build has none; these tests run ranks under mpirun")
+pytestmark = pytest.mark.skipif(not zerort._C.with_mpi,
+                                reason="MPI is optional at build time and this build has none; "
+                                       "these tests run ranks under mpirun")
 
 
 def mpirun(np_, *args):
@@ -125,7 +127,8 @@ def test_bad_checkpoints_name_the_file(saved_w4, tmp_path):
         zerort.state.metadata.read_meta(str(tmp_path))
     from engine_models import CONFIG, make_model
 
-    e = zerort.initialize(make_model("mlp"), dict(CONFIG, stage=2, precision="fp16"), comm=zerort.comm.init("inprocess"))
+    e = zerort.initialize(make_model("mlp"), dict(CONFIG, stage=2, precision="fp16"),
+                          comm=zerort.comm.init("inprocess"))
     with pytest.raises(CheckpointError, match="parameter 'fc1.weight' .* saved from another model"):
         e.load_checkpoint(str(saved_w4 / "ckpt"))
 
@@ -168,7 +171,8 @@ def test_sigkill_during_save_keeps_the_previous_checkpoint(tmp_path, tag2):
     assert open(os.path.join(d, "latest")).read() == "good"
     from engine_models import CONFIG, make_model
 
-    e = zerort.initialize(make_model("mlp"), dict(CONFIG, stage=2, precision="fp16"), comm=zerort.comm.init("inprocess"))
+    e = zerort.initialize(make_model("mlp"), dict(CONFIG, stage=2, precision="fp16"),
+                          comm=zerort.comm.init("inprocess"))
     assert e.load_checkpoint(d) == (os.path.join(d, "good"), {})
     assert equal(e.full_state_dict(master=True), torch.load(os.path.join(d, "good_master.pt")))
 

@@ -80,7 +80,8 @@ def test_random_mutations_raise_only_checkpoint_errors(seed):
 
 
 def test_fuzz_entry_point_runs_standalone(tmp_path):
-    p = subprocess.run([sys.executable, os.path.join(HERE, "..", "fuzz", "fuzz_checkpoint_meta.py"), "--iterations", "20"],
+    p = subprocess.run([sys.executable, os.path.join(HERE, "..", "fuzz", "fuzz_checkpoint_meta.py"),
+                        "--iterations", "20"],
                        capture_output=True, text=True, timeout=120)
     assert p.returncode == 0, p.stderr[-3000:]
     assert "20 mutated meta.json files" in p.stdout and "no other exception" in p.stdout

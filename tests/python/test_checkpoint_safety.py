@@ -235,7 +235,8 @@ def small_ckpt(tmp_path_factory):
     from engine_models import CONFIG, batch, loss_fn, make_model
 
     d = tmp_path_factory.mktemp("small") / "ckpt"
-    e = zerort.initialize(make_model("mlp"), dict(CONFIG, stage=2, precision="fp16"), comm=zerort.comm.init("inprocess"))
+    e = zerort.initialize(make_model("mlp"), dict(CONFIG, stage=2, precision="fp16"),
+                          comm=zerort.comm.init("inprocess"))
     x, y = batch("mlp", 0, 0, 0)
     e.backward(loss_fn("mlp", e(x), y))
     e.step()
@@ -253,7 +254,8 @@ def test_consolidate_output_errors_name_the_output(small_ckpt, tmp_path, capsys)
     err = consolidate_error(capsys, small_ckpt, tmp_path / "missing" / "full.pt")
     assert f"cannot write {tmp_path}/missing/full.pt: its folder {tmp_path}/missing does not exist" in err, err
     (tmp_path / "adir").mkdir()
-    assert f"cannot write {tmp_path}/adir: it is a directory" in consolidate_error(capsys, small_ckpt, tmp_path / "adir")
+    assert f"cannot write {tmp_path}/adir: it is a directory" in consolidate_error(capsys, small_ckpt,
+                                                                                    tmp_path / "adir")
     ro = tmp_path / "ro"
     mounted = try_mount_tmpfs(ro, "ro,size=1m")  # root ignores file modes: a read-only file system
     if not mounted:
@@ -331,7 +333,8 @@ def test_two_jobs_saving_one_tag_race_cleanly(tmp_path):
     assert (d / "shared").is_dir() and not (d / "shared").is_symlink()
     from engine_models import CONFIG, make_model
 
-    e = zerort.initialize(make_model("mlp"), dict(CONFIG, stage=2, precision="fp16"), comm=zerort.comm.init("inprocess"))
+    e = zerort.initialize(make_model("mlp"), dict(CONFIG, stage=2, precision="fp16"),
+                          comm=zerort.comm.init("inprocess"))
     assert e.load_checkpoint(str(d)) == (os.path.join(str(d), "shared"), {})
     assert tree_digest(tmp_path / "outside") == before
 

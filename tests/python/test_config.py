@@ -74,8 +74,8 @@ def test_fp32_modules_adds_and_removes_in_both_spellings():
     assert parse({"fp32_modules": change}).fp32_modules == ("MoEGate", "-BatchNorm2d")
     assert parse({"bf16": {"enabled": True}, "zerort": {"fp32_modules": change}}).fp32_modules == change_t
     (line,) = problems({"zero_optimization": {"stage": 2}, "zerort": {"fp32_modules": ["LayerNorm", "-LayerNorm"]}})
-    assert line == ("zerort.fp32_modules: got ['LayerNorm', '-LayerNorm']; allowed: each class added or removed, not both: "
-                    "LayerNorm")
+    assert line == ("zerort.fp32_modules: got ['LayerNorm', '-LayerNorm']; allowed: each class added or removed, "
+                    "not both: LayerNorm")
     (line,) = problems({"fp32_modules": ["torch.nn.LayerNorm"]})
     assert line.startswith("fp32_modules: got ['torch.nn.LayerNorm']; allowed: a list of module class names")
     assert "not a dotted path" in line

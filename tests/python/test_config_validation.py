@@ -230,7 +230,8 @@ def test_cross_key_rules():
     assert problems({"bf16": {"enabled": True}, "fp16": {"enabled": True}}) == [
         "bf16.enabled and fp16.enabled: both true; allowed: enable at most one"]
     (line,) = problems({"precision": "fp16", "loss_scale": {"initial_scale_power": 4, "min_scale": 32}})
-    assert line.startswith("loss_scale.min_scale: got 32, above the initial loss scale 2**loss_scale.initial_scale_power = 16")
+    assert line.startswith("loss_scale.min_scale: got 32, above the initial loss scale "
+                           "2**loss_scale.initial_scale_power = 16")
     (line,) = problems({"fp16": {"enabled": True, "initial_scale_power": 3, "min_loss_scale": 9}})
     assert line.startswith("fp16.min_loss_scale: got 9, above the initial loss scale") and "allowed: <= 8" in line
     parse({"precision": "bf16", "loss_scale": {"initial_scale_power": 4, "min_scale": 32}})  # unused in bf16
@@ -265,7 +266,8 @@ def test_json_files_name_the_file(tmp_path):
 
 
 def test_a_config_that_is_not_a_mapping():
-    assert problems([("stage", 1)]) == ["config: got a list; allowed: a dict, a JSON file path or a zerort.config.Config"]
+    assert problems([("stage", 1)]) == [
+        "config: got a list; allowed: a dict, a JSON file path or a zerort.config.Config"]
 
 
 # ---- configs that cannot crash the parser (issue 14) ---------------------------------------
@@ -306,7 +308,8 @@ def test_messages_show_values_cut_short(tmp_path):
     (line,) = problems({"stage": "9" * 1_000_000})
     assert line == f"stage: got {'9' * 200!r}...(1000000 chars) (a str); allowed: an integer >= 0 and <= 3"
     (line,) = problems({"k" * 100_000: 1})
-    assert line.startswith("k" * 200 + "…(100000 chars): unknown or unsupported key (got 1); known keys: stage"), line[:300]
+    assert line.startswith("k" * 200 + "…(100000 chars): unknown or unsupported key (got 1); known keys: stage"), \
+        line[:300]
     f = tmp_path / "big.json"
     f.write_text(json.dumps({"bogus": list(range(1_000_000)), "optimizer": {"lr": "x" * 500_000}}))
     text = "\n".join(problems(str(f)))

@@ -22,7 +22,8 @@ LAUNCHER = [sys.executable, "-m", "zerort.integrations.deepspeed.launcher"]
 
 def launch(tmp_path, world, stage, *flags):
     out = str(tmp_path / "out")
-    done = run(LAUNCHER + ["--num_gpus", str(world), "--master_port", str(free_port()), *flags, SCRIPT, "--out", out, "--stage", str(stage)],
+    done = run(LAUNCHER + ["--num_gpus", str(world), "--master_port", str(free_port()), *flags,
+                           SCRIPT, "--out", out, "--stage", str(stage)],
                timeout=300, env={"PYTHONPATH": os.path.join(os.path.dirname(os.path.dirname(HERE)), "python")})
     return done, [json.load(open(f"{out}.rank{r}.json")) for r in range(world)]
 

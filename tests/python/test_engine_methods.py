@@ -183,7 +183,8 @@ def test_checkpoint_keeps_param_groups_and_loads_by_option(tmp_path):
     module = zerort.initialize(Net(), dict({"stage": 2, "precision": "fp32"}, **INPROC))
     module.load_checkpoint(str(tmp_path), tag="step2", load_module_only=True)
     assert module.global_steps == 0
-    with pytest.raises(zerort.state.checkpoint.CheckpointError, match="client_state .* cannot be saved so that it loads"):
+    with pytest.raises(zerort.state.checkpoint.CheckpointError,
+                       match="client_state .* cannot be saved so that it loads"):
         e.save_checkpoint(str(tmp_path), tag="bad", client_state={"f": Net})
     assert not os.path.exists(tmp_path / "bad")
 
@@ -224,7 +225,8 @@ def test_a_checkpoint_of_another_schedule_is_refused_before_anything_loads(tmp_p
     other = zerort.initialize(Net(), dict({"stage": 2, "precision": "fp32"}, **INPROC),
                               lr_scheduler=lambda o: torch.optim.lr_scheduler.LambdaLR(o, lambda s: 1.0))
     lr = other.get_lr()
-    with pytest.raises(zerort.state.checkpoint.CheckpointError, match="lr schedule is a WarmupLR, this engine's a LambdaLR"):
+    with pytest.raises(zerort.state.checkpoint.CheckpointError,
+                       match="lr schedule is a WarmupLR, this engine's a LambdaLR"):
         other.load_checkpoint(str(tmp_path))
     assert other.global_steps == 0 and other.get_lr() == lr  # nothing changed
     other.load_checkpoint(str(tmp_path), load_lr_scheduler_states=False)

@@ -37,7 +37,8 @@ from zerort._testing.launch import launch as launch_ranks  # noqa: E402
 WORKER = os.path.join(HERE, "engine_worker.py")
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 STEPS = 20
-PARITY_CASES = ([f"{m}:{s}:{p}:1:{STEPS}" for m in ("mlp", "transformer") for s in (0, 1, 2, 3) for p in ("bf16", "fp16")]
+PARITY_CASES = ([f"{m}:{s}:{p}:1:{STEPS}"
+                 for m in ("mlp", "transformer") for s in (0, 1, 2, 3) for p in ("bf16", "fp16")]
                 + [f"transformer:{s}:{p}:1:1" for s in (0, 2, 3) for p in ("bf16", "fp16", "fp32")]
                 + [f"mlp:{s}:fp32:1:{STEPS}" for s in (0, 3)])
 # Without clipping the three stages must agree bit for bit. (With clipping, stage 3 sums

@@ -152,7 +152,8 @@ def check_case(case, ranks):
     if expected_error is not None:
         for rank, res in enumerate(results):
             if res.get("error") != "ConfigError" or res["message"] != str(expected_error):
-                return f"rank {rank}: expected the ConfigError {str(expected_error)!r}, got {res.get('error') or 'success'}"
+                return (f"rank {rank}: expected the ConfigError {str(expected_error)!r}, "
+                        f"got {res.get('error') or 'success'}")
         return None
     for rank, res in enumerate(results):
         if "error" in res:

@@ -90,7 +90,8 @@ def test_hidden_size_autos_need_a_hidden_size(tmp_path):
 ])
 def test_the_trainer_refuses_what_zerort_does_not_run(tmp_path, change, named):
     with pytest.raises(ValueError, match="zerort.integrations.hf.Trainer cannot run with") as e:
-        zerort.integrations.hf.Trainer(model=hf_model("gpt2"), args=args(tmp_path, **change), zerort_config={"stage": 1})
+        zerort.integrations.hf.Trainer(model=hf_model("gpt2"), args=args(tmp_path, **change),
+                                       zerort_config={"stage": 1})
     assert named in str(e.value)
 
 
@@ -105,7 +106,8 @@ def test_a_config_file_is_read_with_its_checks(tmp_path):
     with pytest.raises(ConfigError, match="stage: given twice in one object of config file"):
         zerort.integrations.hf.Trainer(model=hf_model("gpt2"), args=args(tmp_path), zerort_config=str(path))
     with pytest.raises(ConfigError, match="missing.json"):
-        zerort.integrations.hf.Trainer(model=hf_model("gpt2"), args=args(tmp_path), zerort_config=str(tmp_path / "missing.json"))
+        zerort.integrations.hf.Trainer(model=hf_model("gpt2"), args=args(tmp_path),
+                                       zerort_config=str(tmp_path / "missing.json"))
 
 
 def test_a_checkpoint_without_zerort_state_is_named_with_its_cause(tmp_path):

@@ -183,8 +183,8 @@ def test_the_monitor_writes_what_the_trainer_logged(runs):
     assert [e.step for e in events] == [int(r["step"]) for r in rows]
     assert all(math.isclose(e.value, float(r["loss"]), rel_tol=1e-6) for e, r in zip(events, rows))
     png = os.path.join(runs["work"], "curve.png")
-    p = subprocess.run([sys.executable, "-m", "zerort.monitoring.plot", job, "--out", png], capture_output=True, text=True,
-                       timeout=120)
+    p = subprocess.run([sys.executable, "-m", "zerort.monitoring.plot", job, "--out", png], capture_output=True,
+                       text=True, timeout=120)
     assert p.returncode == 0, p.stderr
     with open(png, "rb") as f:
         assert f.read(8) == b"\x89PNG\r\n\x1a\n"

@@ -16,7 +16,8 @@ def test_wheel_builds_installs_and_trains(tmp_path):
                    capture_output=True, timeout=300)
     code = ("import torch, zerort; assert zerort.__file__.startswith(%r), zerort.__file__; "
             "m = torch.nn.Linear(4, 2); e = zerort.initialize(m, {'stage': 3, 'comm': {'backend': 'inprocess'}}); "
-            "e.backward(e(torch.randn(3, 4)).float().square().mean()); e.step(); print('OK', e.global_step)") % str(target)
+            "e.backward(e(torch.randn(3, 4)).float().square().mean()); e.step(); "
+            "print('OK', e.global_step)") % str(target)
     env = dict(os.environ, PYTHONPATH=str(target))
     p = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
     assert p.returncode == 0 and "OK 1" in p.stdout, p.stdout + p.stderr

@@ -100,7 +100,8 @@ def check(spelling, stage, name):
         step, message = error
         min_scale = TRAJECTORIES[name][3]
         assert step == len(want) + 1, (name, message)
-        assert f"gradients overflowed at step {step} with the loss scale already at its minimum {min_scale:g}" in message
+        assert (f"gradients overflowed at step {step} with the loss scale already at its minimum {min_scale:g}"
+                in message)
     else:
         assert error is None, error
 

@@ -49,7 +49,8 @@ def test_exact_differs_from_paper_only_by_padding_and_our_buffers(stage):
 
 
 def cli(*args):
-    p = subprocess.run([sys.executable, "-m", "zerort.accounting.memory", *args], capture_output=True, text=True, timeout=120)
+    p = subprocess.run([sys.executable, "-m", "zerort.accounting.memory", *args], capture_output=True, text=True,
+                       timeout=120)
     assert p.returncode == 0, p.stderr
     return p.stdout
 

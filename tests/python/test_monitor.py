@@ -67,8 +67,8 @@ def test_tensorboard_events_read_back_equal_the_csv(run):
 def test_the_plot_command_writes_a_png(run, tmp_path):
     _, _, job = run
     out = str(tmp_path / "curve.png")
-    p = subprocess.run([sys.executable, "-m", "zerort.monitoring.plot", job, "--out", out], capture_output=True, text=True,
-                       timeout=120, cwd=os.path.join(HERE, "..", "..", "python"))
+    p = subprocess.run([sys.executable, "-m", "zerort.monitoring.plot", job, "--out", out], capture_output=True,
+                       text=True, timeout=120, cwd=os.path.join(HERE, "..", "..", "python"))
     assert p.returncode == 0, p.stderr
     with open(out, "rb") as f:
         assert f.read(8) == b"\x89PNG\r\n\x1a\n"

@@ -234,7 +234,8 @@ def test_smallest_world_fits_and_the_next_smaller_does_not():
 
 
 def cli(*args, ok=True):
-    p = subprocess.run([sys.executable, "-m", "zerort.accounting.planner", *args], capture_output=True, text=True, timeout=120)
+    p = subprocess.run([sys.executable, "-m", "zerort.accounting.planner", *args], capture_output=True, text=True,
+                       timeout=120)
     assert (p.returncode == 0) == ok, p.stdout + p.stderr
     return p.stdout if ok else p.stderr
 
@@ -251,10 +252,12 @@ def test_cli_readme_example_and_json():
 
 
 @pytest.mark.parametrize("args,message", [
-    (["--params", "7e9", "--gpus", "12", "--gpus-per-node", "8"], "--gpus: got 12, not a multiple of --gpus-per-node 8"),
+    (["--params", "7e9", "--gpus", "12", "--gpus-per-node", "8"],
+     "--gpus: got 12, not a multiple of --gpus-per-node 8"),
     (["--params", "7e9", "--gpus", "8", "--inter-bw", "0"], "--inter-bw: got 0.0; it must be > 0"),
     (["--layers", "4", "--gpus", "8"], "needs both --layers and --hidden"),
-    (["--layers", "4", "--hidden", "100", "--heads", "3", "--gpus", "8"], "--heads: got 3; it must divide --hidden 100"),
+    (["--layers", "4", "--hidden", "100", "--heads", "3", "--gpus", "8"],
+     "--heads: got 3; it must divide --hidden 100"),
     (["--gpus", "8"], "give --params N, or a GPT shape"),
 ])
 def test_cli_errors_name_the_flag(args, message):

@@ -86,7 +86,8 @@ def test_first_difference_groups_the_ranks():
     b = ["parameter", "x", [3], "float32", True]
     assert first_difference([[a], [a], [a]]) is None
     msg = first_difference([[a, a], [b, a], [a, a]])
-    assert "entry #0" in msg and "ranks 0, 2: parameter 'x' shape (2,)" in msg and "rank 1: parameter 'x' shape (3,)" in msg
+    assert ("entry #0" in msg and "ranks 0, 2: parameter 'x' shape (2,)" in msg
+            and "rank 1: parameter 'x' shape (3,)" in msg)
     msg = first_difference([[a, a], [a]])
     assert "entry #1" in msg and "rank 1: no entry #1 (only 1 parameters" in msg
 
@@ -132,7 +133,8 @@ def test_without_a_launcher_the_other_rank_fails_its_collective(stage, phase):
 def test_a_stuck_rank_makes_the_others_time_out_naming_the_collective(stage):
     rc, out, took = mpirun("stuck", stage, SHORT)
     assert rc != 0 and took < BOUND, (took, out[-4000:])
-    assert re.search(COLLECTIVE + r"[^)]*\) on rank 0 of 2 \[mpi\]:? .*(did not finish within 5000 ms)", out), out[-4000:]
+    assert re.search(COLLECTIVE + r"[^)]*\) on rank 0 of 2 \[mpi\]:? .*(did not finish within 5000 ms)", out), \
+        out[-4000:]
     assert "WORKER FINISHED" not in out
 
 

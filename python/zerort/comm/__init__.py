@@ -27,9 +27,10 @@ def detect_launch_env():
 
 def init(backend="auto", timeout_s=600.0, debug=False, staged=None):
     """Creates a Communicator. debug (comm.debug): check every collective across ranks as it
-    is called (one blocking round-trip each); otherwise the step's decision checks them. backend: 'auto', 'mpi', 'gloo', 'nccl' (CUDA tensors on
-    cuda:LOCAL_RANK) or 'inprocess' (one rank). 'auto' picks by launcher: mpi under mpirun,
-    gloo under torchrun. gloo initialises torch.distributed (env:// rendezvous on MASTER_ADDR/MASTER_PORT, with
+    is called (one blocking round-trip each); otherwise the step's decision checks them.
+    backend: 'auto', 'mpi', 'gloo', 'nccl' (CUDA tensors on cuda:LOCAL_RANK) or 'inprocess'
+    (one rank). 'auto' picks by launcher: mpi under mpirun, gloo under torchrun. gloo
+    initialises torch.distributed (env:// rendezvous on MASTER_ADDR/MASTER_PORT, with
     timeout_s as the process group's timeout) unless it is already initialised; a group it
     initialises it also destroys at exit (zerort.lifecycle). gloo's reduce_scatter honours
     only the process group's timeout, so when you initialise torch.distributed yourself,

@@ -282,7 +282,8 @@ class _Reader:
         if not present:
             return {}
         if not isinstance(v, dict):
-            self.bad(name, v, "an object of keys" + (" such as {\"enabled\": true}" if name in ("fp16", "bf16") else ""),
+            self.bad(name, v,
+                     "an object of keys" + (" such as {\"enabled\": true}" if name in ("fp16", "bf16") else ""),
                      True)
             return {}
         return dict(v)

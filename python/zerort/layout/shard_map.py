@@ -37,7 +37,8 @@ def _group_segments(engine, g, params):
     offsets = [impl.param_offset(g, i) for i in range(len(params))]
     out = {id(p): [] for p in params}
     for start, padded, shard, opt in impl.bucket_layout(g) if params else []:
-        inside = sorted((offsets[i], i) for i in range(len(params)) if numels[i] and start <= offsets[i] < start + padded)
+        inside = sorted((offsets[i], i) for i in range(len(params))
+                        if numels[i] and start <= offsets[i] < start + padded)
         if not inside:
             continue
         # Stage 0: one rank holds the whole bucket (the parameters at their flat offsets).

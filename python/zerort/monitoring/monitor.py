@@ -16,9 +16,10 @@ window as its allocator saw it (zerort.accounting.phases; torch's statistics on 
 of other ranks travel in one all-gather per step, made only while a monitor is on.
 
 CSV: OUTPUT_PATH/JOB_NAME/metrics.csv, one header and one row per step, flushed at each
-row; a run that finds the file (a resumed one) appends to it, when its columns are the same. TensorBoard: event files in OUTPUT_PATH/JOB_NAME/, written with the tensorboard
-package's writer (scalars under "train/"). python -m zerort.monitoring.plot OUTPUT_PATH/JOB_NAME
-draws them.
+row; a run that finds the file (a resumed one) appends to it, when its columns are the
+same. TensorBoard: event files in OUTPUT_PATH/JOB_NAME/, written with the tensorboard
+package's writer (scalars under "train/"). python -m zerort.monitoring.plot
+OUTPUT_PATH/JOB_NAME draws them.
 """
 import csv
 import os

@@ -109,7 +109,8 @@ def _entries(directory, tag, adam):
     entries += [(alias, first, "master") for alias, first in meta.get("aliases", {}).items()]
     entries += [(n, n, f"extra::{n}") for n in meta.get("extras", [])]  # frozen params, buffers
     if adam:
-        entries += [(f"{n}.exp_avg", n, "exp_avg") for n in names] + [(f"{n}.exp_avg_sq", n, "exp_avg_sq") for n in names]
+        entries += ([(f"{n}.exp_avg", n, "exp_avg") for n in names]
+                    + [(f"{n}.exp_avg_sq", n, "exp_avg_sq") for n in names])
     return reader, entries
 
 

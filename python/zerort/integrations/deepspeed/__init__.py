@@ -32,7 +32,8 @@ from zerort.config import parse, read_config
 from zerort.engine.engine import Engine as DeepSpeedEngine  # noqa: F401  (isinstance checks in scripts)
 from zerort.engine import initialize as _zerort_initialize
 from zerort.errors import ConfigError
-# The modules DeepSpeed scripts import (deepspeed.comm, deepspeed.zero, ...), loaded with the package as DeepSpeed's are.
+# The modules DeepSpeed scripts import (deepspeed.comm, deepspeed.zero, ...), loaded with the package as
+# DeepSpeed's are.
 from zerort.integrations.deepspeed import accelerator, comm, compression, ops, runtime, utils, zero  # noqa: F401
 from zerort.integrations.deepspeed.accelerator import get_accelerator  # noqa: F401  (deepspeed.get_accelerator)
 from zerort.integrations.deepspeed.comm import init_distributed  # noqa: F401

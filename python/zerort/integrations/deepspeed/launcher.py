@@ -32,7 +32,8 @@ MAX_SLOTS_DIGITS = 6  # slots=N in a hostfile: processes on one host
 
 def parser():
     p = argparse.ArgumentParser(prog="python -m zerort.integrations.deepspeed.launcher",
-                                description="Runs an unchanged DeepSpeed script on zerort (DeepSpeed's launcher flags).")
+                                description="Runs an unchanged DeepSpeed script on zerort "
+                                            "(DeepSpeed's launcher flags).")
     p.add_argument("-H", "--hostfile", default=None, help="lines 'host slots=N'")
     p.add_argument("-i", "--include", default="", help="e.g. 'localhost:0,1' or 'host1@host2:0'")
     p.add_argument("-e", "--exclude", default="")
