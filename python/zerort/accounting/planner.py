@@ -268,7 +268,8 @@ def plan(numel, shape, seq, micro_batch, cluster, stages=(0, 1, 2, 3), precision
                                        bucket_numel) for ck in ("no_ckpt", "ckpt")} for s in stages}
     first = next(((r["stage"], r["fits"]) for r in rows if r["fits"] or r["fits_ckpt"]), None)
     return {"numel": int(numel), "shape": dataclasses.asdict(shape) if shape else None, "seq": seq,
-            "micro_batch": micro_batch, "precision": precision, "reduce_bucket_numel": bucket_numel, "cluster": dataclasses.asdict(cluster),
+            "micro_batch": micro_batch, "precision": precision, "reduce_bucket_numel": bucket_numel,
+            "cluster": dataclasses.asdict(cluster),
             "stages": rows, "smallest_world": smallest,
             "smallest_stage": None if first is None else {"stage": first[0], "checkpointing": not first[1]}}
 
@@ -306,7 +307,8 @@ def render(p):
     for r in p["stages"]:
         for col in r["collectives"]:
             lines.append(f"{r['stage']:5d}  {col['collective']:<15s} {col['moves']:<22s} "
-                         f"{col['intra_bytes'] / GB:8.2f} {col['inter_bytes'] / GB:8.2f} {r['calls_per_collective']:6d}")
+                         f"{col['intra_bytes'] / GB:8.2f} {col['inter_bytes'] / GB:8.2f} "
+                         f"{r['calls_per_collective']:6d}")
     lines += ["", "time per step per rank (ms): compute at 100% of peak; comm = bytes at full bandwidth (a lower",
               "bound); latency = calls x steps x latency (stages 0-2: one call per reduce bucket)",
               f"{'stage':>5s} {'compute':>9s} {'comp.ckpt':>9s} {'comm':>9s} {'latency':>9s} "
@@ -367,7 +369,8 @@ def main(argv=None):
         numel = int(a.params)
     else:
         ap.error("give --params N, or a GPT shape with --layers L --hidden H")
-    for flag, v in (("--seq", a.seq), ("--micro-batch", a.micro_batch), ("--reduce-bucket-numel", a.reduce_bucket_numel)):
+    for flag, v in (("--seq", a.seq), ("--micro-batch", a.micro_batch),
+                    ("--reduce-bucket-numel", a.reduce_bucket_numel)):
         if v < 1:
             ap.error(f"{flag}: got {v}; it must be >= 1")
     cluster = Cluster(a.gpus, a.gpus_per_node, a.gpu_mem, a.intra_bw, a.inter_bw, a.intra_lat, a.inter_lat,

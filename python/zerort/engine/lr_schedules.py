@@ -208,7 +208,8 @@ class OneCycle(_Schedule):
         if stairs > 0:
             pos = it % self.total
             up = pos <= self.first
-            scale = math.floor((pos if up else self.total - pos) * stairs / (self.first if up else self.second)) / stairs
+            scale = math.floor((pos if up else self.total - pos) * stairs
+                               / (self.first if up else self.second)) / stairs
         return scale
 
     def _decay_k(self):

@@ -74,7 +74,8 @@ class Guard:
         if self.consecutive >= self.limit:
             raise NonFiniteError(
                 f"zerort: {self.consecutive} optimizer steps in a row were skipped because the gradients "
-                f"were not finite (max_consecutive_skips = {self.limit}); {self._describe(s['nonfinite_params'], s['loss_scale'])}. "
+                f"were not finite (max_consecutive_skips = {self.limit}); "
+                f"{self._describe(s['nonfinite_params'], s['loss_scale'])}. "
                 "Check the inputs and the loss for NaN/Inf and lower the learning rate; under fp16 try bf16; "
                 "raise max_consecutive_skips to tolerate longer runs of skipped steps",
                 s["nonfinite_params"], s["loss_scale"])

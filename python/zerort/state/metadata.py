@@ -270,7 +270,8 @@ def _check_param(f, name, info, world, used):
     covered = 0
     for offset, end, i in spans:
         if offset != covered:
-            what = "overlaps the segment before it" if offset < covered else f"leaves elements {covered} to {offset - 1} in no segment"
+            what = ("overlaps the segment before it" if offset < covered
+                    else f"leaves elements {covered} to {offset - 1} in no segment")
             f.fail(f"{field}.segments[{i}]", segments[i], f"segments that cover the {numel} elements of shape {shape} "
                    f"exactly once (this one starts at {offset} and {what})")
         covered = end
