@@ -43,7 +43,7 @@ test-asan: $(STAMPS)/deps $(VENV)/.installed
 
 # ruff over the Python (pyproject.toml's [tool.ruff]) and clang-format over the C++ (.clang-format),
 # both checking only: nothing is rewritten.
-CXX_SOURCES = $(shell find core comm partition optim runtime python tests examples bench \
+CXX_SOURCES = $(shell find core io comm partition optim runtime python tests examples bench \
                 -name '*.cpp' -o -name '*.h' -o -name '*.cu' -o -name '*.cuh' | sort)
 lint: $(STAMPS)/deps $(VENV)/.installed
 	$(VENV)/bin/ruff check python tests bench examples scripts

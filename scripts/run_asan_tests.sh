@@ -3,7 +3,8 @@
 # UndefinedBehaviorSanitizer in their own build directory (ZERORT_SANITIZE=ON), run with
 # halt_on_error: comm (every backend collective in-process at W=1..8 and under mpirun at
 # W=2, 4, 8, bad input, launch env), partition (shard layouts), optim (casts, the unscale
-# pass, AdamW at counts 0, 1, 7, 1000, 2*64Ki+3) and the loss scaler (CTest label torchfree).
+# pass, AdamW at counts 0, 1, 7, 1000, 2*64Ki+3), the loss scaler and the direct-I/O layer
+# (io/: io_uring, O_DIRECT files; CTest label torchfree).
 # The in-process collective cases with 2^20+3 elements are left out here (over a minute
 # each under ASan on 2 cores); the smaller counts reach the same code and every tail, and
 # the regular build runs them all.
@@ -25,7 +26,7 @@ mkdir -p "$BUILD"
 cmake -S . -B "$BUILD" -DPython3_EXECUTABLE="$(cd "$(dirname "$PY")" && pwd)/$(basename "$PY")" -DZERORT_SANITIZE=ON \
   -DZERORT_BUILD_PYTHON=OFF -DZERORT_BUILD_EXAMPLES=OFF -DCMAKE_BUILD_TYPE=RelWithDebInfo >"$BUILD/configure.log" \
   || { cat "$BUILD/configure.log"; exit 1; }
-targets=(zerort_unit_tests zerort_optim_tests)
+targets=(zerort_unit_tests zerort_optim_tests zerort_io_tests)
 with_mpi=0
 if grep -q "define ZERORT_WITH_MPI 1" "$BUILD/include/zerort/config.h"; then
   with_mpi=1

@@ -1,0 +1,238 @@
+#include "io/io_queue.h"
+
+#include <liburing.h>
+#include <sys/uio.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdint>
+#include <cstring>
+
+#include "core/error.h"
+#include "io/aligned_buffer_pool.h"
+#include "io/direct_file.h"
+
+namespace zerort::io {
+
+struct IoQueue::State {
+  struct io_uring ring {};
+};
+
+namespace {
+
+const char* op_name(bool is_write) { return is_write ? "write" : "read"; }
+
+bool aligned(std::uint64_t v, std::size_t alignment) { return v % alignment == 0; }
+
+}  // namespace
+
+// See Note [Why io_uring].
+IoQueue::IoQueue(unsigned queue_depth, std::size_t block_size)
+    : queue_depth_(queue_depth), block_size_(block_size), ring_(std::make_unique<State>()) {
+  ZRT_CHECK_AS(ConfigError, queue_depth >= 1 && queue_depth <= 32768, "IoQueue: queue_depth must be in 1..32768, got ",
+               queue_depth);
+  ZRT_CHECK_AS(ConfigError, block_size >= 512 && block_size % 512 == 0 && block_size <= (std::size_t{1} << 30),
+               "IoQueue: block_size must be a multiple of 512 bytes between 512 and 1 GiB, got ", block_size);
+  int rc = io_uring_queue_init(queue_depth, &ring_->ring, 0);
+  ZRT_CHECK_AS(Error, rc == 0, "IoQueue: io_uring_queue_init(", queue_depth, ") failed: ", std::strerror(-rc),
+               " (errno ", -rc,
+               "); io_uring needs Linux 5.1+ and may be disabled by "
+               "/proc/sys/kernel/io_uring_disabled or a seccomp profile (containers)");
+  slots_.resize(queue_depth);
+  free_slots_.reserve(queue_depth);
+  for (unsigned i = queue_depth; i > 0; --i) free_slots_.push_back(i - 1);
+}
+
+IoQueue::~IoQueue() {
+  queued_.clear();  // never started; only what the kernel holds must finish
+  while (in_kernel_ > 0) {
+    try {
+      reap(true, std::chrono::seconds(1));
+    } catch (...) {
+      break;  // the ring itself failed: nothing more can be reaped
+    }
+  }
+  io_uring_queue_exit(&ring_->ring);
+}
+
+bool IoQueue::register_pool(const AlignedBufferPool& pool) {
+  ZRT_CHECK_AS(UsageError, pool_ == nullptr, "IoQueue::register_pool: a pool is already registered");
+  ZRT_CHECK_AS(UsageError, in_kernel_ == 0 && queued_.empty(),
+               "IoQueue::register_pool: called with I/O in flight; wait for it first");
+  std::vector<iovec> iovs(pool.buffer_count());
+  for (std::size_t i = 0; i < iovs.size(); ++i) iovs[i] = {pool.base() + i * pool.buffer_size(), pool.buffer_size()};
+  if (io_uring_register_buffers(&ring_->ring, iovs.data(), static_cast<unsigned>(iovs.size())) != 0) return false;
+  pool_ = &pool;
+  return true;
+}
+
+IoQueue::Request IoQueue::read(const DirectFile& file, std::uint64_t offset, void* buffer, std::size_t bytes) {
+  return start(file, false, offset, static_cast<char*>(buffer), bytes);
+}
+
+IoQueue::Request IoQueue::write(const DirectFile& file, std::uint64_t offset, const void* buffer, std::size_t bytes) {
+  // The kernel only reads from a write's buffer; io_uring's SQE takes it as void*.
+  return start(file, true, offset, static_cast<char*>(const_cast<void*>(buffer)), bytes);
+}
+
+// See Note [IoQueue requests].
+IoQueue::Request IoQueue::start(const DirectFile& file, bool is_write, std::uint64_t offset, char* buffer,
+                                std::size_t bytes) {
+  std::size_t a = file.alignment();
+  const char* op = op_name(is_write);
+  ZRT_CHECK_AS(UsageError, aligned(block_size_, a), "IoQueue: block_size ", block_size_,
+               " is not a multiple of the direct-I/O alignment ", a, " of ", file.path());
+  ZRT_CHECK_AS(UsageError, aligned(offset, a) && aligned(bytes, a), "IoQueue: ", op, " of ", bytes, " bytes at offset ",
+               offset, " of ", file.path(), ": offset and length must be multiples of ", a);
+  ZRT_CHECK_AS(UsageError, aligned(reinterpret_cast<std::uintptr_t>(buffer), a), "IoQueue: ", op, " at offset ", offset,
+               " of ", file.path(), ": the buffer ", static_cast<void*>(buffer), " is not aligned to ", a,
+               " bytes (use an AlignedBufferPool)");
+  ZRT_CHECK_AS(UsageError, offset <= file.size() && bytes <= file.size() - offset, "IoQueue: ", op, " of ", bytes,
+               " bytes at offset ", offset, " runs past the end of ", file.path(), " (", file.size(), " bytes)");
+  Request id = next_request_++;
+  std::size_t pieces = (bytes + block_size_ - 1) / block_size_;
+  requests_[id] = RequestState{&file, is_write, offset, bytes, pieces, {}};
+  for (std::size_t done = 0; done < bytes; done += block_size_) {
+    auto len = static_cast<std::uint32_t>(std::min(block_size_, bytes - done));
+    queued_.push_back(Piece{id, offset + done, buffer + done, len});
+  }
+  submit_queued();
+  return id;
+}
+
+void IoQueue::submit_queued() {
+  unsigned prepared = 0;
+  while (!queued_.empty() && !free_slots_.empty()) {
+    Piece piece = queued_.front();
+    queued_.pop_front();
+    const RequestState& req = requests_.at(piece.request);
+    std::uint64_t slot = free_slots_.back();
+    free_slots_.pop_back();
+    slots_[slot] = piece;
+    io_uring_sqe* sqe = io_uring_get_sqe(&ring_->ring);
+    ZRT_CHECK(sqe != nullptr, "IoQueue: no free submission entry with ", in_kernel_, " of ", queue_depth_,
+              " in flight");  // cannot happen: at most queue_depth pieces are ever out
+    int fd = req.file->fd();
+    long index = pool_ ? pool_->index_of(piece.buffer) : -1;
+    bool fixed = index >= 0 && pool_->index_of(piece.buffer + piece.bytes - 1) == index;
+    if (fixed && req.is_write) {
+      io_uring_prep_write_fixed(sqe, fd, piece.buffer, piece.bytes, piece.offset, static_cast<int>(index));
+    } else if (fixed) {
+      io_uring_prep_read_fixed(sqe, fd, piece.buffer, piece.bytes, piece.offset, static_cast<int>(index));
+    } else if (req.is_write) {
+      io_uring_prep_write(sqe, fd, piece.buffer, piece.bytes, piece.offset);
+    } else {
+      io_uring_prep_read(sqe, fd, piece.buffer, piece.bytes, piece.offset);
+    }
+    io_uring_sqe_set_data64(sqe, slot);
+    ++in_kernel_;
+    ++prepared;
+  }
+  while (prepared > 0) {
+    int rc = io_uring_submit(&ring_->ring);
+    if (rc > 0) {
+      prepared -= std::min<unsigned>(prepared, static_cast<unsigned>(rc));
+    } else if (rc == -EAGAIN || rc == -EBUSY) {
+      reap(true, std::chrono::milliseconds(10));  // the kernel wants completions reaped first
+    } else {
+      ZRT_CHECK(rc == -EINTR || rc == 0, "IoQueue: io_uring_submit failed: ", std::strerror(-rc), " (errno ", -rc, ")");
+    }
+  }
+}
+
+bool IoQueue::reap(bool block, std::chrono::milliseconds timeout) {
+  io_uring_cqe* cqe = nullptr;
+  if (block && in_kernel_ > 0) {
+    auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(std::max(timeout, std::chrono::milliseconds(0)));
+    __kernel_timespec ts{static_cast<long long>(ns.count() / 1000000000),
+                         static_cast<long long>(ns.count() % 1000000000)};
+    int rc;
+    do {
+      rc = io_uring_wait_cqe_timeout(&ring_->ring, &cqe, &ts);
+    } while (rc == -EINTR);
+    if (rc == -ETIME) return false;
+    ZRT_CHECK(rc == 0, "IoQueue: waiting for a completion failed: ", std::strerror(-rc), " (errno ", -rc, ")");
+  }
+  while (io_uring_peek_cqe(&ring_->ring, &cqe) == 0) {
+    std::uint64_t slot = io_uring_cqe_get_data64(cqe);
+    int result = cqe->res;
+    io_uring_cqe_seen(&ring_->ring, cqe);
+    complete(slot, result);
+  }
+  submit_queued();
+  return true;
+}
+
+void IoQueue::complete(std::uint64_t slot, int result) {
+  Piece piece = slots_[slot];
+  free_slots_.push_back(slot);
+  --in_kernel_;
+  RequestState& req = requests_.at(piece.request);
+  --req.pieces_left;
+  if (result == static_cast<int>(piece.bytes)) {
+    (req.is_write ? bytes_written_ : bytes_read_) += piece.bytes;
+    return;
+  }
+  if (!req.error.empty()) return;
+  const char* op = op_name(req.is_write);
+  req.error = result < 0
+                  ? detail::concat(op, " of ", piece.bytes, " bytes at offset ", piece.offset, " of ", req.file->path(),
+                                   " failed: ", std::strerror(-result), " (errno ", -result, ")")
+                  : detail::concat("short ", op, ": ", result, " of ", piece.bytes, " bytes at offset ", piece.offset,
+                                   " of ", req.file->path(),
+                                   req.is_write ? " (the disk is full?)" : " (the file ends early: truncated?)");
+  // Its pieces not yet in the kernel are dropped: the request has failed already.
+  auto dropped =
+      std::remove_if(queued_.begin(), queued_.end(), [&](const Piece& p) { return p.request == piece.request; });
+  req.pieces_left -= static_cast<std::size_t>(queued_.end() - dropped);
+  queued_.erase(dropped, queued_.end());
+}
+
+void IoQueue::finish(Request request) {
+  auto it = requests_.find(request);
+  std::string error = std::move(it->second.error);
+  requests_.erase(it);
+  ZRT_CHECK(error.empty(), "IoQueue: ", error);
+}
+
+void IoQueue::wait(Request request, std::chrono::milliseconds timeout) {
+  auto it = requests_.find(request);
+  ZRT_CHECK_AS(UsageError, it != requests_.end(), "IoQueue::wait: unknown request ", request,
+               " (never submitted, or already waited for)");
+  auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (it->second.pieces_left > 0) {
+    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+    const RequestState& r = it->second;
+    ZRT_CHECK(left.count() > 0 && reap(true, left), "IoQueue: timed out after ", timeout.count(),
+              " ms waiting for the ", op_name(r.is_write), " of ", r.bytes, " bytes at offset ", r.offset, " of ",
+              r.file->path(), " (", r.pieces_left, " pieces of ", block_size_,
+              " bytes not done; the request stays in flight)");
+  }
+  finish(request);
+}
+
+bool IoQueue::poll(Request request) {
+  auto it = requests_.find(request);
+  ZRT_CHECK_AS(UsageError, it != requests_.end(), "IoQueue::poll: unknown request ", request,
+               " (never submitted, or already waited for)");
+  reap(false, std::chrono::milliseconds(0));
+  if (it->second.pieces_left > 0) return false;
+  finish(request);
+  return true;
+}
+
+void IoQueue::wait_all(std::chrono::milliseconds timeout) {
+  std::string first_error;
+  while (!requests_.empty()) {
+    Request id = requests_.begin()->first;
+    try {
+      wait(id, timeout);
+    } catch (const Error& e) {
+      if (requests_.count(id)) throw;  // a timeout: the request is still open
+      if (first_error.empty()) first_error = e.message();
+    }
+  }
+  ZRT_CHECK(first_error.empty(), first_error);
+}
+
+}  // namespace zerort::io
