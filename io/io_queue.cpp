@@ -101,7 +101,6 @@ IoQueue::Request IoQueue::start(const DirectFile& file, bool is_write, std::uint
 }
 
 void IoQueue::submit_queued() {
-  unsigned prepared = 0;
   while (!queued_.empty() && !free_slots_.empty()) {
     Piece piece = queued_.front();
     queued_.pop_front();
@@ -126,16 +125,15 @@ void IoQueue::submit_queued() {
     }
     io_uring_sqe_set_data64(sqe, slot);
     ++in_kernel_;
-    ++prepared;
   }
-  while (prepared > 0) {
+  // io_uring_sq_ready: entries prepared and not yet taken by the kernel. Counted on the ring,
+  // not here: the reap() below refills the queue and may submit entries of ours with its own.
+  while (io_uring_sq_ready(&ring_->ring) > 0) {
     int rc = io_uring_submit(&ring_->ring);
-    if (rc > 0) {
-      prepared -= std::min<unsigned>(prepared, static_cast<unsigned>(rc));
-    } else if (rc == -EAGAIN || rc == -EBUSY) {
+    if (rc == -EAGAIN || rc == -EBUSY) {
       reap(true, std::chrono::milliseconds(10));  // the kernel wants completions reaped first
     } else {
-      ZRT_CHECK(rc == -EINTR || rc == 0, "IoQueue: io_uring_submit failed: ", std::strerror(-rc), " (errno ", -rc, ")");
+      ZRT_CHECK(rc >= 0 || rc == -EINTR, "IoQueue: io_uring_submit failed: ", std::strerror(-rc), " (errno ", -rc, ")");
     }
   }
 }
