@@ -267,8 +267,7 @@ def check_window(case, outcome, wins):
     if kind == "direct":
         for r, e in enumerate(errors):
             if not e["usage_error"] or e["phase"] != "backward" or DIRECT not in e["message"]:
-                return (f"rank {r}: expected {DIRECT!r} from the backward, "
-                        f"got {e['error']} ({e['phase']}): {e['message']}")
+                return f"rank {r}: expected {DIRECT!r} from backward, got {e['error']} ({e['phase']}): {e['message']}"
         return None
     if kind == "change":
         c = case["change"]
