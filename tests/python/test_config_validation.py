@@ -62,6 +62,22 @@ OURS = {
     "monitor.output_path": ("runs", [1, None]),
     "monitor.job_name": ("gpt", [["x"]]),
 }
+# The offload keys, the same in both forms under their own section names (zerort.config.offload).
+SECTION_OR_NULL_BAD = [1, [], "x"]  # null is an absent section, as in DeepSpeed
+OFFLOAD_COMMON = {"": ({}, SECTION_OR_NULL_BAD), ".device": ("none", ["gpu", 1, None, "CPU"]),
+                  ".nvme_path": (None, [1, ["/x"]]), ".pin_memory": (False, [1, "yes", None]),
+                  ".buffer_count": (2, [-1, 1.5, "4", 2 ** 31])}
+OFFLOAD_OPTIMIZER = {**OFFLOAD_COMMON, ".pipeline_read": (True, [1]), ".pipeline_write": (True, ["no"]),
+                     ".fast_init": (False, [0]), ".ratio": (1.0, [-0.1, 1.5, "1", NAN, True])}
+OFFLOAD_PARAM = {**OFFLOAD_COMMON, ".buffer_size": (1e8, [-1, 1.5, 2e12, "1e8"]),
+                 ".max_in_cpu": (1e9, [-1, 2e12, None])}
+AIO = {"": ({}, SECTION_OR_NULL_BAD), ".block_size": (1048576, [0, 1.5, "4096", True]),
+       ".queue_depth": (32, [0, 32769, "8"]), ".intra_op_parallelism": (2, [0, -1]),
+       ".single_submit": (True, [1]), ".overlap_events": (False, ["yes"]), ".use_gds": (False, [True, 1, "false"])}
+OURS.update({"offload": ({}, SECTION_OR_NULL_BAD),
+             **{f"offload.optimizer{k}": v for k, v in OFFLOAD_OPTIMIZER.items()},
+             **{f"offload.param{k}": v for k, v in OFFLOAD_PARAM.items()},
+             **{f"offload.aio{k}": v for k, v in AIO.items()}})
 RUNTIME = ("stage3", "stage3.prefetch", "stage3.persistence_threshold", "stage3.unit_modules", "comm", "comm.backend",
            "comm.timeout_s", "comm.debug", "fp32_modules", "max_consecutive_skips", "lr_schedule")
 
@@ -110,6 +126,11 @@ DEEPSPEED = {
     **{f"{m}{k}": v for m in ("csv_monitor", "tensorboard") for k, v in
        (("", ({}, SECTION_BAD)), (".enabled", (False, [1])), (".output_path", ("runs", [1])),
         (".job_name", ("j", [None])))},
+    **{f"zero_optimization.offload_optimizer{k}": v for k, v in OFFLOAD_OPTIMIZER.items()},
+    **{f"zero_optimization.offload_param{k}": v for k, v in OFFLOAD_PARAM.items()},
+    **{f"aio{k}": v for k, v in AIO.items()},
+    "zero_optimization.cpu_offload": (False, [1, "yes", None]),
+    "zero_optimization.cpu_offload_param": (False, [0, "no"]),
 }
 
 

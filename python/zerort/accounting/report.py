@@ -12,6 +12,7 @@ import torch
 from zerort.accounting.memory import (BOUND_ONLY, BYTES, CATEGORIES, STATE_BYTES, _layout_groups, exact,
                                       phase_estimates)
 from zerort.accounting.phases import PHASES
+from zerort.config.offload import describe
 
 
 _OTHER = {
@@ -36,10 +37,12 @@ class MemoryReport:
     measured (per category): the engine's own counters, its bookkeeping of the buffers it
     made, beside the exact estimate of the same layout (estimate_memory)."""
 
-    def __init__(self, measured, across, estimate, peak_rss, cuda_peak, stage, world_size, allocator=None):
+    def __init__(self, measured, across, estimate, peak_rss, cuda_peak, stage, world_size, allocator=None,
+                 offload="offload none"):
         self.measured, self.across, self.estimate = measured, across, estimate
         self.peak_rss, self.cuda_peak, self.stage, self.world_size = peak_rss, cuda_peak, stage, world_size
         self.allocator = allocator
+        self.offload = offload  # where the states live (zerort.config.offload.describe)
 
     def to_dict(self):
         rows = {}
@@ -49,12 +52,12 @@ class MemoryReport:
                        "diff": self.measured[k] - self.estimate[k], "bound_only": k in BOUND_ONLY}
         return {"stage": self.stage, "world_size": self.world_size, "categories": rows,
                 "total_measured": sum(self.measured.values()), "peak_rss_bytes": self.peak_rss,
-                "cuda_max_allocated_bytes": self.cuda_peak, "allocator": self.allocator}
+                "cuda_max_allocated_bytes": self.cuda_peak, "allocator": self.allocator, "offload": self.offload}
 
     def table(self):
         mib, w = 1 << 20, 46
         f = lambda b: "" if b is None else f"{b / mib:.3f}"
-        lines = [f"memory report: ZeRO stage {self.stage}, W={self.world_size}, per rank (MiB)"]
+        lines = [f"memory report: ZeRO stage {self.stage}, W={self.world_size}, per rank (MiB)", self.offload]
         head = lambda first: lines.append(f"{first:{w}s}{'this rank':>11s}{'min':>10s}{'max':>10s}"
                                           f"{'estimate':>10s}{'diff':>10s}")
         row = lambda label, m=None, lo=None, hi=None, e=None, d=None: lines.append(
@@ -180,4 +183,5 @@ def report(engine, mem):
                 state_bytes=STATE_BYTES[c.optimizer.state_dtype])
     peak_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     cuda_peak = torch.cuda.max_memory_allocated() if torch.cuda.is_available() else None
-    return MemoryReport(measured, across, est, peak_rss, cuda_peak, c.stage, engine.world_size, alloc)
+    return MemoryReport(measured, across, est, peak_rss, cuda_peak, c.stage, engine.world_size, alloc,
+                        describe(c, engine.device))

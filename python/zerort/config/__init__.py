@@ -3,6 +3,7 @@
     c = zerort.config.parse({"stage": 2, "precision": "bf16", "optimizer": {"lr": 3e-4}})
     zerort.config.parse("ds_config.json")      # a DeepSpeed config works too
     c.optimizer.lr, c.loss_scale.window        # a frozen Config of sections (zerort.config.sections)
+    c.offload.optimizer.device                 # "none", "cpu" or "nvme" (zerort.config.offload)
 
 Every key is typed and range-checked; all problems in one config are reported together in
 one ConfigError, each naming the key, the value it got and what is allowed. An unknown key
@@ -30,6 +31,6 @@ from zerort.config.files import read_config, read_config_file, read_json  # noqa
 from zerort.config.parser import is_deepspeed_form, known_keys, parse  # noqa: F401
 from zerort.config.reader import (MAX_AUTOS_LISTED, MAX_DEPTH, MAX_FILE_BYTES, MAX_LISTED, MAX_NUMEL,  # noqa: F401
                                   MAX_PERIOD, MAX_PREFETCH, at_most, fp32_problem, show)
-from zerort.config.sections import (Batch, Comm, Config, LossScale, Monitor, Optimizer, Stage3,  # noqa: F401
-                                    replace, resolve_batch, to_dict)
+from zerort.config.sections import (Aio, Batch, Comm, Config, LossScale, Monitor, OffloadConfig,  # noqa: F401
+                                    OffloadOptimizer, OffloadParam, Optimizer, Stage3, replace, resolve_batch, to_dict)
 from zerort.errors import ConfigError  # noqa: F401

@@ -7,6 +7,7 @@ sit under one "zerort" section. All problems of one config come in one ConfigErr
 """
 import os
 
+from zerort.config import offload
 from zerort.config.deepspeed_keys import TABLE
 from zerort.config.our_form import Draft, common, loss_scale, optimizer_params, runtime_keys
 from zerort.config.reader import MAX_NUMEL, _Reader, show
@@ -25,6 +26,9 @@ def parse_deepspeed(cfg, problems):
     c.batch.gradient_accumulation_steps = r.number(cfg, "gradient_accumulation_steps", None, integer=True, low=1)
     common(r, cfg, c)
     _zero(r, cfg, c)
+    aio, ra = offload.section(r, cfg, "aio")
+    c.offload.aio = offload.read_aio(ra, aio)
+    ra.leftover(aio, "unknown or unsupported DeepSpeed key")
     scale_keys = _precision(r, cfg, c)
     _optimizer(r, cfg, c)
     _dtypes(r, cfg, c)
@@ -60,8 +64,26 @@ def _zero(r, cfg, c):
     c.stage3.prefetch_numel = size("stage3_prefetch_bucket_size", low=0)
     c.stage3.persistence_threshold = size("stage3_param_persistence_threshold", c.stage3.persistence_threshold, low=0)
     c.stage3.max_live_numel = size("stage3_max_live_parameters")
+    _offload(rz, zero, c)
     _table(rz, zero, "zero_optimization.")
     rz.leftover(zero, "unknown or unsupported DeepSpeed key")
+
+
+def _offload(rz, zero, c):
+    """offload_optimizer and offload_param (zerort.config.offload), and DeepSpeed's legacy keys
+    that set their device: true is {"device": "cpu"}; given with the new key, an error (as in
+    DeepSpeed)."""
+    for name, field, read, legacy in (("offload_optimizer", "optimizer", offload.read_optimizer, "cpu_offload"),
+                                      ("offload_param", "param", offload.read_param, "cpu_offload_param")):
+        if name in zero and legacy in zero:
+            rz.problems.lines.append(f"{rz.key(legacy)}: given with {rz.key(name)}, which replaces it; keep only "
+                                     f"{rz.key(name)}")
+        d, rd = offload.section(rz, zero, name)
+        setattr(c.offload, field, read(rd, d))
+        _table(rd, d, f"zero_optimization.{name}.")
+        rd.leftover(d, "unknown or unsupported DeepSpeed key")
+        if rz.boolean(zero, legacy, False):
+            setattr(c.offload, field, offload.with_device(getattr(c.offload, field), "cpu"))
 
 
 def _precision(r, cfg, c):

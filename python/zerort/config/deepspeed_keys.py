@@ -39,7 +39,6 @@ def _empty(v):
 FALSY, DISABLED, EMPTY = (_falsy, "false (or leave the key out)"), (_disabled, '{"enabled": false}'), \
     (_empty, "nothing (leave the section out)")
 NULL = (lambda v: v is None, "null (or leave the key out)")
-NO_DEVICE = (lambda v: isinstance(v, dict) and v.get("device", "none") in ("none", None), '{"device": "none"}')
 
 
 def a(path, note, kind=None):
@@ -78,7 +77,7 @@ KEYS = [
     a("prescale_gradients", "either way: zerort sums gradients in FP32 and divides once", kind=BOOL),
     a("gradient_predivide_factor", "any: zerort sums in FP32 and divides by the world size once", kind=NUM),
     a("zero_allow_untested_optimizer", "zerort runs its own fused AdamW", kind=BOOL),
-    a("zero_force_ds_cpu_optimizer", "no CPU offload: nothing to force", kind=BOOL),
+    a("zero_force_ds_cpu_optimizer", "zerort's fused AdamW runs wherever the states are", kind=BOOL),
     a("vocabulary_size", "a hint DeepSpeed only warns about", kind=int),
     a("disable_allgather", "no effect in DeepSpeed either", kind=BOOL),
     a("log_level", "zerort prints only what steps_per_print and wall_clock_breakdown ask", kind=str),
@@ -161,7 +160,8 @@ KEYS = [
     a("zero_optimization.log_trace_cache_warnings", "no trace cache", kind=BOOL),
     a("zero_optimization.enable_sanity_checks", "the step's decision checks every rank's collectives", kind=BOOL),
     a("zero_optimization.save_muon_momentum_buffer_in_memory", "no Muon optimizer", kind=BOOL),
-    a("zero_optimization.cpu_offload_use_pin_memory", "no offload", kind=BOOL),
+    a("zero_optimization.cpu_offload_use_pin_memory", "DeepSpeed's legacy key, which sets nothing there either: "
+      "use offload_optimizer.pin_memory", kind=BOOL),
     b("zero_optimization.reduce_bucket_size", "reduce_bucket_numel: elements per gradient bucket"),
     b("zero_optimization.allgather_bucket_size", "reduce_bucket_numel when reduce_bucket_size is not given: "
       "zerort's buckets serve the reduce and the gather"),
@@ -171,10 +171,34 @@ KEYS = [
       "not DeepSpeed's 1e5)"),
     b("zero_optimization.stage3_max_live_parameters", "caps stage3.prefetch: the unit running and those gathered "
       "ahead hold at most this many elements (not given: no cap)"),
-    d("zero_optimization.offload_optimizer", "optimizer offload to CPU or NVMe", NO_DEVICE),
-    d("zero_optimization.offload_param", "parameter offload to CPU or NVMe", NO_DEVICE),
-    d("zero_optimization.cpu_offload", "CPU offload"),
-    d("zero_optimization.cpu_offload_param", "CPU offload"),
+    # ---- offload (zerort.config.offload; See Note [offload tiers]) ----
+    b("zero_optimization.offload_optimizer.device", "offload.optimizer.device: 'none'; 'cpu' for a CPU model (its "
+      "states are in host memory already; the log and memory report say so); 'cpu' for a CUDA model and 'nvme' are "
+      "refused at initialize (not built yet in this version)"),
+    b("zero_optimization.offload_optimizer.nvme_path", "offload.optimizer.nvme_path (a string or null); "
+      "device 'nvme' needs it"),
+    b("zero_optimization.offload_optimizer.pin_memory", "offload.optimizer.pin_memory (default true)"),
+    b("zero_optimization.offload_optimizer.buffer_count", "offload.optimizer.buffer_count (>= 0, default 4)"),
+    b("zero_optimization.offload_optimizer.pipeline_read", "offload.optimizer.pipeline_read (default false)"),
+    b("zero_optimization.offload_optimizer.pipeline_write", "offload.optimizer.pipeline_write (default false)"),
+    b("zero_optimization.offload_optimizer.fast_init", "offload.optimizer.fast_init (default false)"),
+    b("zero_optimization.offload_optimizer.ratio", "offload.optimizer.ratio (0 to 1, default 1; below 1 at stage 3 "
+      "only, as in DeepSpeed)"),
+    d("zero_optimization.offload_optimizer.super_offload", "SuperOffload (Superchip CPU offloading)"),
+    a("zero_optimization.offload_optimizer.cpuadam_cores_perc", "only with super_offload, rejected above", kind=NUM),
+    b("zero_optimization.offload_param.device", "offload.param.device, at stage 3 only (as in DeepSpeed): 'none'; "
+      "'cpu' for a CPU model (accepted, the parameters are in host memory already); 'cpu' for a CUDA model and "
+      "'nvme' are refused at initialize (not built yet in this version)"),
+    b("zero_optimization.offload_param.nvme_path", "offload.param.nvme_path (a string or null); device 'nvme' "
+      "needs it"),
+    b("zero_optimization.offload_param.pin_memory", "offload.param.pin_memory (default true)"),
+    b("zero_optimization.offload_param.buffer_count", "offload.param.buffer_count (>= 0, default 5)"),
+    b("zero_optimization.offload_param.buffer_size", "offload.param.buffer_size (elements, >= 0, default 1e8)"),
+    b("zero_optimization.offload_param.max_in_cpu", "offload.param.max_in_cpu (elements, >= 0, default 1e9)"),
+    b("zero_optimization.cpu_offload", "DeepSpeed's legacy key: true is offload_optimizer {\"device\": \"cpu\"}; "
+      "not with offload_optimizer"),
+    b("zero_optimization.cpu_offload_param", "DeepSpeed's legacy key: true is offload_param {\"device\": \"cpu\"}; "
+      "not with offload_param"),
     d("zero_optimization.zero_quantized_weights", "quantized weights (ZeRO++)"),
     d("zero_optimization.zero_quantized_nontrainable_weights", "quantized weights (ZeRO++)"),
     d("zero_optimization.zero_quantized_gradients", "quantized gradients (ZeRO++)"),
@@ -186,7 +210,12 @@ KEYS = [
     d("zero_optimization.pipeline_loading_checkpoint", "pipeline checkpoint loading"),
     d("zero_optimization.zenflow", "ZenFlow", EMPTY),
     d("zero_optimization.leaf_module", "leaf modules: use zerort.stage3.unit_modules", EMPTY),
-    a("aio", "asynchronous I/O settings, used only by NVMe offload", kind=dict),
+    b("aio.block_size", "offload.aio.block_size: bytes per I/O request of the NVMe tier (>= 1, default 1048576)"),
+    b("aio.queue_depth", "offload.aio.queue_depth: requests in flight (1 to 32768, default 8)"),
+    b("aio.intra_op_parallelism", "offload.aio.intra_op_parallelism (>= 1, default 1)"),
+    b("aio.single_submit", "offload.aio.single_submit (default false)"),
+    b("aio.overlap_events", "offload.aio.overlap_events (default true)"),
+    b("aio.use_gds", "accepted only false: zerort does not support GPUDirect Storage"),
     # ---- features zerort does not have ----
     d("activation_checkpointing.partition_activations", "partitioned activations (use torch.utils.checkpoint)"),
     d("activation_checkpointing.cpu_checkpointing", "CPU activation checkpoints (use torch.utils.checkpoint)"),

@@ -6,6 +6,7 @@ import dataclasses
 import os
 import types
 
+from zerort.config import offload
 from zerort.config.reader import MAX_NUMEL, MAX_PERIOD, MAX_PREFETCH, _Reader, _real
 from zerort.config.sections import SECTIONS, Config
 
@@ -104,6 +105,7 @@ def _parse_ours(cfg, problems):
     c.monitor.csv = where if rm.boolean(mon, "csv", False) else None
     c.monitor.tensorboard = where if rm.boolean(mon, "tensorboard", False) else None
     rm.leftover(mon)
+    offload.read_ours(r, cfg, c)
     r.leftover(cfg)
     return c.config(), scale_keys, "precision"
 

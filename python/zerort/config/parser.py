@@ -5,6 +5,7 @@ checked and problems collected: zerort.config.reader.
 import functools
 import os
 
+from zerort.config import offload
 from zerort.config.files import read_json
 from zerort.config.our_form import _parse_ours
 from zerort.config.reader import MAX_AUTOS_LISTED, _depth_problem, _key_name, _kind, _Problems, at_most
@@ -57,6 +58,9 @@ def parse(config, form=None):
             cfg["zerort"] = ours
     c, scale_keys, precision_key = parser(cfg, problems)
     _cross_key_rules(c, problems, scale_keys, precision_key)
+    ours = precision_key == "precision"
+    offload.rules(c, problems, ("offload.optimizer", "offload.param", "stage") if ours else
+                  ("zero_optimization.offload_optimizer", "zero_optimization.offload_param", "zero_optimization.stage"))
     lines = problems.finish()
     if lines:
         raise ConfigError(lines)

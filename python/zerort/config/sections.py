@@ -83,6 +83,52 @@ class Monitor:
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class OffloadOptimizer:
+    """Where the FP32 master and Adam's moments live: DeepSpeed's zero_optimization.offload_optimizer,
+    its defaults. See Note [offload tiers] (zerort.config.offload)."""
+    device: str = "none"  # "none" (with the model), "cpu" (host memory) or "nvme" (files under nvme_path)
+    nvme_path: Optional[str] = None
+    pin_memory: bool = True  # page-locked host buffers (for a CUDA model's copies)
+    buffer_count: int = 4  # NVMe: buffers in the pool
+    pipeline_read: bool = False  # NVMe: read the next chunk while stepping this one
+    pipeline_write: bool = False  # NVMe: write the last chunk while stepping this one
+    fast_init: bool = False
+    ratio: float = 1.0  # the part of the states offloaded (< 1: stage 3 only)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class OffloadParam:
+    """Where stage 3's low-precision parameter shards live: DeepSpeed's
+    zero_optimization.offload_param, its defaults (stage 3 only)."""
+    device: str = "none"
+    nvme_path: Optional[str] = None
+    pin_memory: bool = True
+    buffer_count: int = 5  # NVMe: buffers in the pool
+    buffer_size: int = 100_000_000  # NVMe: elements per buffer
+    max_in_cpu: int = 1_000_000_000  # NVMe: parameter elements kept in host memory
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class Aio:
+    """The asynchronous I/O of the NVMe tier: DeepSpeed's aio section, its defaults (use_gds
+    is accepted only false, so it is not a field)."""
+    block_size: int = 1 << 20  # bytes per request
+    queue_depth: int = 8  # requests in flight
+    intra_op_parallelism: int = 1
+    single_submit: bool = False
+    overlap_events: bool = True
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class OffloadConfig:
+    """The offload section: the optimizer states' tier, stage 3's parameters' tier, and the I/O
+    settings of NVMe (zerort.config.offload reads it from either form)."""
+    optimizer: OffloadOptimizer = dataclasses.field(default_factory=OffloadOptimizer)
+    param: OffloadParam = dataclasses.field(default_factory=OffloadParam)
+    aio: Aio = dataclasses.field(default_factory=Aio)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
 class Config:
     """A validated configuration (zerort.config.parse makes one). The top-level fields are
     the global ones; stage and reduce_bucket_numel are the C++ EngineOptions' own."""
@@ -97,6 +143,7 @@ class Config:
     stage3: Stage3 = dataclasses.field(default_factory=Stage3)
     comm: Comm = dataclasses.field(default_factory=Comm)
     monitor: Monitor = dataclasses.field(default_factory=Monitor)
+    offload: OffloadConfig = dataclasses.field(default_factory=OffloadConfig)
 
 
 SECTIONS = {f.name: f.default_factory for f in dataclasses.fields(Config)  # name -> section class
@@ -106,10 +153,13 @@ SECTIONS = {f.name: f.default_factory for f in dataclasses.fields(Config)  # nam
 def replace(c, **changes):
     """c with changes, a section's fields given as a dict: replace(c, stage=3, stage3={"prefetch":
     2}) changes stage and stage3.prefetch and keeps every other value (a section object
-    replaces the whole section)."""
+    replaces the whole section); a nested section likewise: offload={"optimizer": {"device": "cpu"}}."""
     for name, v in changes.items():
         if name in SECTIONS and isinstance(v, dict):
-            changes[name] = dataclasses.replace(getattr(c, name), **v)
+            section = getattr(c, name)
+            nested = lambda k, x: (dataclasses.replace(getattr(section, k), **x) if isinstance(x, dict) and
+                                   dataclasses.is_dataclass(getattr(section, k, None)) else x)
+            changes[name] = dataclasses.replace(section, **{k: nested(k, x) for k, x in v.items()})
     return dataclasses.replace(c, **changes)
 
 
@@ -151,7 +201,9 @@ SAVED_NAMES = {("optimizer", "state_dtype"): "optimizer_state_dtype",
                ("loss_scale", "window"): "loss_scale_window", ("loss_scale", "min_scale"): "min_loss_scale",
                ("loss_scale", "static"): "static_loss_scale", ("comm", "backend"): "comm_backend",
                ("comm", "timeout_s"): "comm_timeout_s", ("comm", "debug"): "comm_debug",
-               ("monitor", "csv"): "monitor_csv", ("monitor", "tensorboard"): "monitor_tensorboard"}
+               ("monitor", "csv"): "monitor_csv", ("monitor", "tensorboard"): "monitor_tensorboard",
+               ("offload", "optimizer"): "offload_optimizer", ("offload", "param"): "offload_param",
+               ("offload", "aio"): "aio"}
 
 
 def to_dict(c):

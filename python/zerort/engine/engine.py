@@ -34,7 +34,7 @@ import torch
 from zerort import _C, lifecycle
 from zerort import comm as comm_mod
 from zerort.accounting import phases
-from zerort.config import native, replace, resolve_batch
+from zerort.config import native, offload, replace, resolve_batch
 from zerort.engine import failfast, nonfinite, same_model, setup, stage3
 from zerort.engine.alive import alive
 from zerort.engine.deepspeed_methods import DeepSpeedMethods
@@ -81,6 +81,7 @@ class Engine(StateMethods, DeepSpeedMethods):
         self.config = config
         self.dtype = _DTYPES[config.precision]
         self.device = setup.model_device(model)
+        offload.check_tier(config, self.device)  # before any collective: See Note [offload tiers]
         self.comm = None
         self._impl = None               # the C++ Engine (engine.runtime); None once closed
         self.param_index = None         # a ParamIndex, when the C++ Engine exists

@@ -16,6 +16,8 @@ bwd is bwd_inner + bwd_allreduce.
 # (E501 above: the sample micro line is one line of the real output, longer than 120 chars.)
 import time
 
+from zerort.config.offload import describe
+
 MICRO = ("fwd", "bwd", "bwd_inner", "bwd_allreduce", "step")
 
 
@@ -27,7 +29,7 @@ def announce(engine, launch_env):
     per_node = max(1, launch_env["local_world_size"]) if launch_env["launcher"] != "none" else w
     shape = f"{w // per_node} node(s) x {per_node} ranks" if w % per_node == 0 else "nodes of unequal size"
     print(f"zerort: ZeRO stage {c.stage}, {c.precision}, W={w} ({shape}, flat collectives), backend "
-          f"{engine.comm.backend} on {engine.device}, offload none", flush=True)
+          f"{engine.comm.backend} on {engine.device}, {describe(c, engine.device)}", flush=True)
 
 
 class Progress:

@@ -1,0 +1,151 @@
+"""Offload: where the optimizer states and stage 3's parameters live (the Config's offload
+section, zerort.config.sections.OffloadConfig), read from either form, and what this
+version does with each tier (check_tier, describe).
+
+    ours:      {"offload": {"optimizer": {"device": "cpu"}, "param": {...}, "aio": {...}}}
+    DeepSpeed: {"zero_optimization": {"offload_optimizer": {"device": "cpu"},
+                                      "offload_param": {...}}, "aio": {...}}
+
+The keys, their defaults and their rules are DeepSpeed's (0.19's offload_config.py and
+swap_tensor's aio constants): device none | cpu | nvme; a ratio below 1 only at stage 3;
+aio.use_gds only false. Where DeepSpeed ignores a tier it documents for other stages
+(offload_param below stage 3, offload_optimizer at stage 0), zerort names the key instead.
+Both forms read them with the same functions here; only the section names differ.
+
+Note [offload tiers]: the states of a CPU model are in host memory already, so device "cpu"
+for a CPU model is accepted and changes nothing in the step; the engine says so once in its
+log line at initialize (zerort.monitoring.progress.announce) and in engine.memory_report().
+Host memory for a CUDA model's states and NVMe for any model are tiers this version does not
+build: check_tier refuses them with a ConfigError at initialize, from the config and the
+model's device alone, so every rank raises the same error before any collective.
+"""
+import dataclasses
+
+from zerort.config.reader import MAX_IO_DEPTH, MAX_NUMEL
+from zerort.config.sections import Aio, OffloadOptimizer, OffloadParam
+from zerort.errors import ConfigError
+
+DEVICES = ("none", "cpu", "nvme")
+
+
+def section(r, d, name):
+    """(section dict, its reader); a null section is an absent one (DeepSpeed's Optional)."""
+    if name in d and d[name] is None:
+        d[name] = {}
+    return r.child(d, name)
+
+
+def _common(r, d, default):
+    """The keys both offload sections have, as DeepSpeed names them."""
+    return dict(device=r.choice(d, "device", default.device, DEVICES),
+                nvme_path=r.typed(d, "nvme_path", default.nvme_path, (str, type(None)), "a folder path (a string) "
+                                  "or null"),
+                pin_memory=r.boolean(d, "pin_memory", default.pin_memory),
+                buffer_count=r.number(d, "buffer_count", default.buffer_count, integer=True, low=0))
+
+
+def read_optimizer(r, d):
+    """DeepSpeed's offload_optimizer keys (our offload.optimizer) from the dict d."""
+    o = OffloadOptimizer()
+    return OffloadOptimizer(**_common(r, d, o), pipeline_read=r.boolean(d, "pipeline_read", o.pipeline_read),
+                            pipeline_write=r.boolean(d, "pipeline_write", o.pipeline_write),
+                            fast_init=r.boolean(d, "fast_init", o.fast_init),
+                            ratio=r.number(d, "ratio", o.ratio, low=0, high=1))
+
+
+def read_param(r, d):
+    """DeepSpeed's offload_param keys (our offload.param) from the dict d."""
+    p = OffloadParam()
+    numel = lambda key, default: r.number(d, key, default, integer=True, low=0, high=MAX_NUMEL, integral_float=True)
+    return OffloadParam(**_common(r, d, p), buffer_size=numel("buffer_size", p.buffer_size),
+                        max_in_cpu=numel("max_in_cpu", p.max_in_cpu))
+
+
+def read_aio(r, d):
+    """The aio keys (DeepSpeed's top-level aio, our offload.aio) from the dict d."""
+    a = Aio()
+    count = lambda key, default, high=None: r.number(d, key, default, integer=True, low=1, high=high,
+                                                     integral_float=True)
+    out = Aio(block_size=count("block_size", a.block_size), queue_depth=count("queue_depth", a.queue_depth,
+                                                                              MAX_IO_DEPTH),
+              intra_op_parallelism=count("intra_op_parallelism", a.intra_op_parallelism),
+              single_submit=r.boolean(d, "single_submit", a.single_submit),
+              overlap_events=r.boolean(d, "overlap_events", a.overlap_events))
+    present, gds = r._take(d, "use_gds")
+    if present and gds is not False:
+        r.bad("use_gds", gds, "false (zerort does not support GPUDirect Storage; leave the key out or set it to "
+              "false)", not isinstance(gds, bool))
+    return out
+
+
+def read_ours(r, cfg, c):
+    """Our form's offload section {"optimizer": {...}, "param": {...}, "aio": {...}} into the Draft c."""
+    off, rf = section(r, cfg, "offload")
+    for name, read in (("optimizer", read_optimizer), ("param", read_param), ("aio", read_aio)):
+        d, rd = section(rf, off, name)
+        setattr(c.offload, name, read(rd, d))
+        rd.leftover(d)
+    rf.leftover(off)
+
+
+def rules(c, problems, keys):
+    """DeepSpeed's rules that join the offload keys with the stage; keys: the form's names of
+    (offload_optimizer, offload_param, zero stage)."""
+    opt, par = c.offload.optimizer, c.offload.param
+    opt_key, par_key, stage_key = keys
+    if par.device != "none" and c.stage != 3:
+        problems.lines.append(f"{par_key}.device: got {par.device!r} at {stage_key} {c.stage}; parameter offload "
+                              "works at stage 3 only (DeepSpeed documents it so, and ignores it below): set "
+                              f"{stage_key} to 3, or remove {par_key}")
+    if opt.ratio < 1 and c.stage != 3:
+        problems.lines.append(f"{opt_key}.ratio: got {opt.ratio!r} at {stage_key} {c.stage}; a partial optimizer "
+                              f"offload (ratio < 1) works at stage 3 only (DeepSpeed's rule): set {stage_key} to 3, "
+                              "or ratio to 1")
+    if opt.device != "none" and c.stage == 0:
+        problems.lines.append(f"{opt_key}.device: got {opt.device!r} at {stage_key} 0; optimizer offload works at "
+                              "stages 1-3 (DeepSpeed documents it so, and ignores it at stage 0): set "
+                              f"{stage_key} to 1, 2 or 3")
+    for key, section in ((opt_key, opt), (par_key, par)):
+        if section.device == "nvme" and not section.nvme_path:
+            problems.lines.append(f"{key}.nvme_path: missing; device 'nvme' needs the folder for its files")
+
+
+def with_device(section, device):
+    """The OffloadOptimizer or OffloadParam section with its device set (DeepSpeed's legacy
+    cpu_offload keys)."""
+    return dataclasses.replace(section, device=device)
+
+
+KEY_NAMES = {"optimizer": "zero_optimization.offload_optimizer.device (offload.optimizer.device in zerort's form; "
+                          "the legacy zero_optimization.cpu_offload sets it)",
+             "param": "zero_optimization.offload_param.device (offload.param.device in zerort's form; the legacy "
+                      "zero_optimization.cpu_offload_param sets it)"}
+
+
+def check_tier(config, device):
+    """Refuses an offload tier this version does not build (Note [offload tiers]): from the
+    config and the model's device only, so it raises alike on every rank, before any
+    collective."""
+    lines = []
+    for name in ("optimizer", "param"):
+        tier = getattr(config.offload, name).device
+        if tier == "nvme" or tier == "cpu" and device.type != "cpu":
+            where = "NVMe" if tier == "nvme" else f"host memory for a model on {device}"
+            lines.append(f"{KEY_NAMES[name]}: got {tier!r}; offloading the {_WHAT[name]} to {where} is not built yet "
+                         "in this version of zerort: set the device to 'none' (the states stay where the model is), "
+                         "or train a CPU model, whose states are in host memory already ('cpu' is accepted there)")
+    if lines:
+        raise ConfigError(lines)
+
+
+_WHAT = {"optimizer": "optimizer states", "param": "stage-3 parameters"}
+
+
+def describe(config, device):
+    """The offload as one phrase for the log line and the memory report (Note [offload tiers])."""
+    tiers = [(name, getattr(config.offload, name).device) for name in ("optimizer", "param")]
+    on = [f"{_WHAT[name]} on {tier}" for name, tier in tiers if tier != "none"]
+    if not on:
+        return "offload none"
+    host = " (a CPU model: host memory is where they already are)" if device.type == "cpu" else ""
+    return f"offload {', '.join(on)}{host}"
