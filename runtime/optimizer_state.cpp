@@ -1,6 +1,9 @@
 #include "runtime/optimizer_state.h"
 
+#include <ATen/ops/from_blob.h>
 #include <ATen/ops/zeros.h>
+
+#include "core/error.h"
 
 namespace zerort {
 
@@ -13,17 +16,50 @@ InMemoryStateStore::InMemoryStateStore(at::Tensor master, DType state_dtype)
   grad_ = at::zeros({master_.numel()}, f32);
 }
 
-AdamWBuffers InMemoryStateStore::span(size_t offset, size_t n) {
-  const size_t state_bytes = dtype_size(state_dtype_);
+void InMemoryStateStore::update(const ChunkFn& fn) {
   AdamWBuffers b;
-  b.grad = grad_.data_ptr<float>() + offset;
+  b.grad = grad_.data_ptr<float>();
   b.grad_dtype = DType::kFloat32;
-  b.master = master_.data_ptr<float>() + offset;
-  b.exp_avg = static_cast<char*>(exp_avg_.data_ptr()) + offset * state_bytes;
-  b.exp_avg_sq = static_cast<char*>(exp_avg_sq_.data_ptr()) + offset * state_bytes;
+  b.master = master_.data_ptr<float>();
+  b.exp_avg = exp_avg_.data_ptr();
+  b.exp_avg_sq = exp_avg_sq_.data_ptr();
   b.state_dtype = state_dtype_;
-  b.n = n;
-  return b;
+  b.n = static_cast<size_t>(master_.numel());
+  fn(0, b);
+}
+
+namespace {
+
+// [offset, offset + n) of `whole` beside a host array of the same dtype (copies cross devices).
+std::pair<at::Tensor, at::Tensor> host_and_range(const at::Tensor& whole, size_t offset, size_t n, const void* host) {
+  ZRT_CHECK(offset <= static_cast<size_t>(whole.numel()) && n <= static_cast<size_t>(whole.numel()) - offset,
+            "OptimizerStateStore: range [", offset, ", ", offset + n, ") lies outside the state of ", whole.numel(),
+            " elements");
+  at::Tensor h = at::from_blob(const_cast<void*>(host), {static_cast<int64_t>(n)}, whole.options().device(at::kCPU));
+  return {h, whole.narrow(0, static_cast<int64_t>(offset), static_cast<int64_t>(n))};
+}
+
+}  // namespace
+
+void InMemoryStateStore::read_range(size_t offset, size_t n, float* master, void* exp_avg, void* exp_avg_sq) {
+  const std::pair<const at::Tensor*, void*> arrays[] = {
+      {&master_, master}, {&exp_avg_, exp_avg}, {&exp_avg_sq_, exp_avg_sq}};
+  for (const auto& [whole, host] : arrays) {
+    if (host == nullptr) continue;
+    auto [h, range] = host_and_range(*whole, offset, n, host);
+    h.copy_(range);
+  }
+}
+
+void InMemoryStateStore::write_range(size_t offset, size_t n, const float* master, const void* exp_avg,
+                                     const void* exp_avg_sq) {
+  const std::pair<at::Tensor*, const void*> arrays[] = {
+      {&master_, master}, {&exp_avg_, exp_avg}, {&exp_avg_sq_, exp_avg_sq}};
+  for (const auto& [whole, host] : arrays) {
+    if (host == nullptr) continue;
+    auto [h, range] = host_and_range(*whole, offset, n, host);
+    range.copy_(h);
+  }
 }
 
 }  // namespace zerort

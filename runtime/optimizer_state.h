@@ -1,13 +1,15 @@
 // OptimizerStateStore: where this rank's FP32 optimizer state lives: the master weights,
 // Adam's m and v, and the FP32 gradient the reduces accumulate into. The ShardOptimizer
-// and the Engine reach the state only through this interface. InMemoryStateStore, the one
-// tier today, keeps all four as tensors on the master's device.
+// and the Engine reach the state only through this interface. InMemoryStateStore keeps all
+// four as tensors on the master's device; NvmeStateStore (runtime/nvme_state_store.h) keeps
+// master, m and v in a file and the gradient in memory.
 #pragma once
 
 #include <ATen/core/Tensor.h>
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 
 #include "core/dtype.h"
 #include "optim/adamw.h"
@@ -15,14 +17,21 @@
 namespace zerort {
 
 // Note [optimizer state store]: the state is numel() elements, laid out alike in all four
-// tensors (one offset names the same element in each); the same numel on every rank. The
+// arrays (one offset names the same element in each); the same numel on every rank. The
 // gradient tensor is where the reduces accumulate, so it is always addressable on the
-// compute device; the update reaches master, m and v for a range only through span(),
-// whose pointers are valid until the next span() or the end of the step, so a tier that
-// keeps them elsewhere can stage that range in and out around it. master(), exp_avg() and
-// exp_avg_sq() are the whole tensors, for checkpoints and the gathers of the master.
+// compute device, whatever the tier. The update reaches master, m and v only through
+// update(fn): fn sees consecutive chunks that cover [0, numel) once, in order, each with
+// pointers valid only during that call, so a tier that keeps the state elsewhere streams
+// each chunk in before fn and back out after it (InMemoryStateStore passes the whole state
+// as one chunk). read_range()/write_range() copy a range of master, m and v to or from host
+// memory, for checkpoints and gathers of the master, in any tier. master(), exp_avg() and
+// exp_avg_sq() are the whole tensors, for the in-memory users that still need them; a tier
+// that does not hold them in memory throws UsageError from them.
 class OptimizerStateStore {
  public:
+  // offset: the chunk's first element; chunk: its grad, master, m and v (n elements; param unset).
+  using ChunkFn = std::function<void(size_t offset, const AdamWBuffers& chunk)>;
+
   virtual ~OptimizerStateStore() = default;
 
   virtual int64_t numel() const = 0;
@@ -32,9 +41,14 @@ class OptimizerStateStore {
   virtual const at::Tensor& exp_avg_sq() const = 0;
   virtual at::Tensor& grad() = 0;  // FP32, summed over ranks and micro-steps
   virtual const at::Tensor& grad() const = 0;
-  // AdamW's buffers for elements [offset, offset + n): grad, master, m and v set (the
-  // caller sets the low-precision output).
-  virtual AdamWBuffers span(size_t offset, size_t n) = 0;
+  // Calls fn on every chunk in order; what fn leaves in a chunk's master, m and v is the state
+  // once update() returns. See Note [optimizer state store].
+  virtual void update(const ChunkFn& fn) = 0;
+  // Elements [offset, offset + n) of master (float32), m and v (state_dtype) to or from host
+  // memory; a nullptr array is skipped.
+  virtual void read_range(size_t offset, size_t n, float* master, void* exp_avg, void* exp_avg_sq) = 0;
+  virtual void write_range(size_t offset, size_t n, const float* master, const void* exp_avg,
+                           const void* exp_avg_sq) = 0;
 };
 
 // Every tensor on the master's device, allocated once. See Note [optimizer state store].
@@ -51,7 +65,9 @@ class InMemoryStateStore final : public OptimizerStateStore {
   const at::Tensor& exp_avg_sq() const override { return exp_avg_sq_; }
   at::Tensor& grad() override { return grad_; }
   const at::Tensor& grad() const override { return grad_; }
-  AdamWBuffers span(size_t offset, size_t n) override;
+  void update(const ChunkFn& fn) override;  // one chunk: the whole state
+  void read_range(size_t offset, size_t n, float* master, void* exp_avg, void* exp_avg_sq) override;
+  void write_range(size_t offset, size_t n, const float* master, const void* exp_avg, const void* exp_avg_sq) override;
 
  private:
   DType state_dtype_;

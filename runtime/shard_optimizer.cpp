@@ -52,6 +52,15 @@ ShardOptimizer::ShardOptimizer(at::Tensor master, Communicator& comm, OptimizerO
   state_ = std::make_unique<InMemoryStateStore>(std::move(master), options_.state_dtype);
 }
 
+ShardOptimizer::ShardOptimizer(std::unique_ptr<OptimizerStateStore> state, Communicator& comm, OptimizerOptions options)
+    : comm_(comm), options_(validated(options)), scaler_(scaler_options(options)),
+      state_(std::move(state)), hypers_{options_.adamw} {
+  ZRT_CHECK(state_ != nullptr, "ShardOptimizer: no state store");
+  ZRT_CHECK(state_->state_dtype() == options_.state_dtype, "ShardOptimizer: the store's state dtype ",
+            dtype_name(state_->state_dtype()), " is not the options' ", dtype_name(options_.state_dtype));
+  check_device_supported(state_->grad().device(), "ShardOptimizer's gradient");
+}
+
 bool ShardOptimizer::step(const std::vector<OutputSegment>& outputs, StepStats& stats, int64_t missed_backward) {
   for (const auto& seg : outputs) {
     ZRT_CHECK(seg.offset + seg.numel <= static_cast<size_t>(state_->numel()) && (seg.out || seg.numel == 0),
@@ -94,17 +103,31 @@ bool ShardOptimizer::step(const std::vector<OutputSegment>& outputs, StepStats& 
   }
   ++adam_steps_;
   s.grad_multiplier = static_cast<float>(stats.clip_coef);
-  // AdamW over every element once: the output segments, then whatever they do not cover.
+  // AdamW over every element once, chunk by chunk as the store hands them over: each
+  // chunk's part of the output segments, and of the gaps between them (no output).
   std::vector<OutputSegment> segs(outputs);
   std::sort(segs.begin(), segs.end(), [](const auto& a, const auto& b) { return a.offset < b.offset; });
+  std::vector<OutputSegment> pieces;  // the gaps and the segments, in order, covering [0, n)
   size_t done = 0;
   for (const auto& seg : segs) {
     ZRT_CHECK(seg.offset >= done, "ShardOptimizer.step: output segments overlap at ", seg.offset);
-    adamw_range(done, seg.offset - done, nullptr, DType::kFloat32, s);
-    adamw_range(seg.offset, seg.numel, seg.out, seg.dtype, s);
+    pieces.push_back({done, seg.offset - done, nullptr, DType::kFloat32});
+    pieces.push_back(seg);
     done = seg.offset + seg.numel;
   }
-  adamw_range(done, n - done, nullptr, DType::kFloat32, s);
+  pieces.push_back({done, n - done, nullptr, DType::kFloat32});
+  size_t first = 0;  // the first piece that may reach into the current chunk
+  state_->update([&](size_t offset, const AdamWBuffers& chunk) {
+    const size_t end = offset + chunk.n;
+    while (first < pieces.size() && pieces[first].offset + pieces[first].numel <= offset) ++first;
+    for (size_t j = first; j < pieces.size() && pieces[j].offset < end; ++j) {
+      const OutputSegment& p = pieces[j];
+      const size_t lo = std::max(p.offset, offset), hi = std::min(p.offset + p.numel, end);
+      if (lo >= hi) continue;
+      void* out = p.out ? static_cast<char*>(p.out) + (lo - p.offset) * dtype_size(p.dtype) : nullptr;
+      adamw_range(chunk, offset, lo, hi - lo, out, p.dtype, s);
+    }
+  });
   scaler_.update(false);
   grad.zero_();
   stats.optimizer_ms = elapsed_ms();
@@ -115,7 +138,9 @@ bool ShardOptimizer::step(const std::vector<OutputSegment>& outputs, StepStats& 
 
 namespace zerort {
 
-void ShardOptimizer::adamw_range(size_t lo, size_t n, void* out, DType dtype, const AdamWStep& step) {
+void ShardOptimizer::adamw_range(const AdamWBuffers& chunk, size_t chunk_offset, size_t lo, size_t n, void* out,
+                                 DType dtype, const AdamWStep& step) {
+  const size_t state_bytes = dtype_size(chunk.state_dtype);
   const size_t end = lo + n;
   AdamWStep s = step;
   for (size_t pos = lo; pos < end;) {
@@ -132,10 +157,16 @@ void ShardOptimizer::adamw_range(size_t lo, size_t n, void* out, DType dtype, co
       }
     }
     s.hyper = hypers_[group];
-    AdamWBuffers b = state_->span(pos, stop - pos);
+    const size_t skip = pos - chunk_offset;
+    AdamWBuffers b = chunk;
+    b.grad = static_cast<const float*>(chunk.grad) + skip;
+    b.master = chunk.master + skip;
+    b.exp_avg = static_cast<char*>(chunk.exp_avg) + skip * state_bytes;
+    b.exp_avg_sq = static_cast<char*>(chunk.exp_avg_sq) + skip * state_bytes;
+    b.n = stop - pos;
     b.param = out ? static_cast<char*>(out) + (pos - lo) * dtype_size(dtype) : nullptr;
     b.param_dtype = dtype;
-    adamw_step_on(state_->master().device(), b, s);
+    adamw_step_on(state_->grad().device(), b, s);
     pos = stop;
   }
 }

@@ -55,6 +55,8 @@ class ShardOptimizer {
   // master: this rank's FP32 shard (the optimizer keeps this tensor). The same numel on
   // every rank. The state is kept in memory (InMemoryStateStore).
   ShardOptimizer(at::Tensor master, Communicator& comm, OptimizerOptions options);
+  // The state in a given store (any tier), whose state_dtype must be options.state_dtype.
+  ShardOptimizer(std::unique_ptr<OptimizerStateStore> state, Communicator& comm, OptimizerOptions options);
 
   // The FP32 state: master, m, v and the gradient. See Note [optimizer state store].
   OptimizerStateStore& state() { return *state_; }
@@ -97,9 +99,10 @@ class ShardOptimizer {
 
  private:
   void record_nonfinite();
-  // AdamW over master[lo, lo + n), split where the hyper group changes; out (nullable) is
-  // the low-precision copy of that range.
-  void adamw_range(size_t lo, size_t n, void* out, DType dtype, const AdamWStep& step);
+  // AdamW over elements [lo, lo + n) of `chunk` (whose first element is chunk_offset), split
+  // where the hyper group changes; out (nullable) is the low-precision copy of that range.
+  void adamw_range(const AdamWBuffers& chunk, size_t chunk_offset, size_t lo, size_t n, void* out, DType dtype,
+                   const AdamWStep& step);
 
   Communicator& comm_;
   OptimizerOptions options_;
