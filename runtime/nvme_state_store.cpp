@@ -1,0 +1,256 @@
+#include "runtime/nvme_state_store.h"
+
+#include <ATen/ops/zeros.h>
+
+#include <algorithm>
+#include <cstring>
+#include <exception>
+
+#include "core/error.h"
+#include "io/alignment.h"
+
+namespace zerort {
+
+namespace {
+
+const at::Tensor& checked_master(const at::Tensor& master, DType state_dtype, const NvmeStateOptions& o) {
+  ZRT_CHECK_AS(UsageError,
+               master.defined() && master.scalar_type() == at::kFloat && master.dim() == 1 && master.is_contiguous() &&
+                   master.device().is_cpu(),
+               "NvmeStateStore: master must be a contiguous 1-D float32 CPU tensor");
+  ZRT_CHECK_AS(ConfigError, state_dtype == DType::kFloat32 || state_dtype == DType::kBFloat16,
+               "NvmeStateStore: optimizer state dtype must be fp32 or bf16, got ", dtype_name(state_dtype));
+  ZRT_CHECK_AS(ConfigError, o.rank >= 0, "NvmeStateStore: rank must be >= 0, got ", o.rank);
+  ZRT_CHECK_AS(ConfigError, o.chunk_elements >= 1, "NvmeStateStore: chunk_elements must be >= 1");
+  ZRT_CHECK_AS(ConfigError, o.buffer_count >= 1, "NvmeStateStore: buffer_count must be >= 1, got ", o.buffer_count);
+  return master;
+}
+
+std::size_t record_bytes(std::size_t chunk_elements, DType state_dtype) {
+  return chunk_elements * (sizeof(float) + 2 * dtype_size(state_dtype));
+}
+
+}  // namespace
+
+NvmeStateStore::NvmeStateStore(const at::Tensor& master, DType state_dtype, const NvmeStateOptions& options)
+    : numel_(checked_master(master, state_dtype, options).numel()), state_dtype_(state_dtype),
+      state_bytes_(dtype_size(state_dtype)),
+      chunk_elements_(io::round_up(options.chunk_elements, io::direct_io_alignment(options.directory))),
+      chunk_stride_(record_bytes(chunk_elements_, state_dtype)),
+      file_(options.directory, detail::concat("zerort-states-rank", options.rank, ".bin"),
+            static_cast<std::uint64_t>(chunk_count()) * chunk_stride_),
+      pool_(options.buffer_count, chunk_stride_, file_.alignment()), queue_(options.queue_depth, options.block_size),
+      grad_(at::zeros({numel_}, at::TensorOptions().dtype(at::kFloat))) {
+  ZRT_CHECK_AS(ConfigError, chunk_stride_ % file_.alignment() == 0 && options.block_size % file_.alignment() == 0,
+               "NvmeStateStore: block_size ", options.block_size, " and the record of ", chunk_stride_,
+               " bytes must be multiples of the direct-I/O alignment ", file_.alignment(), " of ", file_.path());
+  queue_.register_pool(pool_);  // false: the same I/O without fixed buffers
+  // The initial state: the master, zero m and v, written record by record.
+  const float* in = master.data_ptr<float>();
+  std::deque<InFlight> none, writes;
+  try {
+    for (std::size_t c = 0; c < chunk_count(); ++c) {
+      void* buffer = take_buffer(writes, true);
+      std::memset(buffer, 0, chunk_stride_);
+      std::memcpy(buffer, in + c * chunk_elements_, chunk_numel(c) * sizeof(float));
+      writes.push_back({c, buffer, queue_.write(file_, chunk_offset(c), buffer, chunk_stride_)});
+      retire_done_writes(writes);
+    }
+    finish_writes(writes);
+  } catch (const std::exception& e) {
+    drain(none, writes, detail::concat("writing the initial state failed: ", e.what()));
+    throw;
+  }
+}
+
+std::size_t NvmeStateStore::chunk_count() const {
+  return (static_cast<std::size_t>(numel_) + chunk_elements_ - 1) / chunk_elements_;
+}
+
+std::size_t NvmeStateStore::chunk_numel(std::size_t c) const {
+  return std::min(chunk_elements_, static_cast<std::size_t>(numel_) - c * chunk_elements_);
+}
+
+AdamWBuffers NvmeStateStore::view(std::size_t c, void* buffer) {
+  char* record = static_cast<char*>(buffer);
+  AdamWBuffers b;
+  b.grad = grad_.data_ptr<float>() + c * chunk_elements_;
+  b.grad_dtype = DType::kFloat32;
+  b.master = reinterpret_cast<float*>(record);
+  b.exp_avg = record + chunk_elements_ * sizeof(float);
+  b.exp_avg_sq = record + chunk_elements_ * (sizeof(float) + state_bytes_);
+  b.state_dtype = state_dtype_;
+  b.n = chunk_numel(c);
+  return b;
+}
+
+namespace {
+
+[[noreturn]] void no_whole_tensor(const char* call, const std::string& path) {
+  throw UsageError(__FILE__, __LINE__,
+                   detail::concat("NvmeStateStore::", call,
+                                  "(): the whole tensor is not available for the nvme tier yet (the state lives in ",
+                                  path, "); stream it with read_range()/write_range()"));
+}
+
+}  // namespace
+
+const at::Tensor& NvmeStateStore::master() const { no_whole_tensor("master", file_.path()); }
+const at::Tensor& NvmeStateStore::exp_avg() const { no_whole_tensor("exp_avg", file_.path()); }
+const at::Tensor& NvmeStateStore::exp_avg_sq() const { no_whole_tensor("exp_avg_sq", file_.path()); }
+
+void NvmeStateStore::check_usable(const char* call) const {
+  ZRT_CHECK(failure_.empty(), "NvmeStateStore::", call, ": the state in ", file_.path(),
+            " is unusable after an earlier failure (", failure_,
+            "); its records may mix two steps, so nothing more is read from or written to it");
+}
+
+void* NvmeStateStore::take_buffer(std::deque<InFlight>& writes, bool wait) {
+  if (void* buffer = pool_.try_acquire()) return buffer;
+  if (writes.empty()) return nullptr;
+  if (!wait && !queue_.poll(writes.front().request)) return nullptr;
+  if (wait) queue_.wait(writes.front().request);
+  void* buffer = writes.front().buffer;  // done: its buffer passes straight to the caller
+  writes.pop_front();
+  return buffer;
+}
+
+void NvmeStateStore::retire_done_writes(std::deque<InFlight>& writes) {
+  while (!writes.empty() && queue_.poll(writes.front().request)) {
+    pool_.release(writes.front().buffer);
+    writes.pop_front();
+  }
+}
+
+void NvmeStateStore::finish_writes(std::deque<InFlight>& writes) {
+  while (!writes.empty()) {
+    queue_.wait(writes.front().request);
+    pool_.release(writes.front().buffer);
+    writes.pop_front();
+  }
+}
+
+void NvmeStateStore::drain(std::deque<InFlight>& reads, std::deque<InFlight>& writes, const std::string& why) noexcept {
+  for (auto* list : {&reads, &writes}) {
+    for (const InFlight& f : *list) {
+      try {
+        queue_.wait(f.request);
+      } catch (...) {  // its error, or a request already forgotten: either way none of it is in the kernel
+      }
+      try {
+        pool_.release(f.buffer);
+      } catch (...) {
+      }
+    }
+    list->clear();
+  }
+  failure_ = why.empty() ? "unknown error" : why;
+}
+
+// See Note [NVMe state store].
+void NvmeStateStore::update(const ChunkFn& fn) {
+  check_usable("update");
+  const std::size_t chunks = chunk_count();
+  std::deque<InFlight> reads, writes;
+  void* computing = nullptr;  // the buffer fn is working on, out of both lists
+  std::size_t next = 0;       // the next chunk to read
+  try {
+    for (std::size_t i = 0; i < chunks; ++i) {
+      // Chunk i must be in flight (waiting for a write when no buffer is free); later ones
+      // are read ahead as far as free buffers allow.
+      while (next < chunks && next - i < pool_.buffer_count()) {
+        void* buffer = take_buffer(writes, next == i);
+        if (buffer == nullptr) break;
+        reads.push_back({next, buffer, 0});
+        reads.back().request = queue_.read(file_, chunk_offset(next), buffer, chunk_stride_);
+        ++next;
+      }
+      queue_.wait(reads.front().request);
+      computing = reads.front().buffer;
+      reads.pop_front();
+      fn(i * chunk_elements_, view(i, computing));
+      writes.push_back({i, computing, queue_.write(file_, chunk_offset(i), computing, chunk_stride_)});
+      computing = nullptr;
+      retire_done_writes(writes);
+    }
+    finish_writes(writes);
+  } catch (const std::exception& e) {
+    if (computing != nullptr) pool_.release(computing);
+    drain(reads, writes, detail::concat("update() failed: ", e.what()));
+    throw;
+  }
+}
+
+namespace {
+
+// Gives the buffer back to the pool on every path out of a scope.
+struct Lease {
+  io::AlignedBufferPool& pool;
+  void* buffer;
+  ~Lease() { pool.release(buffer); }
+};
+
+// Copies `count` elements between a record's three arrays (from element `skip`) and the host's
+// (from element `at`; a nullptr host array is skipped): into the record when to_record.
+void copy_part(const AdamWBuffers& record, std::size_t skip, std::size_t at, std::size_t count, bool to_record,
+               void* const (&host)[3]) {
+  const std::size_t state_bytes = dtype_size(record.state_dtype);
+  char* const arrays[3] = {reinterpret_cast<char*>(record.master), static_cast<char*>(record.exp_avg),
+                           static_cast<char*>(record.exp_avg_sq)};
+  for (int k = 0; k < 3; ++k) {
+    if (host[k] == nullptr) continue;
+    const std::size_t width = k == 0 ? sizeof(float) : state_bytes;
+    char* in_record = arrays[k] + skip * width;
+    char* in_host = static_cast<char*>(host[k]) + at * width;
+    std::memcpy(to_record ? in_record : in_host, to_record ? in_host : in_record, count * width);
+  }
+}
+
+void check_range(size_t offset, size_t n, int64_t numel, const char* call) {
+  ZRT_CHECK(offset <= static_cast<size_t>(numel) && n <= static_cast<size_t>(numel) - offset, "NvmeStateStore::", call,
+            ": range [", offset, ", ", offset + n, ") lies outside the state of ", numel, " elements");
+}
+
+}  // namespace
+
+void NvmeStateStore::read_range(size_t offset, size_t n, float* master, void* exp_avg, void* exp_avg_sq) {
+  check_usable("read_range");
+  check_range(offset, n, numel_, "read_range");
+  if (n == 0) return;
+  void* const host[3] = {master, exp_avg, exp_avg_sq};
+  Lease lease{pool_, pool_.acquire()};
+  for (std::size_t c = offset / chunk_elements_; c * chunk_elements_ < offset + n; ++c) {
+    queue_.wait(queue_.read(file_, chunk_offset(c), lease.buffer, chunk_stride_));
+    const AdamWBuffers b = view(c, lease.buffer);
+    const std::size_t first = c * chunk_elements_, lo = std::max(offset, first);
+    const std::size_t count = std::min(offset + n, first + b.n) - lo;
+    copy_part(b, lo - first, lo - offset, count, false, host);
+  }
+}
+
+void NvmeStateStore::write_range(size_t offset, size_t n, const float* master, const void* exp_avg,
+                                 const void* exp_avg_sq) {
+  check_usable("write_range");
+  check_range(offset, n, numel_, "write_range");
+  if (n == 0) return;
+  void* const host[3] = {const_cast<float*>(master), const_cast<void*>(exp_avg), const_cast<void*>(exp_avg_sq)};
+  Lease lease{pool_, pool_.acquire()};
+  try {
+    for (std::size_t c = offset / chunk_elements_; c * chunk_elements_ < offset + n; ++c) {
+      const AdamWBuffers b = view(c, lease.buffer);
+      const std::size_t first = c * chunk_elements_, lo = std::max(offset, first);
+      const std::size_t count = std::min(offset + n, first + b.n) - lo;
+      if (count < b.n || !master || !exp_avg || !exp_avg_sq) {  // the record's other values stay
+        queue_.wait(queue_.read(file_, chunk_offset(c), lease.buffer, chunk_stride_));
+      }
+      copy_part(b, lo - first, lo - offset, count, true, host);  // through the writable host pointers
+      queue_.wait(queue_.write(file_, chunk_offset(c), lease.buffer, chunk_stride_));
+    }
+  } catch (const std::exception& e) {
+    std::deque<InFlight> none;
+    drain(none, none, detail::concat("write_range() failed: ", e.what()));
+    throw;
+  }
+}
+
+}  // namespace zerort

@@ -1,0 +1,114 @@
+// NvmeStateStore: the `nvme` tier of the optimizer state (issue 29). This rank's master, m and
+// v live in one preallocated O_DIRECT file; the FP32 gradient stays in memory. Not yet chosen
+// by the Engine or the config: a tested component.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <string>
+
+#include "io/aligned_buffer_pool.h"
+#include "io/direct_file.h"
+#include "io/io_queue.h"
+#include "runtime/optimizer_state.h"
+
+namespace zerort {
+
+// Note [NVMe state store]
+// Layout: the state is cut into chunks of chunk_elements elements (the last one may hold
+// fewer). Chunk c is one record at file offset c * chunk_stride(): its master (chunk_elements
+// float32), then its m, then its v (chunk_elements of state_dtype each). chunk_elements is a
+// multiple of the direct-I/O alignment, so every record and each array inside it starts on an
+// aligned offset; the last record is whole in the file, its elements past numel are zero and
+// never handed out. One record per chunk, rather than three regions (all masters, then all m,
+// then all v), because every step touches all three arrays of a chunk: one read and one write
+// request per chunk, into one pool buffer, make the unit of I/O the unit of compute. The cost
+// falls on read_range()/write_range() of one array alone (a checkpoint of the master only),
+// which move whole records.
+// The pipeline (update): chunk i+1 (and more, up to the free buffers) is read while fn runs on
+// chunk i, while chunk i-1 is written back. A buffer goes back to the pool when its write is
+// done, so the RAM used is the pool's, buffer_count * chunk_stride() (pool_bytes()), whatever
+// numel is (See Note [The pool never grows]); the gradient (numel float32) is the only RAM
+// that grows with the state, and it is the reduces' target, as in memory.
+// Failure: an I/O error or short read names the file and offset (See Note [IoQueue
+// requests]). A failed update() or write_range() has written some records and not others, so
+// the file mixes two states: the store waits out every request still in flight, takes its
+// buffers back, rethrows, and from then on refuses every call that reads or writes the state
+// (Error naming the first failure), so nothing half-written is ever used. A failed read_range
+// changes nothing and leaves the store usable.
+struct NvmeStateOptions {
+  std::string directory;                          // where the file goes (nvme_path); must exist
+  int rank = 0;                                   // names the file: zerort-states-rank<rank>.bin
+  std::size_t chunk_elements = 1u << 20;          // rounded up to a multiple of the direct-I/O alignment
+  std::size_t buffer_count = 4;                   // pool buffers (>= 1; 3 or more overlap read, compute and write)
+  unsigned queue_depth = 8;                       // I/O pieces in the kernel at once
+  std::size_t block_size = std::size_t{1} << 20;  // the piece size (a multiple of the alignment)
+};
+
+class NvmeStateStore final : public OptimizerStateStore {
+ public:
+  // master: a contiguous 1-D float32 CPU tensor, written to the file (not kept); m and v start
+  // at zero; the gradient is float32 zeros in memory. Throws ConfigError for an unusable
+  // directory (See Note [DirectFile checks]) or bad options.
+  NvmeStateStore(const at::Tensor& master, DType state_dtype, const NvmeStateOptions& options);
+  NvmeStateStore(const NvmeStateStore&) = delete;
+  NvmeStateStore& operator=(const NvmeStateStore&) = delete;
+
+  int64_t numel() const override { return numel_; }
+  DType state_dtype() const override { return state_dtype_; }
+  // Not available for this tier yet (UsageError): use read_range()/write_range().
+  const at::Tensor& master() const override;
+  const at::Tensor& exp_avg() const override;
+  const at::Tensor& exp_avg_sq() const override;
+  at::Tensor& grad() override { return grad_; }  // in memory: the reduces accumulate here
+  const at::Tensor& grad() const override { return grad_; }
+  void update(const ChunkFn& fn) override;  // See Note [NVMe state store]
+  void read_range(size_t offset, size_t n, float* master, void* exp_avg, void* exp_avg_sq) override;
+  void write_range(size_t offset, size_t n, const float* master, const void* exp_avg, const void* exp_avg_sq) override;
+
+  std::size_t pool_bytes() const { return pool_.bytes(); }
+  std::size_t chunk_elements() const { return chunk_elements_; }
+  std::size_t chunk_stride() const { return chunk_stride_; }  // bytes of one record in the file
+  std::size_t chunk_count() const;
+  const std::string& path() const { return file_.path(); }
+  std::uint64_t file_bytes() const { return file_.size(); }
+  std::uint64_t bytes_read() const { return queue_.bytes_read(); }
+  std::uint64_t bytes_written() const { return queue_.bytes_written(); }
+  // Empty while usable; else why the store refuses further use.
+  const std::string& failure() const { return failure_; }
+
+ private:
+  struct InFlight {
+    std::size_t chunk;
+    void* buffer;
+    io::IoQueue::Request request;
+  };
+
+  std::uint64_t chunk_offset(std::size_t c) const { return static_cast<std::uint64_t>(c) * chunk_stride_; }
+  std::size_t chunk_numel(std::size_t c) const;
+  AdamWBuffers view(std::size_t c, void* buffer);  // chunk c's arrays inside its record in `buffer`
+  void check_usable(const char* call) const;
+  // A free buffer; when none is free and `wait`, waits for the oldest write and takes its
+  // buffer (nullptr when none is free and !wait or there is no write to wait for).
+  void* take_buffer(std::deque<InFlight>& writes, bool wait);
+  void retire_done_writes(std::deque<InFlight>& writes);  // gives back the buffers of the done ones, in order
+  void finish_writes(std::deque<InFlight>& writes);       // waits for every one
+  // After a failure: waits out every request, gives back every buffer, records why.
+  void drain(std::deque<InFlight>& reads, std::deque<InFlight>& writes, const std::string& why) noexcept;
+
+  int64_t numel_;
+  DType state_dtype_;
+  std::size_t state_bytes_;
+  std::size_t chunk_elements_;
+  std::size_t chunk_stride_;
+  io::DirectFile file_;
+  io::AlignedBufferPool pool_;
+  io::IoQueue queue_;
+  at::Tensor grad_;
+  std::string failure_;
+};
+
+}  // namespace zerort

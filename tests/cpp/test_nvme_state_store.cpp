@@ -1,0 +1,209 @@
+// NvmeStateStore: the nvme tier's AdamW steps equal the in-memory tier's bit for bit (master,
+// m, v and the low-precision output), a short read is an error that names the file and the
+// offset and leaves the store refusing further use, the pool does not grow with the state.
+// See Note [NVMe state store]. Files go under $ZERORT_IO_TEST_DIR (default /tmp).
+#include <ATen/ops/arange.h>
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/error.h"
+#include "io/alignment.h"
+#include "io_test_util.h"
+#include "run_ranks.h"
+#include "runtime/nvme_state_store.h"
+#include "runtime/shard_optimizer.h"
+
+namespace zerort::testing {
+namespace {
+
+using io::testing::TempDir;
+
+// The chunk NvmeStateStore makes of chunk_elements = 1: one alignment's worth of elements.
+size_t smallest_chunk(const std::string& dir) { return io::round_up(1, io::direct_io_alignment(dir)); }
+
+NvmeStateOptions small_options(const std::string& dir, size_t buffer_count) {
+  NvmeStateOptions o;
+  o.directory = dir;
+  o.chunk_elements = 1;
+  o.buffer_count = buffer_count;
+  o.queue_depth = 4;
+  o.block_size = io::direct_io_alignment(dir);
+  return o;
+}
+
+at::Tensor start_master(int64_t numel) { return at::arange(numel, at::kFloat).mul_(0.37f).sin_().mul_(2.0f); }
+
+void fill_grad(at::Tensor& grad, int step) {
+  float* g = grad.data_ptr<float>();
+  for (int64_t i = 0; i < grad.numel(); ++i) g[i] = std::cos(0.11f * static_cast<float>(i) + static_cast<float>(step));
+}
+
+struct Snapshot {
+  std::vector<float> master;
+  std::vector<char> exp_avg, exp_avg_sq;
+};
+
+Snapshot snapshot(OptimizerStateStore& state) {
+  const size_t n = static_cast<size_t>(state.numel()), bytes = n * dtype_size(state.state_dtype());
+  Snapshot s{std::vector<float>(n), std::vector<char>(bytes), std::vector<char>(bytes)};
+  state.read_range(0, n, s.master.data(), s.exp_avg.data(), s.exp_avg_sq.data());
+  return s;
+}
+
+// `steps` AdamW steps of the same gradients through both tiers, with two hyper groups and a
+// bf16 output segment that cross chunk boundaries; every output and the final state compared
+// bit for bit.
+void expect_tiers_equal(int64_t numel, DType state_dtype, size_t buffer_count, int steps = 3) {
+  TempDir dir;
+  auto errors = run_ranks(1, [&](Communicator& comm) {
+    OptimizerOptions o;
+    o.state_dtype = state_dtype;
+    o.gradient_clipping = 1.0;
+    o.adamw.weight_decay = 0.01;
+    const at::Tensor master = start_master(numel);
+    auto nvme = std::make_unique<NvmeStateStore>(master, state_dtype, small_options(dir.path(), buffer_count));
+    NvmeStateStore& store = *nvme;
+    ShardOptimizer in_memory(master.clone(), comm, o), on_disk(std::move(nvme), comm, o);
+    const int64_t third = numel / 3;
+    const std::vector<AdamWHyper> hypers = {o.adamw, {3e-3, 0.8, 0.99, 1e-6, 0.1}};
+    in_memory.set_hyper_groups(hypers, {{third, third, 1}});
+    on_disk.set_hyper_groups(hypers, {{third, third, 1}});
+    const size_t out_at = static_cast<size_t>(numel / 4), out_n = static_cast<size_t>(numel / 2);
+    for (int step = 0; step < steps; ++step) {
+      std::vector<uint16_t> out_a(out_n), out_b(out_n);
+      StepStats sa, sb;
+      fill_grad(in_memory.grad_shard(), step);
+      fill_grad(on_disk.grad_shard(), step);
+      ASSERT_TRUE(in_memory.step({{out_at, out_n, out_a.data(), DType::kBFloat16}}, sa));
+      ASSERT_TRUE(on_disk.step({{out_at, out_n, out_b.data(), DType::kBFloat16}}, sb));
+      EXPECT_EQ(sa.grad_norm, sb.grad_norm);
+      EXPECT_EQ(out_a, out_b) << "bf16 output of step " << step;
+    }
+    const Snapshot a = snapshot(in_memory.state()), b = snapshot(on_disk.state());
+    EXPECT_EQ(std::memcmp(a.master.data(), in_memory.master().data_ptr<float>(), a.master.size() * 4), 0);
+    EXPECT_EQ(a.master, b.master) << "master";
+    EXPECT_EQ(a.exp_avg, b.exp_avg) << "m";
+    EXPECT_EQ(a.exp_avg_sq, b.exp_avg_sq) << "v";
+    if (numel > 0) {
+      EXPECT_NE(a.master[0], master.data_ptr<float>()[0]) << "the steps moved nothing";
+    }
+    EXPECT_EQ(store.bytes_written(), store.file_bytes() * static_cast<uint64_t>(steps + 1));
+  });
+  EXPECT_EQ(errors[0], "") << "numel " << numel << ", " << dtype_name(state_dtype) << ", " << buffer_count
+                           << " buffers";
+}
+
+TEST(NvmeStateStore, AdamWStepsEqualTheInMemoryTierBitwise) {
+  TempDir probe;
+  const int64_t chunk = static_cast<int64_t>(smallest_chunk(probe.path()));
+  const size_t buffers = 3;
+  for (DType dtype : {DType::kFloat32, DType::kBFloat16}) {
+    // 0, 1, odd, not a multiple of the chunk, more than the pool holds.
+    for (int64_t numel :
+         {int64_t{0}, int64_t{1}, int64_t{1001}, 2 * chunk + 77, static_cast<int64_t>(buffers) * chunk * 2 + 5}) {
+      expect_tiers_equal(numel, dtype, buffers);
+    }
+  }
+}
+
+TEST(NvmeStateStore, OneOrTwoBuffersGiveTheSameSteps) {
+  TempDir probe;
+  const int64_t numel = 5 * static_cast<int64_t>(smallest_chunk(probe.path())) + 3;
+  for (size_t buffers : {size_t{1}, size_t{2}}) expect_tiers_equal(numel, DType::kBFloat16, buffers, 2);
+}
+
+TEST(NvmeStateStore, ThePoolDoesNotGrowWithTheState) {
+  TempDir dir;
+  const size_t chunk = smallest_chunk(dir.path());
+  NvmeStateOptions o = small_options(dir.path(), 3);
+  NvmeStateStore small(start_master(10), DType::kFloat32, o);
+  o.rank = 1;
+  NvmeStateStore large(start_master(static_cast<int64_t>(40 * chunk + 1)), DType::kFloat32, o);
+  EXPECT_EQ(small.pool_bytes(), large.pool_bytes());
+  EXPECT_EQ(large.pool_bytes(), 3 * chunk * 12);  // master 4 + m 4 + v 4 bytes per element
+  EXPECT_EQ(large.file_bytes(), 41 * chunk * 12);
+  EXPECT_NE(large.path().find("zerort-states-rank1.bin"), std::string::npos) << large.path();
+}
+
+TEST(NvmeStateStore, RangesStreamAcrossChunksAndKeepTheOtherArrays) {
+  TempDir dir;
+  const size_t chunk = smallest_chunk(dir.path()), n = 3 * chunk + 9;
+  NvmeStateStore store(start_master(static_cast<int64_t>(n)), DType::kBFloat16, small_options(dir.path(), 2));
+  const Snapshot before = snapshot(store);
+  std::vector<float> put(chunk + 20);
+  for (size_t i = 0; i < put.size(); ++i) put[i] = static_cast<float>(i) + 0.5f;
+  std::vector<uint16_t> ones(put.size(), 0x3f80);  // bf16 1.0
+  store.write_range(chunk - 10, put.size(), put.data(), ones.data(), nullptr);
+  const Snapshot after = snapshot(store);
+  for (size_t i = 0; i < n; ++i) {
+    const bool in = i >= chunk - 10 && i < chunk - 10 + put.size();
+    EXPECT_EQ(after.master[i], in ? put[i - (chunk - 10)] : before.master[i]) << i;
+    uint16_t m;
+    std::memcpy(&m, after.exp_avg.data() + 2 * i, 2);
+    EXPECT_EQ(m, in ? 0x3f80 : 0) << i;
+  }
+  EXPECT_EQ(after.exp_avg_sq, before.exp_avg_sq);
+  EXPECT_THROW(store.read_range(n - 1, 2, put.data(), nullptr, nullptr), Error);
+}
+
+TEST(NvmeStateStore, WholeTensorsAreRefusedByName) {
+  TempDir dir;
+  NvmeStateStore store(start_master(5), DType::kFloat32, small_options(dir.path(), 1));
+  try {
+    store.master();
+    FAIL() << "master() returned";
+  } catch (const UsageError& e) {
+    EXPECT_NE(std::string(e.what()).find("master()"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("read_range"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(store.exp_avg(), UsageError);
+  EXPECT_THROW(store.exp_avg_sq(), UsageError);
+  EXPECT_THROW(NvmeStateStore(start_master(5), DType::kFloat32, small_options(dir.sub("missing"), 1)), ConfigError);
+}
+
+// The file cut short behind the store's back: the step fails naming the file and an offset,
+// and the store, whose records now mix two steps, refuses every later step and read.
+TEST(NvmeStateStore, AShortReadNamesTheFileAndOffsetAndStopsTheStore) {
+  TempDir dir;
+  const size_t chunk = smallest_chunk(dir.path());
+  auto errors = run_ranks(1, [&](Communicator& comm) {
+    OptimizerOptions o;
+    auto nvme = std::make_unique<NvmeStateStore>(start_master(static_cast<int64_t>(5 * chunk + 3)), o.state_dtype,
+                                                 small_options(dir.path(), 2));
+    NvmeStateStore& store = *nvme;
+    ShardOptimizer opt(std::move(nvme), comm, o);
+    StepStats stats;
+    fill_grad(opt.grad_shard(), 0);
+    ASSERT_TRUE(opt.step({}, stats));
+    ASSERT_EQ(::truncate(store.path().c_str(), static_cast<off_t>(2 * store.chunk_stride())), 0);
+    fill_grad(opt.grad_shard(), 1);
+    std::string msg;
+    try {
+      opt.step({}, stats);
+    } catch (const Error& e) {
+      msg = e.what();
+    }
+    ASSERT_FALSE(msg.empty()) << "the short read was not an error";
+    EXPECT_NE(msg.find(store.path()), std::string::npos) << msg;
+    EXPECT_NE(msg.find("offset"), std::string::npos) << msg;
+    EXPECT_FALSE(store.failure().empty());
+    float x;
+    EXPECT_THROW(store.read_range(0, 1, &x, nullptr, nullptr), Error);
+    try {
+      opt.step({}, stats);
+      FAIL() << "a step ran on a failed store";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("unusable"), std::string::npos) << e.what();
+    }
+  });
+  EXPECT_EQ(errors[0], "");
+}
+
+}  // namespace
+}  // namespace zerort::testing
