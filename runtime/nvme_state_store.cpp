@@ -165,6 +165,8 @@ void NvmeStateStore::update(const ChunkFn& fn) {
         reads.back().request = queue_.read(file_, chunk_offset(next), buffer, chunk_stride_);
         ++next;
       }
+      ZRT_CHECK(!reads.empty(), "NvmeStateStore::update: no buffer for chunk ", i, " (pool of ", pool_.buffer_count(),
+                ")");  // unreachable: every buffer is free or holds a write when nothing is being read
       queue_.wait(reads.front().request);
       computing = reads.front().buffer;
       reads.pop_front();
