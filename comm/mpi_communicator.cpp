@@ -50,7 +50,10 @@ struct MpiRuntime {
   // Note [goodbye messages]: a rank that ends normally sends every peer its rank on a
   // communicator of its own (`exits`) before MPI_Finalize; a peer still waiting in a
   // collective receives it while it polls and notes the exit (comm/peer_exits.h), so that
-  // wait ends at once, naming the rank, instead of at comm.timeout_s.
+  // wait ends at once, naming the rank, instead of at comm.timeout_s. The sends complete
+  // before MPI_Finalize (or 2 s pass): Open MPI's finalize waits for every rank, and a send
+  // left to progress after it could write to a peer that already exited (over TCP, a
+  // broken pipe that ends this rank with a FATAL error and exit code 255).
   void set_exits(MPI_Comm comm) {
     std::lock_guard<std::mutex> lock(mu);
     if (exits == MPI_COMM_NULL) exits = comm;
@@ -87,9 +90,11 @@ struct MpiRuntime {
     std::lock_guard<std::mutex> lock(mu);
     return exits;
   }
-  void say_goodbye() {
+  // The goodbye sends, in flight: See Note [goodbye messages].
+  std::vector<MPI_Request> say_goodbye() {
+    std::vector<MPI_Request> sends;
     MPI_Comm comm = current_exits();
-    if (comm == MPI_COMM_NULL) return;
+    if (comm == MPI_COMM_NULL) return sends;
     static int me = 0;  // the sends read it after this returns
     int size = 1;
     MPI_Comm_rank(comm, &me);
@@ -97,7 +102,18 @@ struct MpiRuntime {
     for (int r = 0; r < size; ++r) {
       if (r == me) continue;
       MPI_Request req;
-      if (MPI_Isend(&me, 1, MPI_INT, r, kGoodbyeTag, comm, &req) == MPI_SUCCESS) MPI_Request_free(&req);
+      if (MPI_Isend(&me, 1, MPI_INT, r, kGoodbyeTag, comm, &req) == MPI_SUCCESS) sends.push_back(req);
+    }
+    return sends;
+  }
+
+  // Tests requests until all are done or the deadline passes; true when all are done.
+  static bool complete_by(std::vector<MPI_Request>& requests, std::chrono::steady_clock::time_point deadline) {
+    int all_done = 0;
+    for (;;) {
+      MPI_Testall(static_cast<int>(requests.size()), requests.data(), &all_done, MPI_STATUSES_IGNORE);
+      if (all_done || std::chrono::steady_clock::now() >= deadline) return all_done != 0;
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
     }
   }
 
@@ -132,14 +148,14 @@ struct MpiRuntime {
     // If it has not within 2 s, MPI_Finalize could wait for it forever: exit without it,
     // and mpirun reports this rank as failed instead of the job hanging.
     auto& rt = get();
-    rt.say_goodbye();
-    auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(2);
-    int all_done = 0;
-    while (!all_done && std::chrono::steady_clock::now() < deadline) {
-      MPI_Testall(static_cast<int>(rt.abandoned.size()), rt.abandoned.data(), &all_done, MPI_STATUSES_IGNORE);
-      if (!all_done) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    std::vector<MPI_Request> goodbyes = rt.say_goodbye();
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(2);
+    if (!complete_by(goodbyes, deadline)) {  // See Note [goodbye messages]; finalize takes them over, as before
+      for (MPI_Request& r : goodbyes) {
+        if (r != MPI_REQUEST_NULL) MPI_Request_free(&r);
+      }
     }
-    if (all_done) MPI_Finalize();
+    if (complete_by(rt.abandoned, deadline)) MPI_Finalize();
   }
 };
 

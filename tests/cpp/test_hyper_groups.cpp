@@ -42,7 +42,9 @@ TEST(HyperGroups, EachRegionStepsWithItsGroup) {
       double want = start[static_cast<size_t>(i)] * (1 - h.lr * h.weight_decay);
       want -= h.lr / bc1 * m / (std::sqrt(v) / std::sqrt(bc2) + h.eps);
       EXPECT_NEAR(p[i], want, 1e-6) << "element " << i << " (group " << group_of[static_cast<size_t>(i)] << ")";
-      if (i >= 2 && i < 7) EXPECT_EQ(out[static_cast<size_t>(i - 2)], p[i]) << "output element " << i;
+      if (i >= 2 && i < 7) {
+        EXPECT_EQ(out[static_cast<size_t>(i - 2)], p[i]) << "output element " << i;
+      }
     }
     EXPECT_EQ(p[6], start[6]);  // group 2 has lr 0: nothing moves
   });
