@@ -191,12 +191,16 @@ def run(kind, model_name, steps, data, zerort_extra=None):
     model = GPT(**kwargs)
     numel = sum(p.numel() for p in set(model.parameters()))
     rt = make_runtime(kind, model, micro, zerort_extra)
-    losses, times, state = [], [], None
+    losses, times, state, tier_io = [], [], None, []
+    tier = rt.engine.runtime.state_tier_stats if kind.startswith("zerort") else None
     for step in range(steps):
         x, y = batch(data, step, rank, 0, micro, kwargs["seq"])
         t0 = time.perf_counter()
         loss, s = rt.train_step(x, y, last=step == steps - 1)
         dt = time.perf_counter() - t0
+        if tier is not None:  # the optimizer state's tier: its I/O so far (bytes, seconds waited), this rank
+            tier = rt.engine.runtime.state_tier_stats
+            tier_io.append([tier["bytes_read"], tier["bytes_written"], tier["io_wait_seconds"]])
         state = s if s is not None else state
         loss_sum, = reduce([loss], dist.ReduceOp.SUM)
         dt_max, = reduce([dt], dist.ReduceOp.MAX)
@@ -211,7 +215,7 @@ def run(kind, model_name, steps, data, zerort_extra=None):
     dist.all_gather(gathered, per_rank)
     return {"numel": numel, "tokens_per_step": world * micro * kwargs["seq"], "losses": losses, "step_s": times,
             "held_out_loss": held / world, "peak_rss": [int(g[0]) for g in gathered],
-            "state_bytes": [int(g[1]) for g in gathered], "error": None}
+            "state_bytes": [int(g[1]) for g in gathered], "tier": tier, "tier_io": tier_io, "error": None}
 
 
 def main():

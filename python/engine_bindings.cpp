@@ -35,6 +35,18 @@ py::dict stats_dict(const StepStats& s) {
   return d;
 }
 
+py::dict tier_stats_dict(const StateTierStats& s) {
+  py::dict d;
+  d["tier"] = tier_name(s.tier);
+  d["path"] = s.path;
+  d["file_bytes"] = s.file_bytes;
+  d["pool_bytes"] = s.pool_bytes;
+  d["bytes_read"] = s.bytes_read;
+  d["bytes_written"] = s.bytes_written;
+  d["io_wait_seconds"] = s.io_wait_seconds;
+  return d;
+}
+
 // Checkpoint state as a plain dict of numbers.
 py::dict state_dict(const LossScaler::State& s, int64_t adam_steps) {
   py::dict d;
@@ -119,11 +131,34 @@ void bind_options(py::module_& m) {
       .def_readwrite("gradient_clipping", &OptimizerOptions::gradient_clipping)
       .def_readwrite("gradient_accumulation_steps", &OptimizerOptions::gradient_accumulation_steps)
       .def_readwrite("replicated", &OptimizerOptions::replicated);
+  options_class<NvmeStateOptions>(m, "NvmeStateOptions")  // rank is the Engine's: its communicator's
+      .def_readwrite("directory", &NvmeStateOptions::directory)
+      .def_readwrite("chunk_elements", &NvmeStateOptions::chunk_elements)
+      .def_readwrite("buffer_count", &NvmeStateOptions::buffer_count)
+      .def_readwrite("queue_depth", &NvmeStateOptions::queue_depth)
+      .def_readwrite("block_size", &NvmeStateOptions::block_size);
   options_class<EngineOptions>(m, "EngineOptions")  // materialize is the Engine's own argument
       .def_readwrite("stage", &EngineOptions::stage)
       .def_readwrite("optimizer", &EngineOptions::optimizer)
       .def_readwrite("reduce_bucket_numel", &EngineOptions::reduce_bucket_numel)
-      .def_readwrite("alignment", &EngineOptions::alignment);
+      .def_readwrite("alignment", &EngineOptions::alignment)
+      .def_property(
+          "state_tier", [](const EngineOptions& o) { return std::string(tier_name(o.state_tier)); },
+          [](EngineOptions& o, const std::string& tier) {
+            ZRT_CHECK_AS(ConfigError, tier == "memory" || tier == "nvme", "EngineOptions.state_tier: got '", tier,
+                         "'; expected 'memory' or 'nvme'");
+            o.state_tier = tier == "nvme" ? StateTier::kNvme : StateTier::kMemory;
+          })
+      .def_readwrite("nvme", &EngineOptions::nvme);
+}
+
+// "master", "exp_avg" or "exp_avg_sq": the optimizer state's arrays, by Python's names.
+StateArray state_array(const std::string& name) {
+  if (name == "master") return StateArray::kMaster;
+  if (name == "exp_avg") return StateArray::kExpAvg;
+  ZRT_CHECK_AS(UsageError, name == "exp_avg_sq", "Engine: no optimizer state array '", name,
+               "'; expected 'master', 'exp_avg' or 'exp_avg_sq'");
+  return StateArray::kExpAvgSq;
 }
 
 // EngineOptions::materialize from a Python callable (None: none), for a meta-device model:
@@ -252,6 +287,12 @@ void bind_engine(py::module_& m) {
              py::gil_scoped_release release;  // a collective
              return e.gather_master(g);
            })
+      .def("read_state", [](const Engine& e, const std::string& array, size_t offset,
+                            size_t n) { return e.read_state(state_array(array), offset, n); })
+      .def("write_state", [](Engine& e, const std::string& array, size_t offset,
+                             const at::Tensor& values) { e.write_state(state_array(array), offset, values); })
+      .def_property_readonly("state_numel", [](Engine& e) { return e.optimizer().state().numel(); })
+      .def_property_readonly("state_tier_stats", [](const Engine& e) { return tier_stats_dict(e.state_tier_stats()); })
       .def("master", &Engine::master)
       .def("exp_avg", &Engine::exp_avg)
       .def("exp_avg_sq", &Engine::exp_avg_sq)

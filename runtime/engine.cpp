@@ -166,9 +166,11 @@ Engine::Engine(std::vector<at::Tensor> params, Communicator& comm, EngineOptions
     for (size_t i = 0; i < fp32_params.size(); ++i) fp32_units[0].params.push_back(i);
   }
   if (!fp32_params.empty()) add_group(std::move(fp32_params), DType::kFloat32, "fp32 parameter", fp32_units);
-  at::Tensor master = at::empty({static_cast<int64_t>(opt_total)}, f32);
+  std::unique_ptr<NvmeStateStore> state_file = open_state_file(opt_total);  // before any state exists
+  // In memory, the master; in a file, each bucket's shard goes there as it is filled.
+  at::Tensor master = state_file ? at::Tensor() : at::empty({static_cast<int64_t>(opt_total)}, f32);
   for (auto& g : groups_) {
-    for (Bucket& b : g->buckets) fill_bucket(*g, b, master);
+    for (Bucket& b : g->buckets) fill_bucket(*g, b, master, state_file.get());
     for (size_t i = 0; i < g->params.size() && !policy_.packs(); ++i) {
       at::Tensor& p = g->params[i];
       const int64_t off = static_cast<int64_t>(g->param_offset[i]);
@@ -189,7 +191,8 @@ Engine::Engine(std::vector<at::Tensor> params, Communicator& comm, EngineOptions
 
   OptimizerOptions optimizer = options_.optimizer;
   optimizer.replicated = policy_.replicated;  // stage 0: every rank holds the whole state
-  optimizer_ = std::make_unique<ShardOptimizer>(master, comm_, optimizer);
+  optimizer_ =
+      std::make_unique<ShardOptimizer>(make_state_store(std::move(master), std::move(state_file)), comm_, optimizer);
   if (policy_.replicated) {  // stage 0 reduces each bucket into this scratch shard first
     size_t largest = 0;
     for (Bucket* b : buckets_) largest = std::max(largest, b->layout.shard_numel());
@@ -217,7 +220,7 @@ Engine::Engine(std::vector<at::Tensor> params, Communicator& comm, EngineOptions
 // one bucket in FP32 beside its shards: its parameters are materialized if the model was
 // built on the meta device, every rank takes rank 0's FP32 values, this rank keeps its part
 // as master, the working copy is cast from them, and the parameters become views of it.
-void Engine::fill_bucket(Group& g, Bucket& b, at::Tensor& master) {
+void Engine::fill_bucket(Group& g, Bucket& b, at::Tensor& master, NvmeStateStore* file) {
   if (options_.materialize) {
     std::vector<size_t> pending;
     for (size_t i : b.params) {
@@ -251,8 +254,7 @@ void Engine::fill_bucket(Group& g, Bucket& b, at::Tensor& master) {
         ->wait();
   }
   const int64_t shard = static_cast<int64_t>(b.layout.shard_numel());
-  master.narrow(0, static_cast<int64_t>(b.opt_offset), static_cast<int64_t>(b.opt_numel))
-      .copy_(policy_.replicated ? f : f.narrow(0, comm_.rank() * shard, shard));
+  keep_master(b, g.dtype, policy_.replicated ? f : f.narrow(0, comm_.rank() * shard, shard), master, file);
   const bool whole = units_.gathered(b.index);  // stage-3 units start released
   if (whole) {
     cast_from_f32_on(device_, f.data_ptr<float>(), units_.full(b.index).data_ptr(), g.dtype, static_cast<size_t>(bn));
@@ -330,7 +332,12 @@ void Engine::update(StepStats& stats) {
   ++global_step_;
   std::vector<Bucket*> whole = whole_buckets();
   std::vector<OutputSegment> outputs;  // AdamW writes the new low-precision shard there
-  for (Bucket* b : whole) outputs.push_back({b->opt_offset, b->opt_numel, own_chunk(*b), groups_[b->group]->dtype});
+  for (Bucket* b : buckets_) {         // the shard copy where there is one (See Note [state tiers])
+    void* out = b->shard_copy.defined()     ? b->shard_copy.data_ptr()
+                : units_.gathered(b->index) ? own_chunk(*b)
+                                            : nullptr;
+    if (out != nullptr) outputs.push_back({b->opt_offset, b->opt_numel, out, groups_[b->group]->dtype});
+  }
   const int64_t missed = missed_backward_;
   missed_backward_ = 0;
   bool applied;
@@ -356,6 +363,7 @@ void Engine::update(StepStats& stats) {
       gathers.front()->wait();
       gathers.pop_front();
     }
+    if (b->shard_copy.defined()) fill_own_chunk(*b);  // a unit held gathered through the step
     gathers.push_back(comm_.all_gather(own_chunk(*b), units_.full(b->index).data_ptr(), b->layout.shard_numel(),
                                        groups_[b->group]->dtype, static_cast<int64_t>(b->index)));
   }

@@ -52,6 +52,7 @@
 #include "partition/shard_layout.h"
 #include "runtime/grad_packer.h"
 #include "runtime/loss_scaler.h"
+#include "runtime/nvme_state_store.h"
 #include "runtime/reduce_policy.h"
 #include "runtime/shard_optimizer.h"
 #include "runtime/unit_cache.h"
@@ -75,6 +76,10 @@ struct EngineOptions {
   std::function<std::vector<at::Tensor>(size_t group, const std::vector<size_t>& params)> materialize;
   size_t reduce_bucket_numel = size_t{1} << 24;  // gradient elements (all ranks) per bucket
   size_t alignment = kShardAlignment;            // elements; each shard is a multiple of it
+  // Where the FP32 master, m and v live: See Note [state tiers] (engine.cpp). kNvme: in a
+  // file under nvme.directory (nvme.rank is taken from the communicator).
+  StateTier state_tier = StateTier::kMemory;
+  NvmeStateOptions nvme;
 };
 
 // Stage 3: one unit of `params` (indices into it), gathered and released as one. A
@@ -152,6 +157,7 @@ class Engine {
   const at::Tensor& flat_params(size_t group = 0) const;  // padded, the group's dtype (undefined at stage 3)
   const at::Tensor& flat_grads(size_t group = 0) const;   // stages 0, 1 (undefined at stage 2)
   // This rank's FP32 state for the group: its shards (stages 1, 2) or all of it (stage 0).
+  // The tensors themselves, in memory: a UsageError for any other tier (use read_state).
   at::Tensor master(size_t group = 0) const;
   at::Tensor exp_avg(size_t group = 0) const;
   at::Tensor exp_avg_sq(size_t group = 0) const;
@@ -160,6 +166,13 @@ class Engine {
   at::Tensor grad(size_t group = 0) const;
   // The group's whole FP32 master in flat_params order, on every rank (a collective).
   at::Tensor gather_master(size_t group = 0) const;
+  // Elements [offset, offset + n) of one array of this rank's optimizer state, in any tier:
+  // a new CPU tensor (float32 master; m and v in the state dtype). Offsets
+  // run across the groups, group g's from its first bucket's opt_offset (bucket_layout).
+  at::Tensor read_state(StateArray array, size_t offset, size_t n) const;
+  // values (1-D, the array's dtype) into elements [offset, offset + values.numel()).
+  void write_state(StateArray array, size_t offset, const at::Tensor& values);
+  StateTierStats state_tier_stats() const { return optimizer_->state().tier_stats(); }
   // Checkpoints. The optimizer tensors are master()/exp_avg()/exp_avg_sq() (write into
   // them to load); these are the rest of the state, and refresh_params() rebuilds every
   // rank's working weights from the master afterwards (a collective).
@@ -176,7 +189,7 @@ class Engine {
   // For the memory report: the FP32 gradient (every group), stage 0's reduce scratch,
   // the gradient pack buffers (stage 2's two, plus the largest one-off buffer; stage 3's
   // per-unit ones) and the low-precision parameters held for good (stages 0-2: the flat
-  // buffers; stage 3: the persistent units).
+  // buffers; stage 3: the persistent units, and the shard copies of Note [state tiers]).
   const at::Tensor& grad_shard() const { return optimizer_->state().grad(); }
   const at::Tensor& stage0_scratch() const { return stage0_scratch_; }
   size_t pack_buffer_bytes() const;
@@ -190,8 +203,9 @@ class Engine {
   void start_gather_locked(Bucket& b);
   void release_locked(std::unique_lock<std::mutex>& lock, Bucket& b, bool hand_off = false);
   void gather_on_comm_thread(Bucket& b);
-  void fill_bucket(Group& g, Bucket& b, at::Tensor& master);  // starting values (constructor)
-  Bucket& unit(size_t index, const char* what);               // bucket `index`, checked, at stage 3
+  // Starting values (constructor), this rank's FP32 part kept by keep_master.
+  void fill_bucket(Group& g, Bucket& b, at::Tensor& master, NvmeStateStore* file);
+  Bucket& unit(size_t index, const char* what);  // bucket `index`, checked, at stage 3
   void wait_gathered_locked(std::unique_lock<std::mutex>& lock, Bucket& b);
   void enqueue_ready_locked();
   void comm_loop();
@@ -210,6 +224,17 @@ class Engine {
   char* own_chunk(const Bucket& b) const;      // this rank's part of b's working copy
   std::vector<Bucket*> whole_buckets() const;  // buckets whose working copy is held
   at::Tensor optimizer_slice(const at::Tensor& t, size_t group) const;
+  // The tier's file made on every rank, or a ConfigError on every rank naming each rank's
+  // failure before any state is written (nullptr in memory). See Note [state tiers].
+  std::unique_ptr<NvmeStateStore> open_state_file(size_t numel);
+  // Bucket b's starting FP32 part `mine` into master (in memory) or the file, with the shard
+  // copy the file's tier needs (See Note [state tiers]).
+  void keep_master(Bucket& b, DType dtype, const at::Tensor& mine, at::Tensor& master, NvmeStateStore* file);
+  // The state store: master in memory, or the file that keep_master filled.
+  std::unique_ptr<OptimizerStateStore> make_state_store(at::Tensor master, std::unique_ptr<NvmeStateStore> file);
+  // Master elements [offset, offset + n), cast to dtype at out (on device_), from any tier.
+  void cast_master(size_t offset, size_t n, void* out, DType dtype) const;
+  void fill_own_chunk(const Bucket& b);  // this rank's chunk of b's working copy, from its shard
 
   Communicator& comm_;
   EngineOptions options_;

@@ -1,14 +1,148 @@
-// Engine, its state as callers read and load it: per-group views of the FP32 optimizer state
-// and gradient, the whole master gathered, the checkpoint counters, and the working weights
-// rebuilt from the master (the rest of the Engine is engine.cpp, engine_reduce.cpp and
-// engine_units.cpp).
+// Engine, its state as callers read and load it: the optimizer state's tier, per-group views
+// of the FP32 optimizer state and gradient, ranges of it in any tier, the whole master
+// gathered, the checkpoint counters, and the working weights rebuilt from the master (the rest
+// of the Engine is engine.cpp, engine_reduce.cpp and engine_units.cpp).
 #include <ATen/ops/empty.h>
+
+#include <algorithm>
+#include <cstring>
+#include <string>
 
 #include "core/error.h"
 #include "runtime/engine_parts.h"
 #include "runtime/kernel_dispatch.h"
 
 namespace zerort {
+
+// Note [state tiers]: EngineOptions::state_tier is where this rank's master, m and v live;
+// the FP32 gradient is always in memory, where the reduces accumulate. In memory, whatever
+// reads the master takes the tensor. Off memory (kNvme: stages 1-3, a CPU model), the master
+// is reached only through the store: the step streams it through update(), and everything
+// else that reads it (the gathers of stage 3, refresh_params after a load, gather_master,
+// read_state) reads ranges of it. A stage-3 unit is gathered once per forward and once per
+// backward, too often to read its shard from a file each time, so each unit that is not
+// persistent keeps this rank's low-precision shard in memory (Bucket::shard_copy: 2 bytes
+// per element of the shard at bf16): the step writes it as AdamW's low-precision output and
+// the gather copies it into the unit. AdamW's output is the master's cast, so these are the
+// bits the in-memory tier's gather casts (tests/python/test_offload_nvme.py compares them).
+// The files are made on every rank before any state exists (open_state_file), and a rank
+// that cannot make its own fails every rank with one ConfigError naming it and why. The
+// starting master goes into the file bucket by bucket as it is filled (keep_master), so the
+// whole FP32 shard is never in memory, not even at initialize.
+
+namespace {
+
+// Every rank's `mine` (empty: no failure), as "rank r: ..." lines for the ranks that failed,
+// on every rank alike (one all-gather of a fixed-size row per rank; messages are cut there).
+std::string failures_across_ranks(Communicator& comm, const std::string& mine) {
+  constexpr size_t kRowBytes = 1024;
+  std::vector<int64_t> rows(comm.size() * kRowBytes / sizeof(int64_t), 0);
+  std::vector<int64_t> row(kRowBytes / sizeof(int64_t), 0);
+  std::memcpy(row.data(), mine.data(), std::min(mine.size(), kRowBytes - 1));
+  comm.all_gather(row.data(), rows.data(), row.size(), DType::kInt64)->wait();
+  std::string out;
+  for (int r = 0; r < comm.size(); ++r) {
+    const char* text = reinterpret_cast<const char*>(rows.data() + r * row.size());
+    if (text[0] != '\0') out += detail::concat(out.empty() ? "" : "\n", "rank ", r, ": ", text);
+  }
+  return out;
+}
+
+}  // namespace
+
+std::unique_ptr<NvmeStateStore> Engine::open_state_file(size_t numel) {
+  if (options_.state_tier == StateTier::kMemory) return nullptr;
+  ZRT_CHECK_AS(ConfigError, !policy_.replicated && device_.is_cpu(), "Engine: the optimizer state's tier '",
+               tier_name(options_.state_tier), "' works at stages 1-3 for a CPU model; got stage ", options_.stage,
+               " on ", device_.str(), " (set offload_optimizer.device to 'none' or 'cpu')");
+  NvmeStateOptions nvme = options_.nvme;
+  nvme.rank = comm_.rank();
+  std::unique_ptr<NvmeStateStore> file;
+  std::string why;
+  try {
+    file = std::make_unique<NvmeStateStore>(static_cast<int64_t>(numel), options_.optimizer.state_dtype, nvme);
+  } catch (const Error& e) {
+    why = e.what();
+  }
+  const std::string all = failures_across_ranks(comm_, why);
+  ZRT_CHECK_AS(ConfigError, all.empty(),
+               "Engine: the NVMe state files could not be made on every rank, so none "
+               "was written:\n",
+               all);
+  return file;
+}
+
+void Engine::keep_master(Bucket& b, DType dtype, const at::Tensor& mine, at::Tensor& master, NvmeStateStore* file) {
+  if (file == nullptr) {
+    master.narrow(0, static_cast<int64_t>(b.opt_offset), static_cast<int64_t>(b.opt_numel)).copy_(mine);
+    return;
+  }
+  file->write_range(b.opt_offset, b.opt_numel, mine.data_ptr<float>(), nullptr, nullptr);  // m and v stay 0
+  if (units_.gathered(b.index)) return;  // persistent: the step writes its working copy
+  b.shard_copy =
+      at::empty({static_cast<int64_t>(b.opt_numel)}, at::TensorOptions().dtype(scalar_type(dtype)).device(device_));
+  cast_from_f32_on(device_, mine.data_ptr<float>(), b.shard_copy.data_ptr(), dtype, b.opt_numel);
+}
+
+std::unique_ptr<OptimizerStateStore> Engine::make_state_store(at::Tensor master, std::unique_ptr<NvmeStateStore> file) {
+  if (file) return file;
+  return std::make_unique<InMemoryStateStore>(std::move(master), options_.optimizer.state_dtype);
+}
+
+void Engine::cast_master(size_t offset, size_t n, void* out, DType dtype) const {
+  OptimizerStateStore& state = optimizer_->state();
+  if (state.tier() == StateTier::kMemory) {
+    cast_from_f32_on(device_, state.master().data_ptr<float>() + offset, out, dtype, n);
+    return;
+  }
+  constexpr size_t kPiece = size_t{1} << 20;  // read through a bounded buffer
+  std::vector<float> piece(std::min(n, kPiece));
+  for (size_t at = 0; at < n; at += kPiece) {
+    const size_t count = std::min(kPiece, n - at);
+    state.read_range(offset + at, count, piece.data(), nullptr, nullptr);
+    cast_from_f32_on(device_, piece.data(), static_cast<char*>(out) + at * dtype_size(dtype), dtype, count);
+  }
+}
+
+void Engine::fill_own_chunk(const Bucket& b) {
+  const DType dtype = groups_[b.group]->dtype;
+  if (!b.shard_copy.defined()) {
+    cast_master(b.opt_offset, b.opt_numel, own_chunk(b), dtype);
+    return;
+  }
+  const int64_t n = static_cast<int64_t>(b.opt_numel);
+  units_.full(b.index).narrow(0, policy_.replicated ? 0 : comm_.rank() * n, n).copy_(b.shard_copy);
+}
+
+namespace {
+
+at::ScalarType array_type(StateArray array, DType state_dtype) {
+  return array == StateArray::kMaster ? at::kFloat : scalar_type(state_dtype);
+}
+
+}  // namespace
+
+at::Tensor Engine::read_state(StateArray array, size_t offset, size_t n) const {
+  OptimizerStateStore& state = optimizer_->state();
+  at::Tensor out =
+      at::empty({static_cast<int64_t>(n)}, at::TensorOptions().dtype(array_type(array, state.state_dtype())));
+  void* p = out.data_ptr();
+  state.read_range(offset, n, array == StateArray::kMaster ? static_cast<float*>(p) : nullptr,
+                   array == StateArray::kExpAvg ? p : nullptr, array == StateArray::kExpAvgSq ? p : nullptr);
+  return out;
+}
+
+void Engine::write_state(StateArray array, size_t offset, const at::Tensor& values) {
+  OptimizerStateStore& state = optimizer_->state();
+  const at::ScalarType type = array_type(array, state.state_dtype());
+  ZRT_CHECK_AS(UsageError, values.defined() && values.dim() == 1 && values.scalar_type() == type,
+               "Engine.write_state: values must be a 1-D ", c10::toString(type), " tensor");
+  const at::Tensor host = values.to(at::kCPU).contiguous();
+  const void* p = host.data_ptr();
+  state.write_range(offset, static_cast<size_t>(host.numel()),
+                    array == StateArray::kMaster ? static_cast<const float*>(p) : nullptr,
+                    array == StateArray::kExpAvg ? p : nullptr, array == StateArray::kExpAvgSq ? p : nullptr);
+}
 
 const Engine::Group& Engine::group(size_t g) const {
   ZRT_CHECK(g < groups_.size(), "Engine: group ", g, " does not exist (", groups_.size(), " groups)");
@@ -36,15 +170,16 @@ at::Tensor Engine::gather_master(size_t g) const {
           ? 0
           : static_cast<int64_t>(grp.buckets.back().flat_offset + grp.buckets.back().layout.padded_numel());
   at::Tensor out = at::empty({padded}, at::TensorOptions().dtype(at::kFloat).device(device_));
-  const at::Tensor& all = optimizer_->state().master();
-  const float* master = all.data_ptr<float>();
   for (const Bucket& b : grp.buckets) {
+    const int64_t n = static_cast<int64_t>(b.opt_numel);
+    const at::Tensor mine = optimizer_->state().tier() == StateTier::kMemory
+                                ? optimizer_->state().master().narrow(0, static_cast<int64_t>(b.opt_offset), n)
+                                : read_state(StateArray::kMaster, b.opt_offset, b.opt_numel);
     if (policy_.replicated) {  // every rank holds it all
-      out.narrow(0, static_cast<int64_t>(b.flat_offset), static_cast<int64_t>(b.opt_numel))
-          .copy_(all.narrow(0, static_cast<int64_t>(b.opt_offset), static_cast<int64_t>(b.opt_numel)));
+      out.narrow(0, static_cast<int64_t>(b.flat_offset), n).copy_(mine);
     } else {
       comm_
-          .all_gather(master + b.opt_offset, out.data_ptr<float>() + b.flat_offset, b.opt_numel, DType::kFloat32,
+          .all_gather(mine.data_ptr<float>(), out.data_ptr<float>() + b.flat_offset, b.opt_numel, DType::kFloat32,
                       static_cast<int64_t>(b.index))
           ->wait();
     }
@@ -68,10 +203,14 @@ void Engine::load_counters(const Counters& c) {
 }
 
 void Engine::refresh_params() {
-  const float* master = optimizer_->state().master().data_ptr<float>();
-  for (Bucket* b : whole_buckets()) {  // released units are cast from the master when gathered
+  for (Bucket* b : buckets_) {  // shard copies first (See Note [state tiers])
+    if (b->shard_copy.defined()) {
+      cast_master(b->opt_offset, b->opt_numel, b->shard_copy.data_ptr(), groups_[b->group]->dtype);
+    }
+  }
+  for (Bucket* b : whole_buckets()) {  // released units take the master's values when gathered
     const DType dtype = groups_[b->group]->dtype;
-    cast_from_f32_on(device_, master + b->opt_offset, own_chunk(*b), dtype, b->opt_numel);
+    fill_own_chunk(*b);
     if (!policy_.replicated) {
       comm_
           .all_gather(own_chunk(*b), units_.full(b->index).data_ptr(), b->layout.shard_numel(), dtype,

@@ -26,7 +26,7 @@ void Engine::start_gather_locked(Bucket& b) {
 void Engine::gather_on_comm_thread(Bucket& b) {
   const DType dtype = groups_[b.group]->dtype;
   const size_t shard = b.layout.shard_numel();
-  cast_from_f32_on(device_, optimizer_->state().master().data_ptr<float>() + b.opt_offset, own_chunk(b), dtype, shard);
+  fill_own_chunk(b);
   if (comm_.size() > 1) {
     comm_.all_gather(own_chunk(b), units_.full(b.index).data_ptr(), shard, dtype, static_cast<int64_t>(b.index))
         ->wait();
@@ -111,6 +111,7 @@ size_t Engine::resident_param_bytes() const {
     }
     for (const Bucket& b : g->buckets) {
       bytes += units_.persistent(b.index) ? static_cast<size_t>(units_.full(b.index).nbytes()) : 0;
+      bytes += b.shard_copy.defined() ? static_cast<size_t>(b.shard_copy.nbytes()) : 0;  // See Note [state tiers]
     }
   }
   return bytes;

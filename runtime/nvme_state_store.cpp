@@ -3,6 +3,7 @@
 #include <ATen/ops/zeros.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 #include <exception>
 
@@ -13,17 +14,18 @@ namespace zerort {
 
 namespace {
 
-const at::Tensor& checked_master(const at::Tensor& master, DType state_dtype, const NvmeStateOptions& o) {
-  ZRT_CHECK_AS(UsageError,
-               master.defined() && master.scalar_type() == at::kFloat && master.dim() == 1 && master.is_contiguous() &&
-                   master.device().is_cpu(),
-               "NvmeStateStore: master must be a contiguous 1-D float32 CPU tensor");
+void check_options(DType state_dtype, const NvmeStateOptions& o) {
   ZRT_CHECK_AS(ConfigError, state_dtype == DType::kFloat32 || state_dtype == DType::kBFloat16,
                "NvmeStateStore: optimizer state dtype must be fp32 or bf16, got ", dtype_name(state_dtype));
   ZRT_CHECK_AS(ConfigError, o.rank >= 0, "NvmeStateStore: rank must be >= 0, got ", o.rank);
   ZRT_CHECK_AS(ConfigError, o.chunk_elements >= 1, "NvmeStateStore: chunk_elements must be >= 1");
   ZRT_CHECK_AS(ConfigError, o.buffer_count >= 1, "NvmeStateStore: buffer_count must be >= 1, got ", o.buffer_count);
-  return master;
+}
+
+int64_t checked_numel(int64_t numel, DType state_dtype, const NvmeStateOptions& o) {
+  check_options(state_dtype, o);
+  ZRT_CHECK_AS(UsageError, numel >= 0, "NvmeStateStore: numel must be >= 0, got ", numel);
+  return numel;
 }
 
 std::size_t record_bytes(std::size_t chunk_elements, DType state_dtype) {
@@ -32,8 +34,8 @@ std::size_t record_bytes(std::size_t chunk_elements, DType state_dtype) {
 
 }  // namespace
 
-NvmeStateStore::NvmeStateStore(const at::Tensor& master, DType state_dtype, const NvmeStateOptions& options)
-    : numel_(checked_master(master, state_dtype, options).numel()), state_dtype_(state_dtype),
+NvmeStateStore::NvmeStateStore(int64_t numel, DType state_dtype, const NvmeStateOptions& options)
+    : numel_(checked_numel(numel, state_dtype, options)), state_dtype_(state_dtype),
       state_bytes_(dtype_size(state_dtype)),
       chunk_elements_(io::round_up(options.chunk_elements, io::direct_io_alignment(options.directory))),
       chunk_stride_(record_bytes(chunk_elements_, state_dtype)),
@@ -45,7 +47,19 @@ NvmeStateStore::NvmeStateStore(const at::Tensor& master, DType state_dtype, cons
                "NvmeStateStore: block_size ", options.block_size, " and the record of ", chunk_stride_,
                " bytes must be multiples of the direct-I/O alignment ", file_.alignment(), " of ", file_.path());
   queue_.register_pool(pool_);  // false: the same I/O without fixed buffers
-  // The initial state: the master, zero m and v, written record by record.
+}
+
+NvmeStateStore::NvmeStateStore(const at::Tensor& master, DType state_dtype, const NvmeStateOptions& options)
+    : NvmeStateStore(master.defined() ? master.numel() : -1, state_dtype, options) {
+  write_master(master);
+}
+
+void NvmeStateStore::write_master(const at::Tensor& master) {
+  ZRT_CHECK_AS(UsageError,
+               master.defined() && master.scalar_type() == at::kFloat && master.dim() == 1 && master.is_contiguous() &&
+                   master.device().is_cpu() && master.numel() == numel_,
+               "NvmeStateStore: master must be a contiguous 1-D float32 CPU tensor of ", numel_, " elements");
+  // Whole records: the master, zero m and v.
   const float* in = master.data_ptr<float>();
   std::deque<InFlight> none, writes;
   try {
@@ -95,6 +109,27 @@ namespace {
 
 }  // namespace
 
+StateTierStats NvmeStateStore::tier_stats() const {
+  StateTierStats s;
+  s.tier = StateTier::kNvme;
+  s.path = file_.path();
+  s.file_bytes = file_.size();
+  s.pool_bytes = pool_.bytes();
+  s.bytes_read = queue_.bytes_read();
+  s.bytes_written = queue_.bytes_written();
+  s.io_wait_seconds = wait_seconds_;
+  return s;
+}
+
+void NvmeStateStore::wait(io::IoQueue::Request request) {
+  struct Timer {  // counts on every way out, a failed wait's too
+    double& total;
+    std::chrono::steady_clock::time_point t0 = std::chrono::steady_clock::now();
+    ~Timer() { total += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(); }
+  } timer{wait_seconds_};
+  queue_.wait(request);
+}
+
 const at::Tensor& NvmeStateStore::master() const { no_whole_tensor("master", file_.path()); }
 const at::Tensor& NvmeStateStore::exp_avg() const { no_whole_tensor("exp_avg", file_.path()); }
 const at::Tensor& NvmeStateStore::exp_avg_sq() const { no_whole_tensor("exp_avg_sq", file_.path()); }
@@ -105,11 +140,11 @@ void NvmeStateStore::check_usable(const char* call) const {
             "); its records may mix two steps, so nothing more is read from or written to it");
 }
 
-void* NvmeStateStore::take_buffer(std::deque<InFlight>& writes, bool wait) {
+void* NvmeStateStore::take_buffer(std::deque<InFlight>& writes, bool block) {
   if (void* buffer = pool_.try_acquire()) return buffer;
   if (writes.empty()) return nullptr;
-  if (!wait && !queue_.poll(writes.front().request)) return nullptr;
-  if (wait) queue_.wait(writes.front().request);
+  if (!block && !queue_.poll(writes.front().request)) return nullptr;
+  if (block) wait(writes.front().request);
   void* buffer = writes.front().buffer;  // done: its buffer passes straight to the caller
   writes.pop_front();
   return buffer;
@@ -124,7 +159,7 @@ void NvmeStateStore::retire_done_writes(std::deque<InFlight>& writes) {
 
 void NvmeStateStore::finish_writes(std::deque<InFlight>& writes) {
   while (!writes.empty()) {
-    queue_.wait(writes.front().request);
+    wait(writes.front().request);
     pool_.release(writes.front().buffer);
     writes.pop_front();
   }
@@ -167,7 +202,7 @@ void NvmeStateStore::update(const ChunkFn& fn) {
       }
       ZRT_CHECK(!reads.empty(), "NvmeStateStore::update: no buffer for chunk ", i, " (pool of ", pool_.buffer_count(),
                 ")");  // unreachable: every buffer is free or holds a write when nothing is being read
-      queue_.wait(reads.front().request);
+      wait(reads.front().request);
       computing = reads.front().buffer;
       reads.pop_front();
       fn(i * chunk_elements_, view(i, computing));

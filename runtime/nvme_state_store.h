@@ -1,6 +1,6 @@
 // NvmeStateStore: the `nvme` tier of the optimizer state (issue 29). This rank's master, m and
-// v live in one preallocated O_DIRECT file; the FP32 gradient stays in memory. Not yet chosen
-// by the Engine or the config: a tested component.
+// v live in one preallocated O_DIRECT file; the FP32 gradient stays in memory. The Engine
+// makes one when EngineOptions::state_tier is kNvme (the config's offload_optimizer.device).
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -50,15 +50,21 @@ struct NvmeStateOptions {
 
 class NvmeStateStore final : public OptimizerStateStore {
  public:
-  // master: a contiguous 1-D float32 CPU tensor, written to the file (not kept); m and v start
-  // at zero; the gradient is float32 zeros in memory. Throws ConfigError for an unusable
-  // directory (See Note [DirectFile checks]) or bad options.
+  // A new file for numel elements, made and checked (See Note [DirectFile checks]), whose
+  // state is all zeros (master, m and v: a new file's allocated blocks read as zeros); the
+  // gradient is float32 zeros in memory. Throws ConfigError for an unusable directory or bad
+  // options. Write the master with write_range(): a caller can make every rank's file, and
+  // learn that all could be made, before any state is written.
+  NvmeStateStore(int64_t numel, DType state_dtype, const NvmeStateOptions& options);
+  // The same, with master (a contiguous 1-D float32 CPU tensor; not kept) written as the
+  // master, record by record.
   NvmeStateStore(const at::Tensor& master, DType state_dtype, const NvmeStateOptions& options);
   NvmeStateStore(const NvmeStateStore&) = delete;
   NvmeStateStore& operator=(const NvmeStateStore&) = delete;
 
   int64_t numel() const override { return numel_; }
   DType state_dtype() const override { return state_dtype_; }
+  StateTierStats tier_stats() const override;
   // Not available for this tier yet (UsageError): use read_range()/write_range().
   const at::Tensor& master() const override;
   const at::Tensor& exp_avg() const override;
@@ -91,9 +97,11 @@ class NvmeStateStore final : public OptimizerStateStore {
   std::size_t chunk_numel(std::size_t c) const;
   AdamWBuffers view(std::size_t c, void* buffer);  // chunk c's arrays inside its record in `buffer`
   void check_usable(const char* call) const;
-  // A free buffer; when none is free and `wait`, waits for the oldest write and takes its
-  // buffer (nullptr when none is free and !wait or there is no write to wait for).
-  void* take_buffer(std::deque<InFlight>& writes, bool wait);
+  void write_master(const at::Tensor& master);  // the second constructor's writes
+  void wait(io::IoQueue::Request request);      // queue_.wait, its time counted in wait_seconds_
+  // A free buffer; when none is free and `block`, waits for the oldest write and takes its
+  // buffer (nullptr when none is free and !block or there is no write to wait for).
+  void* take_buffer(std::deque<InFlight>& writes, bool block);
   void retire_done_writes(std::deque<InFlight>& writes);  // gives back the buffers of the done ones, in order
   void finish_writes(std::deque<InFlight>& writes);       // waits for every one
   // After a failure: waits out every request, gives back every buffer, records why.
@@ -109,6 +117,7 @@ class NvmeStateStore final : public OptimizerStateStore {
   io::IoQueue queue_;
   at::Tensor grad_;
   std::string failure_;
+  double wait_seconds_ = 0;  // in wait(): the I/O not hidden behind compute
 };
 
 }  // namespace zerort

@@ -7,6 +7,8 @@
 
 namespace zerort {
 
+const char* tier_name(StateTier tier) { return tier == StateTier::kNvme ? "nvme" : "memory"; }
+
 InMemoryStateStore::InMemoryStateStore(at::Tensor master, DType state_dtype)
     : state_dtype_(state_dtype), master_(std::move(master)) {
   const auto f32 = at::TensorOptions().dtype(at::kFloat).device(master_.device());

@@ -10,11 +10,30 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <string>
 
 #include "core/dtype.h"
 #include "optim/adamw.h"
 
 namespace zerort {
+
+// Where a store keeps master, m and v: with the gradient on the master's device, or in a file
+// (runtime/nvme_state_store.h).
+enum class StateTier { kMemory, kNvme };
+const char* tier_name(StateTier tier);  // "memory", "nvme"
+
+// One of the three arrays of the state, for read/write by array (checkpoints, accessors).
+enum class StateArray { kMaster, kExpAvg, kExpAvgSq };
+
+// What a tier holds and moves, for the memory report and the monitor. In memory: nothing
+// but the tier. In a file: its path and size, the pool's RAM, the bytes moved since the
+// store was made, and the seconds update() spent waiting for them.
+struct StateTierStats {
+  StateTier tier = StateTier::kMemory;
+  std::string path;
+  std::uint64_t file_bytes = 0, pool_bytes = 0, bytes_read = 0, bytes_written = 0;
+  double io_wait_seconds = 0;
+};
 
 // Note [optimizer state store]: the state is numel() elements, laid out alike in all four
 // arrays (one offset names the same element in each); the same numel on every rank. The
@@ -36,6 +55,8 @@ class OptimizerStateStore {
 
   virtual int64_t numel() const = 0;
   virtual DType state_dtype() const = 0;  // Adam's m and v: f32 or bf16
+  virtual StateTierStats tier_stats() const = 0;
+  StateTier tier() const { return tier_stats().tier; }
   virtual const at::Tensor& master() const = 0;
   virtual const at::Tensor& exp_avg() const = 0;
   virtual const at::Tensor& exp_avg_sq() const = 0;
@@ -60,6 +81,7 @@ class InMemoryStateStore final : public OptimizerStateStore {
 
   int64_t numel() const override { return master_.numel(); }
   DType state_dtype() const override { return state_dtype_; }
+  StateTierStats tier_stats() const override { return {}; }
   const at::Tensor& master() const override { return master_; }
   const at::Tensor& exp_avg() const override { return exp_avg_; }
   const at::Tensor& exp_avg_sq() const override { return exp_avg_sq_; }

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs the Debian packages zerort builds and tests with, only those that are missing.
 set -euo pipefail
-packages=(cmake g++ make openmpi-bin libopenmpi-dev libgtest-dev ccache iproute2 util-linux clang-format liburing-dev)
+packages=(cmake g++ make openmpi-bin libopenmpi-dev libgtest-dev ccache iproute2 util-linux clang-format liburing-dev fio)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

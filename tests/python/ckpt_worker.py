@@ -84,7 +84,7 @@ def safety(engine, name, base):
     "took", "value"}} for this rank. Files are set up by rank 0 between barriers."""
     from zerort.state import checkpoint as ck
     from zerort.state import consolidate
-    from zerort.layout.shard_map import flat, optimizer_tensors
+    from zerort.layout.shard_map import read_state
 
     comm, rank = engine.comm, engine.rank
     root = os.path.join(base, "ck")  # every checkpoint directory of this run
@@ -110,7 +110,7 @@ def safety(engine, name, base):
         return [os.path.basename(engine.load_checkpoint(directory, tag)[0]), engine.global_step]
 
     def state():
-        return [engine.global_step, float(flat(optimizer_tensors(engine)["master"]).double().sum())]
+        return [engine.global_step, float(read_state(engine, "master").double().sum())]
 
     def copy(src, dst, edit=None):
         def run():

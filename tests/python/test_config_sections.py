@@ -15,7 +15,9 @@ OURS = {"stage": 3, "precision": "fp16", "reduce_bucket_numel": 999, "gradient_a
         "optimizer": {"lr": 3e-4, "betas": [0.8, 0.9], "eps": 1e-6, "weight_decay": 0.2, "bias_correction": False,
                       "state_dtype": "bf16"},
         "loss_scale": {"initial_scale_power": 10, "window": 7, "hysteresis": 3, "min_scale": 2.0,
-                       "consecutive_hysteresis": True}}
+                       "consecutive_hysteresis": True},
+        "offload": {"optimizer": {"device": "nvme", "nvme_path": "/states", "buffer_count": 6, "chunk_numel": 4096},
+                    "aio": {"block_size": 1 << 16, "queue_depth": 4}}}
 # C++ fields no config key sets: the Engine sets replicated (stage 0) and alignment itself;
 # DeepSpeed's scaler has no factor key. dynamic is at its default in OURS (see the static test).
 UNSET = {"OptimizerOptions.replicated", "EngineOptions.alignment", "LossScalerOptions.factor",
@@ -63,7 +65,8 @@ def test_every_cpp_option_has_a_config_key():
     structs = [("EngineOptions", built, _C.EngineOptions()),
                ("OptimizerOptions", built.optimizer, _C.OptimizerOptions()),
                ("AdamWHyper", built.optimizer.adamw, _C.AdamWHyper()),
-               ("LossScalerOptions", built.optimizer.loss_scale, _C.LossScalerOptions())]
+               ("LossScalerOptions", built.optimizer.loss_scale, _C.LossScalerOptions()),
+               ("NvmeStateOptions", built.nvme, _C.NvmeStateOptions())]
     for name, got, default in structs:
         for f in fields(got):
             if isinstance(getattr(got, f), (int, float, str, bool)) and f"{name}.{f}" not in UNSET:

@@ -122,9 +122,15 @@ def test_tiers_not_built_are_refused_naming_the_key_and_what_to_do():
     assert "set the device to 'none'" in opt and "train a CPU model" in opt
     assert par.startswith("zero_optimization.offload_param.device (") and "stage-3 parameters" in par, par
     nvme = parse({"stage": 2, "offload": {"optimizer": {"device": "nvme", "nvme_path": "/tmp"}}})
+    check_tier(nvme, cpu)  # a CPU model's optimizer states on NVMe: built (tests/python/test_offload_nvme.py)
     with pytest.raises(ConfigError, match=r"offload_optimizer.device \(offload.optimizer.device in zerort's form.*"
-                                          r"got 'nvme'; offloading the optimizer states to NVMe is not built yet"):
-        check_tier(nvme, cpu)
+                                          r"got 'nvme'; offloading the optimizer states to NVMe for a model on "
+                                          r"cuda:0 is not built yet"):
+        check_tier(nvme, cuda)
+    nvme_param = parse({"stage": 3, "offload": {"param": {"device": "nvme", "nvme_path": "/tmp"}}})
+    with pytest.raises(ConfigError, match=r"offload_param.device .*got 'nvme'; offloading the stage-3 parameters "
+                                          r"to NVMe for a model on cpu is not built yet"):
+        check_tier(nvme_param, cpu)
     check_tier(parse({"offload": {"optimizer": {"device": "none"}}}), cuda)  # none: today's path
 
 

@@ -76,7 +76,7 @@ def test_an_engines_map_reads_back_its_master():
         model = torch.nn.Sequential(torch.nn.Linear(5, 7), torch.nn.LayerNorm(7), torch.nn.Linear(7, 3))
         e = zerort.initialize(model, {"stage": stage, "comm": {"backend": "inprocess"}})
         layout = shard_map.param_layout(e)
-        master = shard_map.flat(shard_map.optimizer_tensors(e)["master"])
+        master = shard_map.read_state(e, "master")
         for name, p in model.named_parameters():
             whole = torch.empty(math.prod(layout[name]["shape"]))
             for _, index, offset, length in layout[name]["segments"]:

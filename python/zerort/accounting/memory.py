@@ -39,6 +39,7 @@ CATEGORIES = [
     ("grad_shard", "FP32 grad shard"),
     ("comm_buffers", "comm buffers"),
     ("gathered_units", "gathered stage-3 units"),
+    ("state_pool", "NVMe tier's I/O buffers"),
 ]
 # Bytes that follow from the layout alone. Stage 3's gathered units depend on execution
 # order too; the estimate is then the largest prefetch + 2 consecutive units, an upper bound.
@@ -47,13 +48,39 @@ BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}  # per element of the working copy
 STATE_BYTES = {"fp32": 4, "bf16": 2}  # per element of Adam's m and v (config optimizer.state_dtype)
 
 
+@dataclasses.dataclass(frozen=True)
+class NvmeTier:
+    """The nvme tier of the optimizer state (offload_optimizer.device "nvme"; See Note [state
+    tiers], runtime/engine_state.cpp, and Note [NVMe state store]): master, m and v in a file of
+    chunk records; in RAM only the pool (buffer_count records) and, at stage 3, each unit's
+    low-precision shard. alignment: the directory's direct-I/O alignment in bytes, which the
+    chunk's element count is rounded up to a multiple of (4096 on common filesystems)."""
+    buffer_count: int = 4
+    chunk_numel: int = 1 << 20
+    alignment: int = 4096
+
+    @classmethod
+    def of(cls, config):
+        """The Config's nvme tier, or None when the states stay in memory."""
+        o = config.offload.optimizer
+        return cls(o.buffer_count, o.chunk_numel) if o.device == "nvme" else None
+
+    def record_bytes(self, state_bytes):
+        chunk = -(-self.chunk_numel // self.alignment) * self.alignment
+        return chunk * (4 + 2 * state_bytes)
+
+    def file_bytes(self, state_numel, state_bytes):
+        chunk = -(-self.chunk_numel // self.alignment) * self.alignment
+        return -(-state_numel // chunk) * self.record_bytes(state_bytes)
+
+
 def paper_formula(numel, world_size, stage):
     """The ZeRO paper's bytes per rank (2-byte params and grads, K = 12), by category."""
     psi, w = float(numel), float(world_size)
     shard = {0: (1, 1, 1), 1: (1, 1, w), 2: (1, w, w), 3: (w, w, w)}[stage]
     p, g, o = (psi / s for s in shard)
     return {"lp_params": 2 * p, "lp_grads": 2 * g, "master": 4 * o, "adam_m": 4 * o, "adam_v": 4 * o,
-            "grad_shard": 0.0, "comm_buffers": 0.0, "gathered_units": 0.0}
+            "grad_shard": 0.0, "comm_buffers": 0.0, "gathered_units": 0.0, "state_pool": 0.0}
 
 
 @dataclasses.dataclass
@@ -65,13 +92,34 @@ class Group:
     persistent: bool = False
 
 
-def exact(groups, world_size, stage, reduce_bucket_numel=1 << 24, prefetch=1, at_rest=False, state_bytes=4):
-    """Exact bytes per rank of our layout for these parameter groups (stages 0-2: one group
-    per dtype, cut into reduce buckets; stage 3: the units in execution order).
+def exact(groups, world_size, stage, reduce_bucket_numel=1 << 24, prefetch=1, at_rest=False, state_bytes=4,
+          nvme=None):
+    """Exact bytes per rank in memory of our layout for these parameter groups (stages 0-2:
+    one group per dtype, cut into reduce buckets; stage 3: the units in execution order).
     state_bytes: per element of Adam's m and v (4, or 2 with bf16 optimizer states). at_rest:
     only what initialize allocates and keeps, without the buffers that live during a
     phase (gathered units, stage 3's per-unit pack buffer, the communicator's reduce
-    scratch, which it allocates outside torch's allocator)."""
+    scratch, which it allocates outside torch's allocator), nor the NVMe tier's pool, which
+    io/ allocates outside it too. nvme: an NvmeTier when the states are on NVMe (their
+    file's bytes: nvme_file_bytes)."""
+    out = _in_memory(groups, world_size, stage, reduce_bucket_numel, prefetch, at_rest, state_bytes)
+    if nvme is not None:  # master, m and v go to the file; the pool and stage 3's shard copies stay
+        out["master"] = out["adam_m"] = out["adam_v"] = 0
+        out["state_pool"] = 0 if at_rest else nvme.buffer_count * nvme.record_bytes(state_bytes)
+        if stage == 3:
+            out["lp_params"] += sum(layout(g.numels, world_size).shard_numel * g.element_bytes
+                                    for g in groups if not g.persistent)
+    return out
+
+
+def nvme_file_bytes(groups, world_size, stage, nvme, reduce_bucket_numel=1 << 24, state_bytes=4):
+    """The bytes of this rank's NVMe state file for these groups (See NvmeTier)."""
+    numel = _in_memory(groups, world_size, stage, reduce_bucket_numel, 1, True, state_bytes)["grad_shard"] // 4
+    return nvme.file_bytes(numel, state_bytes)
+
+
+def _in_memory(groups, world_size, stage, reduce_bucket_numel, prefetch, at_rest, state_bytes):
+    """exact() with every state in memory."""
     w = world_size
     out = dict.fromkeys((k for k, _ in CATEGORIES), 0)
     if stage < 3:
@@ -160,10 +208,12 @@ def count_groups(numel, stage, precision="bf16", reduce_bucket_numel=1 << 24, un
 
 
 def estimate_memory(model_or_numel, world_size, stage, precision="bf16", *, reduce_bucket_numel=1 << 24,
-                    prefetch=1, unit_numel=None, config=None, optimizer_state_dtype="fp32"):
+                    prefetch=1, unit_numel=None, config=None, optimizer_state_dtype="fp32", nvme=None):
     """Bytes of model states per rank, by category: {"paper": {...}, "exact": {...}} with
     a "total" in each. model_or_numel: a torch.nn.Module (shared parameters counted once)
-    or a parameter count. optimizer_state_dtype: "bf16" keeps Adam's m and v in bf16."""
+    or a parameter count. optimizer_state_dtype: "bf16" keeps Adam's m and v in bf16.
+    nvme: an NvmeTier puts master, m and v on NVMe: "exact" is then the RAM, and
+    "nvme_file_bytes" each rank's file."""
     if isinstance(model_or_numel, torch.nn.Module):
         groups = model_groups(model_or_numel, stage, precision, config)
         numel = sum(sum(g.numels) for g in groups)
@@ -171,12 +221,15 @@ def estimate_memory(model_or_numel, world_size, stage, precision="bf16", *, redu
         numel = int(model_or_numel)
         groups = count_groups(numel, stage, precision, reduce_bucket_numel, unit_numel)
     paper = paper_formula(numel, world_size, stage)
-    ours = exact(groups, world_size, stage, reduce_bucket_numel, prefetch,
-                 state_bytes=STATE_BYTES[optimizer_state_dtype])
+    state_bytes = STATE_BYTES[optimizer_state_dtype]
+    ours = exact(groups, world_size, stage, reduce_bucket_numel, prefetch, state_bytes=state_bytes, nvme=nvme)
     paper["total"] = sum(paper.values())
     ours["total"] = sum(ours.values())
-    return {"paper": paper, "exact": ours, "numel": numel, "world_size": world_size, "stage": stage,
-            "precision": precision}
+    out = {"paper": paper, "exact": ours, "numel": numel, "world_size": world_size, "stage": stage,
+           "precision": precision}
+    if nvme is not None:
+        out["nvme_file_bytes"] = nvme_file_bytes(groups, world_size, stage, nvme, reduce_bucket_numel, state_bytes)
+    return out
 
 
 def phase_estimates(groups, world_size, stage, prefetch=1):
@@ -254,6 +307,12 @@ def main(argv=None):
     ap.add_argument("--precision", choices=["bf16", "fp16", "fp32"], default="bf16")
     ap.add_argument("--reduce-bucket-numel", type=int, default=1 << 24)
     ap.add_argument("--unit-numel", type=int, help="stage-3 unit size (default: one GPT block, or params/32)")
+    ap.add_argument("--optimizer-state-dtype", choices=["fp32", "bf16"], default="fp32")
+    ap.add_argument("--offload-optimizer", choices=["none", "cpu", "nvme"], default="none",
+                    help="where master and Adam's moments live (cpu: host memory, as 'none' on a CPU model; nvme: "
+                         "a file per rank, the RAM then holds the I/O pool)")
+    ap.add_argument("--nvme-buffer-count", type=int, default=4, help="offload_optimizer.buffer_count")
+    ap.add_argument("--nvme-chunk-numel", type=int, default=1 << 20, help="offload_optimizer.chunk_numel")
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--plot", metavar="FILE.png")
     a = ap.parse_args(argv)
@@ -269,8 +328,12 @@ def main(argv=None):
     if a.world_size < 1:
         ap.error("--world-size must be >= 1")
     stages = [a.stage] if a.stage is not None else [0, 1, 2, 3]
+    if a.offload_optimizer == "nvme":
+        stages = [s for s in stages if s > 0]  # stage 0 keeps its states with the model
+    nvme = NvmeTier(a.nvme_buffer_count, a.nvme_chunk_numel) if a.offload_optimizer == "nvme" else None
     results = [estimate_memory(numel, a.world_size, s, a.precision, reduce_bucket_numel=a.reduce_bucket_numel,
-                               unit_numel=unit) for s in stages]
+                               unit_numel=unit, optimizer_state_dtype=a.optimizer_state_dtype, nvme=nvme)
+               for s in stages]
     if a.plot:
         _plot(results, a.plot)
     if a.json:
@@ -279,11 +342,14 @@ def main(argv=None):
     gb = 1e9
     print(f"model states per rank: {numel:,} parameters ({numel / 1e9:.3f}B), W={a.world_size}, {a.precision} "
           f"(GB = 1e9 bytes; paper = the ZeRO paper's formula, ours = our exact layout)")
+    if nvme is not None:
+        print("offload_optimizer nvme: 'ours' is the RAM per rank; each rank's file on NVMe is the last column")
     head = f"{'stage':>5s} {'paper':>9s} {'ours':>9s}  " + "  ".join(f"{k:>14s}" for k, _ in CATEGORIES)
-    print(head)
+    print(head + (f"  {'nvme_file':>14s}" if nvme else ""))
     for r in results:
         cats = "  ".join(f"{r['exact'][k] / gb:14.3f}" for k, _ in CATEGORIES)
-        print(f"{r['stage']:5d} {r['paper']['total'] / gb:9.3f} {r['exact']['total'] / gb:9.3f}  {cats}")
+        file = f"  {r['nvme_file_bytes'] / gb:14.3f}" if nvme else ""
+        print(f"{r['stage']:5d} {r['paper']['total'] / gb:9.3f} {r['exact']['total'] / gb:9.3f}  {cats}{file}")
     if a.plot:
         print(f"wrote {a.plot}")
     return 0

@@ -9,8 +9,8 @@ import resource
 
 import torch
 
-from zerort.accounting.memory import (BOUND_ONLY, BYTES, CATEGORIES, STATE_BYTES, _layout_groups, exact,
-                                      phase_estimates)
+from zerort.accounting.memory import (BOUND_ONLY, BYTES, CATEGORIES, STATE_BYTES, NvmeTier, _layout_groups, exact,
+                                      nvme_file_bytes, phase_estimates)
 from zerort.accounting.phases import PHASES
 from zerort.config.offload import describe
 
@@ -38,11 +38,14 @@ class MemoryReport:
     made, beside the exact estimate of the same layout (estimate_memory)."""
 
     def __init__(self, measured, across, estimate, peak_rss, cuda_peak, stage, world_size, allocator=None,
-                 offload="offload none"):
+                 offload="offload none", tier=None):
         self.measured, self.across, self.estimate = measured, across, estimate
         self.peak_rss, self.cuda_peak, self.stage, self.world_size = peak_rss, cuda_peak, stage, world_size
         self.allocator = allocator
         self.offload = offload  # where the states live (zerort.config.offload.describe)
+        # The optimizer state's tier (the engine's state_tier_stats, with "file_estimate" and
+        # "file_bytes_sum" across ranks for nvme); None: in memory.
+        self.tier = tier
 
     def to_dict(self):
         rows = {}
@@ -52,7 +55,8 @@ class MemoryReport:
                        "diff": self.measured[k] - self.estimate[k], "bound_only": k in BOUND_ONLY}
         return {"stage": self.stage, "world_size": self.world_size, "categories": rows,
                 "total_measured": sum(self.measured.values()), "peak_rss_bytes": self.peak_rss,
-                "cuda_max_allocated_bytes": self.cuda_peak, "allocator": self.allocator, "offload": self.offload}
+                "cuda_max_allocated_bytes": self.cuda_peak, "allocator": self.allocator, "offload": self.offload,
+                "state_tier": self.tier}
 
     def table(self):
         mib, w = 1 << 20, 46
@@ -98,6 +102,9 @@ class MemoryReport:
             if a["not_counted"]:
                 lines.append(f"  not seen by the allocator: the communicator's reduce scratch (peak "
                              f"{f(a['not_counted'])} MiB, in 'comm\n  buffers' below), which it allocates outside it")
+            if self.tier is not None:
+                lines.append(f"  not seen by the allocator: the NVMe tier's I/O buffers ({f(self.tier['pool_bytes'])} "
+                             "MiB, below), aligned for direct I/O outside it")
         head("engine bookkeeping (zerort's own counters)")
         for k, label in CATEGORIES:
             m, (lo, hi, _), e = self.measured[k], self.across[k], self.estimate[k]
@@ -106,6 +113,15 @@ class MemoryReport:
             lines[-1] += note
         total_m, total_e = sum(self.measured.values()), sum(self.estimate.values())
         row("model states", total_m, e=total_e, d=total_m - total_e)
+        if self.tier is not None:
+            t = self.tier
+            lines.append(f"on NVMe: this rank's state file {t['path']}: {t['file_bytes'] / mib:.3f} MiB (estimate "
+                         f"{t['file_estimate'] / mib:.3f}; all ranks {t['file_bytes_sum'] / mib:.3f} MiB)")
+            speed = lambda b: f"{b / mib / t['io_wait_seconds']:.0f} MiB/s while waited for" \
+                if t["io_wait_seconds"] > 0 else "never waited for"
+            lines.append(f"  I/O since initialize: read {t['bytes_read'] / mib:.1f} MiB, wrote "
+                         f"{t['bytes_written'] / mib:.1f} MiB; {t['io_wait_seconds']:.3f} s waiting for it "
+                         f"({speed(t['bytes_read'] + t['bytes_written'])})")
         lines.append(f"peak process RSS: {self.peak_rss / mib:.1f} MiB" +
                      ("" if self.cuda_peak is None else f"; CUDA max allocated {self.cuda_peak / mib:.1f} MiB"))
         return "\n".join(lines)
@@ -122,9 +138,11 @@ def measure(engine, mem):
     for g in range(impl.num_groups):
         flat_grads = impl.flat_grads(g)
         out["lp_grads"] += nbytes(flat_grads) if flat_grads is not None else 0
-        out["master"] += nbytes(impl.master(g))
-        out["adam_m"] += nbytes(impl.exp_avg(g))
-        out["adam_v"] += nbytes(impl.exp_avg_sq(g))
+    tier = impl.state_tier_stats
+    if tier["tier"] == "memory":
+        out["master"] = 4 * impl.state_numel
+        out["adam_m"] = out["adam_v"] = STATE_BYTES[engine.config.optimizer.state_dtype] * impl.state_numel
+    out["state_pool"] = tier["pool_bytes"]
     out["lp_grads"] += impl.pack_buffer_bytes  # stages 2, 3
     out["grad_shard"] = nbytes(impl.grad_shard)
     out["comm_buffers"] = scratch + (nbytes(impl.stage0_scratch) if impl.stage0_scratch is not None else 0)
@@ -141,7 +159,7 @@ def _allocator_figures(engine, mem, groups):
     """This rank's allocator figures (MemoryReport.allocator, without min and max)."""
     c = engine.config
     layout = sum(exact(groups, engine.world_size, c.stage, c.reduce_bucket_numel, c.stage3.prefetch, at_rest=True,
-                       state_bytes=STATE_BYTES[c.optimizer.state_dtype]).values())
+                       state_bytes=STATE_BYTES[c.optimizer.state_dtype], nvme=NvmeTier.of(c)).values())
     source = ("zerort's counting CPU allocator" if mem.key == "cpu" else
               f"torch.cuda.memory_allocated / max_memory_allocated on {mem.key}")
     out = {"source": source, "device": mem.key,
@@ -179,9 +197,18 @@ def report(engine, mem):
     alloc["held"]["min"], alloc["held"]["max"] = int(lo[n]), int(hi[n])
     for i, name in enumerate(PHASES):
         alloc["phases"][name]["min"], alloc["phases"][name]["max"] = int(lo[n + 1 + i]), int(hi[n + 1 + i])
+    state_bytes, nvme = STATE_BYTES[c.optimizer.state_dtype], NvmeTier.of(c)
     est = exact(groups, engine.world_size, c.stage, c.reduce_bucket_numel, c.stage3.prefetch,
-                state_bytes=STATE_BYTES[c.optimizer.state_dtype])
+                state_bytes=state_bytes, nvme=nvme)
+    tier = None
+    if nvme is not None:
+        tier = dict(engine.runtime.state_tier_stats)
+        tier["file_estimate"] = nvme_file_bytes(groups, engine.world_size, c.stage, nvme, c.reduce_bucket_numel,
+                                                state_bytes)
+        total = torch.tensor([tier["file_bytes"]], dtype=torch.int64)
+        engine.comm.all_reduce(total, "sum")
+        tier["file_bytes_sum"] = int(total)
     peak_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     cuda_peak = torch.cuda.max_memory_allocated() if torch.cuda.is_available() else None
     return MemoryReport(measured, across, est, peak_rss, cuda_peak, c.stage, engine.world_size, alloc,
-                        describe(c, engine.device))
+                        describe(c, engine.device), tier)

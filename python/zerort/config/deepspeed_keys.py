@@ -173,17 +173,21 @@ KEYS = [
       "ahead hold at most this many elements (not given: no cap)"),
     # ---- offload (zerort.config.offload; See Note [offload tiers]) ----
     b("zero_optimization.offload_optimizer.device", "offload.optimizer.device: 'none'; 'cpu' for a CPU model (its "
-      "states are in host memory already; the log and memory report say so); 'cpu' for a CUDA model and 'nvme' are "
+      "states are in host memory already; the log and memory report say so); 'nvme' for a CPU model at stages 1-3 "
+      "(master and Adam moments in one file per rank under nvme_path); 'cpu' and 'nvme' for a CUDA model are "
       "refused at initialize (not built yet in this version)"),
     b("zero_optimization.offload_optimizer.nvme_path", "offload.optimizer.nvme_path (a string or null); "
       "device 'nvme' needs it"),
     b("zero_optimization.offload_optimizer.pin_memory", "offload.optimizer.pin_memory (default true)"),
-    b("zero_optimization.offload_optimizer.buffer_count", "offload.optimizer.buffer_count (>= 0, default 4)"),
-    b("zero_optimization.offload_optimizer.pipeline_read", "offload.optimizer.pipeline_read (default false)"),
-    b("zero_optimization.offload_optimizer.pipeline_write", "offload.optimizer.pipeline_write (default false)"),
+    b("zero_optimization.offload_optimizer.buffer_count", "offload.optimizer.buffer_count: the NVMe tier's pool of "
+      "chunk buffers (>= 1 with 'nvme', default 4)"),
+    b("zero_optimization.offload_optimizer.pipeline_read", "offload.optimizer.pipeline_read (default false); either "
+      "way the NVMe step reads ahead while it computes"),
+    b("zero_optimization.offload_optimizer.pipeline_write", "offload.optimizer.pipeline_write (default false); "
+      "either way the NVMe step writes behind while it computes"),
     b("zero_optimization.offload_optimizer.fast_init", "offload.optimizer.fast_init (default false)"),
     b("zero_optimization.offload_optimizer.ratio", "offload.optimizer.ratio (0 to 1, default 1; below 1 at stage 3 "
-      "only, as in DeepSpeed)"),
+      "only, as in DeepSpeed; refused below 1 with 'nvme')"),
     d("zero_optimization.offload_optimizer.super_offload", "SuperOffload (Superchip CPU offloading)"),
     a("zero_optimization.offload_optimizer.cpuadam_cores_perc", "only with super_offload, rejected above", kind=NUM),
     b("zero_optimization.offload_param.device", "offload.param.device, at stage 3 only (as in DeepSpeed): 'none'; "

@@ -43,6 +43,13 @@ def optimizer_options(c):
                    adamw=_struct(_C.AdamWHyper, o, beta1=o.betas[0], beta2=o.betas[1]))
 
 
+def nvme_options(c):
+    """The Config c's offload_optimizer and aio as NvmeStateOptions (the nvme tier's file and I/O)."""
+    o, aio = c.offload.optimizer, c.offload.aio
+    return _struct(_C.NvmeStateOptions, o, aio, directory=o.nvme_path or "", chunk_elements=o.chunk_numel)
+
+
 def engine_options(c):
     """The Config c as EngineOptions (its materialize is the Engine's own argument)."""
-    return _struct(_C.EngineOptions, c, optimizer=optimizer_options(c))
+    tier = "nvme" if c.offload.optimizer.device == "nvme" else "memory"  # 'cpu': See Note [offload tiers]
+    return _struct(_C.EngineOptions, c, optimizer=optimizer_options(c), state_tier=tier, nvme=nvme_options(c))

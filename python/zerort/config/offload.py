@@ -15,9 +15,15 @@ Both forms read them with the same functions here; only the section names differ
 Note [offload tiers]: the states of a CPU model are in host memory already, so device "cpu"
 for a CPU model is accepted and changes nothing in the step; the engine says so once in its
 log line at initialize (zerort.monitoring.progress.announce) and in engine.memory_report().
-Host memory for a CUDA model's states and NVMe for any model are tiers this version does not
-build: check_tier refuses them with a ConfigError at initialize, from the config and the
-model's device alone, so every rank raises the same error before any collective.
+offload_optimizer.device "nvme" puts a CPU model's master and Adam moments in one file per
+rank under nvme_path, streamed through a pool of buffer_count buffers with aio's block_size
+and queue_depth (Note [state tiers], runtime/engine_state.cpp); the step always overlaps the
+reads and writes with compute, so pipeline_read and pipeline_write (DeepSpeed's switches
+for that overlap) change nothing. Host memory for a CUDA model's states, NVMe for a CUDA
+model, a partial NVMe offload (ratio < 1) and parameter offload to NVMe are tiers this
+version does not build: check_tier refuses them with a ConfigError at initialize, from the
+config and the model's device alone, so every rank raises the same error before any
+collective.
 """
 import dataclasses
 
@@ -50,7 +56,9 @@ def read_optimizer(r, d):
     return OffloadOptimizer(**_common(r, d, o), pipeline_read=r.boolean(d, "pipeline_read", o.pipeline_read),
                             pipeline_write=r.boolean(d, "pipeline_write", o.pipeline_write),
                             fast_init=r.boolean(d, "fast_init", o.fast_init),
-                            ratio=r.number(d, "ratio", o.ratio, low=0, high=1))
+                            ratio=r.number(d, "ratio", o.ratio, low=0, high=1),
+                            chunk_numel=r.number(d, "chunk_numel", o.chunk_numel, integer=True, low=1,
+                                                 high=MAX_NUMEL, integral_float=True))
 
 
 def read_param(r, d):
@@ -129,11 +137,22 @@ def check_tier(config, device):
     lines = []
     for name in ("optimizer", "param"):
         tier = getattr(config.offload, name).device
-        if tier == "nvme" or tier == "cpu" and device.type != "cpu":
-            where = "NVMe" if tier == "nvme" else f"host memory for a model on {device}"
-            lines.append(f"{KEY_NAMES[name]}: got {tier!r}; offloading the {_WHAT[name]} to {where} is not built yet "
-                         "in this version of zerort: set the device to 'none' (the states stay where the model is), "
-                         "or train a CPU model, whose states are in host memory already ('cpu' is accepted there)")
+        built = tier == "none" or device.type == "cpu" and (tier == "cpu" or name == "optimizer")
+        if not built:
+            where = "NVMe" if tier == "nvme" else "host memory"
+            lines.append(f"{KEY_NAMES[name]}: got {tier!r}; offloading the {_WHAT[name]} to {where} for a model on "
+                         f"{device} is not built yet in this version of zerort: set the device to 'none' (the "
+                         "states stay where the model is), or train a CPU model"
+                         + (" (its optimizer states can go to 'cpu' or 'nvme')" if name == "optimizer" else
+                            " (its parameters can go to 'cpu', where they are already)"))
+    opt = config.offload.optimizer
+    if opt.device == "nvme" and opt.ratio < 1:
+        lines.append(f"zero_optimization.offload_optimizer.ratio: got {opt.ratio!r} with device 'nvme'; a partial "
+                     "NVMe offload is not built yet in this version of zerort: set ratio to 1")
+    if opt.device == "nvme" and opt.buffer_count < 1:
+        lines.append("zero_optimization.offload_optimizer.buffer_count: got 0 with device 'nvme'; the NVMe tier "
+                     "streams through at least 1 buffer (3 or more overlap reading, stepping and writing): set it "
+                     "to 4, DeepSpeed's default")
     if lines:
         raise ConfigError(lines)
 
@@ -147,5 +166,6 @@ def describe(config, device):
     on = [f"{_WHAT[name]} on {tier}" for name, tier in tiers if tier != "none"]
     if not on:
         return "offload none"
-    host = " (a CPU model: host memory is where they already are)" if device.type == "cpu" else ""
+    host = " (a CPU model: host memory is where they already are)" if device.type == "cpu" and \
+        any(tier == "cpu" for _, tier in tiers) else ""
     return f"offload {', '.join(on)}{host}"

@@ -94,6 +94,7 @@ class OffloadOptimizer:
     pipeline_write: bool = False  # NVMe: write the last chunk while stepping this one
     fast_init: bool = False
     ratio: float = 1.0  # the part of the states offloaded (< 1: stage 3 only)
+    chunk_numel: int = 1 << 20  # NVMe: state elements per chunk streamed through one buffer (zerort's own key)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)

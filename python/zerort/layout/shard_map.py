@@ -76,13 +76,17 @@ def owned(engine, layout=None):
                   for rank, index, _, length in info["segments"] if everything or rank == engine.rank)
 
 
-def optimizer_tensors(engine):
-    """{"master", "exp_avg", "exp_avg_sq"}: one flat FP32 tensor per engine group, each
-    this rank's optimizer state (the indices of the segments run across the groups)."""
+STATE_KEYS = ("master", "exp_avg", "exp_avg_sq")
+WINDOW = 1 << 24  # elements of state write_state reads and writes at once
+
+
+def read_state(engine, key, start=0, n=None):
+    """Elements [start, start + n) (to the end by default) of this rank's `key` state (one of
+    STATE_KEYS): a new CPU tensor, float32 for the master and the state dtype for Adam's
+    moments. The indices run across the engine's groups, as the segments' do. Any tier: See
+    Note [state tiers] (runtime/engine_state.cpp)."""
     impl = engine.runtime
-    n = impl.num_groups
-    return {"master": [impl.master(g) for g in range(n)], "exp_avg": [impl.exp_avg(g) for g in range(n)],
-            "exp_avg_sq": [impl.exp_avg_sq(g) for g in range(n)]}
+    return impl.read_state(key, start, impl.state_numel - start if n is None else n)
 
 
 def flat(tensors):
@@ -94,20 +98,23 @@ def flat(tensors):
 
 def write_state(engine, key, full, layout=None):
     """This rank's part of full[name] (each a whole parameter's values) into the engine's
-    `key` ("master", "exp_avg" or "exp_avg_sq"), for the parameters full names; layout:
-    param_layout(engine), when the caller has it."""
+    `key` state (one of STATE_KEYS), for the parameters full names; layout: param_layout(engine),
+    when the caller has it. The runs go in windows of about WINDOW elements, each read, filled
+    and written back whole (what lies between runs keeps its values), so no more than a
+    window, or one run, is held beside `full`, in any tier."""
     layout = layout or param_layout(engine)
-    views = optimizer_tensors(engine)[key]
     rank, everything = engine.rank, replicated(engine)
+    runs = sorted((index, offset, length, name) for name, values in full.items()
+                  for r, index, offset, length in layout[name]["segments"] if everything or r == rank)
+    i = 0
     with torch.no_grad():
-        state = flat(views)  # a view of the one group's tensor, or a copy of several
-        for name, values in full.items():
-            values = values.reshape(-1)
-            for r, index, offset, length in layout[name]["segments"]:
-                if everything or r == rank:
-                    state[index:index + length] = values[offset:offset + length]
-        if len(views) > 1:  # write back into each group's view
-            off = 0
-            for v in views:
-                v.reshape(-1).copy_(state[off:off + v.numel()])
-                off += v.numel()
+        while i < len(runs):
+            lo, hi, j = runs[i][0], runs[i][0] + runs[i][2], i + 1
+            while j < len(runs) and runs[j][0] + runs[j][2] - lo <= WINDOW:
+                hi = max(hi, runs[j][0] + runs[j][2])
+                j += 1
+            window = read_state(engine, key, lo, hi - lo)
+            for index, offset, length, name in runs[i:j]:
+                window[index - lo:index - lo + length] = full[name].reshape(-1)[offset:offset + length]
+            engine.runtime.write_state(key, lo, window)
+            i = j

@@ -56,7 +56,7 @@ from zerort.state import files
 from zerort.state.directory import LOCK_NAME  # noqa: F401  (tests and tools name it from here)
 from zerort.state import loop_state
 from zerort.comm.agreement import gather_if_different, ranks_text
-from zerort.layout.shard_map import flat, optimizer_tensors, param_layout, write_state
+from zerort.layout.shard_map import STATE_KEYS, param_layout, read_state, write_state
 
 
 
@@ -147,7 +147,7 @@ def save(engine, directory, tag=None, client_state=None, save_latest=True):
                 raise files.write_error(e, work, work, 4096) from None
             # FP32 on disk whatever the states' dtype in memory (bf16 optimizer states widen
             # exactly), so a checkpoint loads into either.
-            tensors = {k: flat(v).to(torch.float32, copy=True) for k, v in optimizer_tensors(engine).items()}
+            tensors = {k: read_state(engine, k).to(torch.float32) for k in STATE_KEYS}
             if rank == 0:
                 extras.update(_extras(engine))
                 path = os.path.join(work, loop_state.FILE)

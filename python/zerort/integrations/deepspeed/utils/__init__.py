@@ -74,9 +74,9 @@ def _owner(param, who):
 
 
 def _full(param, key, who, engine=None):
-    """The whole FP32 `key` state of param (one of optimizer_tensors' keys, or "grad"), on
+    """The whole FP32 `key` state of param (one of shard_map.STATE_KEYS, or "grad"), on
     every rank (a collective of its engine)."""
-    from zerort.layout.shard_map import flat, optimizer_tensors, param_layout, replicated
+    from zerort.layout.shard_map import flat, param_layout, read_state, replicated
 
     engine = engine or _owner(param, who)
     name = engine.param_index.names[id(param)]
@@ -84,15 +84,17 @@ def _full(param, key, who, engine=None):
     if info is None:
         raise NotProvidedError(f"deepspeed.utils.{who}: {name!r} is frozen: it has no optimizer state")
     impl = engine.runtime
-    state = flat([impl.grad(g) for g in range(impl.num_groups)] if key == "grad" else optimizer_tensors(engine)[key])
+    grad = flat([impl.grad(g) for g in range(impl.num_groups)]) if key == "grad" else None
+    part = (lambda index, length: grad[index:index + length]) if key == "grad" else \
+        (lambda index, length: read_state(engine, key, index, length))
     numel = 1
     for d in info["shape"]:
         numel *= d
-    out = torch.zeros(numel, dtype=torch.float32, device=state.device)
+    out = torch.zeros(numel, dtype=torch.float32, device=engine.device)
     everything = replicated(engine)
     for rank, index, offset, length in info["segments"]:
         if rank == engine.rank or everything:
-            out[offset:offset + length] = state[index:index + length]
+            out[offset:offset + length] = part(index, length)
     if not everything:
         engine.comm.all_reduce(out)  # each element is held by one rank; the others add 0
     return out.view(info["shape"])

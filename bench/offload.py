@@ -1,0 +1,176 @@
+"""Offload of the optimizer state, measured in one run (figures in docs/BENCHMARKS.md):
+
+1. The disk's own direct-I/O bandwidth where the states go (fio: write, read, and a reader
+   and a writer at once, io_uring, O_DIRECT, the aio defaults' 1 MiB requests 8 deep; dd
+   where fio is missing), beside the nvme tier's streaming rate on the same directory: one
+   pass of NvmeStateStore::update() that computes nothing (build/runtime/nvme_state_bench,
+   its "I/O alone" figure), as a fraction of the disk's rate for the same mix.
+2. The training step with the FP32 master and Adam's moments in RAM, under
+   offload_optimizer.device "cpu" (a CPU model's states are in host memory already: See Note
+   [offload tiers]) and "nvme", at each stage asked: examples/gpt.py's GPT under
+   bench/e2e_worker.py (torchrun, W = 2, gloo, OMP_NUM_THREADS=1 per rank), the same model,
+   data and seed, so every step's loss must be the same to the bit in all three. Median and
+   p90 over the steps after the first 2 (the slowest rank's time per step), the ratio to the
+   in-RAM step of the same stage, and the nvme tier's I/O per step: bytes moved, seconds
+   spent waiting for them (I/O the pipeline did not hide behind AdamW), and the rate.
+
+    .venv/bin/python bench/offload.py                                  # model 50m, stages 1-3, 20 steps
+    .venv/bin/python bench/offload.py --model demo --stages 2 --steps 20 --nvme-path /mnt/nvme
+"""
+import argparse
+import json
+import os
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+sys.path.insert(0, HERE)
+import e2e  # noqa: E402
+
+MIB = 1 << 20
+TIERS = ("none", "cpu", "nvme")
+STREAM_BENCH = os.path.join(ROOT, "build", "runtime", "nvme_state_bench")
+STREAM_MILLION = 128  # elements of the streaming pass's state: 1.5 GB of master, m and v
+
+
+def disk_bandwidth(directory, mib, queue_depth=8, block=MIB):
+    """The disk's own direct-I/O rates in directory, in bytes/s: {"tool", "write", "read",
+    "both"}, "both" being a reader and a writer at once on two files (the tier's mix: each
+    step reads and writes every byte of the state). fio (io_uring, O_DIRECT, queue_depth
+    requests of `block` bytes per job, the aio defaults) where it is installed; else dd
+    (O_DIRECT, 1 MiB blocks, one request at a time, no "both")."""
+    paths = [os.path.join(directory, f"zerort-offload-bench.{k}") for k in "rw"]
+    try:
+        if shutil.which("fio") is None:
+            rates = {"tool": "dd (O_DIRECT, 1 MiB blocks, queue depth 1)"}
+            for name, args in (("write", [f"of={paths[0]}", "if=/dev/zero", "oflag=direct"]),
+                               ("read", [f"if={paths[0]}", "of=/dev/null", "iflag=direct"])):
+                t0 = time.perf_counter()
+                subprocess.run(["dd", *args, "bs=1M", f"count={mib}"], check=True, capture_output=True)
+                rates[name] = mib * MIB / (time.perf_counter() - t0)
+            return rates
+        common = ["fio", "--output-format=json", "--direct=1", "--ioengine=io_uring", f"--bs={block}",
+                  f"--iodepth={queue_depth}", f"--size={mib}M"]
+        jobs = lambda *specs: json.loads(subprocess.run(common + [a for spec in specs for a in spec], check=True,
+                                                        capture_output=True, text=True).stdout)["jobs"]
+        rate = lambda j, kind: j[kind]["bw_bytes"]
+        w = jobs(["--name=w", f"--filename={paths[0]}", "--rw=write"])[0]
+        r = jobs(["--name=r", f"--filename={paths[0]}", "--rw=read"])[0]
+        both = jobs(["--name=r", f"--filename={paths[0]}", "--rw=read"],
+                    ["--name=w", f"--filename={paths[1]}", "--rw=write"])
+        return {"tool": f"fio (io_uring, O_DIRECT, {block // 1024} KiB blocks, queue depth {queue_depth})",
+                "write": rate(w, "write"), "read": rate(r, "read"),
+                "both": sum(rate(j, "read") + rate(j, "write") for j in both)}
+    finally:
+        for p in paths:
+            if os.path.exists(p):
+                os.remove(p)
+
+
+def stream_rate(directory, million, buffers):
+    """Bytes/s (read + write) of one nvme_state_bench pass without compute, and the state's bytes."""
+    out = subprocess.run([STREAM_BENCH, directory, str(million), str(buffers)], check=True, capture_output=True,
+                         text=True).stdout
+    m = re.search(r"I/O alone ([\d.]+) s", out)
+    state = re.search(r"([\d.]+) GB of master", out)
+    if not m or not state:
+        raise RuntimeError(f"nvme_state_bench printed no I/O figure:\n{out}")
+    return 2 * float(state.group(1)) * 1e9 / float(m.group(1))
+
+
+def offload(tier, path):
+    o = {"device": tier}
+    if tier == "nvme":
+        o["nvme_path"] = path
+    return {"offload": {"optimizer": o}}
+
+
+def timed(r):
+    return r["step_s"][e2e.WARMUP:] or r["step_s"]
+
+
+def io_per_step(r):
+    """(MiB read + written, seconds waited) per timed step, on rank 0."""
+    io = r["tier_io"]
+    a, b = io[e2e.WARMUP - 1] if len(io) > e2e.WARMUP else [0, 0, 0], io[-1]
+    n = len(io) - e2e.WARMUP if len(io) > e2e.WARMUP else len(io)
+    return (b[0] + b[1] - a[0] - a[1]) / MIB / n, (b[2] - a[2]) / n
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", choices=["tiny", "demo", "50m"], default="50m")
+    ap.add_argument("--stages", type=int, nargs="+", choices=[1, 2, 3], default=[1, 2, 3])
+    ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--nvme-path", help="the folder for the state files (default: a new one under the build's disk)")
+    ap.add_argument("--disk-mib", type=int, default=2048, help="the size of the disk benchmark's files")
+    ap.add_argument("--json")
+    a = ap.parse_args()
+    if a.steps < e2e.WARMUP + 16:
+        ap.error(f"--steps must be at least {e2e.WARMUP + 16}: medians over 16 or more timed steps")
+    base = a.nvme_path or tempfile.mkdtemp(prefix="offload-bench-", dir=os.path.join(ROOT, "build"))
+    print(f"offload bench: model {a.model}, W=2, stages {a.stages}, {a.steps} steps; states under {base}; "
+          f"{os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f}", flush=True)
+    out = {"disk": {}, "runs": {}}
+    try:
+        out["disk"] = disk_bandwidth(base, a.disk_mib)
+        if os.path.exists(STREAM_BENCH):
+            out["disk"]["stream"] = stream_rate(base, STREAM_MILLION, 4)
+        with tempfile.TemporaryDirectory() as tmp:
+            for stage in a.stages:
+                for tier in TIERS:
+                    files = os.path.join(base, f"stage{stage}-{tier}")
+                    os.makedirs(files, exist_ok=True)
+                    res = e2e.launch(a.model, [f"zerort{stage}"], a.steps, os.path.join(tmp, "out.json"),
+                                     zerort_config=json.dumps(offload(tier, files)))[f"zerort{stage}"]
+                    res["left_files"] = os.listdir(files)
+                    out["runs"][f"{stage}:{tier}"] = res
+                    state = "failed: " + res["error"][:200] if res.get("error") else \
+                        f"median {1e3 * statistics.median(timed(res)):.0f} ms"
+                    print(f"  stage {stage}, offload_optimizer {tier}: {state}", flush=True)
+    finally:
+        if not a.nvme_path:
+            shutil.rmtree(base, ignore_errors=True)
+    report(a, out)
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(out, f)
+    return 0
+
+
+def report(a, out):
+    d = out["disk"]
+    print(f"\ndisk, {d['tool']}, {a.disk_mib} MiB files: write {d['write'] / 1e9:.2f} GB/s, read "
+          f"{d['read'] / 1e9:.2f} GB/s" + (f", a reader and a writer at once {d['both'] / 1e9:.2f} GB/s" if 'both' in d
+                                           else ""))
+    both = d.get("both") or 2 / (1 / d["write"] + 1 / d["read"])  # dd: one after the other
+    if "stream" in d:
+        print(f"nvme tier streaming (nvme_state_bench, {STREAM_MILLION}M elements, 4 buffers, no compute): "
+              f"{d['stream'] / 1e9:.2f} GB/s read+write = {100 * d['stream'] / both:.0f}% of the disk's "
+              f"{both / 1e9:.2f} GB/s for the same mix")
+    print("\n| stage | offload_optimizer | step ms (median) | p90 | vs RAM | losses equal RAM's | I/O MiB/step "
+          "| I/O wait ms/step | state files left |")
+    print("|---:|---|---:|---:|---:|---|---:|---:|---|")
+    for stage in a.stages:
+        ram = out["runs"].get(f"{stage}:none", {})
+        for tier in TIERS:
+            r = out["runs"][f"{stage}:{tier}"]
+            if r.get("error"):
+                print(f"| {stage} | {tier} | failed: {r['error'][:150]} | | | | | | |")
+                continue
+            med, p90 = statistics.median(timed(r)), e2e.pct(timed(r), 0.9)
+            vs = f"{med / statistics.median(timed(ram)):.2f}" if not ram.get("error") else "n/a"
+            same = "yes" if not ram.get("error") and r["losses"] == ram["losses"] else "NO"
+            mib, wait = io_per_step(r) if tier == "nvme" else (0, 0)
+            print(f"| {stage} | {tier} | {1e3 * med:.0f} | {1e3 * p90:.0f} | {vs} | {same} | {mib:.0f} "
+                  f"| {1e3 * wait:.0f} | {len(r['left_files'])} |")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,115 @@
+"""offload_optimizer.device "nvme" (See Note [state tiers], runtime/engine_state.cpp): a CPU
+model's master and Adam moments in one O_DIRECT file per rank, streamed through the pool each
+step. Against the in-memory tier, the same run must give the same bits: losses, masters and
+moments, at stages 1-3, fp32 and bf16 states, W = 2 and 4 (nvme_offload_worker.py); a
+checkpoint saved from either tier loads into the other and resumes bit for bit. The files go
+when the engine does. A directory that cannot hold the files fails every rank at initialize,
+naming the rank, the path and the fix, before any state is written.
+"""
+import json
+import os
+import sys
+
+import pytest
+import torch
+
+pytest.importorskip("transformers")
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+from zerort._testing.launch import launch, launch_plain  # noqa: E402
+
+STEPS = 4  # nvme_offload_worker.STEPS: optimizer steps, each streaming the whole state once
+CASES = {2: [{"name": "gpt2-s1", "model": "gpt2", "stage": 1, "state_dtype": "fp32"},
+             {"name": "gpt2-s2", "model": "gpt2", "stage": 2, "state_dtype": "bf16"},
+             {"name": "llama-s3", "model": "llama", "stage": 3, "state_dtype": "fp32"}],
+         4: [{"name": "qwen2-s3", "model": "qwen2", "stage": 3, "state_dtype": "bf16"},
+             {"name": "gpt2-s2", "model": "gpt2", "stage": 2, "state_dtype": "fp32"}]}
+
+
+def run(tmp_path, world):
+    nvme = tmp_path / "nvme"
+    nvme.mkdir()
+    with open(tmp_path / "cases.json", "w") as f:
+        json.dump(CASES[world], f)
+    launch("torchrun", world, os.path.join(HERE, "nvme_offload_worker.py"), tmp_path / "out", nvme,
+           tmp_path / "cases.json", timeout=900)
+    with open(tmp_path / "out.json") as f:
+        return json.load(f), torch.load(tmp_path / "out.pt"), nvme
+
+
+def same(a, b):
+    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_nvme_tier_equals_memory_tier_bitwise(tmp_path, world):
+    result, tensors, nvme = run(tmp_path, world)
+    for case in CASES[world]:
+        name = case["name"]
+        ram, disk = result[f"{name}:none"], result[f"{name}:nvme"]
+        assert ram["losses"] == disk["losses"], name
+        assert same(tensors[f"{name}:none"], tensors[f"{name}:nvme"]), name
+        # The files: one per rank while the engine lives, sized for its chunks; gone after.
+        assert disk["files"] == sorted([f"zerort-states-rank{r}.bin" for r in range(world)] +
+                                       [f"zerort-states-rank{r}.bin.lock" for r in range(world)]), disk["files"]
+        assert disk["files_after_destroy"] == [] and ram["files"] == []
+        stats = disk["stats"]
+        assert stats["tier"] == "nvme" and stats["path"].startswith(str(nvme))
+        # chunk_numel 1000, rounded up to the 4096-byte alignment as an element count: 4096.
+        record = 4096 * (4 + 2 * (4 if case["state_dtype"] == "fp32" else 2))
+        assert stats["file_bytes"] % record == 0 and stats["file_bytes"] >= 2 * record, stats
+        assert stats["pool_bytes"] == 3 * record, stats  # buffer_count 3, whatever the model's size
+        # Every step reads and writes the whole file once, nothing more.
+        assert stats["step_bytes_read"] == STEPS * stats["file_bytes"], stats
+        assert stats["step_bytes_written"] == STEPS * stats["file_bytes"], stats
+        assert ram["stats"]["tier"] == "memory"
+        assert "optimizer states on nvme" in disk["report"], disk["report"]
+        # A checkpoint from either tier resumes in the other to the same bits.
+        assert result[f"{name}:none->nvme"]["losses"] == result[f"{name}:nvme->none"]["losses"]
+        assert same(tensors[f"{name}:none->nvme"], tensors[f"{name}:nvme->none"]), name
+    assert os.listdir(nvme) == []
+
+
+def init_each_rank(tmp_path, world, paths):
+    """zerort.initialize at W = world with rank r's nvme_path paths[r]: each rank's Launched."""
+    script = tmp_path / "init.py"
+    script.write_text(
+        "import os, sys\nsys.path.insert(0, %r)\n" % HERE +
+        "import zerort\nfrom engine_models import hf_model\n"
+        f"path = {[str(p) for p in paths]!r}[int(os.environ['RANK'])]\n"
+        "zerort.initialize(hf_model('gpt2'), {'stage': 2, 'offload': {'optimizer': {'device': 'nvme', "
+        "'nvme_path': path}}})\n")
+    return launch_plain(world, script, timeout=300)
+
+
+def test_a_missing_directory_fails_every_rank_naming_it(tmp_path):
+    missing = tmp_path / "no-such-dir"
+    for rank in init_each_rank(tmp_path, 2, [missing, missing]):
+        assert rank.returncode != 0
+        assert "rank 0:" in rank.output and "rank 1:" in rank.output and str(missing) in rank.output, rank.output
+
+
+def test_one_rank_that_cannot_make_its_file_fails_every_rank_and_none_is_written(tmp_path):
+    ok, missing = tmp_path / "ok", tmp_path / "missing"
+    ok.mkdir()
+    for rank in init_each_rank(tmp_path, 2, [ok, missing]):
+        assert rank.returncode != 0
+        assert "none was written" in rank.output and "rank 1:" in rank.output, rank.output
+        assert str(missing) in rank.output and "rank 0:" not in rank.output, rank.output
+    assert os.listdir(ok) == []  # rank 0's file was made, then removed with its engine
+
+
+def test_nvme_for_a_cuda_model_and_at_stage_0_are_refused_by_name():
+    from zerort.config import parse
+    from zerort.config.offload import check_tier
+    from zerort.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="offload_optimizer.device.*'nvme'.*cuda"):
+        check_tier(parse({"offload": {"optimizer": {"device": "nvme", "nvme_path": "/tmp"}}}),
+                   torch.device("cuda", 0))
+    with pytest.raises(ConfigError, match="stage 0"):
+        parse({"stage": 0, "offload": {"optimizer": {"device": "nvme", "nvme_path": "/tmp"}}})
+    with pytest.raises(ConfigError, match="ratio"):
+        check_tier(parse({"stage": 3, "offload": {"optimizer": {"device": "nvme", "nvme_path": "/tmp",
+                                                                "ratio": 0.5}}}), torch.device("cpu"))
