@@ -196,6 +196,8 @@ void Engine::begin_backward() {
   // The previous pass's buckets are reduced (and at stages 0 and 1 its flat gradients
   // zeroed) before this pass writes any gradient: passes add up and never race.
   finish_round();
+  // The window's last backward: a tier that streams the state reads ahead behind it.
+  if (next_is_boundary()) optimizer_->state().prefetch();
 }
 
 void Engine::reduce_now() {

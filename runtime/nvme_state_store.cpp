@@ -61,7 +61,7 @@ void NvmeStateStore::write_master(const at::Tensor& master) {
                "NvmeStateStore: master must be a contiguous 1-D float32 CPU tensor of ", numel_, " elements");
   // Whole records: the master, zero m and v.
   const float* in = master.data_ptr<float>();
-  std::deque<InFlight> none, writes;
+  std::deque<InFlight> none, writes;  // the store is new: nothing of its own is in flight
   try {
     for (std::size_t c = 0; c < chunk_count(); ++c) {
       void* buffer = take_buffer(writes, true);
@@ -182,40 +182,87 @@ void NvmeStateStore::drain(std::deque<InFlight>& reads, std::deque<InFlight>& wr
   failure_ = why.empty() ? "unknown error" : why;
 }
 
+void NvmeStateStore::finish_write_of(std::size_t c) {
+  for (auto it = writes_.begin(); it != writes_.end(); ++it) {
+    if (it->chunk != c) continue;
+    wait(it->request);
+    pool_.release(it->buffer);
+    writes_.erase(it);
+    return;
+  }
+}
+
+bool NvmeStateStore::read_ahead(std::size_t c, bool block) {
+  if (!block && std::any_of(writes_.begin(), writes_.end(), [c](const InFlight& w) { return w.chunk == c; })) {
+    return false;  // its write from the last update is still in flight
+  }
+  finish_write_of(c);  // never read a record before its last write is done
+  void* buffer = take_buffer(writes_, block);
+  if (buffer == nullptr) return false;
+  reads_.push_back({c, buffer, 0});
+  reads_.back().request = queue_.read(file_, chunk_offset(c), buffer, chunk_stride_);
+  return true;
+}
+
+void NvmeStateStore::prefetch() {
+  check_usable("prefetch");
+  try {
+    retire_done_writes(writes_);
+    while (reads_.size() < std::min(chunk_count(), pool_.buffer_count()) && read_ahead(reads_.size(), false)) {
+    }
+  } catch (const std::exception& e) {
+    drain(reads_, writes_, detail::concat("prefetch() failed: ", e.what()));
+    throw;
+  }
+}
+
 // See Note [NVMe state store].
 void NvmeStateStore::update(const ChunkFn& fn) {
   check_usable("update");
   const std::size_t chunks = chunk_count();
-  std::deque<InFlight> reads, writes;
-  void* computing = nullptr;  // the buffer fn is working on, out of both lists
-  std::size_t next = 0;       // the next chunk to read
+  void* computing = nullptr;         // the buffer fn is working on, out of both lists
+  std::size_t next = reads_.size();  // the next chunk to read: prefetch() read chunks [0, next)
   try {
     for (std::size_t i = 0; i < chunks; ++i) {
       // Chunk i must be in flight (waiting for a write when no buffer is free); later ones
       // are read ahead as far as free buffers allow.
-      while (next < chunks && next - i < pool_.buffer_count()) {
-        void* buffer = take_buffer(writes, next == i);
-        if (buffer == nullptr) break;
-        reads.push_back({next, buffer, 0});
-        reads.back().request = queue_.read(file_, chunk_offset(next), buffer, chunk_stride_);
-        ++next;
-      }
-      ZRT_CHECK(!reads.empty(), "NvmeStateStore::update: no buffer for chunk ", i, " (pool of ", pool_.buffer_count(),
-                ")");  // unreachable: every buffer is free or holds a write when nothing is being read
-      wait(reads.front().request);
-      computing = reads.front().buffer;
-      reads.pop_front();
+      while (next < chunks && next - i < pool_.buffer_count() && read_ahead(next, next == i)) ++next;
+      ZRT_CHECK(!reads_.empty() && reads_.front().chunk == i, "NvmeStateStore::update: chunk ", i,
+                " is not being read (pool of ", pool_.buffer_count(), ")");  // unreachable
+      wait(reads_.front().request);
+      computing = reads_.front().buffer;
+      reads_.pop_front();
       fn(i * chunk_elements_, view(i, computing));
-      writes.push_back({i, computing, queue_.write(file_, chunk_offset(i), computing, chunk_stride_)});
+      writes_.push_back({i, computing, queue_.write(file_, chunk_offset(i), computing, chunk_stride_)});
       computing = nullptr;
-      retire_done_writes(writes);
+      retire_done_writes(writes_);
     }
-    finish_writes(writes);
+    // The last writes stay in flight, hidden behind what the caller does next; every other
+    // call waits for the ones it needs (See Note [NVMe state store]).
   } catch (const std::exception& e) {
     if (computing != nullptr) pool_.release(computing);
-    drain(reads, writes, detail::concat("update() failed: ", e.what()));
+    drain(reads_, writes_, detail::concat("update() failed: ", e.what()));
     throw;
   }
+}
+
+void NvmeStateStore::settle(const char* call) {
+  check_usable(call);
+  try {
+    finish_writes(writes_);
+    while (!reads_.empty()) {  // read ahead for an update that a direct read or write comes before
+      wait(reads_.front().request);
+      pool_.release(reads_.front().buffer);
+      reads_.pop_front();
+    }
+  } catch (const std::exception& e) {
+    drain(reads_, writes_, detail::concat(call, "() failed waiting for earlier I/O: ", e.what()));
+    throw;
+  }
+}
+
+NvmeStateStore::~NvmeStateStore() {
+  drain(reads_, writes_, "destroyed");  // nothing may land in a buffer after the pool is gone
 }
 
 namespace {
@@ -251,7 +298,7 @@ void check_range(size_t offset, size_t n, int64_t numel, const char* call) {
 }  // namespace
 
 void NvmeStateStore::read_range(size_t offset, size_t n, float* master, void* exp_avg, void* exp_avg_sq) {
-  check_usable("read_range");
+  settle("read_range");
   check_range(offset, n, numel_, "read_range");
   if (n == 0) return;
   void* const host[3] = {master, exp_avg, exp_avg_sq};
@@ -267,7 +314,7 @@ void NvmeStateStore::read_range(size_t offset, size_t n, float* master, void* ex
 
 void NvmeStateStore::write_range(size_t offset, size_t n, const float* master, const void* exp_avg,
                                  const void* exp_avg_sq) {
-  check_usable("write_range");
+  settle("write_range");
   check_range(offset, n, numel_, "write_range");
   if (n == 0) return;
   void* const host[3] = {const_cast<float*>(master), const_cast<void*>(exp_avg), const_cast<void*>(exp_avg_sq)};

@@ -33,6 +33,13 @@ namespace zerort {
 // done, so the RAM used is the pool's, buffer_count * chunk_stride() (pool_bytes()), whatever
 // numel is (See Note [The pool never grows]); the gradient (numel float32) is the only RAM
 // that grows with the state, and it is the reduces' target, as in memory.
+// Across calls: prefetch() (the Engine calls it as the accumulation window's last backward
+// pass begins) reads the first chunks into free buffers while backward runs, and update()
+// returns with its last writes in flight, to finish behind what the caller does next (the
+// parameter gather, the next forward). So up to pool_bytes() of reads and of writes per step
+// hide behind compute outside the step; the rest streams inside it. A record is never read
+// before its last write is done (read_ahead), and read_range()/write_range() first wait for
+// every write and drop what was read ahead (settle), which a direct write would make stale.
 // Failure: an I/O error or short read names the file and offset (See Note [IoQueue
 // requests]). A failed update() or write_range() has written some records and not others, so
 // the file mixes two states: the store waits out every request still in flight, takes its
@@ -59,6 +66,7 @@ class NvmeStateStore final : public OptimizerStateStore {
   // The same, with master (a contiguous 1-D float32 CPU tensor; not kept) written as the
   // master, record by record.
   NvmeStateStore(const at::Tensor& master, DType state_dtype, const NvmeStateOptions& options);
+  ~NvmeStateStore() override;
   NvmeStateStore(const NvmeStateStore&) = delete;
   NvmeStateStore& operator=(const NvmeStateStore&) = delete;
 
@@ -72,6 +80,7 @@ class NvmeStateStore final : public OptimizerStateStore {
   at::Tensor& grad() override { return grad_; }  // in memory: the reduces accumulate here
   const at::Tensor& grad() const override { return grad_; }
   void update(const ChunkFn& fn) override;  // See Note [NVMe state store]
+  void prefetch() override;                 // reads the first chunks into free buffers, without waiting
   void read_range(size_t offset, size_t n, float* master, void* exp_avg, void* exp_avg_sq) override;
   void write_range(size_t offset, size_t n, const float* master, const void* exp_avg, const void* exp_avg_sq) override;
 
@@ -97,6 +106,13 @@ class NvmeStateStore final : public OptimizerStateStore {
   std::size_t chunk_numel(std::size_t c) const;
   AdamWBuffers view(std::size_t c, void* buffer);  // chunk c's arrays inside its record in `buffer`
   void check_usable(const char* call) const;
+  // Before a direct read or write: every write done, every read ahead dropped (after
+  // check_usable(call)).
+  void settle(const char* call);
+  void finish_write_of(std::size_t chunk);  // waits for chunk's write, if one is in flight
+  // Starts reading chunk c into a free buffer (taking the oldest write's when `block` and none
+  // is free); false when no buffer is free, or, without `block`, c's last write is in flight.
+  bool read_ahead(std::size_t c, bool block);
   void write_master(const at::Tensor& master);  // the second constructor's writes
   void wait(io::IoQueue::Request request);      // queue_.wait, its time counted in wait_seconds_
   // A free buffer; when none is free and `block`, waits for the oldest write and takes its
@@ -116,6 +132,8 @@ class NvmeStateStore final : public OptimizerStateStore {
   io::AlignedBufferPool pool_;
   io::IoQueue queue_;
   at::Tensor grad_;
+  std::deque<InFlight> reads_;   // chunks 0, 1, ... read ahead for the next update
+  std::deque<InFlight> writes_;  // in submit order; an update's last ones outlive it
   std::string failure_;
   double wait_seconds_ = 0;  // in wait(): the I/O not hidden behind compute
 };

@@ -65,6 +65,8 @@ class OptimizerStateStore {
   // Calls fn on every chunk in order; what fn leaves in a chunk's master, m and v is the state
   // once update() returns. See Note [optimizer state store].
   virtual void update(const ChunkFn& fn) = 0;
+  // A hint that update() comes soon: a tier that streams the state may start reading it now.
+  virtual void prefetch() {}
   // Elements [offset, offset + n) of master (float32), m and v (state_dtype) to or from host
   // memory; a nullptr array is skipped.
   virtual void read_range(size_t offset, size_t n, float* master, void* exp_avg, void* exp_avg_sq) = 0;

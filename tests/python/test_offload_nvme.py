@@ -60,9 +60,11 @@ def test_nvme_tier_equals_memory_tier_bitwise(tmp_path, world):
         record = 4096 * (4 + 2 * (4 if case["state_dtype"] == "fp32" else 2))
         assert stats["file_bytes"] % record == 0 and stats["file_bytes"] >= 2 * record, stats
         assert stats["pool_bytes"] == 3 * record, stats  # buffer_count 3, whatever the model's size
-        # Every step reads and writes the whole file once, nothing more.
+        # Every step reads and writes the whole file once, nothing more. Bytes count when their
+        # request completes: the last step's last writes may still be in flight (at most the pool).
         assert stats["step_bytes_read"] == STEPS * stats["file_bytes"], stats
-        assert stats["step_bytes_written"] == STEPS * stats["file_bytes"], stats
+        assert STEPS * stats["file_bytes"] - stats["pool_bytes"] <= stats["step_bytes_written"] <= \
+            STEPS * stats["file_bytes"], stats
         assert ram["stats"]["tier"] == "memory"
         assert "optimizer states on nvme" in disk["report"], disk["report"]
         # A checkpoint from either tier resumes in the other to the same bits.
