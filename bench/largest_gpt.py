@@ -1,9 +1,12 @@
 """The largest GPT that trains on this machine at W = 4: zerort stage 3 (started from the
-meta device) beside PyTorch DDP and FSDP2 (which build the whole FP32 model on every rank).
+meta device), in RAM and with its optimizer states on NVMe (offload_optimizer.device "nvme",
+the files under --nvme-path), beside PyTorch DDP and FSDP2 (which build the whole FP32 model
+on every rank).
 
     .venv/bin/python bench/largest_gpt.py --estimate-only          # the memory table, no runs
     .venv/bin/python bench/largest_gpt.py                          # estimate, then run the largest that fit
     .venv/bin/python bench/largest_gpt.py --run zerort3:1920 ddp:960 --steps 3
+    .venv/bin/python bench/largest_gpt.py --runtimes zerort3-nvme --nvme-path /mnt/nvme
 
 Model: examples/gpt.py's GPT, 24 layers (--layers), width d scanned (heads d/64), vocabulary
 256 bytes, sequence 128, micro-batch 1 per rank (--seq, --micro), AdamW and clipping as in
@@ -41,10 +44,10 @@ import e2e  # noqa: E402
 
 GIB, MIB = 1 << 30, 1 << 20
 W = 4
-WIDTHS = [768, 896, 960, 1024, 1280, 1536, 1792, 1920, 2048, 2176, 2304]
-RUNTIMES = ["ddp", "fsdp2", "zerort3"]
+WIDTHS = [768, 896, 960, 1024, 1280, 1536, 1792, 1920, 2048, 2176, 2304, 2560, 2816, 3072, 3328]
+RUNTIMES = ["ddp", "fsdp2", "zerort3", "zerort3-nvme"]
 LABELS = {"ddp": "DDP (autocast bf16, FP32 AdamW)", "fsdp2": "FSDP2 (bf16 params, fp32 reduce)",
-          "zerort3": "zerort stage 3 (from meta)"}
+          "zerort3": "zerort stage 3 (from meta)", "zerort3-nvme": "zerort stage 3, optimizer states on NVMe"}
 RANK_FIXED = 200 * MIB  # per rank, outside the allocator: torch's and MPI's private pages (shared libraries count once)
 
 
@@ -91,9 +94,14 @@ def estimate(kind, d, layers, seq, micro):
     n = gpt_numel(layers, d, 256, seq)
     block = 12 * d * d + 13 * d
     act = 34 * seq * micro * d * layers  # bf16 activations saved for backward (Korthikanti et al.)
-    if kind == "zerort3":  # our exact layout (units, pack buffer, scratch) plus activations; init: shards + 2 units
-        states = estimate_memory(make_gpt(d, layers, seq, meta=True), W, 3, "bf16")["exact"]["total"]
-        return n, max(states + act, 16 * n // W + 2 * 4 * block)
+    if kind.startswith("zerort3"):  # our exact layout (units, pack buffer, scratch, pool) plus activations
+        from zerort.accounting.memory import NvmeTier
+
+        nvme = NvmeTier() if kind == "zerort3-nvme" else None
+        states = estimate_memory(make_gpt(d, layers, seq, meta=True), W, 3, "bf16", nvme=nvme)["exact"]["total"]
+        # init: the shards (on NVMe: the gradient and low-precision shards only) and 2 FP32 units
+        init = (6 if nvme else 16) * n // W + 2 * 4 * block
+        return n, max(states + act, init)
     if kind == "ddp":  # FP32 weights, grads (bucket views), m, v; autocast's bf16 copies of the weights
         return n, 16 * n + 2 * n + act
     # FSDP2: the whole FP32 model at creation; then 16/W per parameter plus two gathered bf16
@@ -107,7 +115,7 @@ def fits(need, available, margin):
 
 # ---- one rank -----------------------------------------------------------------------------------
 
-def worker(out, kind, d, layers, seq, micro, steps):
+def worker(out, kind, d, layers, seq, micro, steps, nvme_path=None):
     import torch
 
     import e2e_worker
@@ -118,7 +126,7 @@ def worker(out, kind, d, layers, seq, micro, steps):
     install_counting_allocator()
     text = stdlib_bytes()
     rank = int(os.environ.get("OMPI_COMM_WORLD_RANK", os.environ.get("RANK", "0")))
-    if kind == "zerort3":
+    if kind.startswith("zerort3"):
         def gather(values):  # every rank's values (floats), rank by rank, over the engine's communicator
             t = torch.tensor(values, dtype=torch.float64)
             o = torch.zeros(W * t.numel(), dtype=torch.float64)
@@ -142,10 +150,13 @@ def worker(out, kind, d, layers, seq, micro, steps):
         t0 = time.perf_counter()
         with ph("init"):
             torch.manual_seed(0)
-            model = make_gpt(d, layers, seq, meta=kind == "zerort3")
+            model = make_gpt(d, layers, seq, meta=kind.startswith("zerort3"))
             numel = sum(p.numel() for p in set(model.parameters()))
-            if kind == "zerort3":
-                rt = e2e_worker.ZerortRuntime(3, model, {"comm": {"backend": "auto", "timeout_s": 1800}})
+            if kind.startswith("zerort3"):
+                extra = {"comm": {"backend": "auto", "timeout_s": 1800}}
+                if kind == "zerort3-nvme":
+                    extra["offload"] = {"optimizer": {"device": "nvme", "nvme_path": nvme_path}}
+                rt = e2e_worker.ZerortRuntime(3, model, extra)
                 units = len([n for n in rt.engine.unit_names if n != "persistent"])
             else:
                 rt = e2e_worker.TorchRuntime(kind, model)
@@ -165,13 +176,14 @@ def worker(out, kind, d, layers, seq, micro, steps):
         import resource
 
         rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-        mine = [numel, ph.result["init"].peak - base, max(peaks), rss, init_s] + times + losses
+        files = rt.engine.runtime.state_tier_stats["file_bytes"] if kind.startswith("zerort3") else 0
+        mine = [numel, ph.result["init"].peak - base, max(peaks), rss, init_s, files] + times + losses
         every = gather(mine)
         k = steps
         res.update(numel=numel, units=units, init_peak=[r[1] for r in every], step_peak=[r[2] for r in every],
-                   rss=[r[3] for r in every], init_s=max(r[4] for r in every),
-                   step_s=[max(r[5 + i] for r in every) for i in range(k)],
-                   loss=[statistics.mean(r[5 + k + i] for r in every) for i in range(k)])
+                   rss=[r[3] for r in every], init_s=max(r[4] for r in every), files=sum(r[5] for r in every),
+                   step_s=[max(r[6 + i] for r in every) for i in range(k)],
+                   loss=[statistics.mean(r[6 + k + i] for r in every) for i in range(k)])
     except Exception as e:
         res = {"error": f"{type(e).__name__}: {e}"}
         print(f"[rank {rank}] {kind} d={d} failed:\n{traceback.format_exc()}", file=sys.stderr, flush=True)
@@ -181,7 +193,7 @@ def worker(out, kind, d, layers, seq, micro, steps):
     sys.stdout.flush()
     sys.stderr.flush()
     rc = 0 if not res.get("error") else 1
-    if kind == "zerort3":  # under mpirun: a normal exit, so that zerort closes the engine and finalizes MPI
+    if kind.startswith("zerort3"):  # under mpirun: a normal exit, so that zerort closes the engine and finalizes MPI
         return rc
     os._exit(rc)  # torchrun: as bench/e2e_worker.py, no interpreter shutdown with gloo threads alive
 
@@ -191,8 +203,8 @@ def worker(out, kind, d, layers, seq, micro, steps):
 def launch(kind, d, a, tmp):
     out = os.path.join(tmp, f"{kind}_{d}.json")
     args = [os.path.abspath(__file__), "--worker", out, kind, str(d), "--layers", str(a.layers), "--seq", str(a.seq),
-            "--micro", str(a.micro), "--steps", str(a.steps)]
-    cmd = (e2e.mpirun(W) if kind == "zerort3" else e2e.torchrun(W)) + args
+            "--micro", str(a.micro), "--steps", str(a.steps), "--nvme-path", a.nvme_path or tmp]
+    cmd = (e2e.mpirun(W) if kind.startswith("zerort3") else e2e.torchrun(W)) + args
     t0 = time.monotonic()
     r = e2e.run_job(cmd, out, [kind], timeout=a.timeout, min_available=a.min_available)[kind]
     r["wall_s"] = time.monotonic() - t0
@@ -215,11 +227,12 @@ def main():
     ap.add_argument("--min-available", type=int, default=700 * MIB,
                     help="the guard kills a launch when MemAvailable falls below this many bytes")
     ap.add_argument("--timeout", type=int, default=900, help="seconds per launch")
+    ap.add_argument("--nvme-path", help="zerort3-nvme: the folder for the state files (default: a temporary one)")
     ap.add_argument("--json")
     a = ap.parse_args()
     if a.worker:
         out, kind, d = a.worker
-        return worker(out, kind, int(d), a.layers, a.seq, a.micro, a.steps)
+        return worker(out, kind, int(d), a.layers, a.seq, a.micro, a.steps, a.nvme_path)
     avail = e2e._mem_available()
     margin = int(a.margin * GIB)
     print(f"largest GPT, W={W}, {a.layers} layers, vocab 256, seq {a.seq}, micro-batch {a.micro}, {a.steps} steps; "
@@ -250,18 +263,19 @@ def main():
     print(f"\nruns ({time.monotonic() - t_all:.0f} s): allocator peaks per rank (largest rank), launch RSS summed "
           "over ranks (sampled; shared library pages count once per rank)")
     print("| runtime | d | parameters | units | init s | init peak GiB | step peak GiB | launch RSS GiB "
-          "| min MemAvailable GiB | step s (each) | loss (each) |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---|")
+          "| min MemAvailable GiB | NVMe files GiB | step s (each) | loss (each) |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---|")
     for (k, d), r in results.items():
         n = est.get((k, d), estimate(k, d, a.layers, a.seq, a.micro))[0]
         avail_s = f"{r['min_available'] / GIB:.1f}" if r.get("min_available") else ""
         if r.get("error"):
-            print(f"| {LABELS[k]} | {d} | {n / 1e6:.0f}M | | | | | {r['launch_rss'] / GIB:.1f} | {avail_s} "
+            print(f"| {LABELS[k]} | {d} | {n / 1e6:.0f}M | | | | | {r['launch_rss'] / GIB:.1f} | {avail_s} | "
                   f"| failed: {r['error'][:200]} | |")
             continue
         print(f"| {LABELS[k]} | {d} | {r['numel'] / 1e6:.0f}M | {r['units'] if r['units'] is not None else ''} "
               f"| {r['init_s']:.0f} | {max(r['init_peak']) / GIB:.2f} | {max(r['step_peak']) / GIB:.2f} "
-              f"| {r['launch_rss'] / GIB:.1f} | {avail_s} | {', '.join(f'{t:.1f}' for t in r['step_s'])} "
+              f"| {r['launch_rss'] / GIB:.1f} | {avail_s} | {r['files'] / GIB:.1f} "
+              f"| {', '.join(f'{t:.1f}' for t in r['step_s'])} "
               f"| {', '.join(f'{x:.3f}' for x in r['loss'])} |")
     if a.json:
         with open(a.json, "w") as f:

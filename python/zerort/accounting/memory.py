@@ -212,8 +212,9 @@ def estimate_memory(model_or_numel, world_size, stage, precision="bf16", *, redu
     """Bytes of model states per rank, by category: {"paper": {...}, "exact": {...}} with
     a "total" in each. model_or_numel: a torch.nn.Module (shared parameters counted once)
     or a parameter count. optimizer_state_dtype: "bf16" keeps Adam's m and v in bf16.
-    nvme: an NvmeTier puts master, m and v on NVMe: "exact" is then the RAM, and
-    "nvme_file_bytes" each rank's file."""
+    nvme: an NvmeTier puts master, m and v on NVMe (a config's offload_optimizer does the
+    same when nvme is not given): "exact" is then the RAM, and "nvme_file_bytes" each rank's
+    file."""
     if isinstance(model_or_numel, torch.nn.Module):
         groups = model_groups(model_or_numel, stage, precision, config)
         numel = sum(sum(g.numels) for g in groups)
@@ -222,6 +223,7 @@ def estimate_memory(model_or_numel, world_size, stage, precision="bf16", *, redu
         groups = count_groups(numel, stage, precision, reduce_bucket_numel, unit_numel)
     paper = paper_formula(numel, world_size, stage)
     state_bytes = STATE_BYTES[optimizer_state_dtype]
+    nvme = nvme or (NvmeTier.of(config) if config is not None else None)
     ours = exact(groups, world_size, stage, reduce_bucket_numel, prefetch, state_bytes=state_bytes, nvme=nvme)
     paper["total"] = sum(paper.values())
     ours["total"] = sum(ours.values())
