@@ -156,12 +156,15 @@ def run_job(cmd, out, runtimes, timeout=1800, env=None, min_available=None, max_
     return {r: {"error": f"{head}: " + " | ".join(why), "launch_rss": high, "min_available": low} for r in runtimes}
 
 
-def launch(model, runtimes, steps, out, python=None, zerort_config=None):
+def launch(model, runtimes, steps, out, python=None, zerort_config=None, ds_zero=None):
     """Runs the worker under torchrun (python: another interpreter's, for DeepSpeed); returns
-    its results, or one error row per runtime when the launch itself fails."""
+    its results, or one error row per runtime when the launch itself fails. ds_zero: more
+    DeepSpeed zero_optimization keys (a dict, or its JSON)."""
     cmd = torchrun(2, python) + [WORKER, out, "--model", model, "--steps", str(steps), "--runtimes", *runtimes]
     if zerort_config:
         cmd += ["--zerort-config", zerort_config]
+    if ds_zero:
+        cmd += ["--ds-zero", ds_zero if isinstance(ds_zero, str) else json.dumps(ds_zero)]
     return run_job(cmd, out, runtimes, env={"DS_ACCELERATOR": "cpu"} if python else None)
 
 

@@ -126,12 +126,14 @@ class DeepSpeedRuntime:
     """DeepSpeed ZeRO-2 or ZeRO-3 in bf16 with torch's AdamW (no compiled ops: DS_BUILD_OPS=0),
     clipping in its config, its CPU accelerator (DS_ACCELERATOR=cpu) over gloo."""
 
-    def __init__(self, stage, model, micro, prefetch=True):
+    def __init__(self, stage, model, micro, prefetch=True, extra=None):
+        """extra: more zero_optimization keys (e.g. {"offload_optimizer": {"device": "nvme", ...}})."""
         import deepspeed
 
         zero = {"stage": stage, "reduce_bucket_size": 1 << 24}  # zerort's bucket; DS's 5e8 is a 954 MiB buffer
         if stage == 3 and not prefetch:
             zero["stage3_prefetch_bucket_size"] = 0
+        zero.update(extra or {})
         cfg = {"train_micro_batch_size_per_gpu": micro, "gradient_accumulation_steps": 1, "bf16": {"enabled": True},
                "gradient_clipping": CLIP, "zero_optimization": zero, "steps_per_print": 1 << 30,
                "optimizer": {"type": "AdamW",
@@ -170,11 +172,11 @@ def loss_fn(logits, y):
     return F.cross_entropy(logits.float().view(-1, logits.shape[-1]), y.view(-1))
 
 
-def make_runtime(kind, model, micro, zerort_extra=None):
+def make_runtime(kind, model, micro, zerort_extra=None, ds_extra=None):
     if kind.startswith("zerort"):
         return ZerortRuntime(int(kind[-1]), model, zerort_extra)
     if kind.startswith("ds"):
-        return DeepSpeedRuntime(int(kind[-1]), model, micro)
+        return DeepSpeedRuntime(int(kind[-1]), model, micro, extra=ds_extra)
     return TorchRuntime(kind, model)
 
 
@@ -184,13 +186,13 @@ def reduce(values, op):
     return t.tolist()
 
 
-def run(kind, model_name, steps, data, zerort_extra=None):
+def run(kind, model_name, steps, data, zerort_extra=None, ds_extra=None):
     rank, world = dist.get_rank(), dist.get_world_size()
     kwargs, micro = MODELS[model_name]
     torch.manual_seed(0)
     model = GPT(**kwargs)
     numel = sum(p.numel() for p in set(model.parameters()))
-    rt = make_runtime(kind, model, micro, zerort_extra)
+    rt = make_runtime(kind, model, micro, zerort_extra, ds_extra)
     losses, times, state, tier_io = [], [], None, []
     tier = rt.engine.runtime.state_tier_stats if kind.startswith("zerort") else None
     for step in range(steps):
@@ -225,6 +227,7 @@ def main():
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--runtimes", nargs="+", choices=RUNTIMES, default=list(RUNTIMES))
     ap.add_argument("--zerort-config", type=json.loads, help="more zerort config keys, as JSON")
+    ap.add_argument("--ds-zero", type=json.loads, help="more DeepSpeed zero_optimization keys, as JSON")
     a = ap.parse_args()
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=300))
@@ -232,7 +235,7 @@ def main():
     results = {}
     for kind in a.runtimes:
         try:
-            results[kind] = run(kind, a.model, a.steps, data, a.zerort_config)
+            results[kind] = run(kind, a.model, a.steps, data, a.zerort_config, a.ds_zero)
         except Exception as e:  # keep the row: say exactly why this runtime cannot run here
             results[kind] = {"error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()}
             print(f"[rank {dist.get_rank()}] {kind} failed:\n{results[kind]['traceback']}", file=sys.stderr)
