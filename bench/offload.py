@@ -13,6 +13,11 @@
    p90 over the steps after the first 2 (the slowest rank's time per step), the ratio to the
    in-RAM step of the same stage, and the nvme tier's I/O per step: bytes moved, seconds
    spent waiting for them (I/O the pipeline did not hide behind AdamW), and the rate.
+3. DeepSpeed 0.19.8 beside it, when .venv-ds is there (make bench-ds; its async_io op is
+   built on first use against libaio-dev): ZeRO-3 without offload and with
+   offload_optimizer.device "nvme" (its aio defaults), the same model, data and seed, under
+   its CPU accelerator. DeepSpeed moves a sub-group to NVMe only when it holds at least 1 MiB
+   (its MIN_AIO_BYTES), so the model must be demo-sized or larger.
 
     .venv/bin/python bench/offload.py                                  # model 50m, stages 1-3, 20 steps
     .venv/bin/python bench/offload.py --model demo --stages 2 --steps 20 --nvme-path /mnt/nvme
@@ -34,7 +39,6 @@ sys.path.insert(0, HERE)
 import e2e  # noqa: E402
 
 MIB = 1 << 20
-TIERS = ("none", "cpu", "nvme")
 STREAM_BENCH = os.path.join(ROOT, "build", "runtime", "nvme_state_bench")
 STREAM_MILLION = 128  # elements of the streaming pass's state: 1.5 GB of master, m and v
 
@@ -84,11 +88,17 @@ def stream_rate(directory, million, buffers):
     return 2 * float(state.group(1)) * 1e9 / float(m.group(1))
 
 
-def offload(tier, path):
+def offload(tier, path, buffer_count):
     o = {"device": tier}
     if tier == "nvme":
-        o["nvme_path"] = path
+        o.update(nvme_path=path, buffer_count=buffer_count)
     return {"offload": {"optimizer": o}}
+
+
+def rows(a):
+    """(stage, tier, buffer_count) of each run: RAM, cpu, then nvme with each pool size."""
+    return [(s, t, b) for s in a.stages for t, counts in (("none", [0]), ("cpu", [0]), ("nvme", a.buffer_counts))
+            for b in counts]
 
 
 def timed(r):
@@ -110,6 +120,9 @@ def main():
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--nvme-path", help="the folder for the state files (default: a new one under the build's disk)")
     ap.add_argument("--disk-mib", type=int, default=2048, help="the size of the disk benchmark's files")
+    ap.add_argument("--buffer-counts", type=int, nargs="+", default=[4],
+                    help="offload_optimizer.buffer_count of the nvme rows (one row each; DeepSpeed's default 4)")
+    ap.add_argument("--no-deepspeed", action="store_true", help="leave out DeepSpeed's rows")
     ap.add_argument("--json")
     a = ap.parse_args()
     if a.steps < e2e.WARMUP + 16:
@@ -123,17 +136,28 @@ def main():
         if os.path.exists(STREAM_BENCH):
             out["disk"]["stream"] = stream_rate(base, STREAM_MILLION, 4)
         with tempfile.TemporaryDirectory() as tmp:
-            for stage in a.stages:
-                for tier in TIERS:
-                    files = os.path.join(base, f"stage{stage}-{tier}")
+            for stage, tier, buffers in rows(a):
+                files = os.path.join(base, f"stage{stage}-{tier}-{buffers}")
+                os.makedirs(files, exist_ok=True)
+                res = e2e.launch(a.model, [f"zerort{stage}"], a.steps, os.path.join(tmp, "out.json"),
+                                 zerort_config=json.dumps(offload(tier, files, buffers)))[f"zerort{stage}"]
+                res["left_files"] = os.listdir(files)
+                out["runs"][f"{stage}:{tier}:{buffers}"] = res
+                state = "failed: " + res["error"][:200] if res.get("error") else \
+                    f"median {1e3 * statistics.median(timed(res)):.0f} ms"
+                print(f"  stage {stage}, offload_optimizer {tier}{f', {buffers} buffers' if buffers else ''}: "
+                      f"{state}", flush=True)
+            if not a.no_deepspeed and os.path.exists(e2e.DS_PYTHON):
+                for tier in ("none", "nvme"):
+                    files = os.path.join(base, f"deepspeed-{tier}")
                     os.makedirs(files, exist_ok=True)
-                    res = e2e.launch(a.model, [f"zerort{stage}"], a.steps, os.path.join(tmp, "out.json"),
-                                     zerort_config=json.dumps(offload(tier, files)))[f"zerort{stage}"]
-                    res["left_files"] = os.listdir(files)
-                    out["runs"][f"{stage}:{tier}"] = res
-                    state = "failed: " + res["error"][:200] if res.get("error") else \
-                        f"median {1e3 * statistics.median(timed(res)):.0f} ms"
-                    print(f"  stage {stage}, offload_optimizer {tier}: {state}", flush=True)
+                    zero = {"offload_optimizer": {"device": "nvme", "nvme_path": files}} if tier == "nvme" else None
+                    res = e2e.launch(a.model, ["ds3"], a.steps, os.path.join(tmp, "out.json"), python=e2e.DS_PYTHON,
+                                     ds_zero=zero)["ds3"]
+                    out["runs"][f"ds3:{tier}"] = res
+                    print(f"  DeepSpeed ZeRO-3, offload_optimizer {tier}: " + (
+                        "failed: " + res["error"][:200] if res.get("error") else
+                        f"median {1e3 * statistics.median(timed(res)):.0f} ms"), flush=True)
     finally:
         if not a.nvme_path:
             shutil.rmtree(base, ignore_errors=True)
@@ -154,22 +178,36 @@ def report(a, out):
         print(f"nvme tier streaming (nvme_state_bench, {STREAM_MILLION}M elements, 4 buffers, no compute): "
               f"{d['stream'] / 1e9:.2f} GB/s read+write = {100 * d['stream'] / both:.0f}% of the disk's "
               f"{both / 1e9:.2f} GB/s for the same mix")
-    print("\n| stage | offload_optimizer | step ms (median) | p90 | vs RAM | losses equal RAM's | I/O MiB/step "
-          "| I/O wait ms/step | state files left |")
-    print("|---:|---|---:|---:|---:|---|---:|---:|---|")
-    for stage in a.stages:
-        ram = out["runs"].get(f"{stage}:none", {})
-        for tier in TIERS:
-            r = out["runs"][f"{stage}:{tier}"]
-            if r.get("error"):
-                print(f"| {stage} | {tier} | failed: {r['error'][:150]} | | | | | | |")
-                continue
-            med, p90 = statistics.median(timed(r)), e2e.pct(timed(r), 0.9)
-            vs = f"{med / statistics.median(timed(ram)):.2f}" if not ram.get("error") else "n/a"
-            same = "yes" if not ram.get("error") and r["losses"] == ram["losses"] else "NO"
-            mib, wait = io_per_step(r) if tier == "nvme" else (0, 0)
-            print(f"| {stage} | {tier} | {1e3 * med:.0f} | {1e3 * p90:.0f} | {vs} | {same} | {mib:.0f} "
-                  f"| {1e3 * wait:.0f} | {len(r['left_files'])} |")
+    print("\n| stage | offload_optimizer | pool MiB | step ms (median) | p90 | vs RAM | losses equal RAM's "
+          "| I/O MiB/step | I/O wait ms/step | state files left |")
+    print("|---:|---|---:|---:|---:|---:|---|---:|---:|---|")
+    for stage, tier, buffers in rows(a):
+        ram = out["runs"].get(f"{stage}:none:0", {})
+        r = out["runs"][f"{stage}:{tier}:{buffers}"]
+        name = f"{tier}, {buffers} buffers" if buffers else tier
+        if r.get("error"):
+            print(f"| {stage} | {name} | | failed: {r['error'][:150]} | | | | | | |")
+            continue
+        med, p90 = statistics.median(timed(r)), e2e.pct(timed(r), 0.9)
+        vs = f"{med / statistics.median(timed(ram)):.2f}" if not ram.get("error") else "n/a"
+        same = "yes" if not ram.get("error") and r["losses"] == ram["losses"] else "NO"
+        mib, wait = io_per_step(r) if tier == "nvme" else (0, 0)
+        pool = (r.get("tier") or {}).get("pool_bytes", 0) / MIB
+        print(f"| {stage} | {name} | {pool:.0f} | {1e3 * med:.0f} | {1e3 * p90:.0f} | {vs} | {same} | {mib:.0f} "
+              f"| {1e3 * wait:.0f} | {len(r['left_files'])} |")
+    ds = [out["runs"].get(f"ds3:{t}") for t in ("none", "nvme")]
+    if all(ds) and not any(r.get("error") for r in ds):
+        (ram, nvme), ours = ds, out["runs"].get(f"3:nvme:{a.buffer_counts[0]}")
+        med = [statistics.median(timed(r)) for r in ds]
+        print(f"\nDeepSpeed 0.19.8 ZeRO-3, same model and data: RAM {1e3 * med[0]:.0f} ms (p90 "
+              f"{1e3 * e2e.pct(timed(ram), 0.9):.0f}), offload_optimizer nvme {1e3 * med[1]:.0f} ms (p90 "
+              f"{1e3 * e2e.pct(timed(nvme), 0.9):.0f}): {med[1] / med[0]:.2f}x its RAM step; losses equal: "
+              f"{'yes' if ram['losses'] == nvme['losses'] else 'NO'}" +
+              (f"; zerort stage 3 nvme / DeepSpeed ZeRO-3 nvme: {statistics.median(timed(ours)) / med[1]:.2f}"
+               if ours and not ours.get("error") else ""))
+    elif any(ds):
+        failed = [f"{t}: {r.get('error') or 'ok'}"[:300] for t, r in zip(("none", "nvme"), ds) if r]
+        print("\nDeepSpeed rows: " + "; ".join(failed))
 
 
 if __name__ == "__main__":
