@@ -40,6 +40,7 @@ MODELS = {  # name: GPT kwargs, sequences per rank per step
     "tiny": (dict(layers=2, d=64, heads=4, seq=64), 8),
     "demo": (dict(layers=6, d=256, heads=8, seq=128), 8),
     "50m": (dict(layers=10, d=640, heads=10, seq=128), 2),
+    "50m-b8": (dict(layers=10, d=640, heads=10, seq=128), 8),  # bench/offload.py: 4x the tokens per step
 }
 OPT = dict(lr=1e-3, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1)
 CLIP = 1.0

@@ -115,7 +115,8 @@ def io_per_step(r):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", choices=["tiny", "demo", "50m"], default="50m")
+    ap.add_argument("--model", choices=["tiny", "demo", "50m", "50m-b8"], default="50m",
+                    help="50m-b8: the 50m GPT with 8 sequences per rank per step (4x 50m's)")
     ap.add_argument("--stages", type=int, nargs="+", choices=[1, 2, 3], default=[1, 2, 3])
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--nvme-path", help="the folder for the state files (default: a new one under the build's disk)")

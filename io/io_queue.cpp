@@ -29,8 +29,8 @@ bool aligned(std::uint64_t v, std::size_t alignment) { return v % alignment == 0
 // See Note [Why io_uring].
 IoQueue::IoQueue(unsigned queue_depth, std::size_t block_size)
     : queue_depth_(queue_depth), block_size_(block_size), ring_(std::make_unique<State>()) {
-  ZRT_CHECK_AS(ConfigError, queue_depth >= 1 && queue_depth <= 32768, "IoQueue: queue_depth must be in 1..32768, got ",
-               queue_depth);
+  ZRT_CHECK_AS(ConfigError, queue_depth >= 1 && queue_depth <= kMaxDepth, "IoQueue: queue_depth must be in 1..",
+               kMaxDepth, ", got ", queue_depth);
   ZRT_CHECK_AS(ConfigError, block_size >= 512 && block_size % 512 == 0 && block_size <= (std::size_t{1} << 30),
                "IoQueue: block_size must be a multiple of 512 bytes between 512 and 1 GiB, got ", block_size);
   int rc = io_uring_queue_init(queue_depth, &ring_->ring, 0);

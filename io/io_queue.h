@@ -46,6 +46,7 @@ class IoQueue {
 
   // queue_depth: pieces in the kernel at once (1..32768); block_size: the piece size, a
   // positive multiple of 512 (and of each file's alignment, checked at submit).
+  static constexpr unsigned kMaxDepth = 32768;  // io_uring's most entries in one ring
   IoQueue(unsigned queue_depth, std::size_t block_size);
   // Waits for every piece still in the kernel (their buffers may be freed after this).
   ~IoQueue();

@@ -28,6 +28,14 @@ int64_t checked_numel(int64_t numel, DType state_dtype, const NvmeStateOptions& 
   return numel;
 }
 
+// The queue holds every piece of the pool at once, and at least queue_depth: See Note [NVMe
+// state store] (no thread moves a request queued behind a full ring).
+unsigned pool_depth(const NvmeStateOptions& o, std::size_t record) {
+  const std::size_t pieces = o.buffer_count * ((record + o.block_size - 1) / std::max<std::size_t>(o.block_size, 1));
+  return static_cast<unsigned>(
+      std::min<std::size_t>(std::max<std::size_t>(o.queue_depth, pieces), io::IoQueue::kMaxDepth));
+}
+
 std::size_t record_bytes(std::size_t chunk_elements, DType state_dtype) {
   return chunk_elements * (sizeof(float) + 2 * dtype_size(state_dtype));
 }
@@ -41,7 +49,8 @@ NvmeStateStore::NvmeStateStore(int64_t numel, DType state_dtype, const NvmeState
       chunk_stride_(record_bytes(chunk_elements_, state_dtype)),
       file_(options.directory, detail::concat("zerort-states-rank", options.rank, ".bin"),
             static_cast<std::uint64_t>(chunk_count()) * chunk_stride_),
-      pool_(options.buffer_count, chunk_stride_, file_.alignment()), queue_(options.queue_depth, options.block_size),
+      pool_(options.buffer_count, chunk_stride_, file_.alignment()),
+      queue_(pool_depth(options, chunk_stride_), options.block_size),
       grad_(at::zeros({numel_}, at::TensorOptions().dtype(at::kFloat))) {
   ZRT_CHECK_AS(ConfigError, chunk_stride_ % file_.alignment() == 0 && options.block_size % file_.alignment() == 0,
                "NvmeStateStore: block_size ", options.block_size, " and the record of ", chunk_stride_,

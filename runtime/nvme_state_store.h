@@ -37,7 +37,11 @@ namespace zerort {
 // pass begins) reads the first chunks into free buffers while backward runs, and update()
 // returns with its last writes in flight, to finish behind what the caller does next (the
 // parameter gather, the next forward). So up to pool_bytes() of reads and of writes per step
-// hide behind compute outside the step; the rest streams inside it. A record is never read
+// hide behind compute outside the step; the rest streams inside it. Nothing runs on another
+// thread: those requests progress in the kernel only, so the queue is made deep enough to
+// hold every piece of the pool at once (buffer_count x record / block_size; queue_depth
+// when larger, up to io_uring's 32768), and none waits in IoQueue's own queue for a reap
+// that would come only at the next call. A record is never read
 // before its last write is done (read_ahead), and read_range()/write_range() first wait for
 // every write and drop what was read ahead (settle), which a direct write would make stale.
 // Failure: an I/O error or short read names the file and offset (See Note [IoQueue
@@ -51,7 +55,7 @@ struct NvmeStateOptions {
   int rank = 0;                                   // names the file: zerort-states-rank<rank>.bin
   std::size_t chunk_elements = 1u << 20;          // rounded up to a multiple of the direct-I/O alignment
   std::size_t buffer_count = 4;                   // pool buffers (>= 1; 3 or more overlap read, compute and write)
-  unsigned queue_depth = 8;                       // I/O pieces in the kernel at once
+  unsigned queue_depth = 8;                       // I/O pieces in the kernel at once, at least (See Note)
   std::size_t block_size = std::size_t{1} << 20;  // the piece size (a multiple of the alignment)
 };
 

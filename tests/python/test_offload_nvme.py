@@ -115,3 +115,44 @@ def test_nvme_for_a_cuda_model_and_at_stage_0_are_refused_by_name():
     with pytest.raises(ConfigError, match="ratio"):
         check_tier(parse({"stage": 3, "offload": {"optimizer": {"device": "nvme", "nvme_path": "/tmp",
                                                                 "ratio": 0.5}}}), torch.device("cpu"))
+
+
+def test_a_checkpoint_streams_through_small_windows_between_tiers(tmp_path, monkeypatch):
+    """One process (inprocess backend): windows of 300 elements, so the save's scratch files,
+    write_state's windows and the load's batches of parameters each take many rounds."""
+    from engine_models import batch, hf_model, loss_fn
+
+    import zerort
+    from zerort.integrations.deepspeed.utils import safe_get_full_fp32_param, safe_get_full_optimizer_state
+    from zerort.layout import shard_map
+    from zerort.state import state_io
+
+    monkeypatch.setattr(shard_map, "WINDOW", 300)
+    monkeypatch.setattr(state_io, "WINDOW", 300)
+    (tmp_path / "nvme").mkdir()
+
+    def engine(tier, seed):
+        torch.manual_seed(seed)
+        optimizer = {"device": tier, "nvme_path": str(tmp_path / "nvme"), "chunk_numel": 1000}
+        return zerort.initialize(hf_model("gpt2"), {"stage": 2, "comm": {"backend": "inprocess"},
+                                                    "offload": {"optimizer": optimizer}})
+
+    def states(e):
+        return {f"{k}:{n}": (safe_get_full_fp32_param(p) if k == "master" else safe_get_full_optimizer_state(p, k))
+                for n, p in e.module.named_parameters() for k in ("master", "exp_avg", "exp_avg_sq")}
+
+    saved = engine("nvme", 1234)
+    for step in range(2):
+        x, y = batch("gpt2", step, 0, 0)
+        saved.backward(loss_fn("gpt2", saved(x), y))
+        saved.step()
+    saved.save_checkpoint(str(tmp_path / "ckpt"), tag="t")
+    assert not [f for f in os.listdir(tmp_path / "ckpt" / "t") if f.startswith(".")]  # no scratch file left
+    want = states(saved)
+    saved.destroy()
+    for tier in ("none", "nvme"):
+        loaded = engine(tier, 99)
+        loaded.load_checkpoint(str(tmp_path / "ckpt"), tag="t")
+        got = states(loaded)
+        assert all(torch.equal(got[k], want[k]) for k in want), tier
+        loaded.destroy()

@@ -54,9 +54,9 @@ from zerort.state.metadata import (FORMAT, SAVE_ID_DIGITS, STATE_TENSORS, Checkp
 from zerort.state import directory as directory_names
 from zerort.state import files
 from zerort.state.directory import LOCK_NAME  # noqa: F401  (tests and tools name it from here)
-from zerort.state import loop_state
+from zerort.state import loop_state, state_io
 from zerort.comm.agreement import gather_if_different, ranks_text
-from zerort.layout.shard_map import STATE_KEYS, param_layout, read_state, write_state
+from zerort.layout.shard_map import param_layout
 
 
 
@@ -147,7 +147,7 @@ def save(engine, directory, tag=None, client_state=None, save_latest=True):
                 raise files.write_error(e, work, work, 4096) from None
             # FP32 on disk whatever the states' dtype in memory (bf16 optimizer states widen
             # exactly), so a checkpoint loads into either.
-            tensors = {k: read_state(engine, k).to(torch.float32) for k in STATE_KEYS}
+            tensors = state_io.state_for_save(engine, work)
             if rank == 0:
                 extras.update(_extras(engine))
                 path = os.path.join(work, loop_state.FILE)
@@ -382,7 +382,7 @@ def _restore(engine, meta, mine, reader, what="all"):
     """what: "all"; "weights" (the master and the counters, not Adam's moments, step
     count or loss scale); "module" (the master alone)."""
     for key in STATE_TENSORS if what == "all" else ("master",):
-        write_state(engine, key, {name: reader.assemble(name, key) for name in mine}, mine)
+        state_io.restore(engine, key, mine, reader)
     _restore_extras(engine, meta, reader.shard(0)[0])
     if what != "module":
         saved = _window(engine, meta, dict(reader.shard(0)[1]["state"]))

@@ -117,6 +117,28 @@ def write_error(e, shown, path, needed):
     return CheckpointError(f"cannot write {shown}: {e.strerror or e}")
 
 
+def mapped_scratch(path, numel, windows):
+    """A float32 tensor of numel elements backed by a new file at path (O_EXCL, no links
+    followed), filled from `windows` (float32 tensors, in order) and mapped shared: its pages
+    live in the page cache, which the kernel writes back and drops under pressure, so a
+    reader of it (torch.save) never needs the whole array in the process's own memory. The
+    file is unlinked before this returns (the mapping keeps its pages) and on any error; a
+    full disk is a CheckpointError with the bytes needed and free."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0), 0o600)
+    except OSError as e:
+        raise write_error(e, path, path, 4 * numel) from None
+    try:
+        with os.fdopen(fd, "wb") as f:
+            for w in windows:
+                f.write(memoryview(w.contiguous().numpy()).cast("B"))
+        return torch.from_file(path, shared=True, size=numel, dtype=torch.float32) if numel else torch.empty(0)
+    except OSError as e:
+        raise write_error(e, path, path, 4 * numel) from None
+    finally:
+        remove(path)
+
+
 def remove(path):
     try:
         os.unlink(path)

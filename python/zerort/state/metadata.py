@@ -36,11 +36,12 @@ import torch
 
 from zerort.errors import CheckpointError  # noqa: F401  (raised here; imported from here by state/)
 from zerort.file_types import file_kind  # noqa: F401  (imported from here by state/)
+from zerort.layout.shard_map import STATE_KEYS
 from zerort.state.loop_state import validate
 from zerort.state.regular_files import check_directory, open_regular, stat_or_none  # noqa: F401  (and by state/)
 
 FORMAT = "zerort-checkpoint-2"
-STATE_TENSORS = ("master", "exp_avg", "exp_avg_sq")
+STATE_TENSORS = STATE_KEYS  # a shard file holds this rank's state arrays, by their names
 MAX_NUMEL = 2 ** 48  # elements in one parameter or shard; more is a damaged number
 MAX_WORLD = 2 ** 20
 COUNTERS = {"global_step": 0, "skipped_steps": 0, "micro_steps": 0, "adam_steps": 0, "iteration": 0,
