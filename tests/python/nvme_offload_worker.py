@@ -24,11 +24,13 @@ from zerort.integrations.deepspeed.utils import safe_get_full_fp32_param, safe_g
 STEPS, ACCUMULATION = 4, 2
 
 
-def config(case, tier, nvme_dir):
-    optimizer = {"device": tier}
+def config(case, tier, nvme_dir, work=None):
+    optimizer, extra = {"device": tier}, {}
     if tier == "nvme":
         optimizer.update(nvme_path=nvme_dir, chunk_numel=1000, buffer_count=3)
-    return {"stage": case["stage"], "precision": "bf16", "optimizer": {"lr": 3e-3, "weight_decay": 0.01,
+        if work:  # the monitor's CSV, with the I/O columns of the nvme tier
+            extra["monitor"] = {"csv": True, "output_path": work, "job_name": case["name"]}
+    return {**extra, "stage": case["stage"], "precision": "bf16", "optimizer": {"lr": 3e-3, "weight_decay": 0.01,
                                                                        "state_dtype": case["state_dtype"]},
             "gradient_clipping": 1.0, "gradient_accumulation_steps": ACCUMULATION,
             "reduce_bucket_numel": 700, "offload": {"optimizer": optimizer}}
@@ -58,7 +60,7 @@ def states(engine):
 def run_case(case, nvme_dir, work, result, tensors):
     for tier in ("none", "nvme"):
         torch.manual_seed(1234)
-        engine = zerort.initialize(hf_model(case["model"]), config(case, tier, nvme_dir))
+        engine = zerort.initialize(hf_model(case["model"]), config(case, tier, nvme_dir, work))
         key = f"{case['name']}:{tier}"
         at_start = dict(engine.runtime.state_tier_stats)
         losses = train(engine, case["model"], STEPS)

@@ -6,6 +6,7 @@ checkpoint saved from either tier loads into the other and resumes bit for bit. 
 when the engine does. A directory that cannot hold the files fails every rank at initialize,
 naming the rank, the path and the fix, before any state is written.
 """
+import csv
 import json
 import os
 import sys
@@ -66,6 +67,11 @@ def test_nvme_tier_equals_memory_tier_bitwise(tmp_path, world):
         assert STEPS * stats["file_bytes"] - stats["pool_bytes"] <= stats["step_bytes_written"] <= \
             STEPS * stats["file_bytes"], stats
         assert ram["stats"]["tier"] == "memory"
+        # The monitor's I/O columns: every rank's file read once per step (all ranks' files alike).
+        with open(tmp_path / name / "metrics.csv") as f:
+            rows = list(csv.DictReader(f))
+        assert len(rows) == STEPS and all(float(r["nvme_wait_s"]) >= 0 for r in rows), rows
+        assert all(float(r["nvme_read_mib"]) == world * stats["file_bytes"] / 2 ** 20 for r in rows), rows
         assert "optimizer states on nvme" in disk["report"], disk["report"]
         # A checkpoint from either tier resumes in the other to the same bits.
         assert result[f"{name}:none->nvme"]["losses"] == result[f"{name}:nvme->none"]["losses"]

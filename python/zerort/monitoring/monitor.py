@@ -12,8 +12,11 @@ it), the loss scale, the global gradient norm (before clipping), whether the ste
 skipped, the skipped steps so far, the non-finite gradient values, tokens per second (the elements of the first
 integer tensor given to engine(...) in training mode, else its first tensor's first
 dimension, on every rank, over the wall time since the previous row) and each rank's memory peak over the
-window as its allocator saw it (zerort.accounting.phases; torch's statistics on CUDA). The figures
-of other ranks travel in one all-gather per step, made only while a monitor is on.
+window as its allocator saw it (zerort.accounting.phases; torch's statistics on CUDA). With the
+optimizer states on NVMe (offload_optimizer.device "nvme") three more: the MiB the state files
+were read and written since the previous row, summed over ranks, and the most seconds a rank
+waited for that I/O. The figures of other ranks travel in one all-gather per step, made only
+while a monitor is on.
 
 CSV: OUTPUT_PATH/JOB_NAME/metrics.csv, one header and one row per step, flushed at each
 row; a run that finds the file (a resumed one) appends to it, when its columns are the
@@ -30,6 +33,7 @@ from zerort.errors import ConfigError
 
 CSV_NAME = "metrics.csv"
 EVENTS_NAME = "events.csv"  # write_events' rows: name, value, step
+MIB = 1 << 20
 
 
 class Monitor:
@@ -37,6 +41,8 @@ class Monitor:
         c = engine.config
         self.rank, self.world = engine.rank, engine.world_size
         self.groups = len(engine.optimizer.param_groups)
+        self.nvme = c.offload.optimizer.device == "nvme"
+        self.io_last = self.io_now(engine)
         self.loss_sum, self.loss_count, self.tokens, self.peak = 0.0, 0, 0, 0
         self.started = time.perf_counter()
         self.csv = self.csv_file = self.tensorboard = None
@@ -45,7 +51,7 @@ class Monitor:
         if c.monitor.csv is not None:
             os.makedirs(c.monitor.csv, exist_ok=True)
             path = os.path.join(c.monitor.csv, CSV_NAME)
-            header = columns(self.groups, self.world)
+            header = columns(self.groups, self.world, self.nvme)
             if os.path.exists(path) and os.path.getsize(path):  # a resumed run appends to its file
                 with open(path, newline="") as f:
                     first = next(csv.reader(f), None)
@@ -78,10 +84,21 @@ class Monitor:
     def phase_peak(self, peak):
         self.peak = max(self.peak, peak)
 
+    def io_now(self, engine):
+        """This rank's NVMe state I/O so far: [bytes read, bytes written, seconds waited] ([] in memory)."""
+        if not self.nvme:
+            return []
+        t = engine.runtime.state_tier_stats
+        return [t["bytes_read"], t["bytes_written"], t["io_wait_seconds"]]
+
     def after_update(self, engine, s):
         """At an accumulation boundary, on every rank (the one all-gather)."""
-        mine = torch.tensor([self.loss_sum, self.loss_count, self.tokens, self.peak], dtype=torch.float64)
-        every = engine.comm.all_gather(mine, torch.empty(4 * self.world, dtype=torch.float64)).view(self.world, 4)
+        io = self.io_now(engine)
+        figures = [self.loss_sum, self.loss_count, self.tokens, self.peak] + [a - b for a, b in zip(io, self.io_last)]
+        self.io_last = io
+        mine = torch.tensor(figures, dtype=torch.float64)
+        n = len(figures)
+        every = engine.comm.all_gather(mine, torch.empty(n * self.world, dtype=torch.float64)).view(self.world, n)
         now = time.perf_counter()
         elapsed, self.started = now - self.started, now
         self.loss_sum, self.loss_count, self.tokens, self.peak = 0.0, 0, 0, 0
@@ -95,8 +112,11 @@ class Monitor:
                    skipped_steps=engine.skipped_steps, nonfinite=s["nonfinite"],
                    tokens_per_s=float(every[:, 2].sum()) / elapsed if elapsed > 0 else 0.0)
         row.update({f"mem_peak_rank{r}": int(every[r, 3]) for r in range(self.world)})
+        if self.nvme:
+            row.update(nvme_read_mib=float(every[:, 4].sum()) / MIB, nvme_written_mib=float(every[:, 5].sum()) / MIB,
+                       nvme_wait_s=float(every[:, 6].max()))
         if self.csv is not None:
-            self.csv.writerow([row[k] for k in columns(self.groups, self.world)])
+            self.csv.writerow([row[k] for k in columns(self.groups, self.world, self.nvme)])
             self.csv_file.flush()
         if self.tensorboard is not None:
             for k, v in row.items():
@@ -129,10 +149,11 @@ class Monitor:
             self.tensorboard = None
 
 
-def columns(groups, world):
+def columns(groups, world, nvme=False):
     return (["step", "loss"] + [f"lr{k}" for k in range(groups)] +
             ["loss_scale", "grad_norm", "skipped", "skipped_steps", "nonfinite", "tokens_per_s"] +
-            [f"mem_peak_rank{r}" for r in range(world)])
+            [f"mem_peak_rank{r}" for r in range(world)] + (["nvme_read_mib", "nvme_written_mib", "nvme_wait_s"]
+                                                             if nvme else []))
 
 
 class _Disabled:
