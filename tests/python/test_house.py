@@ -19,7 +19,7 @@ ENGINE_NAMES = {"engine", "eng", "e"}
 
 def _files(top, exts):
     for here, dirs, files in os.walk(top):
-        dirs[:] = sorted(d for d in dirs if d not in SKIP_DIRS and not d.startswith("build"))
+        dirs[:] = sorted(d for d in dirs if d not in SKIP_DIRS and not d.startswith(("build", ".venv")))  # .venv-ds too
         for f in sorted(files):
             if f.endswith(exts):
                 yield os.path.join(here, f)
