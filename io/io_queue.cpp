@@ -194,6 +194,11 @@ void IoQueue::finish(Request request) {
 }
 
 void IoQueue::wait(Request request, std::chrono::milliseconds timeout) {
+  struct Timer {  // counts on every way out, a failed wait's too
+    double& total;
+    std::chrono::steady_clock::time_point t0 = std::chrono::steady_clock::now();
+    ~Timer() { total += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(); }
+  } timer{wait_seconds_};
   auto it = requests_.find(request);
   ZRT_CHECK_AS(UsageError, it != requests_.end(), "IoQueue::wait: unknown request ", request,
                " (never submitted, or already waited for)");

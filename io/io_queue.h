@@ -82,6 +82,9 @@ class IoQueue {
   // Bytes moved by completed pieces since the queue was made.
   std::uint64_t bytes_read() const { return bytes_read_; }
   std::uint64_t bytes_written() const { return bytes_written_; }
+  // Seconds the caller spent blocked in wait() (and so wait_all()), a failed wait's too: the
+  // I/O that was not hidden behind the caller's work.
+  double wait_seconds() const { return wait_seconds_; }
 
  private:
   struct State;
@@ -119,6 +122,7 @@ class IoQueue {
   unsigned in_kernel_ = 0;
   std::uint64_t bytes_read_ = 0;
   std::uint64_t bytes_written_ = 0;
+  double wait_seconds_ = 0;
 };
 
 }  // namespace zerort::io

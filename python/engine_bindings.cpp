@@ -149,7 +149,8 @@ void bind_options(py::module_& m) {
                          "'; expected 'memory' or 'nvme'");
             o.state_tier = tier == "nvme" ? StateTier::kNvme : StateTier::kMemory;
           })
-      .def_readwrite("nvme", &EngineOptions::nvme);
+      .def_readwrite("nvme", &EngineOptions::nvme)
+      .def_readwrite("param_nvme_path", &EngineOptions::param_nvme_path);
 }
 
 // "master", "exp_avg" or "exp_avg_sq": the optimizer state's arrays, by Python's names.
@@ -293,6 +294,7 @@ void bind_engine(py::module_& m) {
                              const at::Tensor& values) { e.write_state(state_array(array), offset, values); })
       .def_property_readonly("state_numel", [](Engine& e) { return e.optimizer().state().numel(); })
       .def_property_readonly("state_tier_stats", [](const Engine& e) { return tier_stats_dict(e.state_tier_stats()); })
+      .def_property_readonly("param_tier_stats", [](const Engine& e) { return tier_stats_dict(e.param_tier_stats()); })
       .def("master", &Engine::master)
       .def("exp_avg", &Engine::exp_avg)
       .def("exp_avg_sq", &Engine::exp_avg_sq)

@@ -166,7 +166,7 @@ Engine::Engine(std::vector<at::Tensor> params, Communicator& comm, EngineOptions
     for (size_t i = 0; i < fp32_params.size(); ++i) fp32_units[0].params.push_back(i);
   }
   if (!fp32_params.empty()) add_group(std::move(fp32_params), DType::kFloat32, "fp32 parameter", fp32_units);
-  std::unique_ptr<NvmeStateStore> state_file = open_state_file(opt_total);  // before any state exists
+  std::unique_ptr<NvmeStateStore> state_file = open_tier_files(opt_total);  // before any state exists
   // In memory, the master; in a file, each bucket's shard goes there as it is filled.
   at::Tensor master = state_file ? at::Tensor() : at::empty({static_cast<int64_t>(opt_total)}, f32);
   for (auto& g : groups_) {
@@ -333,10 +333,16 @@ void Engine::update(StepStats& stats) {
   std::vector<Bucket*> whole = whole_buckets();
   std::vector<OutputSegment> outputs;  // AdamW writes the new low-precision shard there
   for (Bucket* b : buckets_) {         // the shard copy where there is one (See Note [state tiers])
-    void* out = b->shard_copy.defined()     ? b->shard_copy.data_ptr()
-                : units_.gathered(b->index) ? own_chunk(*b)
-                                            : nullptr;
-    if (out != nullptr) outputs.push_back({b->opt_offset, b->opt_numel, out, groups_[b->group]->dtype});
+    OutputSegment seg{b->opt_offset, b->opt_numel, nullptr, groups_[b->group]->dtype};
+    if (shard_copies_.has(b->index)) {
+      seg.open = [this, b] { return shard_copies_.begin_write(b->index); };
+      seg.close = [this, b] { shard_copies_.end_write(b->index); };
+    } else if (units_.gathered(b->index)) {
+      seg.out = own_chunk(*b);
+    } else {
+      continue;
+    }
+    outputs.push_back(std::move(seg));
   }
   const int64_t missed = missed_backward_;
   missed_backward_ = 0;
@@ -363,7 +369,7 @@ void Engine::update(StepStats& stats) {
       gathers.front()->wait();
       gathers.pop_front();
     }
-    if (b->shard_copy.defined()) fill_own_chunk(*b);  // a unit held gathered through the step
+    if (shard_copies_.has(b->index)) fill_own_chunk(*b);  // a unit held gathered through the step
     gathers.push_back(comm_.all_gather(own_chunk(*b), units_.full(b->index).data_ptr(), b->layout.shard_numel(),
                                        groups_[b->group]->dtype, static_cast<int64_t>(b->index)));
   }

@@ -54,6 +54,7 @@
 #include "runtime/loss_scaler.h"
 #include "runtime/nvme_state_store.h"
 #include "runtime/reduce_policy.h"
+#include "runtime/shard_copies.h"
 #include "runtime/shard_optimizer.h"
 #include "runtime/unit_cache.h"
 #include "runtime/unit_names.h"
@@ -80,6 +81,10 @@ struct EngineOptions {
   // file under nvme.directory (nvme.rank is taken from the communicator).
   StateTier state_tier = StateTier::kMemory;
   NvmeStateOptions nvme;
+  // Stage 3 with the state in kNvme: a directory for the released units' low-precision shards
+  // (offload_param nvme; the I/O's shape is nvme's); empty keeps them in memory. See Note
+  // [state tiers].
+  std::string param_nvme_path;
 };
 
 // Stage 3: one unit of `params` (indices into it), gathered and released as one. A
@@ -173,6 +178,7 @@ class Engine {
   // values (1-D, the array's dtype) into elements [offset, offset + values.numel()).
   void write_state(StateArray array, size_t offset, const at::Tensor& values);
   StateTierStats state_tier_stats() const { return optimizer_->state().tier_stats(); }
+  StateTierStats param_tier_stats() const { return shard_copies_.stats(); }  // the shard copies' file
   // Checkpoints. The optimizer tensors are master()/exp_avg()/exp_avg_sq() (write into
   // them to load); these are the rest of the state, and refresh_params() rebuilds every
   // rank's working weights from the master afterwards (a collective).
@@ -189,7 +195,7 @@ class Engine {
   // For the memory report: the FP32 gradient (every group), stage 0's reduce scratch,
   // the gradient pack buffers (stage 2's two, plus the largest one-off buffer; stage 3's
   // per-unit ones) and the low-precision parameters held for good (stages 0-2: the flat
-  // buffers; stage 3: the persistent units, and the shard copies of Note [state tiers]).
+  // buffers; stage 3: the persistent units, and the shard copies of Note [state tiers] in memory).
   const at::Tensor& grad_shard() const { return optimizer_->state().grad(); }
   const at::Tensor& stage0_scratch() const { return stage0_scratch_; }
   size_t pack_buffer_bytes() const;
@@ -224,9 +230,11 @@ class Engine {
   char* own_chunk(const Bucket& b) const;      // this rank's part of b's working copy
   std::vector<Bucket*> whole_buckets() const;  // buckets whose working copy is held
   at::Tensor optimizer_slice(const at::Tensor& t, size_t group) const;
-  // The tier's file made on every rank, or a ConfigError on every rank naming each rank's
-  // failure before any state is written (nullptr in memory). See Note [state tiers].
-  std::unique_ptr<NvmeStateStore> open_state_file(size_t numel);
+  // The tier's files made on every rank (the state's, returned: nullptr in memory; the shard
+  // copies', into shard_copies_), or a ConfigError on every rank naming each rank's failure,
+  // before any state is written. See Note [state tiers].
+  std::unique_ptr<NvmeStateStore> open_tier_files(size_t numel);
+  void make_shard_copies();  // open_tier_files' second file (or the copies in memory)
   // Bucket b's starting FP32 part `mine` into master (in memory) or the file, with the shard
   // copy the file's tier needs (See Note [state tiers]).
   void keep_master(Bucket& b, DType dtype, const at::Tensor& mine, at::Tensor& master, NvmeStateStore* file);
@@ -243,6 +251,7 @@ class Engine {
   std::vector<std::unique_ptr<Group>> groups_;
   std::vector<Bucket*> buckets_;               // every group's buckets, in reduce order
   std::unique_ptr<ShardOptimizer> optimizer_;  // this rank's FP32 master, m, v, gradient
+  ShardCopies shard_copies_;                   // stage 3 off memory: See Note [state tiers]
   at::Tensor stage0_scratch_;                  // stage 0: one bucket's reduced shard, FP32
   UnitCache units_;                     // every bucket's working copy (unit b is bucket b): See Note [unit cache]
   std::unique_ptr<GradPacker> packer_;  // mu_ held; See Note [grad packer]

@@ -41,9 +41,6 @@ struct Engine::Bucket {
   size_t opt_numel = 0;    // shard_numel (stages 1-3) or padded_numel (stage 0)
   bool queued = false;     // its reduce is queued this round
   size_t waiting = 0;      // parameters whose gradient is not complete yet
-  // Stage 3 with the state off memory: this rank's low-precision shard of a unit that is not
-  // persistent, which each step writes and each gather reads (See Note [state tiers]).
-  at::Tensor shard_copy;
 };
 
 struct Engine::Group {

@@ -20,12 +20,17 @@ namespace zerort {
 // is reached only through the store: the step streams it through update(), and everything
 // else that reads it (the gathers of stage 3, refresh_params after a load, gather_master,
 // read_state) reads ranges of it. A stage-3 unit is gathered once per forward and once per
-// backward, too often to read its shard from a file each time, so each unit that is not
-// persistent keeps this rank's low-precision shard in memory (Bucket::shard_copy: 2 bytes
-// per element of the shard at bf16): the step writes it as AdamW's low-precision output and
-// the gather copies it into the unit. AdamW's output is the master's cast, so these are the
+// backward, too often to read and cast its FP32 shard from the state's file each time, so each
+// unit that is not persistent keeps this rank's low-precision shard apart (ShardCopies: 2
+// bytes per element of the shard at bf16): the step writes it as AdamW's low-precision output
+// and the gather copies it into the unit. AdamW's output is the master's cast, so these are the
 // bits the in-memory tier's gather casts (tests/python/test_offload_nvme.py compares them).
-// The files are made on every rank before any state exists (open_state_file), and a rank
+// The copies are in memory, or with EngineOptions::param_nvme_path (offload_param nvme) one
+// region each of a second file, read by the gather on the comm thread (so a unit prefetch
+// reads ahead of use) and written by the step unit by unit behind AdamW (Note [RegionFile]).
+// Then a rank's RAM holds no parameter but the units in flight, the persistent ones and two
+// staging buffers of the largest unit's shard.
+// The files are made on every rank before any state exists (open_tier_files), and a rank
 // that cannot make its own fails every rank with one ConfigError naming it and why. The
 // starting master goes into the file bucket by bucket as it is filled (keep_master), so the
 // whole FP32 shard is never in memory, not even at initialize.
@@ -50,7 +55,12 @@ std::string failures_across_ranks(Communicator& comm, const std::string& mine) {
 
 }  // namespace
 
-std::unique_ptr<NvmeStateStore> Engine::open_state_file(size_t numel) {
+std::unique_ptr<NvmeStateStore> Engine::open_tier_files(size_t numel) {
+  ZRT_CHECK_AS(ConfigError,
+               options_.param_nvme_path.empty() || (policy_.units && options_.state_tier != StateTier::kMemory),
+               "Engine: the parameters' NVMe tier (param_nvme_path) works at stage 3 with the optimizer state on "
+               "NVMe too (set offload_optimizer.device to 'nvme'); got stage ",
+               options_.stage, " with the state in ", tier_name(options_.state_tier));
   if (options_.state_tier == StateTier::kMemory) return nullptr;
   ZRT_CHECK_AS(ConfigError, !policy_.replicated && device_.is_cpu(), "Engine: the optimizer state's tier '",
                tier_name(options_.state_tier), "' works at stages 1-3 for a CPU model; got stage ", options_.stage,
@@ -61,6 +71,7 @@ std::unique_ptr<NvmeStateStore> Engine::open_state_file(size_t numel) {
   std::string why;
   try {
     file = std::make_unique<NvmeStateStore>(static_cast<int64_t>(numel), options_.optimizer.state_dtype, nvme);
+    make_shard_copies();
   } catch (const Error& e) {
     why = e.what();
   }
@@ -72,16 +83,32 @@ std::unique_ptr<NvmeStateStore> Engine::open_state_file(size_t numel) {
   return file;
 }
 
+void Engine::make_shard_copies() {
+  std::vector<size_t> bytes;
+  for (const auto& g : groups_) {
+    for (const Bucket& b : g->buckets) {
+      bytes.resize(std::max(bytes.size(), b.index + 1), 0);
+      if (policy_.units && !units_.gathered(b.index)) bytes[b.index] = b.opt_numel * dtype_size(g->dtype);
+    }
+  }
+  if (options_.param_nvme_path.empty()) {
+    shard_copies_ = ShardCopies(bytes, nullptr);
+    return;
+  }
+  const ShardFileOptions file{options_.param_nvme_path, comm_.rank(), options_.nvme.queue_depth,
+                              options_.nvme.block_size};
+  shard_copies_ = ShardCopies(bytes, &file);
+}
+
 void Engine::keep_master(Bucket& b, DType dtype, const at::Tensor& mine, at::Tensor& master, NvmeStateStore* file) {
   if (file == nullptr) {
     master.narrow(0, static_cast<int64_t>(b.opt_offset), static_cast<int64_t>(b.opt_numel)).copy_(mine);
     return;
   }
   file->write_range(b.opt_offset, b.opt_numel, mine.data_ptr<float>(), nullptr, nullptr);  // m and v stay 0
-  if (units_.gathered(b.index)) return;  // persistent: the step writes its working copy
-  b.shard_copy =
-      at::empty({static_cast<int64_t>(b.opt_numel)}, at::TensorOptions().dtype(scalar_type(dtype)).device(device_));
-  cast_from_f32_on(device_, mine.data_ptr<float>(), b.shard_copy.data_ptr(), dtype, b.opt_numel);
+  if (!shard_copies_.has(b.index)) return;  // persistent: the step writes its working copy
+  cast_from_f32_on(device_, mine.data_ptr<float>(), shard_copies_.begin_write(b.index), dtype, b.opt_numel);
+  shard_copies_.end_write(b.index);
 }
 
 std::unique_ptr<OptimizerStateStore> Engine::make_state_store(at::Tensor master, std::unique_ptr<NvmeStateStore> file) {
@@ -105,13 +132,11 @@ void Engine::cast_master(size_t offset, size_t n, void* out, DType dtype) const 
 }
 
 void Engine::fill_own_chunk(const Bucket& b) {
-  const DType dtype = groups_[b.group]->dtype;
-  if (!b.shard_copy.defined()) {
-    cast_master(b.opt_offset, b.opt_numel, own_chunk(b), dtype);
-    return;
+  if (shard_copies_.has(b.index)) {
+    shard_copies_.read(b.index, own_chunk(b));
+  } else {
+    cast_master(b.opt_offset, b.opt_numel, own_chunk(b), groups_[b.group]->dtype);
   }
-  const int64_t n = static_cast<int64_t>(b.opt_numel);
-  units_.full(b.index).narrow(0, policy_.replicated ? 0 : comm_.rank() * n, n).copy_(b.shard_copy);
 }
 
 namespace {
@@ -204,8 +229,9 @@ void Engine::load_counters(const Counters& c) {
 
 void Engine::refresh_params() {
   for (Bucket* b : buckets_) {  // shard copies first (See Note [state tiers])
-    if (b->shard_copy.defined()) {
-      cast_master(b->opt_offset, b->opt_numel, b->shard_copy.data_ptr(), groups_[b->group]->dtype);
+    if (shard_copies_.has(b->index)) {
+      cast_master(b->opt_offset, b->opt_numel, shard_copies_.begin_write(b->index), groups_[b->group]->dtype);
+      shard_copies_.end_write(b->index);
     }
   }
   for (Bucket* b : whole_buckets()) {  // released units take the master's values when gathered

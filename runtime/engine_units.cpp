@@ -111,10 +111,9 @@ size_t Engine::resident_param_bytes() const {
     }
     for (const Bucket& b : g->buckets) {
       bytes += units_.persistent(b.index) ? static_cast<size_t>(units_.full(b.index).nbytes()) : 0;
-      bytes += b.shard_copy.defined() ? static_cast<size_t>(b.shard_copy.nbytes()) : 0;  // See Note [state tiers]
     }
   }
-  return bytes;
+  return bytes + shard_copies_.memory_bytes();  // See Note [state tiers]
 }
 
 }  // namespace zerort

@@ -126,17 +126,8 @@ StateTierStats NvmeStateStore::tier_stats() const {
   s.pool_bytes = pool_.bytes();
   s.bytes_read = queue_.bytes_read();
   s.bytes_written = queue_.bytes_written();
-  s.io_wait_seconds = wait_seconds_;
+  s.io_wait_seconds = queue_.wait_seconds();
   return s;
-}
-
-void NvmeStateStore::wait(io::IoQueue::Request request) {
-  struct Timer {  // counts on every way out, a failed wait's too
-    double& total;
-    std::chrono::steady_clock::time_point t0 = std::chrono::steady_clock::now();
-    ~Timer() { total += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(); }
-  } timer{wait_seconds_};
-  queue_.wait(request);
 }
 
 const at::Tensor& NvmeStateStore::master() const { no_whole_tensor("master", file_.path()); }
@@ -153,7 +144,7 @@ void* NvmeStateStore::take_buffer(std::deque<InFlight>& writes, bool block) {
   if (void* buffer = pool_.try_acquire()) return buffer;
   if (writes.empty()) return nullptr;
   if (!block && !queue_.poll(writes.front().request)) return nullptr;
-  if (block) wait(writes.front().request);
+  if (block) queue_.wait(writes.front().request);
   void* buffer = writes.front().buffer;  // done: its buffer passes straight to the caller
   writes.pop_front();
   return buffer;
@@ -168,7 +159,7 @@ void NvmeStateStore::retire_done_writes(std::deque<InFlight>& writes) {
 
 void NvmeStateStore::finish_writes(std::deque<InFlight>& writes) {
   while (!writes.empty()) {
-    wait(writes.front().request);
+    queue_.wait(writes.front().request);
     pool_.release(writes.front().buffer);
     writes.pop_front();
   }
@@ -194,7 +185,7 @@ void NvmeStateStore::drain(std::deque<InFlight>& reads, std::deque<InFlight>& wr
 void NvmeStateStore::finish_write_of(std::size_t c) {
   for (auto it = writes_.begin(); it != writes_.end(); ++it) {
     if (it->chunk != c) continue;
-    wait(it->request);
+    queue_.wait(it->request);
     pool_.release(it->buffer);
     writes_.erase(it);
     return;
@@ -238,7 +229,7 @@ void NvmeStateStore::update(const ChunkFn& fn) {
       while (next < chunks && next - i < pool_.buffer_count() && read_ahead(next, next == i)) ++next;
       ZRT_CHECK(!reads_.empty() && reads_.front().chunk == i, "NvmeStateStore::update: chunk ", i,
                 " is not being read (pool of ", pool_.buffer_count(), ")");  // unreachable
-      wait(reads_.front().request);
+      queue_.wait(reads_.front().request);
       computing = reads_.front().buffer;
       reads_.pop_front();
       fn(i * chunk_elements_, view(i, computing));
@@ -260,7 +251,7 @@ void NvmeStateStore::settle(const char* call) {
   try {
     finish_writes(writes_);
     while (!reads_.empty()) {  // read ahead for an update that a direct read or write comes before
-      wait(reads_.front().request);
+      queue_.wait(reads_.front().request);
       pool_.release(reads_.front().buffer);
       reads_.pop_front();
     }

@@ -118,7 +118,6 @@ class NvmeStateStore final : public OptimizerStateStore {
   // is free); false when no buffer is free, or, without `block`, c's last write is in flight.
   bool read_ahead(std::size_t c, bool block);
   void write_master(const at::Tensor& master);  // the second constructor's writes
-  void wait(io::IoQueue::Request request);      // queue_.wait, its time counted in wait_seconds_
   // A free buffer; when none is free and `block`, waits for the oldest write and takes its
   // buffer (nullptr when none is free and !block or there is no write to wait for).
   void* take_buffer(std::deque<InFlight>& writes, bool block);
@@ -139,7 +138,6 @@ class NvmeStateStore final : public OptimizerStateStore {
   std::deque<InFlight> reads_;   // chunks 0, 1, ... read ahead for the next update
   std::deque<InFlight> writes_;  // in submit order; an update's last ones outlive it
   std::string failure_;
-  double wait_seconds_ = 0;  // in wait(): the I/O not hidden behind compute
 };
 
 }  // namespace zerort

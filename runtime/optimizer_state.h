@@ -27,7 +27,7 @@ enum class StateArray { kMaster, kExpAvg, kExpAvgSq };
 
 // What a tier holds and moves, for the memory report and the monitor. In memory: nothing
 // but the tier. In a file: its path and size, the pool's RAM, the bytes moved since the
-// store was made, and the seconds update() spent waiting for them.
+// store was made, and the seconds spent blocked waiting for them (IoQueue::wait_seconds).
 struct StateTierStats {
   StateTier tier = StateTier::kMemory;
   std::string path;

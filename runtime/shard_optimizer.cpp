@@ -63,7 +63,7 @@ ShardOptimizer::ShardOptimizer(std::unique_ptr<OptimizerStateStore> state, Commu
 
 bool ShardOptimizer::step(const std::vector<OutputSegment>& outputs, StepStats& stats, int64_t missed_backward) {
   for (const auto& seg : outputs) {
-    ZRT_CHECK(seg.offset + seg.numel <= static_cast<size_t>(state_->numel()) && (seg.out || seg.numel == 0),
+    ZRT_CHECK(seg.offset + seg.numel <= static_cast<size_t>(state_->numel()) && (seg.out || seg.open || seg.numel == 0),
               "ShardOptimizer.step: output segment [", seg.offset, ", ", seg.offset + seg.numel,
               ") lies outside the master of ", state_->numel(), " elements, or has no buffer");
   }
@@ -116,7 +116,8 @@ bool ShardOptimizer::step(const std::vector<OutputSegment>& outputs, StepStats& 
     done = seg.offset + seg.numel;
   }
   pieces.push_back({done, n - done, nullptr, DType::kFloat32});
-  size_t first = 0;  // the first piece that may reach into the current chunk
+  std::vector<void*> lent(pieces.size(), nullptr);  // the buffers open() lent, while open
+  size_t first = 0;                                 // the first piece that may reach into the current chunk
   state_->update([&](size_t offset, const AdamWBuffers& chunk) {
     const size_t end = offset + chunk.n;
     while (first < pieces.size() && pieces[first].offset + pieces[first].numel <= offset) ++first;
@@ -124,8 +125,11 @@ bool ShardOptimizer::step(const std::vector<OutputSegment>& outputs, StepStats& 
       const OutputSegment& p = pieces[j];
       const size_t lo = std::max(p.offset, offset), hi = std::min(p.offset + p.numel, end);
       if (lo >= hi) continue;
-      void* out = p.out ? static_cast<char*>(p.out) + (lo - p.offset) * dtype_size(p.dtype) : nullptr;
+      if (p.open && lo == p.offset) lent[j] = p.open();
+      void* base = p.open ? lent[j] : p.out;
+      void* out = base ? static_cast<char*>(base) + (lo - p.offset) * dtype_size(p.dtype) : nullptr;
       adamw_range(chunk, offset, lo, hi - lo, out, p.dtype, s);
+      if (p.close && hi == p.offset + p.numel) p.close();
     }
   });
   scaler_.update(false);

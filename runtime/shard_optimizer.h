@@ -9,6 +9,7 @@
 
 #include <array>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -32,12 +33,16 @@ struct OptimizerOptions {
 };
 
 // Where step() writes the updated weights: master[offset, offset+numel) cast to dtype
-// (bf16, f16, or f32 for FP32 modules) at out.
+// (bf16, f16, or f32 for FP32 modules) at out. Instead of out, a segment can borrow its buffer:
+// open() when the step reaches the segment's first element, close() once its last is written.
+// The step reaches segments in offset order, so a lender needs one buffer at a time.
 struct OutputSegment {
   size_t offset = 0;
   size_t numel = 0;
   void* out = nullptr;
   DType dtype = DType::kBFloat16;
+  std::function<void*()> open = nullptr;
+  std::function<void()> close = nullptr;
 };
 
 struct StepStats {

@@ -6,8 +6,9 @@ record edges are crossed.
 
     torchrun --nproc_per_node W nvme_offload_worker.py OUT NVME_DIR CASES.json
 
-CASES.json: a list of {"name", "model", "stage", "state_dtype"}. Rank 0 writes OUT.json
-(losses, tier stats, memory report text per run) and OUT.pt (the masters and moments)."""
+CASES.json: a list of {"name", "model", "stage", "state_dtype", "params"}; "params" true also puts
+stage 3's parameters on NVMe (offload_param) in the nvme run. Rank 0 writes OUT.json (losses,
+tier stats, memory report text per run) and OUT.pt (the masters and moments)."""
 import json
 import os
 import sys
@@ -30,10 +31,13 @@ def config(case, tier, nvme_dir, work=None):
         optimizer.update(nvme_path=nvme_dir, chunk_numel=1000, buffer_count=3)
         if work:  # the monitor's CSV, with the I/O columns of the nvme tier
             extra["monitor"] = {"csv": True, "output_path": work, "job_name": case["name"]}
+    offload = {"optimizer": optimizer}
+    if tier == "nvme" and case.get("params"):
+        offload["param"] = {"device": "nvme", "nvme_path": nvme_dir}
     return {**extra, "stage": case["stage"], "precision": "bf16", "optimizer": {"lr": 3e-3, "weight_decay": 0.01,
                                                                        "state_dtype": case["state_dtype"]},
             "gradient_clipping": 1.0, "gradient_accumulation_steps": ACCUMULATION,
-            "reduce_bucket_numel": 700, "offload": {"optimizer": optimizer}}
+            "reduce_bucket_numel": 700, "offload": offload}
 
 
 def train(engine, name, steps, first=0):
@@ -69,8 +73,8 @@ def run_case(case, nvme_dir, work, result, tensors):
             stats[f"step_{k}"] = stats[k] - at_start[k]
         files = sorted(os.listdir(nvme_dir))
         engine.save_checkpoint(os.path.join(work, key.replace(":", "-")), tag="t")
-        result[key] = {"losses": losses, "stats": stats, "files": files,
-                       "report": engine.memory_report().table()}
+        result[key] = {"losses": losses, "stats": stats, "files": files, "report": engine.memory_report().table(),
+                       "param_stats": dict(engine.runtime.param_tier_stats)}
         tensors[key] = states(engine)
         comm = engine.comm
         engine.destroy()

@@ -128,9 +128,15 @@ def test_tiers_not_built_are_refused_naming_the_key_and_what_to_do():
                                           r"cuda:0 is not built yet"):
         check_tier(nvme, cuda)
     nvme_param = parse({"stage": 3, "offload": {"param": {"device": "nvme", "nvme_path": "/tmp"}}})
-    with pytest.raises(ConfigError, match=r"offload_param.device .*got 'nvme'; offloading the stage-3 parameters "
-                                          r"to NVMe for a model on cpu is not built yet"):
+    with pytest.raises(ConfigError, match=r"offload_param.device: got 'nvme' with offload_optimizer.device 'none'; "
+                                          r"with the optimizer states in memory, stage 3 gathers"):
         check_tier(nvme_param, cpu)
+    both = parse({"stage": 3, "offload": {"param": {"device": "nvme", "nvme_path": "/tmp"},
+                                          "optimizer": {"device": "nvme", "nvme_path": "/tmp"}}})
+    check_tier(both, cpu)  # built: tests/python/test_offload_nvme.py
+    with pytest.raises(ConfigError, match=r"offload_param.device \(.*got 'nvme'; offloading the stage-3 parameters "
+                                          r"to NVMe for a model on cuda:0 is not built yet"):
+        check_tier(both, cuda)
     check_tier(parse({"offload": {"optimizer": {"device": "none"}}}), cuda)  # none: today's path
 
 

@@ -20,11 +20,12 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 from zerort._testing.launch import launch, launch_plain  # noqa: E402
 
-STEPS = 4  # nvme_offload_worker.STEPS: optimizer steps, each streaming the whole state once
+STEPS, ACCUMULATION = 4, 2  # nvme_offload_worker's: optimizer steps (each streams the whole state once), micro
 CASES = {2: [{"name": "gpt2-s1", "model": "gpt2", "stage": 1, "state_dtype": "fp32"},
              {"name": "gpt2-s2", "model": "gpt2", "stage": 2, "state_dtype": "bf16"},
-             {"name": "llama-s3", "model": "llama", "stage": 3, "state_dtype": "fp32"}],
-         4: [{"name": "qwen2-s3", "model": "qwen2", "stage": 3, "state_dtype": "bf16"},
+             {"name": "llama-s3", "model": "llama", "stage": 3, "state_dtype": "fp32"},
+             {"name": "gpt2-s3p", "model": "gpt2", "stage": 3, "state_dtype": "fp32", "params": True}],
+         4: [{"name": "qwen2-s3p", "model": "qwen2", "stage": 3, "state_dtype": "bf16", "params": True},
              {"name": "gpt2-s2", "model": "gpt2", "stage": 2, "state_dtype": "fp32"}]}
 
 
@@ -51,9 +52,24 @@ def test_nvme_tier_equals_memory_tier_bitwise(tmp_path, world):
         ram, disk = result[f"{name}:none"], result[f"{name}:nvme"]
         assert ram["losses"] == disk["losses"], name
         assert same(tensors[f"{name}:none"], tensors[f"{name}:nvme"]), name
-        # The files: one per rank while the engine lives, sized for its chunks; gone after.
-        assert disk["files"] == sorted([f"zerort-states-rank{r}.bin" for r in range(world)] +
-                                       [f"zerort-states-rank{r}.bin.lock" for r in range(world)]), disk["files"]
+        # The files: one per rank while the engine lives, sized for its chunks (and one of the
+        # parameters' shards with offload_param); gone after.
+        kinds = ("states", "params") if case.get("params") else ("states",)
+        assert disk["files"] == sorted([f"zerort-{k}-rank{r}.bin{lock}" for k in kinds for r in range(world)
+                                        for lock in ("", ".lock")]), disk["files"]
+        params = disk["param_stats"]
+        if case.get("params"):
+            assert params["tier"] == "nvme" and params["path"].startswith(str(nvme)), params
+            size = params["file_bytes"]
+            assert size > 0 and size % 4096 == 0, params
+            # Each micro-step gathers every unit once or twice (forward, and backward unless kept
+            # between them), each gather reading its shard; initialize and every step write them
+            # all, the last step's writes maybe still in flight.
+            assert STEPS * ACCUMULATION * size <= params["bytes_read"] <= 2 * STEPS * ACCUMULATION * size, params
+            assert STEPS * size <= params["bytes_written"] <= (STEPS + 1) * size, params
+            assert "stage-3 parameters on nvme" in disk["report"] and "parameter file" in disk["report"]
+        else:
+            assert params["tier"] == "memory", params
         assert disk["files_after_destroy"] == [] and ram["files"] == []
         stats = disk["stats"]
         assert stats["tier"] == "nvme" and stats["path"].startswith(str(nvme))
@@ -71,7 +87,9 @@ def test_nvme_tier_equals_memory_tier_bitwise(tmp_path, world):
         with open(tmp_path / name / "metrics.csv") as f:
             rows = list(csv.DictReader(f))
         assert len(rows) == STEPS and all(float(r["nvme_wait_s"]) >= 0 for r in rows), rows
-        assert all(float(r["nvme_read_mib"]) == world * stats["file_bytes"] / 2 ** 20 for r in rows), rows
+        state_mib = world * stats["file_bytes"] / 2 ** 20  # plus the gathers' reads with offload_param
+        assert all(float(r["nvme_read_mib"]) > state_mib if case.get("params") else
+                   float(r["nvme_read_mib"]) == state_mib for r in rows), rows
         assert "optimizer states on nvme" in disk["report"], disk["report"]
         # A checkpoint from either tier resumes in the other to the same bits.
         assert result[f"{name}:none->nvme"]["losses"] == result[f"{name}:nvme->none"]["losses"]

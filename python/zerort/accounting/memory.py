@@ -53,25 +53,30 @@ class NvmeTier:
     """The nvme tier of the optimizer state (offload_optimizer.device "nvme"; See Note [state
     tiers], runtime/engine_state.cpp, and Note [NVMe state store]): master, m and v in a file of
     chunk records; in RAM only the pool (buffer_count records) and, at stage 3, each unit's
-    low-precision shard. alignment: the directory's direct-I/O alignment in bytes, which the
-    chunk's element count is rounded up to a multiple of (4096 on common filesystems)."""
+    low-precision shard, or with params (offload_param.device "nvme") a second file of those
+    shards and two staging buffers of the largest (Note [RegionFile]). alignment: the
+    directory's direct-I/O alignment in bytes, which the chunk's element count and each
+    shard's bytes are rounded up to a multiple of (4096 on common filesystems)."""
     buffer_count: int = 4
     chunk_numel: int = 1 << 20
     alignment: int = 4096
+    params: bool = False
 
     @classmethod
     def of(cls, config):
         """The Config's nvme tier, or None when the states stay in memory."""
         o = config.offload.optimizer
-        return cls(o.buffer_count, o.chunk_numel) if o.device == "nvme" else None
+        return cls(o.buffer_count, o.chunk_numel, params=config.offload.param.device == "nvme") \
+            if o.device == "nvme" else None
+
+    def aligned(self, n):
+        return -(-n // self.alignment) * self.alignment
 
     def record_bytes(self, state_bytes):
-        chunk = -(-self.chunk_numel // self.alignment) * self.alignment
-        return chunk * (4 + 2 * state_bytes)
+        return self.aligned(self.chunk_numel) * (4 + 2 * state_bytes)
 
     def file_bytes(self, state_numel, state_bytes):
-        chunk = -(-self.chunk_numel // self.alignment) * self.alignment
-        return -(-state_numel // chunk) * self.record_bytes(state_bytes)
+        return -(-state_numel // self.aligned(self.chunk_numel)) * self.record_bytes(state_bytes)
 
 
 def paper_formula(numel, world_size, stage):
@@ -106,16 +111,29 @@ def exact(groups, world_size, stage, reduce_bucket_numel=1 << 24, prefetch=1, at
     if nvme is not None:  # master, m and v go to the file; the pool and stage 3's shard copies stay
         out["master"] = out["adam_m"] = out["adam_v"] = 0
         out["state_pool"] = 0 if at_rest else nvme.buffer_count * nvme.record_bytes(state_bytes)
-        if stage == 3:
-            out["lp_params"] += sum(layout(g.numels, world_size).shard_numel * g.element_bytes
-                                    for g in groups if not g.persistent)
+        shards = _unit_shard_bytes(groups, world_size) if stage == 3 else []
+        if nvme.params:  # the shards go to their own file, through two staging buffers
+            out["state_pool"] += 0 if at_rest else 2 * nvme.aligned(max(shards, default=0) or 1)
+        else:
+            out["lp_params"] += sum(shards)
     return out
+
+
+def _unit_shard_bytes(groups, world_size):
+    """Stage 3: this rank's low-precision shard of each unit that is not persistent, in bytes."""
+    return [layout(g.numels, world_size).shard_numel * g.element_bytes for g in groups if not g.persistent]
 
 
 def nvme_file_bytes(groups, world_size, stage, nvme, reduce_bucket_numel=1 << 24, state_bytes=4):
     """The bytes of this rank's NVMe state file for these groups (See NvmeTier)."""
     numel = _in_memory(groups, world_size, stage, reduce_bucket_numel, 1, True, state_bytes)["grad_shard"] // 4
     return nvme.file_bytes(numel, state_bytes)
+
+
+def nvme_param_file_bytes(groups, world_size, stage, nvme):
+    """The bytes of this rank's NVMe file of stage 3's parameter shards (0 without nvme.params)."""
+    on = nvme.params and stage == 3
+    return sum(nvme.aligned(b) for b in _unit_shard_bytes(groups, world_size)) if on else 0
 
 
 def _in_memory(groups, world_size, stage, reduce_bucket_numel, prefetch, at_rest, state_bytes):
@@ -213,8 +231,8 @@ def estimate_memory(model_or_numel, world_size, stage, precision="bf16", *, redu
     a "total" in each. model_or_numel: a torch.nn.Module (shared parameters counted once)
     or a parameter count. optimizer_state_dtype: "bf16" keeps Adam's m and v in bf16.
     nvme: an NvmeTier puts master, m and v on NVMe (a config's offload_optimizer does the
-    same when nvme is not given): "exact" is then the RAM, and "nvme_file_bytes" each rank's
-    file."""
+    same when nvme is not given): "exact" is then the RAM, "nvme_file_bytes" each rank's state
+    file and "nvme_param_file_bytes" its parameter file (nvme.params, stage 3)."""
     if isinstance(model_or_numel, torch.nn.Module):
         groups = model_groups(model_or_numel, stage, precision, config)
         numel = sum(sum(g.numels) for g in groups)
@@ -231,6 +249,7 @@ def estimate_memory(model_or_numel, world_size, stage, precision="bf16", *, redu
            "precision": precision}
     if nvme is not None:
         out["nvme_file_bytes"] = nvme_file_bytes(groups, world_size, stage, nvme, reduce_bucket_numel, state_bytes)
+        out["nvme_param_file_bytes"] = nvme_param_file_bytes(groups, world_size, stage, nvme)
     return out
 
 
@@ -315,6 +334,9 @@ def main(argv=None):
                          "a file per rank, the RAM then holds the I/O pool)")
     ap.add_argument("--nvme-buffer-count", type=int, default=4, help="offload_optimizer.buffer_count")
     ap.add_argument("--nvme-chunk-numel", type=int, default=1 << 20, help="offload_optimizer.chunk_numel")
+    ap.add_argument("--offload-param", choices=["none", "cpu", "nvme"], default="none",
+                    help="stage 3's parameters (nvme: each unit's shard in a second file; needs --offload-optimizer "
+                         "nvme)")
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--plot", metavar="FILE.png")
     a = ap.parse_args(argv)
@@ -332,7 +354,10 @@ def main(argv=None):
     stages = [a.stage] if a.stage is not None else [0, 1, 2, 3]
     if a.offload_optimizer == "nvme":
         stages = [s for s in stages if s > 0]  # stage 0 keeps its states with the model
-    nvme = NvmeTier(a.nvme_buffer_count, a.nvme_chunk_numel) if a.offload_optimizer == "nvme" else None
+    if a.offload_param == "nvme" and a.offload_optimizer != "nvme":
+        ap.error("--offload-param nvme needs --offload-optimizer nvme (zerort.config.offload.check_tier's rule)")
+    nvme = NvmeTier(a.nvme_buffer_count, a.nvme_chunk_numel, params=a.offload_param == "nvme") \
+        if a.offload_optimizer == "nvme" else None
     results = [estimate_memory(numel, a.world_size, s, a.precision, reduce_bucket_numel=a.reduce_bucket_numel,
                                unit_numel=unit, optimizer_state_dtype=a.optimizer_state_dtype, nvme=nvme)
                for s in stages]
@@ -345,12 +370,12 @@ def main(argv=None):
     print(f"model states per rank: {numel:,} parameters ({numel / 1e9:.3f}B), W={a.world_size}, {a.precision} "
           f"(GB = 1e9 bytes; paper = the ZeRO paper's formula, ours = our exact layout)")
     if nvme is not None:
-        print("offload_optimizer nvme: 'ours' is the RAM per rank; each rank's file on NVMe is the last column")
+        print("offload nvme: 'ours' is the RAM per rank; each rank's files on NVMe are the last columns")
     head = f"{'stage':>5s} {'paper':>9s} {'ours':>9s}  " + "  ".join(f"{k:>14s}" for k, _ in CATEGORIES)
-    print(head + (f"  {'nvme_file':>14s}" if nvme else ""))
+    print(head + (f"  {'nvme_file':>14s}  {'nvme_params':>14s}" if nvme else ""))
     for r in results:
         cats = "  ".join(f"{r['exact'][k] / gb:14.3f}" for k, _ in CATEGORIES)
-        file = f"  {r['nvme_file_bytes'] / gb:14.3f}" if nvme else ""
+        file = f"  {r['nvme_file_bytes'] / gb:14.3f}  {r['nvme_param_file_bytes'] / gb:14.3f}" if nvme else ""
         print(f"{r['stage']:5d} {r['paper']['total'] / gb:9.3f} {r['exact']['total'] / gb:9.3f}  {cats}{file}")
     if a.plot:
         print(f"wrote {a.plot}")

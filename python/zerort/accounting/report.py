@@ -10,7 +10,7 @@ import resource
 import torch
 
 from zerort.accounting.memory import (BOUND_ONLY, BYTES, CATEGORIES, STATE_BYTES, NvmeTier, _layout_groups, exact,
-                                      nvme_file_bytes, phase_estimates)
+                                      nvme_file_bytes, nvme_param_file_bytes, phase_estimates)
 from zerort.accounting.phases import PHASES
 from zerort.config.offload import describe
 
@@ -38,14 +38,15 @@ class MemoryReport:
     made, beside the exact estimate of the same layout (estimate_memory)."""
 
     def __init__(self, measured, across, estimate, peak_rss, cuda_peak, stage, world_size, allocator=None,
-                 offload="offload none", tier=None):
+                 offload="offload none", tier=None, param_tier=None):
         self.measured, self.across, self.estimate = measured, across, estimate
         self.peak_rss, self.cuda_peak, self.stage, self.world_size = peak_rss, cuda_peak, stage, world_size
         self.allocator = allocator
         self.offload = offload  # where the states live (zerort.config.offload.describe)
         # The optimizer state's tier (the engine's state_tier_stats, with "file_estimate" and
-        # "file_bytes_sum" across ranks for nvme); None: in memory.
-        self.tier = tier
+        # "file_bytes_sum" across ranks for nvme); None: in memory. param_tier: the same for
+        # stage 3's parameter file (the engine's param_tier_stats); None: in memory.
+        self.tier, self.param_tier = tier, param_tier
 
     def to_dict(self):
         rows = {}
@@ -56,7 +57,7 @@ class MemoryReport:
         return {"stage": self.stage, "world_size": self.world_size, "categories": rows,
                 "total_measured": sum(self.measured.values()), "peak_rss_bytes": self.peak_rss,
                 "cuda_max_allocated_bytes": self.cuda_peak, "allocator": self.allocator, "offload": self.offload,
-                "state_tier": self.tier}
+                "state_tier": self.tier, "param_tier": self.param_tier}
 
     def table(self):
         mib, w = 1 << 20, 46
@@ -103,8 +104,9 @@ class MemoryReport:
                 lines.append(f"  not seen by the allocator: the communicator's reduce scratch (peak "
                              f"{f(a['not_counted'])} MiB, in 'comm\n  buffers' below), which it allocates outside it")
             if self.tier is not None:
-                lines.append(f"  not seen by the allocator: the NVMe tier's I/O buffers ({f(self.tier['pool_bytes'])} "
-                             "MiB, below), aligned for direct I/O outside it")
+                pool = f(self.measured["state_pool"])
+                lines.append(f"  not seen by the allocator: the NVMe tier's I/O buffers ({pool} MiB, below), aligned "
+                             "for direct I/O outside it")
         head("engine bookkeeping (zerort's own counters)")
         for k, label in CATEGORIES:
             m, (lo, hi, _), e = self.measured[k], self.across[k], self.estimate[k]
@@ -113,15 +115,13 @@ class MemoryReport:
             lines[-1] += note
         total_m, total_e = sum(self.measured.values()), sum(self.estimate.values())
         row("model states", total_m, e=total_e, d=total_m - total_e)
-        if self.tier is not None:
-            t = self.tier
-            lines.append(f"on NVMe: this rank's state file {t['path']}: {t['file_bytes'] / mib:.3f} MiB (estimate "
+        for what, t in (("state", self.tier), ("parameter", self.param_tier)):
+            if t is None:
+                continue
+            lines.append(f"on NVMe: this rank's {what} file {t['path']}: {t['file_bytes'] / mib:.3f} MiB (estimate "
                          f"{t['file_estimate'] / mib:.3f}; all ranks {t['file_bytes_sum'] / mib:.3f} MiB)")
-            speed = lambda b: f"{b / mib / t['io_wait_seconds']:.0f} MiB/s while waited for" \
-                if t["io_wait_seconds"] > 0 else "never waited for"
             lines.append(f"  I/O since initialize: read {t['bytes_read'] / mib:.1f} MiB, wrote "
-                         f"{t['bytes_written'] / mib:.1f} MiB; {t['io_wait_seconds']:.3f} s waiting for it "
-                         f"({speed(t['bytes_read'] + t['bytes_written'])})")
+                         f"{t['bytes_written'] / mib:.1f} MiB; {t['io_wait_seconds']:.3f} s spent waiting for it")
         lines.append(f"peak process RSS: {self.peak_rss / mib:.1f} MiB" +
                      ("" if self.cuda_peak is None else f"; CUDA max allocated {self.cuda_peak / mib:.1f} MiB"))
         return "\n".join(lines)
@@ -140,9 +140,11 @@ def measure(engine, mem):
         out["lp_grads"] += nbytes(flat_grads) if flat_grads is not None else 0
     tier = impl.state_tier_stats
     if tier["tier"] == "memory":
-        out["master"] = 4 * impl.state_numel
-        out["adam_m"] = out["adam_v"] = STATE_BYTES[engine.config.optimizer.state_dtype] * impl.state_numel
-    out["state_pool"] = tier["pool_bytes"]
+        for g in range(impl.num_groups):
+            out["master"] += nbytes(impl.master(g))
+            out["adam_m"] += nbytes(impl.exp_avg(g))
+            out["adam_v"] += nbytes(impl.exp_avg_sq(g))
+    out["state_pool"] = tier["pool_bytes"] + impl.param_tier_stats["pool_bytes"]
     out["lp_grads"] += impl.pack_buffer_bytes  # stages 2, 3
     out["grad_shard"] = nbytes(impl.grad_shard)
     out["comm_buffers"] = scratch + (nbytes(impl.stage0_scratch) if impl.stage0_scratch is not None else 0)
@@ -200,15 +202,24 @@ def report(engine, mem):
     state_bytes, nvme = STATE_BYTES[c.optimizer.state_dtype], NvmeTier.of(c)
     est = exact(groups, engine.world_size, c.stage, c.reduce_bucket_numel, c.stage3.prefetch,
                 state_bytes=state_bytes, nvme=nvme)
-    tier = None
+    tier = param_tier = None
     if nvme is not None:
-        tier = dict(engine.runtime.state_tier_stats)
-        tier["file_estimate"] = nvme_file_bytes(groups, engine.world_size, c.stage, nvme, c.reduce_bucket_numel,
-                                                state_bytes)
-        total = torch.tensor([tier["file_bytes"]], dtype=torch.int64)
-        engine.comm.all_reduce(total, "sum")
-        tier["file_bytes_sum"] = int(total)
+        tier = _file_figures(engine, engine.runtime.state_tier_stats,
+                             nvme_file_bytes(groups, engine.world_size, c.stage, nvme, c.reduce_bucket_numel,
+                                             state_bytes))
+        if nvme.params:
+            param_tier = _file_figures(engine, engine.runtime.param_tier_stats,
+                                       nvme_param_file_bytes(groups, engine.world_size, c.stage, nvme))
     peak_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     cuda_peak = torch.cuda.max_memory_allocated() if torch.cuda.is_available() else None
     return MemoryReport(measured, across, est, peak_rss, cuda_peak, c.stage, engine.world_size, alloc,
-                        describe(c, engine.device), tier)
+                        describe(c, engine.device), tier, param_tier)
+
+
+def _file_figures(engine, stats, estimate):
+    """A tier file's stats with its estimate and its size summed over ranks (a collective)."""
+    out = dict(stats, file_estimate=estimate)
+    total = torch.tensor([out["file_bytes"]], dtype=torch.int64)
+    engine.comm.all_reduce(total, "sum")
+    out["file_bytes_sum"] = int(total)
+    return out

@@ -63,6 +63,10 @@ def _only(*values):
 
 BOOL, NUM = bool, (int, float)
 
+# offload_param's keys that size DeepSpeed's parameter swap buffers.
+PARAM_SWAP_BUFFERS = ("sizes DeepSpeed's swap buffers and changes nothing here (zerort's parameter file stages "
+                      "through two buffers of the largest unit's shard)")
+
 KEYS = [
     # ---- batch and training loop ----
     a("train_batch_size", "the same; with the micro batch it sets gradient_accumulation_steps"),
@@ -191,14 +195,18 @@ KEYS = [
     d("zero_optimization.offload_optimizer.super_offload", "SuperOffload (Superchip CPU offloading)"),
     a("zero_optimization.offload_optimizer.cpuadam_cores_perc", "only with super_offload, rejected above", kind=NUM),
     b("zero_optimization.offload_param.device", "offload.param.device, at stage 3 only (as in DeepSpeed): 'none'; "
-      "'cpu' for a CPU model (accepted, the parameters are in host memory already); 'cpu' for a CUDA model and "
-      "'nvme' are refused at initialize (not built yet in this version)"),
+      "'cpu' for a CPU model (accepted, the parameters are in host memory already); 'nvme' for a CPU model with "
+      "offload_optimizer 'nvme' (each unit's low-precision shard in a file, read by its gather); a CUDA model's "
+      "are refused at initialize (not built yet in this version)"),
     b("zero_optimization.offload_param.nvme_path", "offload.param.nvme_path (a string or null); device 'nvme' "
       "needs it"),
     b("zero_optimization.offload_param.pin_memory", "offload.param.pin_memory (default true)"),
-    b("zero_optimization.offload_param.buffer_count", "offload.param.buffer_count (>= 0, default 5)"),
-    b("zero_optimization.offload_param.buffer_size", "offload.param.buffer_size (elements, >= 0, default 1e8)"),
-    b("zero_optimization.offload_param.max_in_cpu", "offload.param.max_in_cpu (elements, >= 0, default 1e9)"),
+    b("zero_optimization.offload_param.buffer_count", "offload.param.buffer_count (>= 0, default 5); "
+      + PARAM_SWAP_BUFFERS),
+    b("zero_optimization.offload_param.buffer_size", "offload.param.buffer_size (elements, >= 0, default 1e8); "
+      + PARAM_SWAP_BUFFERS),
+    b("zero_optimization.offload_param.max_in_cpu", "offload.param.max_in_cpu (elements, >= 0, default 1e9); "
+      + PARAM_SWAP_BUFFERS),
     b("zero_optimization.cpu_offload", "DeepSpeed's legacy key: true is offload_optimizer {\"device\": \"cpu\"}; "
       "not with offload_optimizer"),
     b("zero_optimization.cpu_offload_param", "DeepSpeed's legacy key: true is offload_param {\"device\": \"cpu\"}; "

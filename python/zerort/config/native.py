@@ -52,4 +52,6 @@ def nvme_options(c):
 def engine_options(c):
     """The Config c as EngineOptions (its materialize is the Engine's own argument)."""
     tier = "nvme" if c.offload.optimizer.device == "nvme" else "memory"  # 'cpu': See Note [offload tiers]
-    return _struct(_C.EngineOptions, c, optimizer=optimizer_options(c), state_tier=tier, nvme=nvme_options(c))
+    par = c.offload.param
+    return _struct(_C.EngineOptions, c, optimizer=optimizer_options(c), state_tier=tier, nvme=nvme_options(c),
+                   param_nvme_path=par.nvme_path if par.device == "nvme" else "")

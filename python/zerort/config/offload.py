@@ -19,11 +19,17 @@ offload_optimizer.device "nvme" puts a CPU model's master and Adam moments in on
 rank under nvme_path, streamed through a pool of buffer_count buffers with aio's block_size
 and queue_depth (Note [state tiers], runtime/engine_state.cpp); the step always overlaps the
 reads and writes with compute, so pipeline_read and pipeline_write (DeepSpeed's switches
-for that overlap) change nothing. Host memory for a CUDA model's states, NVMe for a CUDA
-model, a partial NVMe offload (ratio < 1) and parameter offload to NVMe are tiers this
-version does not build: check_tier refuses them with a ConfigError at initialize, from the
-config and the model's device alone, so every rank raises the same error before any
-collective.
+for that overlap) change nothing. offload_param.device "nvme" (stage 3, a CPU model, with the
+optimizer states on NVMe too) puts each released unit's low-precision shard in a second file
+per rank under offload_param.nvme_path, read by the unit's gather (and so ahead of use by the
+unit prefetch) through two staging buffers of the largest unit's shard (Note [RegionFile]);
+buffer_count, buffer_size and max_in_cpu size DeepSpeed's own swap buffers and change
+nothing here. With the optimizer states in memory, stage 3's gathers cast from the FP32 master
+and keep no low-precision shard to offload, so parameters on NVMe need the states there too.
+Host memory for a CUDA model's states, NVMe for a CUDA model and a partial NVMe offload
+(ratio < 1) are tiers this version does not build: check_tier refuses them with a
+ConfigError at initialize, from the config and the model's device alone, so every rank
+raises the same error before any collective.
 """
 import dataclasses
 
@@ -137,15 +143,20 @@ def check_tier(config, device):
     lines = []
     for name in ("optimizer", "param"):
         tier = getattr(config.offload, name).device
-        built = tier == "none" or device.type == "cpu" and (tier == "cpu" or name == "optimizer")
+        built = tier == "none" or device.type == "cpu"
         if not built:
             where = "NVMe" if tier == "nvme" else "host memory"
             lines.append(f"{KEY_NAMES[name]}: got {tier!r}; offloading the {_WHAT[name]} to {where} for a model on "
                          f"{device} is not built yet in this version of zerort: set the device to 'none' (the "
                          "states stay where the model is), or train a CPU model"
                          + (" (its optimizer states can go to 'cpu' or 'nvme')" if name == "optimizer" else
-                            " (its parameters can go to 'cpu', where they are already)"))
-    opt = config.offload.optimizer
+                            " (its parameters can go to 'cpu', where they are already, or 'nvme')"))
+    opt, par = config.offload.optimizer, config.offload.param
+    if par.device == "nvme" and opt.device != "nvme":
+        lines.append(f"zero_optimization.offload_param.device: got 'nvme' with offload_optimizer.device "
+                     f"{opt.device!r}; with the optimizer states in memory, stage 3 gathers each unit from the FP32 "
+                     "master and keeps no low-precision shard to put on NVMe: set "
+                     "zero_optimization.offload_optimizer.device to 'nvme' as well (and its nvme_path)")
     if opt.device == "nvme" and opt.ratio < 1:
         lines.append(f"zero_optimization.offload_optimizer.ratio: got {opt.ratio!r} with device 'nvme'; a partial "
                      "NVMe offload is not built yet in this version of zerort: set ratio to 1")

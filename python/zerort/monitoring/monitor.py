@@ -14,9 +14,9 @@ integer tensor given to engine(...) in training mode, else its first tensor's fi
 dimension, on every rank, over the wall time since the previous row) and each rank's memory peak over the
 window as its allocator saw it (zerort.accounting.phases; torch's statistics on CUDA). With the
 optimizer states on NVMe (offload_optimizer.device "nvme") three more: the MiB the state files
-were read and written since the previous row, summed over ranks, and the most seconds a rank
-waited for that I/O. The figures of other ranks travel in one all-gather per step, made only
-while a monitor is on.
+(and stage 3's parameter files, with offload_param "nvme") were read and written since the
+previous row, summed over ranks, and the most seconds a rank waited for that I/O. The figures
+of other ranks travel in one all-gather per step, made only while a monitor is on.
 
 CSV: OUTPUT_PATH/JOB_NAME/metrics.csv, one header and one row per step, flushed at each
 row; a run that finds the file (a resumed one) appends to it, when its columns are the
@@ -85,11 +85,11 @@ class Monitor:
         self.peak = max(self.peak, peak)
 
     def io_now(self, engine):
-        """This rank's NVMe state I/O so far: [bytes read, bytes written, seconds waited] ([] in memory)."""
+        """This rank's NVMe I/O so far, both files: [bytes read, bytes written, seconds waited] ([] in memory)."""
         if not self.nvme:
             return []
-        t = engine.runtime.state_tier_stats
-        return [t["bytes_read"], t["bytes_written"], t["io_wait_seconds"]]
+        files = (engine.runtime.state_tier_stats, engine.runtime.param_tier_stats)
+        return [sum(t[k] for t in files) for k in ("bytes_read", "bytes_written", "io_wait_seconds")]
 
     def after_update(self, engine, s):
         """At an accumulation boundary, on every rank (the one all-gather)."""

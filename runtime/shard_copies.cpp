@@ -1,0 +1,58 @@
+#include "runtime/shard_copies.h"
+
+#include <ATen/ops/empty.h>
+
+#include <cstring>
+
+#include "core/error.h"
+
+namespace zerort {
+
+ShardCopies::ShardCopies(const std::vector<std::size_t>& bytes, const ShardFileOptions* file) : bytes_(bytes) {
+  if (file != nullptr) {
+    file_ = std::make_unique<io::RegionFile>(file->directory, detail::concat("zerort-params-rank", file->rank, ".bin"),
+                                             bytes_, file->queue_depth, file->block_size);
+    return;
+  }
+  for (std::size_t b : bytes_) memory_.push_back(at::empty({static_cast<int64_t>(b)}, at::kByte));
+}
+
+void* ShardCopies::begin_write(std::size_t bucket) {
+  ZRT_CHECK(has(bucket), "ShardCopies: bucket ", bucket, " has no shard copy");
+  return file_ ? file_->begin_write(bucket) : memory_[bucket].data_ptr();
+}
+
+void ShardCopies::end_write(std::size_t bucket) {
+  if (file_) file_->end_write(bucket);
+}
+
+void ShardCopies::read(std::size_t bucket, void* out) {
+  ZRT_CHECK(has(bucket), "ShardCopies: bucket ", bucket, " has no shard copy");
+  if (file_) {
+    file_->read(bucket, out);
+  } else {
+    std::memcpy(out, memory_[bucket].data_ptr(), bytes_[bucket]);
+  }
+}
+
+std::size_t ShardCopies::memory_bytes() const {
+  if (file_) return 0;
+  std::size_t total = 0;
+  for (std::size_t b : bytes_) total += b;
+  return total;
+}
+
+StateTierStats ShardCopies::stats() const {
+  StateTierStats s;
+  if (!file_) return s;
+  s.tier = StateTier::kNvme;
+  s.path = file_->path();
+  s.file_bytes = file_->file_bytes();
+  s.pool_bytes = file_->staging_bytes();
+  s.bytes_read = file_->bytes_read();
+  s.bytes_written = file_->bytes_written();
+  s.io_wait_seconds = file_->wait_seconds();
+  return s;
+}
+
+}  // namespace zerort

@@ -1,0 +1,50 @@
+// ShardCopies: this rank's low-precision shard of each released stage-3 unit, kept apart from the
+// FP32 master when the master is off memory (See Note [state tiers], runtime/engine_state.cpp):
+// tensors in memory, or one region each of a file (offload_param.device "nvme").
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <cstddef>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "io/region_file.h"
+#include "runtime/optimizer_state.h"
+
+namespace zerort {
+
+// Where the copies go in a file: the directory (nvme_path) and the I/O's shape (aio's).
+struct ShardFileOptions {
+  std::string directory;
+  int rank = 0;  // names the file: zerort-params-rank<rank>.bin
+  unsigned queue_depth = 8;
+  std::size_t block_size = std::size_t{1} << 20;
+};
+
+// Copy b is written with begin_write(b) (a buffer of bytes(b) to fill) and end_write(b), and read
+// with read(b, out); see Note [RegionFile] (io/region_file.h) for the file's rules, which the
+// memory form keeps too (one write prepared at a time). A bucket without a copy has bytes 0.
+class ShardCopies {
+ public:
+  ShardCopies() = default;  // no copies
+  // bytes[b]: bucket b's copy in bytes (0: none). file: nullptr keeps them in memory.
+  ShardCopies(const std::vector<std::size_t>& bytes, const ShardFileOptions* file);
+
+  bool has(std::size_t bucket) const { return bucket < bytes_.size() && bytes_[bucket] > 0; }
+  void* begin_write(std::size_t bucket);
+  void end_write(std::size_t bucket);
+  void read(std::size_t bucket, void* out);
+  // The copies held in memory as tensors (0 in a file: its staging is stats().pool_bytes).
+  std::size_t memory_bytes() const;
+  // In a file: its path, size, staging and I/O (tier kNvme); in memory: tier kMemory only.
+  StateTierStats stats() const;
+
+ private:
+  std::vector<std::size_t> bytes_;
+  std::vector<at::Tensor> memory_;
+  std::unique_ptr<io::RegionFile> file_;
+};
+
+}  // namespace zerort
