@@ -201,9 +201,10 @@ def run(kind, model_name, steps, data, zerort_extra=None, ds_extra=None):
         t0 = time.perf_counter()
         loss, s = rt.train_step(x, y, last=step == steps - 1)
         dt = time.perf_counter() - t0
-        if tier is not None:  # the optimizer state's tier: its I/O so far (bytes, seconds waited), this rank
+        if tier is not None:  # the tiers' files (state, parameters): their I/O so far (bytes, seconds waited)
             tier = rt.engine.runtime.state_tier_stats
-            tier_io.append([tier["bytes_read"], tier["bytes_written"], tier["io_wait_seconds"]])
+            files = (tier, rt.engine.runtime.param_tier_stats)
+            tier_io.append([sum(t[k] for t in files) for k in ("bytes_read", "bytes_written", "io_wait_seconds")])
         state = s if s is not None else state
         loss_sum, = reduce([loss], dist.ReduceOp.SUM)
         dt_max, = reduce([dt], dist.ReduceOp.MAX)

@@ -7,7 +7,8 @@
    its "I/O alone" figure), as a fraction of the disk's rate for the same mix.
 2. The training step with the FP32 master and Adam's moments in RAM, under
    offload_optimizer.device "cpu" (a CPU model's states are in host memory already: See Note
-   [offload tiers]) and "nvme", at each stage asked: examples/gpt.py's GPT under
+   [offload tiers]) and "nvme" (at stage 3 also with offload_param "nvme": nvme+params), at
+   each stage asked: examples/gpt.py's GPT under
    bench/e2e_worker.py (torchrun, W = 2, gloo, OMP_NUM_THREADS=1 per rank), the same model,
    data and seed, so every step's loss must be the same to the bit in all three. Median and
    p90 over the steps after the first 2 (the slowest rank's time per step), the ratio to the
@@ -89,15 +90,19 @@ def stream_rate(directory, million, buffers):
 
 
 def offload(tier, path, buffer_count):
-    o = {"device": tier}
-    if tier == "nvme":
+    """tier: none, cpu, nvme, or nvme+params (stage 3's parameter shards on NVMe too)."""
+    o = {"device": tier.split("+")[0]}
+    if o["device"] == "nvme":
         o.update(nvme_path=path, buffer_count=buffer_count)
-    return {"offload": {"optimizer": o}}
+    return {"offload": {"optimizer": o, **({"param": {"device": "nvme", "nvme_path": path}} if "+" in tier else {})}}
 
 
 def rows(a):
-    """(stage, tier, buffer_count) of each run: RAM, cpu, then nvme with each pool size."""
-    return [(s, t, b) for s in a.stages for t, counts in (("none", [0]), ("cpu", [0]), ("nvme", a.buffer_counts))
+    """(stage, tier, buffer_count) of each run: RAM, cpu, then nvme with each pool size (at stage 3
+    also with the parameters on NVMe)."""
+    return [(s, t, b) for s in a.stages
+            for t, counts in (("none", [0]), ("cpu", [0]), ("nvme", a.buffer_counts),
+                              *([("nvme+params", a.buffer_counts)] if s == 3 else []))
             for b in counts]
 
 
@@ -192,7 +197,7 @@ def report(a, out):
         med, p90 = statistics.median(timed(r)), e2e.pct(timed(r), 0.9)
         vs = f"{med / statistics.median(timed(ram)):.2f}" if not ram.get("error") else "n/a"
         same = "yes" if not ram.get("error") and r["losses"] == ram["losses"] else "NO"
-        mib, wait = io_per_step(r) if tier == "nvme" else (0, 0)
+        mib, wait = io_per_step(r) if tier.startswith("nvme") else (0, 0)
         pool = (r.get("tier") or {}).get("pool_bytes", 0) / MIB
         print(f"| {stage} | {name} | {pool:.0f} | {1e3 * med:.0f} | {1e3 * p90:.0f} | {vs} | {same} | {mib:.0f} "
               f"| {1e3 * wait:.0f} | {len(r['left_files'])} |")

@@ -234,3 +234,14 @@ def test_logger_and_log_dist(capsys):
     out = capsys.readouterr().out
     assert "[Rank 0] hello from the test" in out and "not shown" not in out
     assert deepspeed.utils.logger.name == "DeepSpeed"
+
+
+def test_safe_set_full_refuses_a_wrong_shape_a_frozen_parameter_and_an_unknown_key():
+    m = model()
+    engine = stage3_engine(m)
+    weight = m[2].weight
+    with pytest.raises(ValueError, match=r"has shape \[.*\]; got a value of shape \[3\]"):
+        deepspeed.utils.safe_set_full_fp32_param(weight, torch.zeros(3))
+    with pytest.raises(AttributeError, match="key 'momentum'"):
+        deepspeed.utils.safe_set_full_optimizer_state(weight, torch.zeros(weight.ds_shape), "momentum")
+    engine.destroy()

@@ -27,13 +27,20 @@ def restore(engine, key, layout, reader):
     """The saved `key` state of every parameter of layout (param_layout(engine)) into the
     engine: a batch of about WINDOW elements of parameters at a time (reader.assemble builds
     each one's whole value), not the whole model's."""
+    for batch in _batches(layout):
+        write_state(engine, key, {b: reader.assemble(b, key) for b in batch}, layout)
+
+
+def _batches(layout):
+    """The parameter names of layout in runs of about WINDOW elements (one larger parameter
+    alone)."""
     batch, size = [], 0
     for name, info in layout.items():
         n = math.prod(info["shape"])
         if batch and size + n > WINDOW:
-            write_state(engine, key, {b: reader.assemble(b, key) for b in batch}, layout)
+            yield batch
             batch, size = [], 0
         batch.append(name)
         size += n
     if batch:
-        write_state(engine, key, {b: reader.assemble(b, key) for b in batch}, layout)
+        yield batch

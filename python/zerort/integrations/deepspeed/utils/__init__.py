@@ -1,6 +1,7 @@
 """deepspeed.utils on zerort: the logger, log_dist, and the full values of one sharded
-parameter (safe_get_full_fp32_param, safe_get_full_optimizer_state), collectives of the
-engine that trains it. zero_to_fp32 is deepspeed.utils.zero_to_fp32 on zerort's checkpoints."""
+parameter, read (safe_get_full_*) or written (safe_set_full_*): collectives of the engine
+that trains it, in any tier of its state. zero_to_fp32 is deepspeed.utils.zero_to_fp32 on
+zerort's checkpoints."""
 import logging
 import sys
 
@@ -120,12 +121,47 @@ def safe_get_full_grad(param):
     return _full(param, "grad", "safe_get_full_grad", engine) / denominator
 
 
+def _adam_key(key, who):
+    if key not in ("exp_avg", "exp_avg_sq"):
+        raise NotProvidedError(f"deepspeed.utils.{who}: key {key!r}; zerort's AdamW keeps 'exp_avg' and 'exp_avg_sq'")
+    return key
+
+
 def safe_get_full_optimizer_state(param, optim_state_key):
     """param's Adam state ("exp_avg" or "exp_avg_sq"), whole, on every rank."""
-    if optim_state_key not in ("exp_avg", "exp_avg_sq"):
-        raise NotProvidedError(f"deepspeed.utils.safe_get_full_optimizer_state: key {optim_state_key!r}; zerort's "
-                               "AdamW keeps 'exp_avg' and 'exp_avg_sq'")
-    return _full(param, optim_state_key, "safe_get_full_optimizer_state")
+    who = "safe_get_full_optimizer_state"
+    return _full(param, _adam_key(optim_state_key, who), who)
+
+
+def _set_full(param, key, value, who):
+    """value (param's whole shape) into this rank's part of param's `key` state (one of
+    shard_map.STATE_KEYS), in any tier: the same value on every rank, as DeepSpeed's."""
+    from zerort.layout.shard_map import param_layout, write_state
+
+    engine = _owner(param, who)
+    name = engine.param_index.names[id(param)]
+    layout = param_layout(engine)
+    if name not in layout:
+        raise NotProvidedError(f"deepspeed.utils.{who}: {name!r} is frozen: it has no optimizer state")
+    value = torch.as_tensor(value)
+    if list(value.shape) != layout[name]["shape"]:
+        raise ValueError(f"deepspeed.utils.{who}: {name!r} has shape {layout[name]['shape']}; got a value of shape "
+                         f"{list(value.shape)}")
+    write_state(engine, key, {name: value.detach().to("cpu", torch.float32)}, layout)
+    return engine
+
+
+def safe_set_full_fp32_param(param, value):
+    """Sets param's FP32 master to value (its whole shape; call it on every rank with the same
+    value) and the working weights to its cast, so the next forward and step start from it."""
+    _set_full(param, "master", value, "safe_set_full_fp32_param").runtime.refresh_params()
+
+
+def safe_set_full_optimizer_state(param, value, optim_state_key):
+    """Sets param's Adam state ("exp_avg" or "exp_avg_sq") to value (its whole shape, rounded to
+    the state dtype; call it on every rank with the same value)."""
+    who = "safe_set_full_optimizer_state"
+    _set_full(param, _adam_key(optim_state_key, who), value, who)
 
 
 __getattr__ = not_provided(__name__)
