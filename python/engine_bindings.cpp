@@ -258,6 +258,7 @@ void bind_engine(py::module_& m) {
            [](Engine& e, std::vector<std::array<int64_t, 3>> r) { e.optimizer().set_watch_regions(std::move(r)); })
       .def_property_readonly("nonfinite_ids", [](Engine& e) { return e.optimizer().nonfinite_ids(); })
       .def_property_readonly("loss_scale", &Engine::loss_scale)
+      .def_property_readonly("grad_denominator", &Engine::grad_denominator)
       .def_property_readonly("global_step", &Engine::global_step)
       .def_property_readonly("skipped_steps", &Engine::skipped_steps)
       .def_property_readonly("adam_steps", &Engine::adam_steps)

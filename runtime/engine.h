@@ -112,6 +112,7 @@ class Engine {
   Engine& operator=(const Engine&) = delete;
 
   double loss_scale() const { return optimizer_->loss_scale(); }
+  double grad_denominator() const { return optimizer_->grad_denominator(); }  // See ShardOptimizer
   StepStats step();
 
   int64_t global_step() const { return global_step_; }  // boundaries passed

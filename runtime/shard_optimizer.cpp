@@ -61,6 +61,10 @@ ShardOptimizer::ShardOptimizer(std::unique_ptr<OptimizerStateStore> state, Commu
   check_device_supported(state_->grad().device(), "ShardOptimizer's gradient");
 }
 
+double ShardOptimizer::grad_denominator() const {
+  return scaler_.scale() * comm_.size() * options_.gradient_accumulation_steps;
+}
+
 bool ShardOptimizer::step(const std::vector<OutputSegment>& outputs, StepStats& stats, int64_t missed_backward) {
   for (const auto& seg : outputs) {
     ZRT_CHECK(seg.offset + seg.numel <= static_cast<size_t>(state_->numel()) && (seg.out || seg.open || seg.numel == 0),
@@ -76,7 +80,7 @@ bool ShardOptimizer::step(const std::vector<OutputSegment>& outputs, StepStats& 
   stats.loss_scale = scaler_.scale();
   AdamWStep s;
   s.step = adam_steps_ + 1;
-  const double denominator = scaler_.scale() * comm_.size() * options_.gradient_accumulation_steps;
+  const double denominator = grad_denominator();
   GradStats local =
       unscale_and_check_on(grad.device(), grad.data_ptr<float>(), n, static_cast<float>(1.0 / denominator));
   Decision global;

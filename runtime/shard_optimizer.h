@@ -80,6 +80,9 @@ class ShardOptimizer {
   bool step(const std::vector<OutputSegment>& outputs, StepStats& stats, int64_t missed_backward = 0);
 
   double loss_scale() const { return scaler_.scale(); }
+  // What the summed gradient is divided by before the update: the loss scale, W and the window
+  // length (the gradient is averaged over ranks and micro-steps).
+  double grad_denominator() const;
   int64_t adam_steps() const { return adam_steps_; }
   // Checkpoints: the scaler's state and Adam's step count (master, m, v are the tensors).
   void load_state(const LossScaler::State& scaler, int64_t adam_steps);

@@ -116,9 +116,7 @@ def safe_get_full_grad(param):
     if not param.requires_grad:
         return None
     engine.runtime.reduce_now()
-    impl = engine.runtime
-    denominator = impl.loss_scale * engine.world_size * engine.config.batch.gradient_accumulation_steps
-    return _full(param, "grad", "safe_get_full_grad", engine) / denominator
+    return _full(param, "grad", "safe_get_full_grad", engine) / engine.runtime.grad_denominator
 
 
 def _adam_key(key, who):
