@@ -145,9 +145,9 @@ void bind_options(py::module_& m) {
       .def_property(
           "state_tier", [](const EngineOptions& o) { return std::string(tier_name(o.state_tier)); },
           [](EngineOptions& o, const std::string& tier) {
-            ZRT_CHECK_AS(ConfigError, tier == "memory" || tier == "nvme", "EngineOptions.state_tier: got '", tier,
-                         "'; expected 'memory' or 'nvme'");
-            o.state_tier = tier == "nvme" ? StateTier::kNvme : StateTier::kMemory;
+            ZRT_CHECK_AS(ConfigError, tier == "memory" || tier == "cpu" || tier == "nvme",
+                         "EngineOptions.state_tier: got '", tier, "'; expected 'memory', 'cpu' or 'nvme'");
+            o.state_tier = tier == "nvme" ? StateTier::kNvme : tier == "cpu" ? StateTier::kHost : StateTier::kMemory;
           })
       .def_readwrite("nvme", &EngineOptions::nvme)
       .def_readwrite("param_nvme_path", &EngineOptions::param_nvme_path);

@@ -168,7 +168,9 @@ Engine::Engine(std::vector<at::Tensor> params, Communicator& comm, EngineOptions
   if (!fp32_params.empty()) add_group(std::move(fp32_params), DType::kFloat32, "fp32 parameter", fp32_units);
   std::unique_ptr<NvmeStateStore> state_file = open_tier_files(opt_total);  // before any state exists
   // In memory, the master; in a file, each bucket's shard goes there as it is filled.
-  at::Tensor master = state_file ? at::Tensor() : at::empty({static_cast<int64_t>(opt_total)}, f32);
+  at::Tensor master = state_file    ? at::Tensor()
+                      : host_mover_ ? at::empty({static_cast<int64_t>(opt_total)}, f32.device(at::kCPU))
+                                    : at::empty({static_cast<int64_t>(opt_total)}, f32);
   for (auto& g : groups_) {
     for (Bucket& b : g->buckets) fill_bucket(*g, b, master, state_file.get());
     for (size_t i = 0; i < g->params.size() && !policy_.packs(); ++i) {
@@ -331,10 +333,13 @@ std::vector<Engine::Bucket*> Engine::whole_buckets() const {
 void Engine::update(StepStats& stats) {
   ++global_step_;
   std::vector<Bucket*> whole = whole_buckets();
+  std::deque<WorkPtr> gathers;         // kHost starts them during the step
   std::vector<OutputSegment> outputs;  // AdamW writes the new low-precision shard there
   for (Bucket* b : buckets_) {         // the shard copy where there is one (See Note [state tiers])
-    OutputSegment seg{b->opt_offset, b->opt_numel, nullptr, groups_[b->group]->dtype};
-    if (shard_copies_.has(b->index)) {
+    const DType dtype = groups_[b->group]->dtype;
+    OutputSegment seg{b->opt_offset, b->opt_numel, nullptr, dtype};
+    const bool copied = shard_copies_.has(b->index);
+    if (copied) {
       seg.open = [this, b] { return shard_copies_.begin_write(b->index); };
       seg.close = [this, b] { shard_copies_.end_write(b->index); };
     } else if (units_.gathered(b->index)) {
@@ -342,6 +347,7 @@ void Engine::update(StepStats& stats) {
     } else {
       continue;
     }
+    if (host_mover_) lend_host_output(seg, b->opt_numel * dtype_size(dtype), copied ? nullptr : b, gathers);
     outputs.push_back(std::move(seg));
   }
   const int64_t missed = missed_backward_;
@@ -360,21 +366,40 @@ void Engine::update(StepStats& stats) {
   }
   if (policy_.replicated) return;  // every rank updated all of its weights itself
   auto t1 = std::chrono::steady_clock::now();
-  // Two in flight at a time: the backend pipelines them, and a staged communicator holds
-  // staging buffers for two buckets, not the whole model.
-  constexpr size_t kInFlight = 2;
-  std::deque<WorkPtr> gathers;
   for (Bucket* b : whole) {
-    if (gathers.size() == kInFlight) {
-      gathers.front()->wait();
-      gathers.pop_front();
-    }
-    if (shard_copies_.has(b->index)) fill_own_chunk(*b);  // a unit held gathered through the step
-    gathers.push_back(comm_.all_gather(own_chunk(*b), units_.full(b->index).data_ptr(), b->layout.shard_numel(),
-                                       groups_[b->group]->dtype, static_cast<int64_t>(b->index)));
+    const bool copied = shard_copies_.has(b->index);
+    if (host_mover_ && !copied) continue;  // started when its output reached the device
+    if (copied) fill_own_chunk(*b);        // a unit held gathered through the step
+    start_gather_after_update(*b, gathers);
   }
   for (auto& w : gathers) w->wait();
   stats.gather_ms = ms_since(t1);
+}
+
+void Engine::start_gather_after_update(Bucket& b, std::deque<WorkPtr>& gathers) {
+  // Two in flight at a time: the backend pipelines them, and a staged communicator holds
+  // staging buffers for two buckets, not the whole model.
+  constexpr size_t kInFlight = 2;
+  if (gathers.size() == kInFlight) {
+    gathers.front()->wait();
+    gathers.pop_front();
+  }
+  gathers.push_back(comm_.all_gather(own_chunk(b), units_.full(b.index).data_ptr(), b.layout.shard_numel(),
+                                     groups_[b.group]->dtype, static_cast<int64_t>(b.index)));
+}
+
+void Engine::lend_host_output(OutputSegment& seg, size_t bytes, Bucket* gather_after, std::deque<WorkPtr>& gathers) {
+  auto dest = std::make_shared<void*>(seg.out);  // the device memory the values go to
+  seg.out = nullptr;
+  seg.open = [this, dest, open = std::move(seg.open)] {
+    if (open) *dest = open();
+    return static_cast<void*>(host_out_.get());
+  };
+  seg.close = [this, dest, close = std::move(seg.close), bytes, gather_after, &gathers] {
+    host_mover_->from_host(*dest, host_out_.get(), bytes);
+    if (close) close();
+    if (gather_after != nullptr && !policy_.replicated) start_gather_after_update(*gather_after, gathers);
+  };
 }
 
 }  // namespace zerort

@@ -47,6 +47,7 @@
 #include <vector>
 
 #include "comm/communicator.h"
+#include "comm/staged_communicator.h"
 #include "core/error.h"
 #include "optim/adamw.h"
 #include "partition/shard_layout.h"
@@ -77,8 +78,9 @@ struct EngineOptions {
   std::function<std::vector<at::Tensor>(size_t group, const std::vector<size_t>& params)> materialize;
   size_t reduce_bucket_numel = size_t{1} << 24;  // gradient elements (all ranks) per bucket
   size_t alignment = kShardAlignment;            // elements; each shard is a multiple of it
-  // Where the FP32 master, m and v live: See Note [state tiers] (engine.cpp). kNvme: in a
-  // file under nvme.directory (nvme.rank is taken from the communicator).
+  // Where the FP32 master, m and v live: See Note [state tiers] (engine_state.cpp). kHost: in
+  // host memory, with the FP32 gradient, beside a model on a device; kNvme: in a file under
+  // nvme.directory (nvme.rank is taken from the communicator).
   StateTier state_tier = StateTier::kMemory;
   NvmeStateOptions nvme;
   // Stage 3 with the state in kNvme: a directory for the released units' low-precision shards
@@ -178,7 +180,7 @@ class Engine {
   at::Tensor read_state(StateArray array, size_t offset, size_t n) const;
   // values (1-D, the array's dtype) into elements [offset, offset + values.numel()).
   void write_state(StateArray array, size_t offset, const at::Tensor& values);
-  StateTierStats state_tier_stats() const { return optimizer_->state().tier_stats(); }
+  StateTierStats state_tier_stats() const;
   StateTierStats param_tier_stats() const { return shard_copies_.stats(); }  // the shard copies' file
   // Checkpoints. The optimizer tensors are master()/exp_avg()/exp_avg_sq() (write into
   // them to load); these are the rest of the state, and refresh_params() rebuilds every
@@ -204,9 +206,10 @@ class Engine {
 
  private:
   const Group& group(size_t g) const;
-  void reduce_bucket(Bucket& b);  // its grads -> the FP32 gradient (accumulating)
-  void drain();                   // queue every bucket not reduced yet; wait for all
-  void finish_round();            // drain() when a backward pass of this micro-step started reducing
+  void reduce_bucket(Bucket& b);                    // its grads -> the FP32 gradient (accumulating)
+  void reduce_bucket_into(Bucket& b, float* grad);  // ... at grad, on device_ (this rank's piece)
+  void drain();                                     // queue every bucket not reduced yet; wait for all
+  void finish_round();                              // drain() when a backward pass of this micro-step started reducing
   void start_gather_locked(Bucket& b);
   void release_locked(std::unique_lock<std::mutex>& lock, Bucket& b, bool hand_off = false);
   void gather_on_comm_thread(Bucket& b);
@@ -236,6 +239,7 @@ class Engine {
   // before any state is written. See Note [state tiers].
   std::unique_ptr<NvmeStateStore> open_tier_files(size_t numel);
   void make_shard_copies();  // open_tier_files' second file (or the copies in memory)
+  void open_host_tier();     // kHost: the mover, its buffers and the shard copies on the device
   // Bucket b's starting FP32 part `mine` into master (in memory) or the file, with the shard
   // copy the file's tier needs (See Note [state tiers]).
   void keep_master(Bucket& b, DType dtype, const at::Tensor& mine, at::Tensor& master, NvmeStateStore* file);
@@ -243,6 +247,10 @@ class Engine {
   std::unique_ptr<OptimizerStateStore> make_state_store(at::Tensor master, std::unique_ptr<NvmeStateStore> file);
   // Master elements [offset, offset + n), cast to dtype at out (on device_), from any tier.
   void cast_master(size_t offset, size_t n, void* out, DType dtype) const;
+  // kHost: seg's destination is device memory, so AdamW writes it into host_out_ and close()
+  // copies it over; then a bucket's gather starts into gathers (See Note [state tiers]).
+  void lend_host_output(OutputSegment& seg, size_t bytes, Bucket* gather_after, std::deque<WorkPtr>& gathers);
+  void start_gather_after_update(Bucket& b, std::deque<WorkPtr>& gathers);  // two in flight at most
   void fill_own_chunk(const Bucket& b);  // this rank's chunk of b's working copy, from its shard
 
   Communicator& comm_;
@@ -253,7 +261,12 @@ class Engine {
   std::vector<Bucket*> buckets_;               // every group's buckets, in reduce order
   std::unique_ptr<ShardOptimizer> optimizer_;  // this rank's FP32 master, m, v, gradient
   ShardCopies shard_copies_;                   // stage 3 off memory: See Note [state tiers]
-  at::Tensor stage0_scratch_;                  // stage 0: one bucket's reduced shard, FP32
+  // kHost: the copies between the device and the host state, and what they go through: the
+  // reduces' FP32 target on the device (comm thread) and the step's host output (main thread).
+  std::unique_ptr<Mover> host_mover_;
+  at::Tensor host_reduce_scratch_;
+  std::shared_ptr<char> host_out_;
+  at::Tensor stage0_scratch_;           // stage 0: one bucket's reduced shard, FP32
   UnitCache units_;                     // every bucket's working copy (unit b is bucket b): See Note [unit cache]
   std::unique_ptr<GradPacker> packer_;  // mu_ held; See Note [grad packer]
   int64_t micro_steps_ = 0, global_step_ = 0, skipped_steps_ = 0;

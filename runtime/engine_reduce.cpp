@@ -120,10 +120,25 @@ void Engine::comm_loop() {
 }
 
 void Engine::reduce_bucket(Bucket& b) {
+  const size_t shard = b.layout.shard_numel();
+  float* grad = optimizer_->state().grad().data_ptr<float>() + b.opt_offset;
+  if (!host_mover_ || shard == 0) {
+    reduce_bucket_into(b, grad);
+    return;
+  }
+  // kHost: the gradient is in host memory, the reduce on the device. The device scratch takes
+  // this rank's gradient so far, the reduce accumulates into it as into the gradient in
+  // memory (the same sums, the same bits), and it goes back (See Note [state tiers]).
+  float* scratch = host_reduce_scratch_.data_ptr<float>();
+  host_mover_->from_host(scratch, grad, shard * sizeof(float));
+  reduce_bucket_into(b, scratch);
+  host_mover_->to_host(grad, scratch, shard * sizeof(float));
+}
+
+void Engine::reduce_bucket_into(Bucket& b, float* grad) {
   Group& g = *groups_[b.group];
   const int64_t tag = static_cast<int64_t>(b.index);
   const size_t shard = b.layout.shard_numel();
-  float* grad = optimizer_->state().grad().data_ptr<float>() + b.opt_offset;
   if (policy_.packs()) {
     void* packed;
     {

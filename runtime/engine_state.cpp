@@ -14,18 +14,30 @@
 
 namespace zerort {
 
-// Note [state tiers]: EngineOptions::state_tier is where this rank's master, m and v live;
-// the FP32 gradient is always in memory, where the reduces accumulate. In memory, whatever
-// reads the master takes the tensor. Off memory (kNvme: stages 1-3, a CPU model), the master
-// is reached only through the store: the step streams it through update(), and everything
-// else that reads it (the gathers of stage 3, refresh_params after a load, gather_master,
-// read_state) reads ranges of it. A stage-3 unit is gathered once per forward and once per
-// backward, too often to read and cast its FP32 shard from the state's file each time, so each
-// unit that is not persistent keeps this rank's low-precision shard apart (ShardCopies: 2
-// bytes per element of the shard at bf16): the step writes it as AdamW's low-precision output
-// and the gather copies it into the unit. AdamW's output is the master's cast, so these are the
-// bits the in-memory tier's gather casts (tests/python/test_offload_nvme.py compares them).
-// The copies are in memory, or with EngineOptions::param_nvme_path (offload_param nvme) one
+// Note [state tiers]: EngineOptions::state_tier is where this rank's master, m and v live.
+//   - kMemory: with the FP32 gradient, on the model's device; whatever reads the master takes
+//     the tensor.
+//   - kHost (offload_optimizer "cpu" for a model on a GPU; stages 1-3): master, m, v and the
+//     FP32 gradient in host memory, the step on the CPU, and the model's memory reached only
+//     through a Mover's explicit copies (comm/staged_communicator.h). Each bucket's reduce runs
+//     on the device into a scratch that first takes this rank's gradient so far, and goes back
+//     to the host on the comm thread while backward goes on; the same sums as in memory, so
+//     the same bits. AdamW writes each bucket's new low-precision shard into a host buffer
+//     (OutputSegment::open), which is copied to the device as soon as the bucket is done, and
+//     the bucket's all-gather starts while later buckets are still stepped. Stage 3's shard
+//     copies (below) are on the device, so gathers never touch the host.
+//     tests/cpp/test_engine_host_tier.cpp runs it on a CPU model, with the host Mover.
+//   - kNvme (stages 1-3, a CPU model): in a file; the master is reached only through the
+//     store: the step streams it through update(), and everything else that reads it (the
+//     gathers of stage 3, refresh_params after a load, gather_master, read_state) reads ranges
+//     of it.
+// Off memory, a stage-3 unit is gathered once per forward and once per backward, too often
+// to read and cast its FP32 shard each time, so each unit that is not persistent keeps this
+// rank's low-precision shard apart (ShardCopies: 2 bytes per element of the shard at bf16):
+// the step writes it as AdamW's low-precision output and the gather copies it into the unit.
+// AdamW's output is the master's cast, so these are the bits the in-memory tier's gather
+// casts (tests/python/test_offload_nvme.py compares them). The copies are in memory (the
+// device's, for kHost), or with EngineOptions::param_nvme_path (offload_param nvme) one
 // region each of a second file, read by the gather on the comm thread (so a unit prefetch
 // reads ahead of use) and written by the step unit by unit behind AdamW (Note [RegionFile]).
 // Then a rank's RAM holds no parameter but the units in flight, the persistent ones and two
@@ -57,14 +69,19 @@ std::string failures_across_ranks(Communicator& comm, const std::string& mine) {
 
 std::unique_ptr<NvmeStateStore> Engine::open_tier_files(size_t numel) {
   ZRT_CHECK_AS(ConfigError,
-               options_.param_nvme_path.empty() || (policy_.units && options_.state_tier != StateTier::kMemory),
+               options_.param_nvme_path.empty() || (policy_.units && options_.state_tier == StateTier::kNvme),
                "Engine: the parameters' NVMe tier (param_nvme_path) works at stage 3 with the optimizer state on "
                "NVMe too (set offload_optimizer.device to 'nvme'); got stage ",
                options_.stage, " with the state in ", tier_name(options_.state_tier));
   if (options_.state_tier == StateTier::kMemory) return nullptr;
-  ZRT_CHECK_AS(ConfigError, !policy_.replicated && device_.is_cpu(), "Engine: the optimizer state's tier '",
-               tier_name(options_.state_tier), "' works at stages 1-3 for a CPU model; got stage ", options_.stage,
-               " on ", device_.str(), " (set offload_optimizer.device to 'none' or 'cpu')");
+  ZRT_CHECK_AS(ConfigError, !policy_.replicated, "Engine: the optimizer state's tier '", tier_name(options_.state_tier),
+               "' works at stages 1-3; got stage 0 (set offload_optimizer.device to 'none')");
+  if (options_.state_tier == StateTier::kHost) {
+    open_host_tier();
+    return nullptr;
+  }
+  ZRT_CHECK_AS(ConfigError, device_.is_cpu(), "Engine: the optimizer state's tier 'nvme' works for a CPU model; got ",
+               device_.str(), " (set offload_optimizer.device to 'none' or 'cpu')");
   NvmeStateOptions nvme = options_.nvme;
   nvme.rank = comm_.rank();
   std::unique_ptr<NvmeStateStore> file;
@@ -83,6 +100,27 @@ std::unique_ptr<NvmeStateStore> Engine::open_tier_files(size_t numel) {
   return file;
 }
 
+void Engine::open_host_tier() {
+#if ZERORT_WITH_NCCL
+  host_mover_ = device_.is_cuda() ? make_cuda_mover(device_.index()) : make_host_mover();
+#else
+  ZRT_CHECK_AS(ConfigError, device_.is_cpu(), "Engine: this build has no CUDA mover for the 'cpu' tier on ",
+               device_.str());
+  host_mover_ = make_host_mover();
+#endif
+  size_t largest = 0, largest_bytes = 1;
+  for (const auto& g : groups_) {
+    for (const Bucket& b : g->buckets) {
+      largest = std::max(largest, b.opt_numel);
+      largest_bytes = std::max(largest_bytes, b.opt_numel * dtype_size(g->dtype));
+    }
+  }
+  host_reduce_scratch_ =
+      at::empty({static_cast<int64_t>(largest)}, at::TensorOptions().dtype(at::kFloat).device(device_));
+  host_out_ = host_mover_->host_buffer(largest_bytes);
+  make_shard_copies();
+}
+
 void Engine::make_shard_copies() {
   std::vector<size_t> bytes;
   for (const auto& g : groups_) {
@@ -92,7 +130,7 @@ void Engine::make_shard_copies() {
     }
   }
   if (options_.param_nvme_path.empty()) {
-    shard_copies_ = ShardCopies(bytes, nullptr);
+    shard_copies_ = ShardCopies(bytes, nullptr, device_);
     return;
   }
   const ShardFileOptions file{options_.param_nvme_path, comm_.rank(), options_.nvme.queue_depth,
@@ -103,10 +141,10 @@ void Engine::make_shard_copies() {
 void Engine::keep_master(Bucket& b, DType dtype, const at::Tensor& mine, at::Tensor& master, NvmeStateStore* file) {
   if (file == nullptr) {
     master.narrow(0, static_cast<int64_t>(b.opt_offset), static_cast<int64_t>(b.opt_numel)).copy_(mine);
-    return;
+  } else {
+    file->write_range(b.opt_offset, b.opt_numel, mine.data_ptr<float>(), nullptr, nullptr);  // m and v stay 0
   }
-  file->write_range(b.opt_offset, b.opt_numel, mine.data_ptr<float>(), nullptr, nullptr);  // m and v stay 0
-  if (!shard_copies_.has(b.index)) return;  // persistent: the step writes its working copy
+  if (!shard_copies_.has(b.index)) return;  // in memory, or persistent: the step writes its working copy
   cast_from_f32_on(device_, mine.data_ptr<float>(), shard_copies_.begin_write(b.index), dtype, b.opt_numel);
   shard_copies_.end_write(b.index);
 }
@@ -118,6 +156,11 @@ std::unique_ptr<OptimizerStateStore> Engine::make_state_store(at::Tensor master,
 
 void Engine::cast_master(size_t offset, size_t n, void* out, DType dtype) const {
   OptimizerStateStore& state = optimizer_->state();
+  if (host_mover_) {  // kHost: cast on the host, then one copy to the device (n: a bucket's at most)
+    cast_from_f32_on(at::kCPU, state.master().data_ptr<float>() + offset, host_out_.get(), dtype, n);
+    host_mover_->from_host(out, host_out_.get(), n * dtype_size(dtype));
+    return;
+  }
   if (state.tier() == StateTier::kMemory) {
     cast_from_f32_on(device_, state.master().data_ptr<float>() + offset, out, dtype, n);
     return;
@@ -188,6 +231,12 @@ at::Tensor Engine::exp_avg(size_t g) const { return optimizer_slice(optimizer_->
 at::Tensor Engine::exp_avg_sq(size_t g) const { return optimizer_slice(optimizer_->state().exp_avg_sq(), g); }
 at::Tensor Engine::grad(size_t g) const { return optimizer_slice(optimizer_->state().grad(), g); }
 
+StateTierStats Engine::state_tier_stats() const {
+  StateTierStats s = optimizer_->state().tier_stats();
+  if (host_mover_) s.tier = StateTier::kHost;  // a store in (host) memory beside a device model
+  return s;
+}
+
 at::Tensor Engine::gather_master(size_t g) const {
   const Group& grp = group(g);
   const int64_t padded =
@@ -197,10 +246,11 @@ at::Tensor Engine::gather_master(size_t g) const {
   at::Tensor out = at::empty({padded}, at::TensorOptions().dtype(at::kFloat).device(device_));
   for (const Bucket& b : grp.buckets) {
     const int64_t n = static_cast<int64_t>(b.opt_numel);
-    const at::Tensor mine = optimizer_->state().tier() == StateTier::kMemory
-                                ? optimizer_->state().master().narrow(0, static_cast<int64_t>(b.opt_offset), n)
-                                : read_state(StateArray::kMaster, b.opt_offset, b.opt_numel);
-    if (policy_.replicated) {  // every rank holds it all
+    const at::Tensor mine = (optimizer_->state().tier() == StateTier::kMemory
+                                 ? optimizer_->state().master().narrow(0, static_cast<int64_t>(b.opt_offset), n)
+                                 : read_state(StateArray::kMaster, b.opt_offset, b.opt_numel))
+                                .to(device_);  // kHost: from host memory
+    if (policy_.replicated) {                  // every rank holds it all
       out.narrow(0, static_cast<int64_t>(b.flat_offset), n).copy_(mine);
     } else {
       comm_

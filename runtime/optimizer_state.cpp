@@ -7,7 +7,9 @@
 
 namespace zerort {
 
-const char* tier_name(StateTier tier) { return tier == StateTier::kNvme ? "nvme" : "memory"; }
+const char* tier_name(StateTier tier) {
+  return tier == StateTier::kNvme ? "nvme" : tier == StateTier::kHost ? "cpu" : "memory";
+}
 
 InMemoryStateStore::InMemoryStateStore(at::Tensor master, DType state_dtype)
     : state_dtype_(state_dtype), master_(std::move(master)) {

@@ -1,5 +1,6 @@
 // OptimizerStateStore: where this rank's FP32 optimizer state lives: the master weights,
-// Adam's m and v, and the FP32 gradient the reduces accumulate into. The ShardOptimizer
+// Adam's m and v, and the FP32 gradient the reduces accumulate (or, for the Engine's kHost
+// tier, copy) into. The ShardOptimizer
 // and the Engine reach the state only through this interface. InMemoryStateStore keeps all
 // four as tensors on the master's device; NvmeStateStore (runtime/nvme_state_store.h) keeps
 // master, m and v in a file and the gradient in memory.
@@ -17,10 +18,11 @@
 
 namespace zerort {
 
-// Where a store keeps master, m and v: with the gradient on the master's device, or in a file
-// (runtime/nvme_state_store.h).
-enum class StateTier { kMemory, kNvme };
-const char* tier_name(StateTier tier);  // "memory", "nvme"
+// Where master, m and v live: with the gradient on the model's device (kMemory), with the gradient
+// in host memory beside a model on a device (kHost: the Engine's; the store is in memory), or in
+// a file (kNvme: runtime/nvme_state_store.h).
+enum class StateTier { kMemory, kHost, kNvme };
+const char* tier_name(StateTier tier);  // "memory", "cpu", "nvme"
 
 // One of the three arrays of the state, for read/write by array (checkpoints, accessors).
 enum class StateArray { kMaster, kExpAvg, kExpAvgSq };

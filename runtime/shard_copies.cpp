@@ -1,20 +1,22 @@
 #include "runtime/shard_copies.h"
 
 #include <ATen/ops/empty.h>
-
-#include <cstring>
+#include <ATen/ops/from_blob.h>
 
 #include "core/error.h"
 
 namespace zerort {
 
-ShardCopies::ShardCopies(const std::vector<std::size_t>& bytes, const ShardFileOptions* file) : bytes_(bytes) {
+ShardCopies::ShardCopies(const std::vector<std::size_t>& bytes, const ShardFileOptions* file, c10::Device device)
+    : bytes_(bytes) {
   if (file != nullptr) {
     file_ = std::make_unique<io::RegionFile>(file->directory, detail::concat("zerort-params-rank", file->rank, ".bin"),
                                              bytes_, file->queue_depth, file->block_size);
     return;
   }
-  for (std::size_t b : bytes_) memory_.push_back(at::empty({static_cast<int64_t>(b)}, at::kByte));
+  for (std::size_t b : bytes_) {
+    memory_.push_back(at::empty({static_cast<int64_t>(b)}, at::TensorOptions().dtype(at::kByte).device(device)));
+  }
 }
 
 void* ShardCopies::begin_write(std::size_t bucket) {
@@ -30,9 +32,10 @@ void ShardCopies::read(std::size_t bucket, void* out) {
   ZRT_CHECK(has(bucket), "ShardCopies: bucket ", bucket, " has no shard copy");
   if (file_) {
     file_->read(bucket, out);
-  } else {
-    std::memcpy(out, memory_[bucket].data_ptr(), bytes_[bucket]);
+    return;
   }
+  const at::Tensor& copy = memory_[bucket];
+  at::from_blob(out, {copy.numel()}, copy.options()).copy_(copy);
 }
 
 std::size_t ShardCopies::memory_bytes() const {

@@ -29,8 +29,9 @@ struct ShardFileOptions {
 class ShardCopies {
  public:
   ShardCopies() = default;  // no copies
-  // bytes[b]: bucket b's copy in bytes (0: none). file: nullptr keeps them in memory.
-  ShardCopies(const std::vector<std::size_t>& bytes, const ShardFileOptions* file);
+  // bytes[b]: bucket b's copy in bytes (0: none). file: nullptr keeps them in memory, on
+  // `device` (begin_write then hands out device memory, and read copies on the device).
+  ShardCopies(const std::vector<std::size_t>& bytes, const ShardFileOptions* file, c10::Device device = at::kCPU);
 
   bool has(std::size_t bucket) const { return bucket < bytes_.size() && bytes_[bucket] > 0; }
   void* begin_write(std::size_t bucket);

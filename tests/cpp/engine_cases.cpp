@@ -81,6 +81,21 @@ std::vector<at::Tensor> init_params() {
 
 std::vector<UnitSpec> default_units() { return {{{0, 1}, false}, {{2}, false}, {{3}, false}, {{4}, true}}; }
 
+RunConfig grid_config(const std::tuple<int, int, DType, int64_t>& grid_case, int steps) {
+  auto [world, stage, precision, gas] = grid_case;
+  RunConfig config;
+  config.options = default_options(stage, precision);
+  config.options.optimizer.gradient_accumulation_steps = gas;
+  config.steps = steps;
+  return config;
+}
+
+std::string grid_case_name(const std::tuple<int, int, DType, int64_t>& grid_case) {
+  auto [world, stage, precision, gas] = grid_case;
+  return "W" + std::to_string(world) + "_stage" + std::to_string(stage) + "_" + dtype_name(precision) + "_gas" +
+         std::to_string(gas);
+}
+
 EngineOptions default_options(int stage, DType precision) {
   EngineOptions o;
   o.stage = stage;

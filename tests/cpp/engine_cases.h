@@ -8,6 +8,8 @@
 
 #include <cstdint>
 #include <functional>
+#include <string>
+#include <tuple>
 #include <vector>
 
 #include "comm/communicator.h"
@@ -47,6 +49,10 @@ std::vector<at::Tensor> init_params();
 // fc2's weight, and fc2's bias persistent.
 std::vector<UnitSpec> default_units();
 EngineOptions default_options(int stage, DType precision);
+// A (world, stage, precision, accumulation) grid case's run: default_options with that window.
+RunConfig grid_config(const std::tuple<int, int, DType, int64_t>& grid_case, int steps);
+// "W2_stage3_bf16_gas1": the test name of a (world, stage, precision, accumulation) grid case.
+std::string grid_case_name(const std::tuple<int, int, DType, int64_t>& grid_case);
 EngineRun run_engine(Communicator& comm, const RunConfig& config);
 // run_engine on W in-process ranks (threads), after setup(comm) on each when given; a rank
 // that throws fails the test.

@@ -38,10 +38,7 @@ class EngineParity : public ::testing::TestWithParam<std::tuple<int, int, DType,
 // gradient step would cost (lr/0.3).
 TEST_P(EngineParity, MatchesSingleProcessReference) {
   auto [world, stage, precision, gas] = GetParam();
-  RunConfig config;
-  config.options = default_options(stage, precision);
-  config.options.optimizer.gradient_accumulation_steps = gas;
-  config.steps = 20;
+  RunConfig config = grid_config(GetParam(), 20);
   auto runs = run_all(world, config);
   auto ref = run_reference(world, config, runs[0].scales);
   const double diff = max_rel_diff(runs[0].master, ref.master);
@@ -61,8 +58,7 @@ TEST_P(EngineParity, MatchesSingleProcessReference) {
 // stages that accumulate (1: autograd sums micro-steps; 2, 3: every micro-step reduced)
 // over 2 and 3 micro-steps.
 std::string grid_name(const ::testing::TestParamInfo<EngineParity::ParamType>& info) {
-  return "W" + std::to_string(std::get<0>(info.param)) + "_stage" + std::to_string(std::get<1>(info.param)) + "_" +
-         dtype_name(std::get<2>(info.param)) + "_gas" + std::to_string(std::get<3>(info.param));
+  return grid_case_name(info.param);
 }
 
 INSTANTIATE_TEST_SUITE_P(StagesPrecisions, EngineParity,

@@ -4,6 +4,7 @@ field (zerort.config.native, Note [options by name])."""
 import dataclasses
 
 import pytest
+import torch
 
 from zerort import _C
 from zerort.config import Config, native, parse, replace, resolve_batch, to_dict
@@ -17,6 +18,7 @@ OURS = {"stage": 3, "precision": "fp16", "reduce_bucket_numel": 999, "gradient_a
         "loss_scale": {"initial_scale_power": 10, "window": 7, "hysteresis": 3, "min_scale": 2.0,
                        "consecutive_hysteresis": True},
         "offload": {"optimizer": {"device": "nvme", "nvme_path": "/states", "buffer_count": 6, "chunk_numel": 4096},
+                    "param": {"device": "nvme", "nvme_path": "/params"},
                     "aio": {"block_size": 1 << 16, "queue_depth": 4}}}
 # C++ fields no config key sets: the Engine sets replicated (stage 0) and alignment itself;
 # DeepSpeed's scaler has no factor key. dynamic is at its default in OURS (see the static test).
@@ -48,7 +50,7 @@ def test_a_checkpoint_saves_the_flat_names():
 
 
 def test_the_engine_options_are_the_sections_field_by_field():
-    e = native.engine_options(parse(OURS))
+    e = native.engine_options(parse(OURS), torch.device("cpu"))
     o, adamw, scale = e.optimizer, e.optimizer.adamw, e.optimizer.loss_scale
     assert (e.stage, e.reduce_bucket_numel) == (3, 999)
     assert (o.precision, o.state_dtype, o.gradient_clipping, o.gradient_accumulation_steps) == ("f16", "bf16", 0.5, 4)
@@ -61,7 +63,7 @@ def test_the_engine_options_are_the_sections_field_by_field():
 
 
 def test_every_cpp_option_has_a_config_key():
-    built = native.engine_options(parse(OURS))
+    built = native.engine_options(parse(OURS), torch.device("cpu"))
     structs = [("EngineOptions", built, _C.EngineOptions()),
                ("OptimizerOptions", built.optimizer, _C.OptimizerOptions()),
                ("AdamWHyper", built.optimizer.adamw, _C.AdamWHyper()),
@@ -79,3 +81,11 @@ def test_options_take_their_fields_as_keywords_and_refuse_others():
     with pytest.raises(ConfigError, match="LossScalerOptions: unknown keyword 'windw'"):
         _C.LossScalerOptions(windw=5)
     assert Config().batch.gradient_accumulation_steps == 1
+
+
+def test_the_state_tier_follows_the_offload_device_and_the_models():
+    """offload_optimizer 'cpu' is the 'cpu' tier beside a GPU model, memory for a CPU model."""
+    cpu, cuda = torch.device("cpu"), torch.device("cuda", 0)  # a device value: no GPU is needed
+    tier = lambda model, **o: native.engine_options(parse({"stage": 2, "offload": {"optimizer": o}}), model).state_tier
+    assert tier(cpu, device="cpu") == "memory" and tier(cuda, device="cpu") == "cpu"
+    assert tier(cpu, device="nvme", nvme_path="/tmp") == "nvme" and tier(cuda, device="none") == "memory"

@@ -114,13 +114,14 @@ def test_tiers_not_built_are_refused_naming_the_key_and_what_to_do():
     zero3 = parse({"zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu"},
                                          "offload_param": {"device": "cpu"}}})
     check_tier(zero3, cpu)  # a CPU model: accepted
+    check_tier(parse({"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"}}}), cuda)  # built:
+    # the Engine's 'cpu' tier (tests/cpp/test_engine_host_tier.cpp)
     with pytest.raises(ConfigError) as e:
         check_tier(zero3, cuda)
-    opt, par = e.value.problems
-    assert opt.startswith("zero_optimization.offload_optimizer.device (") and "got 'cpu'" in opt, opt
-    assert "host memory for a model on cuda:0 is not built yet in this version" in opt
-    assert "set the device to 'none'" in opt and "train a CPU model" in opt
-    assert par.startswith("zero_optimization.offload_param.device (") and "stage-3 parameters" in par, par
+    par, = e.value.problems
+    assert par.startswith("zero_optimization.offload_param.device (") and "got 'cpu'" in par, par
+    assert "stage-3 parameters to host memory for a model on cuda:0 is not built yet in this version" in par
+    assert "set the device to 'none'" in par and "train a CPU model" in par
     nvme = parse({"stage": 2, "offload": {"optimizer": {"device": "nvme", "nvme_path": "/tmp"}}})
     check_tier(nvme, cpu)  # a CPU model's optimizer states on NVMe: built (tests/python/test_offload_nvme.py)
     with pytest.raises(ConfigError, match=r"offload_optimizer.device \(offload.optimizer.device in zerort's form.*"

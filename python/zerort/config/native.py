@@ -2,7 +2,7 @@
 OptimizerOptions (runtime/shard_optimizer.h), which holds AdamWHyper (optim/adamw.h) and
 LossScalerOptions (runtime/loss_scaler.h).
 
-    _C.Engine(params, fp32_params, comm, units=..., options=engine_options(c), materialize=fn)
+    _C.Engine(params, fp32_params, comm, units=..., options=engine_options(c, device), materialize=fn)
 
 See Note [options by name] (python/engine_bindings.cpp): a struct's field is taken from the
 Config's top level or the section given for it when that has a field of the same name;
@@ -49,9 +49,12 @@ def nvme_options(c):
     return _struct(_C.NvmeStateOptions, o, aio, directory=o.nvme_path or "", chunk_elements=o.chunk_numel)
 
 
-def engine_options(c):
-    """The Config c as EngineOptions (its materialize is the Engine's own argument)."""
-    tier = "nvme" if c.offload.optimizer.device == "nvme" else "memory"  # 'cpu': See Note [offload tiers]
+def engine_options(c, device):
+    """The Config c as EngineOptions for a model on device (its materialize is the Engine's own
+    argument). offload_optimizer 'cpu' is the Engine's 'cpu' tier for a model on a GPU, and
+    the states' own place, memory, for a CPU model (Note [offload tiers])."""
+    tier = {"nvme": "nvme", "cpu": "memory" if device.type == "cpu" else "cpu"}.get(c.offload.optimizer.device,
+                                                                                   "memory")
     par = c.offload.param
     return _struct(_C.EngineOptions, c, optimizer=optimizer_options(c), state_tier=tier, nvme=nvme_options(c),
                    param_nvme_path=par.nvme_path if par.device == "nvme" else "")

@@ -13,7 +13,9 @@ aio.use_gds only false. Where DeepSpeed ignores a tier it documents for other st
 Both forms read them with the same functions here; only the section names differ.
 
 Note [offload tiers]: the states of a CPU model are in host memory already, so device "cpu"
-for a CPU model is accepted and changes nothing in the step; the engine says so once in its
+for a CPU model is accepted and changes nothing in the step. offload_optimizer "cpu" for a GPU
+model is the Engine's 'cpu' tier (Note [state tiers], runtime/engine_state.cpp): the states and
+the FP32 gradient in host memory, the step on the CPU; the engine says so once in its
 log line at initialize (zerort.monitoring.progress.announce) and in engine.memory_report().
 offload_optimizer.device "nvme" puts a CPU model's master and Adam moments in one file per
 rank under nvme_path, streamed through a pool of buffer_count buffers with aio's block_size
@@ -26,7 +28,7 @@ unit prefetch) through two staging buffers of the largest unit's shard (Note [Re
 buffer_count, buffer_size and max_in_cpu size DeepSpeed's own swap buffers and change
 nothing here. With the optimizer states in memory, stage 3's gathers cast from the FP32 master
 and keep no low-precision shard to offload, so parameters on NVMe need the states there too.
-Host memory for a CUDA model's states, NVMe for a CUDA model and a partial NVMe offload
+Host memory for a CUDA model's parameters, NVMe for a CUDA model and a partial NVMe offload
 (ratio < 1) are tiers this version does not build: check_tier refuses them with a
 ConfigError at initialize, from the config and the model's device alone, so every rank
 raises the same error before any collective.
@@ -143,7 +145,7 @@ def check_tier(config, device):
     lines = []
     for name in ("optimizer", "param"):
         tier = getattr(config.offload, name).device
-        built = tier == "none" or device.type == "cpu"
+        built = tier == "none" or device.type == "cpu" or name == "optimizer" and tier == "cpu"
         if not built:
             where = "NVMe" if tier == "nvme" else "host memory"
             lines.append(f"{KEY_NAMES[name]}: got {tier!r}; offloading the {_WHAT[name]} to {where} for a model on "

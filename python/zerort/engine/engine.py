@@ -125,7 +125,7 @@ class Engine(StateMethods, DeepSpeedMethods):
             c = self.config = replace(c, stage3={"prefetch": units.prefetch})
         fill = None if materialize is None else lambda g, idx: materialize([groups[g][i] for i in idx])
         self._impl = _C.Engine(groups[0], groups[1], self.comm._c, units=units.specs if units else [],
-                               options=native.engine_options(c), materialize=fill)  # zerort.config.native
+                               options=native.engine_options(c, self.device), materialize=fill)  # zerort.config.native
         names = grouping.names
         if materialize is not None:  # the real parameters replace the meta ones everywhere
             real = lambda ps: [materialize.replaced.get(id(p), p) for p in ps]

@@ -1,0 +1,72 @@
+// The Engine's kHost state tier (offload_optimizer.device "cpu" for a model on a device; See
+// Note [state tiers]) on a CPU model: the master, Adam's moments and the FP32 gradient in host
+// memory, the model's memory reached only through the Mover's explicit copies (the reduce's
+// device scratch, the step's host output, stage 3's shard copies on the "device"), as a GPU
+// model's would be. Every bit must equal the states kept beside the model.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <string>
+#include <tuple>
+
+#include "engine_cases.h"
+#include "run_ranks.h"
+
+namespace zerort::testing {
+namespace {
+
+class EngineHostTier : public ::testing::TestWithParam<std::tuple<int, int, DType, int64_t>> {};
+
+TEST_P(EngineHostTier, EqualsTheStatesBesideTheModelBitwise) {
+  const int world = std::get<0>(GetParam());
+  const int64_t gas = std::get<3>(GetParam());
+  RunConfig beside = grid_config(GetParam(), 6);
+  // gas 1: two backward passes per micro-step, and one rank's gradient overflows at step 3
+  // (the skip, and the fp16 scale, must follow alike); gas 2: buckets reduced during backward
+  // on the comm thread, as the Python engine's hooks report them.
+  const bool reported = gas > 1;
+  beside.report_grads = reported;
+  beside.passes = reported ? 1 : 2;
+  if (!reported) {
+    beside.after_backward = [](std::vector<at::Tensor>& params, int step, int rank) {
+      if (step == 3 && rank == 1) params[0].grad().view({-1})[5].fill_(INFINITY);
+    };
+  }
+  RunConfig host = beside;
+  host.options.state_tier = StateTier::kHost;
+  auto a = run_all(world, beside), b = run_all(world, host);
+  for (int r = 0; r < world; ++r) {
+    ASSERT_EQ(a[r].master.size(), b[r].master.size());
+    EXPECT_EQ(0, std::memcmp(a[r].master.data(), b[r].master.data(), a[r].master.size() * 4)) << "rank " << r;
+    EXPECT_EQ(a[r].params, b[r].params) << "rank " << r;
+    EXPECT_EQ(a[r].scales, b[r].scales) << "rank " << r;
+    EXPECT_EQ(a[r].adam_steps, b[r].adam_steps) << "rank " << r;
+    for (size_t s = 0; s < a[r].stats.size(); ++s) {
+      EXPECT_EQ(a[r].stats[s].grad_norm, b[r].stats[s].grad_norm) << "rank " << r << " step " << s;
+      EXPECT_EQ(a[r].stats[s].skipped, b[r].stats[s].skipped) << "rank " << r << " step " << s;
+    }
+  }
+  EXPECT_EQ(b[0].adam_steps, reported ? 6 : 5);  // the overflow was skipped
+}
+
+std::string case_name(const ::testing::TestParamInfo<EngineHostTier::ParamType>& info) {
+  return grid_case_name(info.param);
+}
+
+INSTANTIATE_TEST_SUITE_P(Stages, EngineHostTier,
+                         ::testing::Combine(::testing::Values(2, 4), ::testing::Values(1, 2, 3),
+                                            ::testing::Values(DType::kBFloat16, DType::kFloat16),
+                                            ::testing::Values(int64_t{1}, int64_t{2})),
+                         case_name);
+
+TEST(EngineHostTierOptions, StageZeroIsRefusedByName) {
+  RunConfig config;
+  config.options = default_options(0, DType::kBFloat16);
+  config.options.state_tier = StateTier::kHost;
+  config.steps = 1;
+  auto errors = run_ranks(2, [&](Communicator& comm) { run_engine(comm, config); });
+  for (const auto& e : errors) EXPECT_NE(e.find("works at stages 1-3; got stage 0"), std::string::npos) << e;
+}
+
+}  // namespace
+}  // namespace zerort::testing
