@@ -2,7 +2,8 @@
 # The one GPU check, for a machine with an NVIDIA GPU, nvcc and PyTorch with CUDA (about 5
 # minutes on an H100/H200). It builds zerort with CUDA and NCCL, runs the CUDA kernel tests
 # (C++ and Python) against the CPU kernels, the CUDA engine tests at W = 1 on NCCL and at
-# W = 2 and 4 on one GPU (mpi with CUDA buffers staged through pinned host memory), and the
+# W = 2 and 4 on one GPU (mpi with CUDA buffers staged through pinned host memory), the
+# optimizer states in host memory (offload_optimizer "cpu") against the GPU-resident run, and the
 # GPU benchmarks, then ends with one table. Every step runs even if an earlier one failed;
 # the exit status is non-zero if any failed.
 #
@@ -48,8 +49,9 @@ step cpp_cuda_kernels timeout 120 "$BUILD/tests/zerort_cuda_tests"
 step engine_smoke timeout 120 "$PY" -X faulthandler tests/gpu/gpu_engine_worker.py "$BUILD/smoke" mlp:1:bf16:1:3 \
   mlp:2:fp16:1:3 mlp:3:bf16:1:3
 step py_cuda_kernels timeout 180 "$PY" -m pytest -q -rs tests/gpu/test_gpu_kernels.py
-step cuda_engine_nccl timeout 400 "$PY" -m pytest -q -rs -s tests/gpu/test_gpu_engine.py
+step cuda_engine_nccl timeout 400 "$PY" -m pytest -q -rs -s tests/gpu/test_gpu_engine.py -k "not host_memory"
 step nccl_timeout timeout 60 "$PY" -m pytest -q -rs tests/gpu/test_nccl_timeout.py
+step offload_cpu timeout 200 "$PY" -m pytest -q -rs tests/gpu/test_gpu_engine.py -k host_memory
 step bench_kernels timeout 120 "$PY" bench/gpu_kernels.py
 step bench_gpt350m timeout 240 "$PY" bench/gpu_gpt.py
 

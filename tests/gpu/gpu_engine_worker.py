@@ -1,7 +1,8 @@
 """One rank of the CUDA engine tests (alone or under torchrun; NCCL): trains each case on the
 GPU and saves the losses, skipped steps and the gathered FP32 master for test_gpu_engine.py.
 
-    gpu_engine_worker.py OUT [--staged] CASE [CASE ...]      CASE = model:stage:precision:gas:steps
+    gpu_engine_worker.py OUT [--staged] CASE [CASE ...]      CASE = model:stage:precision:gas:steps[:offload]
+offload: offload_optimizer.device (none by default; cpu puts the states in host memory).
 --staged: over mpi (under mpirun) or gloo (under torchrun) with every CUDA buffer staged
 through pinned host memory, so W ranks share one GPU (NCCL refuses two ranks on a device).
 """
@@ -19,10 +20,11 @@ from engine_models import CONFIG, batch, loss_fn, make_model  # noqa: E402
 
 
 def run_case(case, comm):
-    name, stage, precision, gas, steps = case.split(":")[:5]
+    name, stage, precision, gas, steps, *offload = case.split(":")
     gas, steps = int(gas), int(steps)
     model = make_model(name).cuda()
-    cfg = dict(CONFIG, stage=int(stage), precision=precision, gradient_accumulation_steps=gas)
+    cfg = dict(CONFIG, stage=int(stage), precision=precision, gradient_accumulation_steps=gas,
+               offload={"optimizer": {"device": offload[0] if offload else "none"}})
     engine = zerort.initialize(model, cfg, comm=comm)
     losses = []
     for step in range(steps):
