@@ -1,9 +1,10 @@
 // Engine's inner parts (buckets and groups), shared by engine.cpp, engine_reduce.cpp,
-// engine_units.cpp and engine_state.cpp only.
+// engine_units.cpp, engine_state.cpp and engine_update.cpp only.
 #pragma once
 
 #include <ATen/core/Tensor.h>
 
+#include <chrono>
 #include <vector>
 
 #include "runtime/engine.h"
@@ -22,6 +23,10 @@
 #endif
 
 namespace zerort {
+
+inline double ms_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+}
 
 // The ATen dtype of a bucket group's DType: bf16, f16, else f32.
 inline at::ScalarType scalar_type(DType d) {
