@@ -240,7 +240,7 @@ def test_safe_set_full_refuses_a_wrong_shape_a_frozen_parameter_and_an_unknown_k
     m = model()
     engine = stage3_engine(m)
     weight = m[2].weight
-    with pytest.raises(ValueError, match=r"has shape \[.*\]; got a value of shape \[3\]"):
+    with pytest.raises(UsageError, match=r"has shape \[.*\]; got a value of shape \[3\]"):
         deepspeed.utils.safe_set_full_fp32_param(weight, torch.zeros(3))
     with pytest.raises(AttributeError, match="key 'momentum'"):
         deepspeed.utils.safe_set_full_optimizer_state(weight, torch.zeros(weight.ds_shape), "momentum")

@@ -7,6 +7,7 @@ import sys
 
 import torch
 
+from zerort.errors import UsageError
 from zerort.integrations.deepspeed.names import NotProvidedError, not_provided
 from zerort.integrations.deepspeed.ranks import get_rank
 
@@ -143,7 +144,7 @@ def _set_full(param, key, value, who):
         raise NotProvidedError(f"deepspeed.utils.{who}: {name!r} is frozen: it has no optimizer state")
     value = torch.as_tensor(value)
     if list(value.shape) != layout[name]["shape"]:
-        raise ValueError(f"deepspeed.utils.{who}: {name!r} has shape {layout[name]['shape']}; got a value of shape "
+        raise UsageError(f"deepspeed.utils.{who}: {name!r} has shape {layout[name]['shape']}; got a value of shape "
                          f"{list(value.shape)}")
     write_state(engine, key, {name: value.detach().to("cpu", torch.float32)}, layout)
     return engine
