@@ -1,7 +1,8 @@
 """The largest GPT that trains on this machine at W = 4: zerort stage 3 (started from the
 meta device), in RAM, with its optimizer states on NVMe (offload_optimizer.device "nvme",
-the files under --nvme-path) and with its bf16 parameter shards there too (zerort3-nvme-params:
-offload_param.device "nvme"), beside PyTorch DDP and FSDP2 (which build the whole FP32 model
+the files under --nvme-path), with its bf16 parameter shards there too (zerort3-nvme-params:
+offload_param.device "nvme") and with its FP32 gradient shard there as well (zerort3-nvme-all:
+offload_optimizer.gradient_in_file), beside PyTorch DDP and FSDP2 (which build the whole FP32 model
 on every rank).
 
     .venv/bin/python bench/largest_gpt.py --estimate-only          # the memory table, no runs
@@ -46,10 +47,11 @@ import e2e  # noqa: E402
 GIB, MIB = 1 << 30, 1 << 20
 W = 4
 WIDTHS = [768, 896, 960, 1024, 1280, 1536, 1792, 1920, 2048, 2176, 2304, 2560, 2816, 3072, 3328]
-RUNTIMES = ["ddp", "fsdp2", "zerort3", "zerort3-nvme", "zerort3-nvme-params"]
+RUNTIMES = ["ddp", "fsdp2", "zerort3", "zerort3-nvme", "zerort3-nvme-params", "zerort3-nvme-all"]
 LABELS = {"ddp": "DDP (autocast bf16, FP32 AdamW)", "fsdp2": "FSDP2 (bf16 params, fp32 reduce)",
           "zerort3": "zerort stage 3 (from meta)", "zerort3-nvme": "zerort stage 3, optimizer states on NVMe",
-          "zerort3-nvme-params": "zerort stage 3, optimizer states and parameters on NVMe"}
+          "zerort3-nvme-params": "zerort stage 3, optimizer states and parameters on NVMe",
+          "zerort3-nvme-all": "zerort stage 3, optimizer states, FP32 gradient and parameters on NVMe"}
 RANK_FIXED = 200 * MIB  # per rank, outside the allocator: torch's and MPI's private pages (shared libraries count once)
 
 
@@ -99,11 +101,12 @@ def estimate(kind, d, layers, seq, micro):
     if kind.startswith("zerort3"):  # our exact layout (units, pack buffer, scratch, pool) plus activations
         from zerort.accounting.memory import NvmeTier
 
-        nvme = NvmeTier(params=kind == "zerort3-nvme-params") if kind.startswith("zerort3-nvme") else None
+        nvme = NvmeTier(params=kind != "zerort3-nvme", gradients=kind == "zerort3-nvme-all") \
+            if kind.startswith("zerort3-nvme") else None
         states = estimate_memory(make_gpt(d, layers, seq, meta=True), W, 3, "bf16", nvme=nvme)["exact"]["total"]
         # init: the shards (on NVMe: the gradient and, unless on NVMe too, the low-precision
         # shards only) and 2 FP32 units
-        init = (16 if not nvme else 4 if nvme.params else 6) * n // W + 2 * 4 * block
+        init = (16 if not nvme else (0 if nvme.gradients else 4) + (0 if nvme.params else 2)) * n // W + 2 * 4 * block
         return n, max(states + act, init)
     if kind == "ddp":  # FP32 weights, grads (bucket views), m, v; autocast's bf16 copies of the weights
         return n, 16 * n + 2 * n + act
@@ -158,8 +161,9 @@ def worker(out, kind, d, layers, seq, micro, steps, nvme_path=None):
             if kind.startswith("zerort3"):
                 extra = {"comm": {"backend": "auto", "timeout_s": 1800}}
                 if kind.startswith("zerort3-nvme"):
-                    extra["offload"] = {"optimizer": {"device": "nvme", "nvme_path": nvme_path}}
-                if kind == "zerort3-nvme-params":
+                    extra["offload"] = {"optimizer": {"device": "nvme", "nvme_path": nvme_path,
+                                                      "gradient_in_file": kind == "zerort3-nvme-all"}}
+                if kind in ("zerort3-nvme-params", "zerort3-nvme-all"):
                     extra["offload"]["param"] = {"device": "nvme", "nvme_path": nvme_path}
                 rt = e2e_worker.ZerortRuntime(3, model, extra)
                 units = len([n for n in rt.engine.unit_names if n != "persistent"])

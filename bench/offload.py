@@ -90,19 +90,23 @@ def stream_rate(directory, million, buffers):
 
 
 def offload(tier, path, buffer_count):
-    """tier: none, cpu, nvme, or nvme+params (stage 3's parameter shards on NVMe too)."""
-    o = {"device": tier.split("+")[0]}
-    if o["device"] == "nvme":
-        o.update(nvme_path=path, buffer_count=buffer_count)
-    return {"offload": {"optimizer": o, **({"param": {"device": "nvme", "nvme_path": path}} if "+" in tier else {})}}
+    """tier: none, cpu, nvme, nvme+grads (the FP32 gradient shard in the file too), nvme+params
+    (stage 3's parameter shards on NVMe too) or nvme+params+grads."""
+    device, *more = tier.split("+")
+    o = {"device": device}
+    if device == "nvme":
+        o.update(nvme_path=path, buffer_count=buffer_count, gradient_in_file="grads" in more)
+    param = {"param": {"device": "nvme", "nvme_path": path}} if "params" in more else {}
+    return {"offload": {"optimizer": o, **param}}
 
 
 def rows(a):
-    """(stage, tier, buffer_count) of each run: RAM, cpu, then nvme with each pool size (at stage 3
-    also with the parameters on NVMe)."""
+    """(stage, tier, buffer_count) of each run: RAM, cpu, then nvme with each pool size, also with
+    the gradient in the file (at stage 3 also with the parameters on NVMe)."""
+    nvme = ["nvme", "nvme+grads"]
     return [(s, t, b) for s in a.stages
-            for t, counts in (("none", [0]), ("cpu", [0]), ("nvme", a.buffer_counts),
-                              *([("nvme+params", a.buffer_counts)] if s == 3 else []))
+            for t, counts in (("none", [0]), ("cpu", [0]), *((t, a.buffer_counts) for t in nvme),
+                              *((f"nvme+params{t[4:]}", a.buffer_counts) for t in nvme if s == 3))
             for b in counts]
 
 

@@ -10,7 +10,7 @@ namespace zerort {
 
 namespace {
 
-constexpr size_t kBlock = size_t{1} << 16;
+constexpr size_t kBlock = kGradStatsBlock;
 constexpr size_t kLanes = 8;
 
 __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default"))) void unscale_block(float* g, size_t n,
@@ -42,7 +42,7 @@ __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default"))) vo
 
 }  // namespace
 
-GradStats unscale_and_check(float* grad, size_t n, float inv_scale) {
+void unscale_and_check_more(float* grad, size_t n, float inv_scale, GradStats& running) {
   ZRT_CHECK(n == 0 || grad, "unscale_and_check: null gradient buffer for ", n, " elements");
   const size_t blocks = (n + kBlock - 1) / kBlock;
   std::vector<double> lanes(blocks * kLanes, 0.0);
@@ -50,11 +50,15 @@ GradStats unscale_and_check(float* grad, size_t n, float inv_scale) {
   parallel_for(n, kBlock, [&](size_t b, size_t lo, size_t hi) {
     unscale_block(grad + lo, hi - lo, inv_scale, &lanes[b * kLanes], &bad[b]);
   });
-  GradStats s;
   for (size_t b = 0; b < blocks; ++b) {
-    s.nonfinite += bad[b];
-    for (size_t j = 0; j < kLanes; ++j) s.sum_squares += lanes[b * kLanes + j];
+    running.nonfinite += bad[b];
+    for (size_t j = 0; j < kLanes; ++j) running.sum_squares += lanes[b * kLanes + j];
   }
+}
+
+GradStats unscale_and_check(float* grad, size_t n, float inv_scale) {
+  GradStats s;
+  unscale_and_check_more(grad, n, inv_scale, s);
   return s;
 }
 

@@ -40,6 +40,7 @@ py::dict tier_stats_dict(const StateTierStats& s) {
   d["tier"] = tier_name(s.tier);
   d["path"] = s.path;
   d["file_bytes"] = s.file_bytes;
+  d["gradient_bytes"] = s.gradient_bytes;
   d["pool_bytes"] = s.pool_bytes;
   d["bytes_read"] = s.bytes_read;
   d["bytes_written"] = s.bytes_written;
@@ -136,7 +137,8 @@ void bind_options(py::module_& m) {
       .def_readwrite("chunk_elements", &NvmeStateOptions::chunk_elements)
       .def_readwrite("buffer_count", &NvmeStateOptions::buffer_count)
       .def_readwrite("queue_depth", &NvmeStateOptions::queue_depth)
-      .def_readwrite("block_size", &NvmeStateOptions::block_size);
+      .def_readwrite("block_size", &NvmeStateOptions::block_size)
+      .def_readwrite("gradient_in_file", &NvmeStateOptions::gradient_in_file);
   options_class<EngineOptions>(m, "EngineOptions")  // materialize is the Engine's own argument
       .def_readwrite("stage", &EngineOptions::stage)
       .def_readwrite("optimizer", &EngineOptions::optimizer)
@@ -301,7 +303,7 @@ void bind_engine(py::module_& m) {
       .def("exp_avg_sq", &Engine::exp_avg_sq)
       .def("flat_params", &Engine::flat_params)
       .def("flat_grads", &Engine::flat_grads)
-      .def_property_readonly("grad_shard", &Engine::grad_shard)
+      .def_property_readonly("grad_shard_bytes", &Engine::grad_shard_bytes)
       .def_property_readonly("stage0_scratch", &Engine::stage0_scratch)
       .def_property_readonly("pack_buffer_bytes", &Engine::pack_buffer_bytes)
       .def("bucket_layout", &Engine::bucket_layout)

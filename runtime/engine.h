@@ -195,11 +195,12 @@ class Engine {
   // (flat_offset, padded_numel, shard_numel, opt_offset) of each bucket of the group.
   std::vector<std::array<size_t, 4>> bucket_layout(size_t group) const;
 
-  // For the memory report: the FP32 gradient (every group), stage 0's reduce scratch,
+  // For the memory report: the FP32 gradient (every group; with the gradient in the NVMe
+  // file, the reduce scratch that stands in for it in RAM), stage 0's reduce scratch,
   // the gradient pack buffers (stage 2's two, plus the largest one-off buffer; stage 3's
   // per-unit ones) and the low-precision parameters held for good (stages 0-2: the flat
   // buffers; stage 3: the persistent units, and the shard copies of Note [state tiers] in memory).
-  const at::Tensor& grad_shard() const { return optimizer_->state().grad(); }
+  size_t grad_shard_bytes() const;
   const at::Tensor& stage0_scratch() const { return stage0_scratch_; }
   size_t pack_buffer_bytes() const;
   size_t resident_param_bytes() const;
@@ -238,8 +239,9 @@ class Engine {
   // copies', into shard_copies_), or a ConfigError on every rank naming each rank's failure,
   // before any state is written. See Note [state tiers].
   std::unique_ptr<NvmeStateStore> open_tier_files(size_t numel);
-  void make_shard_copies();  // open_tier_files' second file (or the copies in memory)
-  void open_host_tier();     // kHost: the mover, its buffers and the shard copies on the device
+  void make_shard_copies();    // open_tier_files' second file (or the copies in memory)
+  void make_reduce_scratch();  // reduce_scratch_: the largest bucket's shard, on the device
+  void open_host_tier();       // kHost: the mover, its buffers and the shard copies on the device
   // Bucket b's starting FP32 part `mine` into master (in memory) or the file, with the shard
   // copy the file's tier needs (See Note [state tiers]).
   void keep_master(Bucket& b, DType dtype, const at::Tensor& mine, at::Tensor& master, NvmeStateStore* file);
@@ -264,7 +266,7 @@ class Engine {
   // kHost: the copies between the device and the host state, and what they go through: the
   // reduces' FP32 target on the device (comm thread) and the step's host output (main thread).
   std::unique_ptr<Mover> host_mover_;
-  at::Tensor host_reduce_scratch_;
+  at::Tensor reduce_scratch_;
   std::shared_ptr<char> host_out_;
   at::Tensor stage0_scratch_;           // stage 0: one bucket's reduced shard, FP32
   UnitCache units_;                     // every bucket's working copy (unit b is bucket b): See Note [unit cache]

@@ -121,18 +121,26 @@ void Engine::comm_loop() {
 
 void Engine::reduce_bucket(Bucket& b) {
   const size_t shard = b.layout.shard_numel();
-  float* grad = optimizer_->state().grad().data_ptr<float>() + b.opt_offset;
-  if (!host_mover_ || shard == 0) {
-    reduce_bucket_into(b, grad);
+  OptimizerStateStore& state = optimizer_->state();
+  if (shard == 0 || (!host_mover_ && state.gradient_in_memory())) {
+    reduce_bucket_into(b, shard == 0 ? nullptr : state.grad().data_ptr<float>() + b.opt_offset);
     return;
   }
-  // kHost: the gradient is in host memory, the reduce on the device. The device scratch takes
-  // this rank's gradient so far, the reduce accumulates into it as into the gradient in
-  // memory (the same sums, the same bits), and it goes back (See Note [state tiers]).
-  float* scratch = host_reduce_scratch_.data_ptr<float>();
-  host_mover_->from_host(scratch, grad, shard * sizeof(float));
+  // The gradient is where the reduce cannot write: in host memory beside a device model
+  // (kHost) or in the file (gradient_in_file). The scratch takes this rank's gradient so far,
+  // the reduce accumulates into it as into the gradient in memory (the same sums, the same
+  // bits), and it goes back (See Note [state tiers]).
+  float* scratch = reduce_scratch_.data_ptr<float>();
+  if (host_mover_) {
+    float* grad = state.grad().data_ptr<float>() + b.opt_offset;
+    host_mover_->from_host(scratch, grad, shard * sizeof(float));
+    reduce_bucket_into(b, scratch);
+    host_mover_->to_host(grad, scratch, shard * sizeof(float));
+    return;
+  }
+  state.read_grad(b.opt_offset, shard, scratch);
   reduce_bucket_into(b, scratch);
-  host_mover_->to_host(grad, scratch, shard * sizeof(float));
+  state.write_grad(b.opt_offset, shard, scratch);
 }
 
 void Engine::reduce_bucket_into(Bucket& b, float* grad) {
@@ -198,7 +206,7 @@ void Engine::drain() {
   if (error) {
     // A failed reduce leaves a half-accumulated gradient: drop this window's gradients so
     // a caller that catches and continues does not train on them.
-    optimizer_->state().grad().zero_();
+    optimizer_->state().zero_grad();
     std::rethrow_exception(error);
   }
 }

@@ -88,6 +88,7 @@ std::unique_ptr<NvmeStateStore> Engine::open_tier_files(size_t numel) {
   std::string why;
   try {
     file = std::make_unique<NvmeStateStore>(static_cast<int64_t>(numel), options_.optimizer.state_dtype, nvme);
+    if (nvme.gradient_in_file) make_reduce_scratch();
     make_shard_copies();
   } catch (const Error& e) {
     why = e.what();
@@ -108,17 +109,21 @@ void Engine::open_host_tier() {
                device_.str());
   host_mover_ = make_host_mover();
 #endif
-  size_t largest = 0, largest_bytes = 1;
+  size_t largest_bytes = 1;
   for (const auto& g : groups_) {
-    for (const Bucket& b : g->buckets) {
-      largest = std::max(largest, b.opt_numel);
-      largest_bytes = std::max(largest_bytes, b.opt_numel * dtype_size(g->dtype));
-    }
+    for (const Bucket& b : g->buckets) largest_bytes = std::max(largest_bytes, b.opt_numel * dtype_size(g->dtype));
   }
-  host_reduce_scratch_ =
-      at::empty({static_cast<int64_t>(largest)}, at::TensorOptions().dtype(at::kFloat).device(device_));
+  make_reduce_scratch();
   host_out_ = host_mover_->host_buffer(largest_bytes);
   make_shard_copies();
+}
+
+void Engine::make_reduce_scratch() {
+  size_t largest = 0;
+  for (const auto& g : groups_) {
+    for (const Bucket& b : g->buckets) largest = std::max(largest, b.opt_numel);
+  }
+  reduce_scratch_ = at::empty({static_cast<int64_t>(largest)}, at::TensorOptions().dtype(at::kFloat).device(device_));
 }
 
 void Engine::make_shard_copies() {
@@ -229,7 +234,19 @@ at::Tensor Engine::optimizer_slice(const at::Tensor& t, size_t g) const {
 at::Tensor Engine::master(size_t g) const { return optimizer_slice(optimizer_->state().master(), g); }
 at::Tensor Engine::exp_avg(size_t g) const { return optimizer_slice(optimizer_->state().exp_avg(), g); }
 at::Tensor Engine::exp_avg_sq(size_t g) const { return optimizer_slice(optimizer_->state().exp_avg_sq(), g); }
-at::Tensor Engine::grad(size_t g) const { return optimizer_slice(optimizer_->state().grad(), g); }
+at::Tensor Engine::grad(size_t g) const {
+  OptimizerStateStore& state = optimizer_->state();
+  if (state.gradient_in_memory()) return optimizer_slice(state.grad(), g);
+  at::Tensor out = at::empty({static_cast<int64_t>(group(g).opt_numel)}, at::TensorOptions().dtype(at::kFloat));
+  state.read_grad(group(g).opt_offset, group(g).opt_numel, out.data_ptr<float>());
+  return out;
+}
+
+size_t Engine::grad_shard_bytes() const {
+  const OptimizerStateStore& state = static_cast<const ShardOptimizer&>(*optimizer_).state();
+  const at::Tensor& held = state.gradient_in_memory() ? state.grad() : reduce_scratch_;
+  return static_cast<size_t>(held.numel()) * sizeof(float);
+}
 
 StateTierStats Engine::state_tier_stats() const {
   StateTierStats s = optimizer_->state().tier_stats();

@@ -40,6 +40,11 @@ std::size_t record_bytes(std::size_t chunk_elements, DType state_dtype) {
   return chunk_elements * (sizeof(float) + 2 * dtype_size(state_dtype));
 }
 
+// A pool buffer: a record, and with the gradient in the file a slot for the chunk's gradient.
+std::size_t buffer_bytes(std::size_t chunk_elements, std::size_t record, const NvmeStateOptions& o) {
+  return record + (o.gradient_in_file ? chunk_elements * sizeof(float) : 0);
+}
+
 }  // namespace
 
 NvmeStateStore::NvmeStateStore(int64_t numel, DType state_dtype, const NvmeStateOptions& options)
@@ -48,14 +53,22 @@ NvmeStateStore::NvmeStateStore(int64_t numel, DType state_dtype, const NvmeState
       chunk_elements_(io::round_up(options.chunk_elements, io::direct_io_alignment(options.directory))),
       chunk_stride_(record_bytes(chunk_elements_, state_dtype)),
       file_(options.directory, detail::concat("zerort-states-rank", options.rank, ".bin"),
-            static_cast<std::uint64_t>(chunk_count()) * chunk_stride_),
-      pool_(options.buffer_count, chunk_stride_, file_.alignment()),
-      queue_(pool_depth(options, chunk_stride_), options.block_size),
-      grad_(at::zeros({numel_}, at::TensorOptions().dtype(at::kFloat))) {
+            records_bytes() + (options.gradient_in_file
+                                   ? NvmeGradient::region_bytes(static_cast<std::size_t>(numel_),
+                                                                io::direct_io_alignment(options.directory))
+                                   : 0)),
+      pool_(options.buffer_count, buffer_bytes(chunk_elements_, chunk_stride_, options), file_.alignment()),
+      queue_(pool_depth(options, pool_.buffer_size()), options.block_size) {
   ZRT_CHECK_AS(ConfigError, chunk_stride_ % file_.alignment() == 0 && options.block_size % file_.alignment() == 0,
                "NvmeStateStore: block_size ", options.block_size, " and the record of ", chunk_stride_,
                " bytes must be multiples of the direct-I/O alignment ", file_.alignment(), " of ", file_.path());
   queue_.register_pool(pool_);  // false: the same I/O without fixed buffers
+  if (options.gradient_in_file) {
+    file_grad_ = std::make_unique<NvmeGradient>(file_, queue_, records_bytes(), static_cast<std::size_t>(numel_),
+                                                io::direct_io_alignment(options.directory), chunk_elements_);
+  } else {
+    grad_ = at::zeros({numel_}, at::TensorOptions().dtype(at::kFloat));
+  }
 }
 
 NvmeStateStore::NvmeStateStore(const at::Tensor& master, DType state_dtype, const NvmeStateOptions& options)
@@ -86,6 +99,10 @@ void NvmeStateStore::write_master(const at::Tensor& master) {
   }
 }
 
+std::uint64_t NvmeStateStore::records_bytes() const {
+  return static_cast<std::uint64_t>(chunk_count()) * chunk_stride_;
+}
+
 std::size_t NvmeStateStore::chunk_count() const {
   return (static_cast<std::size_t>(numel_) + chunk_elements_ - 1) / chunk_elements_;
 }
@@ -97,7 +114,7 @@ std::size_t NvmeStateStore::chunk_numel(std::size_t c) const {
 AdamWBuffers NvmeStateStore::view(std::size_t c, void* buffer) {
   char* record = static_cast<char*>(buffer);
   AdamWBuffers b;
-  b.grad = grad_.data_ptr<float>() + c * chunk_elements_;
+  b.grad = file_grad_ ? grad_slot(buffer) : grad_.data_ptr<float>() + c * chunk_elements_;
   b.grad_dtype = DType::kFloat32;
   b.master = reinterpret_cast<float*>(record);
   b.exp_avg = record + chunk_elements_ * sizeof(float);
@@ -109,11 +126,12 @@ AdamWBuffers NvmeStateStore::view(std::size_t c, void* buffer) {
 
 namespace {
 
-[[noreturn]] void no_whole_tensor(const char* call, const std::string& path) {
-  throw UsageError(__FILE__, __LINE__,
-                   detail::concat("NvmeStateStore::", call,
-                                  "(): the whole tensor is not available for the nvme tier yet (the state lives in ",
-                                  path, "); stream it with read_range()/write_range()"));
+[[noreturn]] void no_whole_tensor(const char* call, const std::string& path,
+                                  const char* instead = "read_range()/write_range()") {
+  throw UsageError(
+      __FILE__, __LINE__,
+      detail::concat("NvmeStateStore::", call, "(): the whole tensor is not available for the nvme tier (it lives in ",
+                     path, "); stream it with ", instead));
 }
 
 }  // namespace
@@ -123,7 +141,8 @@ StateTierStats NvmeStateStore::tier_stats() const {
   s.tier = StateTier::kNvme;
   s.path = file_.path();
   s.file_bytes = file_.size();
-  s.pool_bytes = pool_.bytes();
+  s.gradient_bytes = file_.size() - records_bytes();
+  s.pool_bytes = pool_bytes();
   s.bytes_read = queue_.bytes_read();
   s.bytes_written = queue_.bytes_written();
   s.io_wait_seconds = queue_.wait_seconds();
@@ -133,6 +152,40 @@ StateTierStats NvmeStateStore::tier_stats() const {
 const at::Tensor& NvmeStateStore::master() const { no_whole_tensor("master", file_.path()); }
 const at::Tensor& NvmeStateStore::exp_avg() const { no_whole_tensor("exp_avg", file_.path()); }
 const at::Tensor& NvmeStateStore::exp_avg_sq() const { no_whole_tensor("exp_avg_sq", file_.path()); }
+at::Tensor& NvmeStateStore::grad() {
+  if (file_grad_) no_whole_tensor("grad", file_.path(), "read_grad()/write_grad()");
+  return grad_;
+}
+const at::Tensor& NvmeStateStore::grad() const { return const_cast<NvmeStateStore*>(this)->grad(); }
+
+void NvmeStateStore::read_grad(size_t offset, size_t n, float* out) {
+  if (!file_grad_) return OptimizerStateStore::read_grad(offset, n, out);
+  check_usable("read_grad");
+  file_grad_->read(offset, n, out);
+}
+
+void NvmeStateStore::write_grad(size_t offset, size_t n, const float* in) {
+  if (!file_grad_) return OptimizerStateStore::write_grad(offset, n, in);
+  check_usable("write_grad");
+  file_grad_->write(offset, n, in);
+}
+
+GradStats NvmeStateStore::unscale_and_check_grad(float inv_scale) {
+  if (!file_grad_) return OptimizerStateStore::unscale_and_check_grad(inv_scale);
+  check_usable("unscale_and_check_grad");
+  return file_grad_->check(inv_scale);
+}
+
+void NvmeStateStore::zero_grad() {
+  if (!file_grad_) return OptimizerStateStore::zero_grad();
+  file_grad_->zero();
+}
+
+void NvmeStateStore::start_grad(InFlight& read) {
+  if (!file_grad_ || read.grad_started) return;
+  read.grad_reads = file_grad_->start(read.chunk * chunk_elements_, chunk_numel(read.chunk), grad_slot(read.buffer));
+  read.grad_started = true;
+}
 
 void NvmeStateStore::check_usable(const char* call) const {
   ZRT_CHECK(failure_.empty(), "NvmeStateStore::", call, ": the state in ", file_.path(),
@@ -167,7 +220,8 @@ void NvmeStateStore::finish_writes(std::deque<InFlight>& writes) {
 
 void NvmeStateStore::drain(std::deque<InFlight>& reads, std::deque<InFlight>& writes, const std::string& why) noexcept {
   for (auto* list : {&reads, &writes}) {
-    for (const InFlight& f : *list) {
+    for (InFlight& f : *list) {
+      if (file_grad_) file_grad_->forget(f.grad_reads);
       try {
         queue_.wait(f.request);
       } catch (...) {  // its error, or a request already forgotten: either way none of it is in the kernel
@@ -227,9 +281,14 @@ void NvmeStateStore::update(const ChunkFn& fn) {
       // Chunk i must be in flight (waiting for a write when no buffer is free); later ones
       // are read ahead as far as free buffers allow.
       while (next < chunks && next - i < pool_.buffer_count() && read_ahead(next, next == i)) ++next;
+      for (InFlight& r : reads_) start_grad(r);  // prefetch() read the records only
       ZRT_CHECK(!reads_.empty() && reads_.front().chunk == i, "NvmeStateStore::update: chunk ", i,
                 " is not being read (pool of ", pool_.buffer_count(), ")");  // unreachable
       queue_.wait(reads_.front().request);
+      if (file_grad_) {
+        file_grad_->finish(i * chunk_elements_, chunk_numel(i), grad_slot(reads_.front().buffer),
+                           reads_.front().grad_reads);
+      }
       computing = reads_.front().buffer;
       reads_.pop_front();
       fn(i * chunk_elements_, view(i, computing));
@@ -251,6 +310,7 @@ void NvmeStateStore::settle(const char* call) {
   try {
     finish_writes(writes_);
     while (!reads_.empty()) {  // read ahead for an update that a direct read or write comes before
+      if (file_grad_) file_grad_->await(reads_.front().grad_reads);
       queue_.wait(reads_.front().request);
       pool_.release(reads_.front().buffer);
       reads_.pop_front();

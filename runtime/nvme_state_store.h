@@ -1,5 +1,6 @@
 // NvmeStateStore: the `nvme` tier of the optimizer state (issue 29). This rank's master, m and
-// v live in one preallocated O_DIRECT file; the FP32 gradient stays in memory. The Engine
+// v live in one preallocated O_DIRECT file; the FP32 gradient stays in memory, or with
+// gradient_in_file goes in the same file (runtime/nvme_gradient.h). The Engine
 // makes one when EngineOptions::state_tier is kNvme (the config's offload_optimizer.device).
 #pragma once
 
@@ -8,11 +9,14 @@
 #include <cstddef>
 #include <cstdint>
 #include <deque>
+#include <memory>
 #include <string>
+#include <vector>
 
 #include "io/aligned_buffer_pool.h"
 #include "io/direct_file.h"
 #include "io/io_queue.h"
+#include "runtime/nvme_gradient.h"
 #include "runtime/optimizer_state.h"
 
 namespace zerort {
@@ -32,7 +36,11 @@ namespace zerort {
 // chunk i, while chunk i-1 is written back. A buffer goes back to the pool when its write is
 // done, so the RAM used is the pool's, buffer_count * chunk_stride() (pool_bytes()), whatever
 // numel is (See Note [The pool never grows]); the gradient (numel float32) is the only RAM
-// that grows with the state, and it is the reduces' target, as in memory.
+// that grows with the state, and it is the reduces' target, as in memory. With
+// gradient_in_file it is not in RAM either: it is one more region of the file, after the
+// records (Note [gradient in the file]); each pool buffer then has a slot after its record
+// for the chunk's gradient, read with the record by update() (never by prefetch(), which runs
+// before the reduces that write it) and never written back, as zero_grad() needs no I/O.
 // Across calls: prefetch() (the Engine calls it as the accumulation window's last backward
 // pass begins) reads the first chunks into free buffers while backward runs, and update()
 // returns with its last writes in flight, to finish behind what the caller does next (the
@@ -57,6 +65,7 @@ struct NvmeStateOptions {
   std::size_t buffer_count = 4;                   // pool buffers (>= 1; 3 or more overlap read, compute and write)
   unsigned queue_depth = 8;                       // I/O pieces in the kernel at once, at least (See Note)
   std::size_t block_size = std::size_t{1} << 20;  // the piece size (a multiple of the alignment)
+  bool gradient_in_file = false;                  // the FP32 gradient in the file too (See Note)
 };
 
 class NvmeStateStore final : public OptimizerStateStore {
@@ -81,17 +90,25 @@ class NvmeStateStore final : public OptimizerStateStore {
   const at::Tensor& master() const override;
   const at::Tensor& exp_avg() const override;
   const at::Tensor& exp_avg_sq() const override;
-  at::Tensor& grad() override { return grad_; }  // in memory: the reduces accumulate here
-  const at::Tensor& grad() const override { return grad_; }
+  // In memory, the reduces accumulate here; UsageError with gradient_in_file.
+  at::Tensor& grad() override;
+  const at::Tensor& grad() const override;
+  bool gradient_in_memory() const override { return !file_grad_; }
+  c10::Device device() const override { return c10::Device(c10::kCPU); }
+  void read_grad(size_t offset, size_t n, float* out) override;
+  void write_grad(size_t offset, size_t n, const float* in) override;
+  GradStats unscale_and_check_grad(float inv_scale) override;
+  void zero_grad() override;
   void update(const ChunkFn& fn) override;  // See Note [NVMe state store]
   void prefetch() override;                 // reads the first chunks into free buffers, without waiting
   void read_range(size_t offset, size_t n, float* master, void* exp_avg, void* exp_avg_sq) override;
   void write_range(size_t offset, size_t n, const float* master, const void* exp_avg, const void* exp_avg_sq) override;
 
-  std::size_t pool_bytes() const { return pool_.bytes(); }
+  std::size_t pool_bytes() const { return pool_.bytes() + (file_grad_ ? file_grad_->staging_bytes() : 0); }
   std::size_t chunk_elements() const { return chunk_elements_; }
   std::size_t chunk_stride() const { return chunk_stride_; }  // bytes of one record in the file
   std::size_t chunk_count() const;
+  std::uint64_t records_bytes() const;  // the records' part of the file; the gradient's region follows
   const std::string& path() const { return file_.path(); }
   std::uint64_t file_bytes() const { return file_.size(); }
   std::uint64_t bytes_read() const { return queue_.bytes_read(); }
@@ -104,11 +121,15 @@ class NvmeStateStore final : public OptimizerStateStore {
     std::size_t chunk;
     void* buffer;
     io::IoQueue::Request request;
+    std::vector<io::IoQueue::Request> grad_reads = {};  // gradient_in_file: its slot's, once started
+    bool grad_started = false;
   };
 
   std::uint64_t chunk_offset(std::size_t c) const { return static_cast<std::uint64_t>(c) * chunk_stride_; }
   std::size_t chunk_numel(std::size_t c) const;
   AdamWBuffers view(std::size_t c, void* buffer);  // chunk c's arrays inside its record in `buffer`
+  float* grad_slot(void* buffer) const { return reinterpret_cast<float*>(static_cast<char*>(buffer) + chunk_stride_); }
+  void start_grad(InFlight& read);  // gradient_in_file: starts reading its chunk's gradient, once
   void check_usable(const char* call) const;
   // Before a direct read or write: every write done, every read ahead dropped (after
   // check_usable(call)).
@@ -134,9 +155,10 @@ class NvmeStateStore final : public OptimizerStateStore {
   io::DirectFile file_;
   io::AlignedBufferPool pool_;
   io::IoQueue queue_;
-  at::Tensor grad_;
-  std::deque<InFlight> reads_;   // chunks 0, 1, ... read ahead for the next update
-  std::deque<InFlight> writes_;  // in submit order; an update's last ones outlive it
+  at::Tensor grad_;                          // undefined with gradient_in_file
+  std::unique_ptr<NvmeGradient> file_grad_;  // gradient_in_file: the file's gradient region
+  std::deque<InFlight> reads_;               // chunks 0, 1, ... read ahead for the next update
+  std::deque<InFlight> writes_;              // in submit order; an update's last ones outlive it
   std::string failure_;
 };
 

@@ -4,6 +4,7 @@
 #include <ATen/ops/zeros.h>
 
 #include "core/error.h"
+#include "runtime/kernel_dispatch.h"
 
 namespace zerort {
 
@@ -44,6 +45,21 @@ std::pair<at::Tensor, at::Tensor> host_and_range(const at::Tensor& whole, size_t
 }
 
 }  // namespace
+
+void OptimizerStateStore::read_grad(size_t offset, size_t n, float* out) {
+  auto [h, range] = host_and_range(grad(), offset, n, out);
+  h.copy_(range);
+}
+
+void OptimizerStateStore::write_grad(size_t offset, size_t n, const float* in) {
+  auto [h, range] = host_and_range(grad(), offset, n, in);
+  range.copy_(h);
+}
+
+GradStats OptimizerStateStore::unscale_and_check_grad(float inv_scale) {
+  at::Tensor& g = grad();
+  return unscale_and_check_on(g.device(), g.data_ptr<float>(), static_cast<size_t>(g.numel()), inv_scale);
+}
 
 void InMemoryStateStore::read_range(size_t offset, size_t n, float* master, void* exp_avg, void* exp_avg_sq) {
   const std::pair<const at::Tensor*, void*> arrays[] = {

@@ -3,7 +3,7 @@
 // tier, copy) into. The ShardOptimizer
 // and the Engine reach the state only through this interface. InMemoryStateStore keeps all
 // four as tensors on the master's device; NvmeStateStore (runtime/nvme_state_store.h) keeps
-// master, m and v in a file and the gradient in memory.
+// master, m and v in a file, and the gradient in memory or (gradient_in_file) there too.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -15,6 +15,7 @@
 
 #include "core/dtype.h"
 #include "optim/adamw.h"
+#include "optim/grad_stats.h"
 
 namespace zerort {
 
@@ -28,19 +29,22 @@ const char* tier_name(StateTier tier);  // "memory", "cpu", "nvme"
 enum class StateArray { kMaster, kExpAvg, kExpAvgSq };
 
 // What a tier holds and moves, for the memory report and the monitor. In memory: nothing
-// but the tier. In a file: its path and size, the pool's RAM, the bytes moved since the
-// store was made, and the seconds spent blocked waiting for them (IoQueue::wait_seconds).
+// but the tier. In a file: its path and size (gradient_bytes of it the gradient's region, when
+// it is there), the pool's RAM, the bytes moved since the store was made, and the seconds spent
+// blocked waiting for them (IoQueue::wait_seconds).
 struct StateTierStats {
   StateTier tier = StateTier::kMemory;
   std::string path;
-  std::uint64_t file_bytes = 0, pool_bytes = 0, bytes_read = 0, bytes_written = 0;
+  std::uint64_t file_bytes = 0, gradient_bytes = 0, pool_bytes = 0, bytes_read = 0, bytes_written = 0;
   double io_wait_seconds = 0;
 };
 
 // Note [optimizer state store]: the state is numel() elements, laid out alike in all four
 // arrays (one offset names the same element in each); the same numel on every rank. The
-// gradient tensor is where the reduces accumulate, so it is always addressable on the
-// compute device, whatever the tier. The update reaches master, m and v only through
+// gradient is where the reduces accumulate: a tensor on the store's device (grad()) when
+// gradient_in_memory(), else reached only by ranges (read_grad/write_grad; Note [gradient in
+// the file]). Either way the step goes unscale_and_check_grad(), then update() (which hands
+// fn the unscaled gradient), then zero_grad(). The update reaches master, m and v only through
 // update(fn): fn sees consecutive chunks that cover [0, numel) once, in order, each with
 // pointers valid only during that call, so a tier that keeps the state elsewhere streams
 // each chunk in before fn and back out after it (InMemoryStateStore passes the whole state
@@ -62,8 +66,17 @@ class OptimizerStateStore {
   virtual const at::Tensor& master() const = 0;
   virtual const at::Tensor& exp_avg() const = 0;
   virtual const at::Tensor& exp_avg_sq() const = 0;
-  virtual at::Tensor& grad() = 0;  // FP32, summed over ranks and micro-steps
+  virtual at::Tensor& grad() = 0;  // FP32, summed over ranks and micro-steps (in memory only)
   virtual const at::Tensor& grad() const = 0;
+  virtual bool gradient_in_memory() const { return true; }
+  virtual c10::Device device() const { return grad().device(); }  // where the step's kernels run
+  // Elements [offset, offset + n) of the gradient to or from host memory, in any tier.
+  virtual void read_grad(size_t offset, size_t n, float* out);
+  virtual void write_grad(size_t offset, size_t n, const float* in);
+  // The gradient times inv_scale, its non-finite count and FP64 sum of squares (the
+  // unscale_and_check pass, optim/grad_stats.h); zero_grad() sets it to zeros.
+  virtual GradStats unscale_and_check_grad(float inv_scale);
+  virtual void zero_grad() { grad().zero_(); }
   // Calls fn on every chunk in order; what fn leaves in a chunk's master, m and v is the state
   // once update() returns. See Note [optimizer state store].
   virtual void update(const ChunkFn& fn) = 0;

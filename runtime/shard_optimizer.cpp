@@ -11,6 +11,7 @@
 #include <chrono>
 #include <cmath>
 #include <string>
+#include <vector>
 
 #include "core/error.h"
 #include "runtime/kernel_dispatch.h"
@@ -58,7 +59,7 @@ ShardOptimizer::ShardOptimizer(std::unique_ptr<OptimizerStateStore> state, Commu
   ZRT_CHECK(state_ != nullptr, "ShardOptimizer: no state store");
   ZRT_CHECK(state_->state_dtype() == options_.state_dtype, "ShardOptimizer: the store's state dtype ",
             dtype_name(state_->state_dtype()), " is not the options' ", dtype_name(options_.state_dtype));
-  check_device_supported(state_->grad().device(), "ShardOptimizer's gradient");
+  check_device_supported(state_->device(), "ShardOptimizer's gradient");
 }
 
 double ShardOptimizer::grad_denominator() const {
@@ -75,20 +76,18 @@ bool ShardOptimizer::step(const std::vector<OutputSegment>& outputs, StepStats& 
   auto elapsed_ms = [&] {
     return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   };
-  at::Tensor& grad = state_->grad();
   const size_t n = static_cast<size_t>(state_->numel());
   stats.loss_scale = scaler_.scale();
   AdamWStep s;
   s.step = adam_steps_ + 1;
   const double denominator = grad_denominator();
-  GradStats local =
-      unscale_and_check_on(grad.device(), grad.data_ptr<float>(), n, static_cast<float>(1.0 / denominator));
+  GradStats local = state_->unscale_and_check_grad(static_cast<float>(1.0 / denominator));
   Decision global;
   try {  // the one decision, the same on every rank
     global = decide_step(comm_, {static_cast<int64_t>(local.nonfinite), local.sum_squares, missed_backward},
                          options_.replicated, options_.gradient_accumulation_steps);
   } catch (...) {
-    grad.zero_();  // the window is dropped on every rank alike
+    state_->zero_grad();  // the window is dropped on every rank alike
     throw;
   }
   stats.nonfinite = global.nonfinite;
@@ -97,7 +96,7 @@ bool ShardOptimizer::step(const std::vector<OutputSegment>& outputs, StepStats& 
   if (stats.nonfinite > 0 || !std::isfinite(global.sum_squares)) {
     stats.skipped = true;
     record_nonfinite();
-    grad.zero_();
+    state_->zero_grad();
     stats.optimizer_ms = elapsed_ms();
     scaler_.update(true);  // may throw at the minimum scale, on every rank alike
     return false;
@@ -137,7 +136,7 @@ bool ShardOptimizer::step(const std::vector<OutputSegment>& outputs, StepStats& 
     }
   });
   scaler_.update(false);
-  grad.zero_();
+  state_->zero_grad();
   stats.optimizer_ms = elapsed_ms();
   return true;
 }
@@ -174,7 +173,7 @@ void ShardOptimizer::adamw_range(const AdamWBuffers& chunk, size_t chunk_offset,
     b.n = stop - pos;
     b.param = out ? static_cast<char*>(out) + (pos - lo) * dtype_size(dtype) : nullptr;
     b.param_dtype = dtype;
-    adamw_step_on(state_->grad().device(), b, s);
+    adamw_step_on(state_->device(), b, s);
     pos = stop;
   }
 }
@@ -208,17 +207,21 @@ void ShardOptimizer::set_watch_regions(std::vector<std::array<int64_t, 3>> regio
 
 void ShardOptimizer::record_nonfinite() {
   if (watch_regions_.empty()) return;
-  const at::Tensor& grad = state_->grad();
-  if (grad.device().is_cpu()) {
-    const float* g = grad.data_ptr<float>();
+  if (state_->device().is_cpu()) {  // a window at a time, wherever the gradient lives
+    constexpr int64_t kWindow = int64_t{1} << 20;
+    std::vector<float> window;
     for (const auto& r : watch_regions_) {
-      const float* begin = g + r[0];
-      if (std::any_of(begin, begin + r[1], [](float x) { return !std::isfinite(x); })) {
-        nonfinite_ids_.push_back(r[2]);
+      bool bad = false;
+      for (int64_t at = 0; at < r[1] && !bad; at += kWindow) {
+        window.resize(static_cast<size_t>(std::min(kWindow, r[1] - at)));
+        state_->read_grad(static_cast<size_t>(r[0] + at), window.size(), window.data());
+        bad = std::any_of(window.begin(), window.end(), [](float x) { return !std::isfinite(x); });
       }
+      if (bad) nonfinite_ids_.push_back(r[2]);
     }
     return;
   }
+  const at::Tensor& grad = state_->grad();
   // On the device: a prefix count of non-finite values, read at each region's two ends, so
   // only 2 numbers per region come to the host, not the shard.
   const at::Tensor prefix = at::cumsum(at::logical_not(at::isfinite(grad)), 0, at::kLong);

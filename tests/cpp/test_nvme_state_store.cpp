@@ -3,6 +3,7 @@
 // offset and leaves the store refusing further use, the pool does not grow with the state.
 // See Note [NVMe state store]. Files go under $ZERORT_IO_TEST_DIR (default /tmp).
 #include <ATen/ops/arange.h>
+#include <ATen/ops/empty.h>
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -27,8 +28,9 @@ using io::testing::TempDir;
 // The chunk NvmeStateStore makes of chunk_elements = 1: one alignment's worth of elements.
 size_t smallest_chunk(const std::string& dir) { return io::round_up(1, io::direct_io_alignment(dir)); }
 
-NvmeStateOptions small_options(const std::string& dir, size_t buffer_count) {
+NvmeStateOptions small_options(const std::string& dir, size_t buffer_count, bool gradient_in_file = false) {
   NvmeStateOptions o;
+  o.gradient_in_file = gradient_in_file;
   o.directory = dir;
   o.chunk_elements = 1;
   o.buffer_count = buffer_count;
@@ -42,6 +44,13 @@ at::Tensor start_master(int64_t numel) { return at::arange(numel, at::kFloat).mu
 void fill_grad(at::Tensor& grad, int step) {
   float* g = grad.data_ptr<float>();
   for (int64_t i = 0; i < grad.numel(); ++i) g[i] = std::cos(0.11f * static_cast<float>(i) + static_cast<float>(step));
+}
+
+// fill_grad's values into the store's gradient, wherever it lives.
+void fill_grad(OptimizerStateStore& state, int step) {
+  at::Tensor g = at::empty({state.numel()}, at::kFloat);
+  fill_grad(g, step);
+  state.write_grad(0, static_cast<size_t>(g.numel()), g.data_ptr<float>());
 }
 
 struct Snapshot {
@@ -59,7 +68,8 @@ Snapshot snapshot(OptimizerStateStore& state) {
 // `steps` AdamW steps of the same gradients through both tiers, with two hyper groups and a
 // bf16 output segment that cross chunk boundaries; every output and the final state compared
 // bit for bit.
-void expect_tiers_equal(int64_t numel, DType state_dtype, size_t buffer_count, int steps = 3) {
+void expect_tiers_equal(int64_t numel, DType state_dtype, size_t buffer_count, bool gradient_in_file = false,
+                        int steps = 3) {
   TempDir dir;
   auto errors = run_ranks(1, [&](Communicator& comm) {
     OptimizerOptions o;
@@ -67,7 +77,8 @@ void expect_tiers_equal(int64_t numel, DType state_dtype, size_t buffer_count, i
     o.gradient_clipping = 1.0;
     o.adamw.weight_decay = 0.01;
     const at::Tensor master = start_master(numel);
-    auto nvme = std::make_unique<NvmeStateStore>(master, state_dtype, small_options(dir.path(), buffer_count));
+    auto nvme = std::make_unique<NvmeStateStore>(master, state_dtype,
+                                                 small_options(dir.path(), buffer_count, gradient_in_file));
     NvmeStateStore& store = *nvme;
     ShardOptimizer in_memory(master.clone(), comm, o), on_disk(std::move(nvme), comm, o);
     const int64_t third = numel / 3;
@@ -79,7 +90,7 @@ void expect_tiers_equal(int64_t numel, DType state_dtype, size_t buffer_count, i
       std::vector<uint16_t> out_a(out_n), out_b(out_n);
       StepStats sa, sb;
       fill_grad(in_memory.grad_shard(), step);
-      fill_grad(on_disk.grad_shard(), step);
+      fill_grad(on_disk.state(), step);
       // Odd steps read ahead first, while the last step's final writes may be in flight.
       if (step % 2 == 1) on_disk.state().prefetch();
       ASSERT_TRUE(in_memory.step({{out_at, out_n, out_a.data(), DType::kBFloat16}}, sa));
@@ -95,10 +106,13 @@ void expect_tiers_equal(int64_t numel, DType state_dtype, size_t buffer_count, i
     if (numel > 0) {
       EXPECT_NE(a.master[0], master.data_ptr<float>()[0]) << "the steps moved nothing";
     }
-    EXPECT_EQ(store.bytes_written(), store.file_bytes() * static_cast<uint64_t>(steps + 1));
+    // Each step writes every record (and the gradient, when in the file) once; initialize the records.
+    const uint64_t records = store.records_bytes(), gradient = store.file_bytes() - records;
+    EXPECT_EQ(gradient > 0, gradient_in_file && numel > 0);
+    EXPECT_EQ(store.bytes_written(), records * static_cast<uint64_t>(steps + 1) + gradient * steps);
   });
   EXPECT_EQ(errors[0], "") << "numel " << numel << ", " << dtype_name(state_dtype) << ", " << buffer_count
-                           << " buffers";
+                           << " buffers, gradient in the file " << gradient_in_file;
 }
 
 TEST(NvmeStateStore, AdamWStepsEqualTheInMemoryTierBitwise) {
@@ -110,6 +124,7 @@ TEST(NvmeStateStore, AdamWStepsEqualTheInMemoryTierBitwise) {
     for (int64_t numel :
          {int64_t{0}, int64_t{1}, int64_t{1001}, 2 * chunk + 77, static_cast<int64_t>(buffers) * chunk * 2 + 5}) {
       expect_tiers_equal(numel, dtype, buffers);
+      expect_tiers_equal(numel, dtype, buffers, true);
     }
   }
 }
@@ -144,7 +159,10 @@ TEST(NvmeStateStore, AWriteAfterAReadAheadIsWhatTheStepReads) {
 TEST(NvmeStateStore, OneOrTwoBuffersGiveTheSameSteps) {
   TempDir probe;
   const int64_t numel = 5 * static_cast<int64_t>(smallest_chunk(probe.path())) + 3;
-  for (size_t buffers : {size_t{1}, size_t{2}}) expect_tiers_equal(numel, DType::kBFloat16, buffers, 2);
+  for (size_t buffers : {size_t{1}, size_t{2}}) {
+    for (bool gradient_in_file : {false, true})
+      expect_tiers_equal(numel, DType::kBFloat16, buffers, gradient_in_file, 2);
+  }
 }
 
 TEST(NvmeStateStore, ThePoolDoesNotGrowWithTheState) {
@@ -193,6 +211,15 @@ TEST(NvmeStateStore, WholeTensorsAreRefusedByName) {
   }
   EXPECT_THROW(store.exp_avg(), UsageError);
   EXPECT_THROW(store.exp_avg_sq(), UsageError);
+  EXPECT_NO_THROW(store.grad());  // in memory
+  TempDir other;                  // a second store in one directory would be a second job there (refused by its lock)
+  NvmeStateStore gradient_too(start_master(5), DType::kFloat32, small_options(other.path(), 1, true));
+  try {
+    gradient_too.grad();
+    FAIL() << "grad() returned with the gradient in the file";
+  } catch (const UsageError& e) {
+    EXPECT_NE(std::string(e.what()).find("read_grad"), std::string::npos) << e.what();
+  }
   EXPECT_THROW(NvmeStateStore(start_master(5), DType::kFloat32, small_options(dir.sub("missing"), 1)), ConfigError);
 }
 

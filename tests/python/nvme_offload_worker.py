@@ -6,8 +6,9 @@ record edges are crossed.
 
     torchrun --nproc_per_node W nvme_offload_worker.py OUT NVME_DIR CASES.json
 
-CASES.json: a list of {"name", "model", "stage", "state_dtype", "params"}; "params" true also puts
-stage 3's parameters on NVMe (offload_param) in the nvme run. Rank 0 writes OUT.json (losses,
+CASES.json: a list of {"name", "model", "stage", "state_dtype", "params", "grads"}; "params" true also
+puts stage 3's parameters on NVMe (offload_param) in the nvme run, "grads" true the FP32 gradient
+shard (offload_optimizer.gradient_in_file). Rank 0 writes OUT.json (losses,
 tier stats, memory report text per run) and OUT.pt (the masters and moments)."""
 import json
 import os
@@ -28,7 +29,8 @@ STEPS, ACCUMULATION = 4, 2
 def config(case, tier, nvme_dir, work=None):
     optimizer, extra = {"device": tier}, {}
     if tier == "nvme":
-        optimizer.update(nvme_path=nvme_dir, chunk_numel=1000, buffer_count=3)
+        optimizer.update(nvme_path=nvme_dir, chunk_numel=1000, buffer_count=3,
+                         gradient_in_file=bool(case.get("grads")))
         if work:  # the monitor's CSV, with the I/O columns of the nvme tier
             extra["monitor"] = {"csv": True, "output_path": work, "job_name": case["name"]}
     offload = {"optimizer": optimizer}
@@ -73,7 +75,12 @@ def run_case(case, nvme_dir, work, result, tensors):
             stats[f"step_{k}"] = stats[k] - at_start[k]
         files = sorted(os.listdir(nvme_dir))
         engine.save_checkpoint(os.path.join(work, key.replace(":", "-")), tag="t")
-        result[key] = {"losses": losses, "stats": stats, "files": files, "report": engine.memory_report().table(),
+        report = engine.memory_report()
+        result[key] = {"losses": losses, "stats": stats, "files": files, "report": report.table(),
+                       "grad_ram": report.measured["grad_shard"],
+                       "against_estimate": {k: (report.measured[k], report.estimate[k]) for k in
+                                            ("grad_shard", "state_pool", "master")},
+                       "file_estimate": (report.tier or {}).get("file_estimate"),
                        "param_stats": dict(engine.runtime.param_tier_stats)}
         tensors[key] = states(engine)
         comm = engine.comm

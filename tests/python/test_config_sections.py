@@ -17,7 +17,8 @@ OURS = {"stage": 3, "precision": "fp16", "reduce_bucket_numel": 999, "gradient_a
                       "state_dtype": "bf16"},
         "loss_scale": {"initial_scale_power": 10, "window": 7, "hysteresis": 3, "min_scale": 2.0,
                        "consecutive_hysteresis": True},
-        "offload": {"optimizer": {"device": "nvme", "nvme_path": "/states", "buffer_count": 6, "chunk_numel": 4096},
+        "offload": {"optimizer": {"device": "nvme", "nvme_path": "/states", "buffer_count": 6, "chunk_numel": 4096,
+                                  "gradient_in_file": True},
                     "param": {"device": "nvme", "nvme_path": "/params"},
                     "aio": {"block_size": 1 << 16, "queue_depth": 4}}}
 # C++ fields no config key sets: the Engine sets replicated (stage 0) and alignment itself;

@@ -165,3 +165,9 @@ def test_both_forms_and_the_legacy_keys_read_the_same_offload_section():
                "aio": {"use_gds": True}})
     assert sorted(ln.split(":")[0] for ln in e.value.problems) == [
         "aio.use_gds", "zero_optimization.offload_optimizer.nvme_path", "zero_optimization.offload_optimizer.ratio"]
+    with pytest.raises(ConfigError) as e:  # zerort's own key, in either form: only with the states on NVMe
+        parse({"stage": 2, "offload": {"optimizer": {"device": "cpu", "gradient_in_file": True}}})
+    (line,) = e.value.problems
+    assert line.startswith("offload.optimizer.gradient_in_file: true with device 'cpu'") and "device 'nvme'" in line
+    assert parse({"zero_optimization": {"stage": 2, "offload_optimizer": {
+        "device": "nvme", "nvme_path": "/n", "gradient_in_file": True}}}).offload.optimizer.gradient_in_file

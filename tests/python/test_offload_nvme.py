@@ -21,12 +21,13 @@ sys.path.insert(0, HERE)
 from zerort._testing.launch import launch, launch_plain  # noqa: E402
 
 STEPS, ACCUMULATION = 4, 2  # nvme_offload_worker's: optimizer steps (each streams the whole state once), micro
-CASES = {2: [{"name": "gpt2-s1", "model": "gpt2", "stage": 1, "state_dtype": "fp32"},
+# "grads": the FP32 gradient shard in the file too (Note [gradient in the file]).
+CASES = {2: [{"name": "gpt2-s1", "model": "gpt2", "stage": 1, "state_dtype": "fp32", "grads": True},
              {"name": "gpt2-s2", "model": "gpt2", "stage": 2, "state_dtype": "bf16"},
-             {"name": "llama-s3", "model": "llama", "stage": 3, "state_dtype": "fp32"},
+             {"name": "llama-s3", "model": "llama", "stage": 3, "state_dtype": "fp32", "grads": True},
              {"name": "gpt2-s3p", "model": "gpt2", "stage": 3, "state_dtype": "fp32", "params": True}],
          4: [{"name": "qwen2-s3p", "model": "qwen2", "stage": 3, "state_dtype": "bf16", "params": True},
-             {"name": "gpt2-s2", "model": "gpt2", "stage": 2, "state_dtype": "fp32"}]}
+             {"name": "gpt2-s2", "model": "gpt2", "stage": 2, "state_dtype": "fp32", "grads": True}]}
 
 
 def run(tmp_path, world):
@@ -75,20 +76,35 @@ def test_nvme_tier_equals_memory_tier_bitwise(tmp_path, world):
         assert stats["tier"] == "nvme" and stats["path"].startswith(str(nvme))
         # chunk_numel 1000, rounded up to the 4096-byte alignment as an element count: 4096.
         record = 4096 * (4 + 2 * (4 if case["state_dtype"] == "fp32" else 2))
-        assert stats["file_bytes"] % record == 0 and stats["file_bytes"] >= 2 * record, stats
-        assert stats["pool_bytes"] == 3 * record, stats  # buffer_count 3, whatever the model's size
-        # Every step reads and writes the whole file once, nothing more. Bytes count when their
-        # request completes: the last step's last writes may still be in flight (at most the pool).
-        assert stats["step_bytes_read"] == STEPS * stats["file_bytes"], stats
-        assert STEPS * stats["file_bytes"] - stats["pool_bytes"] <= stats["step_bytes_written"] <= \
-            STEPS * stats["file_bytes"], stats
+        records = stats["file_bytes"] - stats["gradient_bytes"]
+        # The estimate (zerort.accounting.memory's NvmeTier) knows the file and the RAM to the byte.
+        assert disk["file_estimate"] == stats["file_bytes"], (disk["file_estimate"], stats)
+        assert all(m == e for m, e in disk["against_estimate"].values()), disk["against_estimate"]
+        assert records % record == 0 and records >= 2 * record, stats
+        if case.get("grads"):  # the gradient after the records, 4 bytes an element on whole 4096-byte units
+            assert records // record * 4096 * 4 >= stats["gradient_bytes"] > 0, stats
+            # buffer_count 3 records, each with its chunk's gradient slot; two staging pieces of 2**16 elements
+            assert stats["pool_bytes"] == 3 * (record + 4096 * 4) + 2 * 2 ** 18, stats
+            assert disk["grad_ram"] < ram["grad_ram"], (disk["grad_ram"], ram["grad_ram"])  # the largest bucket's shard
+            # Each step reads the records once, the gradient at least twice (the decision's pass and the
+            # update) and writes both; the reduces' reads and their end units come on top.
+            assert stats["step_bytes_read"] >= STEPS * (records + 2 * stats["gradient_bytes"]), stats
+            assert stats["step_bytes_written"] >= STEPS * (records + stats["gradient_bytes"]) - stats["pool_bytes"]
+        else:
+            assert stats["gradient_bytes"] == 0 and stats["pool_bytes"] == 3 * record, stats  # whatever the size
+            assert disk["grad_ram"] == ram["grad_ram"]
+            # Every step reads and writes the whole file once, nothing more. Bytes count when their
+            # request completes: the last step's last writes may still be in flight (at most the pool).
+            assert stats["step_bytes_read"] == STEPS * stats["file_bytes"], stats
+            assert STEPS * stats["file_bytes"] - stats["pool_bytes"] <= stats["step_bytes_written"] <= \
+                STEPS * stats["file_bytes"], stats
         assert ram["stats"]["tier"] == "memory"
         # The monitor's I/O columns: every rank's file read once per step (all ranks' files alike).
         with open(tmp_path / name / "metrics.csv") as f:
             rows = list(csv.DictReader(f))
         assert len(rows) == STEPS and all(float(r["nvme_wait_s"]) >= 0 for r in rows), rows
         state_mib = world * stats["file_bytes"] / 2 ** 20  # plus the gathers' reads with offload_param
-        assert all(float(r["nvme_read_mib"]) > state_mib if case.get("params") else
+        assert all(float(r["nvme_read_mib"]) > state_mib if case.get("params") or case.get("grads") else
                    float(r["nvme_read_mib"]) == state_mib for r in rows), rows
         assert "optimizer states on nvme" in disk["report"], disk["report"]
         # A checkpoint from either tier resumes in the other to the same bits.

@@ -27,6 +27,7 @@ from zerort import _C
 from zerort.config import Config
 from zerort.layout.precision import group_params
 from zerort.layout.shard_map import layout
+from zerort.accounting.nvme_tier import NvmeTier  # noqa: F401 (the estimate's argument)
 from zerort.accounting.phases import (PHASES, PhaseMemory, Phases, allocated, install_counting_allocator,  # noqa: F401
                      reset_peak)
 
@@ -46,37 +47,6 @@ CATEGORIES = [
 BOUND_ONLY = {"gathered_units"}
 BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}  # per element of the working copy
 STATE_BYTES = {"fp32": 4, "bf16": 2}  # per element of Adam's m and v (config optimizer.state_dtype)
-
-
-@dataclasses.dataclass(frozen=True)
-class NvmeTier:
-    """The nvme tier of the optimizer state (offload_optimizer.device "nvme"; See Note [state
-    tiers], runtime/engine_state.cpp, and Note [NVMe state store]): master, m and v in a file of
-    chunk records; in RAM only the pool (buffer_count records) and, at stage 3, each unit's
-    low-precision shard, or with params (offload_param.device "nvme") a second file of those
-    shards and two staging buffers of the largest (Note [RegionFile]). alignment: the
-    directory's direct-I/O alignment in bytes, which the chunk's element count and each
-    shard's bytes are rounded up to a multiple of (4096 on common filesystems)."""
-    buffer_count: int = 4
-    chunk_numel: int = 1 << 20
-    alignment: int = 4096
-    params: bool = False
-
-    @classmethod
-    def of(cls, config):
-        """The Config's nvme tier, or None when the states stay in memory."""
-        o = config.offload.optimizer
-        return cls(o.buffer_count, o.chunk_numel, params=config.offload.param.device == "nvme") \
-            if o.device == "nvme" else None
-
-    def aligned(self, n):
-        return -(-n // self.alignment) * self.alignment
-
-    def record_bytes(self, state_bytes):
-        return self.aligned(self.chunk_numel) * (4 + 2 * state_bytes)
-
-    def file_bytes(self, state_numel, state_bytes):
-        return -(-state_numel // self.aligned(self.chunk_numel)) * self.record_bytes(state_bytes)
 
 
 def paper_formula(numel, world_size, stage):
@@ -110,13 +80,23 @@ def exact(groups, world_size, stage, reduce_bucket_numel=1 << 24, prefetch=1, at
     out = _in_memory(groups, world_size, stage, reduce_bucket_numel, prefetch, at_rest, state_bytes)
     if nvme is not None:  # master, m and v go to the file; the pool and stage 3's shard copies stay
         out["master"] = out["adam_m"] = out["adam_v"] = 0
-        out["state_pool"] = 0 if at_rest else nvme.buffer_count * nvme.record_bytes(state_bytes)
+        out["state_pool"] = 0 if at_rest else nvme.pool_bytes(state_bytes)
+        if nvme.gradients:  # in RAM only the reduce scratch: the largest bucket's shard
+            out["grad_shard"] = 4 * _largest_shard(groups, world_size, stage, reduce_bucket_numel)
         shards = _unit_shard_bytes(groups, world_size) if stage == 3 else []
         if nvme.params:  # the shards go to their own file, through two staging buffers
             out["state_pool"] += 0 if at_rest else 2 * nvme.aligned(max(shards, default=0) or 1)
         else:
             out["lp_params"] += sum(shards)
     return out
+
+
+def _largest_shard(groups, w, stage, reduce_bucket_numel):
+    """Elements of the largest bucket's (stage 3: unit's) shard of this rank's state."""
+    if stage == 3:
+        return max((layout(g.numels, w).shard_numel for g in groups), default=0)
+    return max((b[2] for g in groups for b in _C.plan_buckets(g.numels, w, reduce_bucket_numel, _C.SHARD_ALIGNMENT)),
+               default=0)
 
 
 def _unit_shard_bytes(groups, world_size):
@@ -334,6 +314,7 @@ def main(argv=None):
                          "a file per rank, the RAM then holds the I/O pool)")
     ap.add_argument("--nvme-buffer-count", type=int, default=4, help="offload_optimizer.buffer_count")
     ap.add_argument("--nvme-chunk-numel", type=int, default=1 << 20, help="offload_optimizer.chunk_numel")
+    ap.add_argument("--nvme-gradients", action="store_true", help="offload_optimizer.gradient_in_file")
     ap.add_argument("--offload-param", choices=["none", "cpu", "nvme"], default="none",
                     help="stage 3's parameters (nvme: each unit's shard in a second file; needs --offload-optimizer "
                          "nvme)")
@@ -356,8 +337,8 @@ def main(argv=None):
         stages = [s for s in stages if s > 0]  # stage 0 keeps its states with the model
     if a.offload_param == "nvme" and a.offload_optimizer != "nvme":
         ap.error("--offload-param nvme needs --offload-optimizer nvme (zerort.config.offload.check_tier's rule)")
-    nvme = NvmeTier(a.nvme_buffer_count, a.nvme_chunk_numel, params=a.offload_param == "nvme") \
-        if a.offload_optimizer == "nvme" else None
+    nvme = NvmeTier(a.nvme_buffer_count, a.nvme_chunk_numel, params=a.offload_param == "nvme",
+                    gradients=a.nvme_gradients) if a.offload_optimizer == "nvme" else None
     results = [estimate_memory(numel, a.world_size, s, a.precision, reduce_bucket_numel=a.reduce_bucket_numel,
                                unit_numel=unit, optimizer_state_dtype=a.optimizer_state_dtype, nvme=nvme)
                for s in stages]

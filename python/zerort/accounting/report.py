@@ -118,8 +118,9 @@ class MemoryReport:
         for what, t in (("state", self.tier), ("parameter", self.param_tier)):
             if t is None:
                 continue
-            lines.append(f"on NVMe: this rank's {what} file {t['path']}: {t['file_bytes'] / mib:.3f} MiB (estimate "
-                         f"{t['file_estimate'] / mib:.3f}; all ranks {t['file_bytes_sum'] / mib:.3f} MiB)")
+            grad = f", the FP32 gradient {t['gradient_bytes'] / mib:.3f} MiB of it" if t["gradient_bytes"] else ""
+            lines.append(f"on NVMe: this rank's {what} file {t['path']}: {t['file_bytes'] / mib:.3f} MiB{grad} "
+                         f"(estimate {t['file_estimate'] / mib:.3f}; all ranks {t['file_bytes_sum'] / mib:.3f} MiB)")
             lines.append(f"  I/O since initialize: read {t['bytes_read'] / mib:.1f} MiB, wrote "
                          f"{t['bytes_written'] / mib:.1f} MiB; {t['io_wait_seconds']:.3f} s spent waiting for it")
         lines.append(f"peak process RSS: {self.peak_rss / mib:.1f} MiB" +
@@ -146,7 +147,7 @@ def measure(engine, mem):
             out["adam_v"] += nbytes(impl.exp_avg_sq(g))
     out["state_pool"] = tier["pool_bytes"] + impl.param_tier_stats["pool_bytes"]
     out["lp_grads"] += impl.pack_buffer_bytes  # stages 2, 3
-    out["grad_shard"] = nbytes(impl.grad_shard)
+    out["grad_shard"] = impl.grad_shard_bytes
     out["comm_buffers"] = scratch + (nbytes(impl.stage0_scratch) if impl.stage0_scratch is not None else 0)
     return out
 

@@ -17,17 +17,19 @@ for a CPU model is accepted and changes nothing in the step. offload_optimizer "
 model is the Engine's 'cpu' tier (Note [state tiers], runtime/engine_state.cpp): the states and
 the FP32 gradient in host memory, the step on the CPU; the engine says so once in its
 log line at initialize (zerort.monitoring.progress.announce) and in engine.memory_report().
-offload_optimizer.device "nvme" puts a CPU model's master and Adam moments in one file per
-rank under nvme_path, streamed through a pool of buffer_count buffers with aio's block_size
-and queue_depth (Note [state tiers], runtime/engine_state.cpp); the step always overlaps the
-reads and writes with compute, so pipeline_read and pipeline_write (DeepSpeed's switches
-for that overlap) change nothing. offload_param.device "nvme" (stage 3, a CPU model, with the
-optimizer states on NVMe too) puts each released unit's low-precision shard in a second file
-per rank under offload_param.nvme_path, read by the unit's gather (and so ahead of use by the
-unit prefetch) through two staging buffers of the largest unit's shard (Note [RegionFile]);
-buffer_count, buffer_size and max_in_cpu size DeepSpeed's own swap buffers and change
-nothing here. With the optimizer states in memory, stage 3's gathers cast from the FP32 master
-and keep no low-precision shard to offload, so parameters on NVMe need the states there too.
+offload_optimizer.device "nvme" puts a CPU model's master and Adam moments in one file per rank
+under nvme_path, streamed through a pool of buffer_count buffers with aio's block_size and
+queue_depth (Note [state tiers], runtime/engine_state.cpp); the step always overlaps the reads
+and writes with compute, so pipeline_read and pipeline_write (DeepSpeed's switches for that
+overlap) change nothing; zerort's own gradient_in_file puts the FP32 gradient shard in that
+file too (Note [gradient in the file], runtime/nvme_gradient.h). offload_param.device "nvme"
+(stage 3, a CPU model, with the optimizer states on NVMe too) puts each released unit's
+low-precision shard in a second file per rank under offload_param.nvme_path, read by the unit's
+gather (and so ahead of use by the unit prefetch) through two staging buffers of the largest
+unit's shard (Note [RegionFile]); buffer_count, buffer_size and max_in_cpu size DeepSpeed's
+own swap buffers and change nothing here. With the optimizer states in memory, stage 3's
+gathers cast from the FP32 master and keep no low-precision shard to offload, so parameters
+on NVMe need the states there too.
 Host memory for a CUDA model's parameters, NVMe for a CUDA model and a partial NVMe offload
 (ratio < 1) are tiers this version does not build: check_tier refuses them with a
 ConfigError at initialize, from the config and the model's device alone, so every rank
@@ -66,7 +68,8 @@ def read_optimizer(r, d):
                             fast_init=r.boolean(d, "fast_init", o.fast_init),
                             ratio=r.number(d, "ratio", o.ratio, low=0, high=1),
                             chunk_numel=r.number(d, "chunk_numel", o.chunk_numel, integer=True, low=1,
-                                                 high=MAX_NUMEL, integral_float=True))
+                                                 high=MAX_NUMEL, integral_float=True),
+                            gradient_in_file=r.boolean(d, "gradient_in_file", o.gradient_in_file))
 
 
 def read_param(r, d):
@@ -121,6 +124,10 @@ def rules(c, problems, keys):
         problems.lines.append(f"{opt_key}.device: got {opt.device!r} at {stage_key} 0; optimizer offload works at "
                               "stages 1-3 (DeepSpeed documents it so, and ignores it at stage 0): set "
                               f"{stage_key} to 1, 2 or 3")
+    if opt.gradient_in_file and opt.device != "nvme":
+        problems.lines.append(f"{opt_key}.gradient_in_file: true with device {opt.device!r}; it puts the FP32 "
+                              "gradient shard in the NVMe state file, so it needs device 'nvme' (remove the key, or "
+                              "set device to 'nvme')")
     for key, section in ((opt_key, opt), (par_key, par)):
         if section.device == "nvme" and not section.nvme_path:
             problems.lines.append(f"{key}.nvme_path: missing; device 'nvme' needs the folder for its files")
@@ -177,6 +184,8 @@ def describe(config, device):
     """The offload as one phrase for the log line and the memory report (Note [offload tiers])."""
     tiers = [(name, getattr(config.offload, name).device) for name in ("optimizer", "param")]
     on = [f"{_WHAT[name]} on {tier}" for name, tier in tiers if tier != "none"]
+    if config.offload.optimizer.gradient_in_file:
+        on.insert(1, "the FP32 gradient shard on nvme")
     if not on:
         return "offload none"
     host = " (a CPU model: host memory is where they already are)" if device.type == "cpu" and \
