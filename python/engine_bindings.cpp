@@ -152,7 +152,8 @@ void bind_options(py::module_& m) {
             o.state_tier = tier == "nvme" ? StateTier::kNvme : tier == "cpu" ? StateTier::kHost : StateTier::kMemory;
           })
       .def_readwrite("nvme", &EngineOptions::nvme)
-      .def_readwrite("param_nvme_path", &EngineOptions::param_nvme_path);
+      .def_readwrite("param_nvme_path", &EngineOptions::param_nvme_path)
+      .def_readwrite("param_host", &EngineOptions::param_host);
 }
 
 // "master", "exp_avg" or "exp_avg_sq": the optimizer state's arrays, by Python's names.

@@ -87,6 +87,9 @@ struct EngineOptions {
   // (offload_param nvme; the I/O's shape is nvme's); empty keeps them in memory. See Note
   // [state tiers].
   std::string param_nvme_path;
+  // Stage 3 with the state in kHost: the released units' low-precision shards in (pinned) host
+  // memory, copied to the device by each gather (offload_param cpu for a model on a device).
+  bool param_host = false;
 };
 
 // Stage 3: one unit of `params` (indices into it), gathered and released as one. A
@@ -247,8 +250,9 @@ class Engine {
   void keep_master(Bucket& b, DType dtype, const at::Tensor& mine, at::Tensor& master, NvmeStateStore* file);
   // The state store: master in memory, or the file that keep_master filled.
   std::unique_ptr<OptimizerStateStore> make_state_store(at::Tensor master, std::unique_ptr<NvmeStateStore> file);
-  // Master elements [offset, offset + n), cast to dtype at out (on device_), from any tier.
-  void cast_master(size_t offset, size_t n, void* out, DType dtype) const;
+  // Master elements [offset, offset + n), cast to dtype at out (on device_; in host memory when
+  // out_on_host, kHost's only), from any tier.
+  void cast_master(size_t offset, size_t n, void* out, DType dtype, bool out_on_host = false) const;
   // kHost: seg's destination is device memory, so AdamW writes it into host_out_ and close()
   // copies it over; then a bucket's gather starts into gathers (See Note [state tiers]).
   void lend_host_output(OutputSegment& seg, size_t bytes, Bucket* gather_after, std::deque<WorkPtr>& gathers);

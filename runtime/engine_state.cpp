@@ -25,8 +25,11 @@ namespace zerort {
 //     the same bits. AdamW writes each bucket's new low-precision shard into a host buffer
 //     (OutputSegment::open), which is copied to the device as soon as the bucket is done, and
 //     the bucket's all-gather starts while later buckets are still stepped. Stage 3's shard
-//     copies (below) are on the device, so gathers never touch the host.
-//     tests/cpp/test_engine_host_tier.cpp runs it on a CPU model, with the host Mover.
+//     copies (below) are on the device, so gathers never touch the host; with
+//     EngineOptions::param_host (offload_param "cpu") they are in host memory instead, AdamW
+//     writes them directly, and each gather copies its unit's shard to the device (on the comm
+//     thread, so the unit prefetch moves it ahead of use), leaving the device the units in flight.
+//     tests/cpp/test_engine_host_tier.cpp runs both on a CPU model, with the host Mover.
 //   - kNvme (stages 1-3, a CPU model): in a file; the master is reached only through the
 //     store: the step streams it through update(), and everything else that reads it (the
 //     gathers of stage 3, refresh_params after a load, gather_master, read_state) reads ranges
@@ -72,6 +75,11 @@ std::unique_ptr<NvmeStateStore> Engine::open_tier_files(size_t numel) {
                options_.param_nvme_path.empty() || (policy_.units && options_.state_tier == StateTier::kNvme),
                "Engine: the parameters' NVMe tier (param_nvme_path) works at stage 3 with the optimizer state on "
                "NVMe too (set offload_optimizer.device to 'nvme'); got stage ",
+               options_.stage, " with the state in ", tier_name(options_.state_tier));
+  ZRT_CHECK_AS(ConfigError, !options_.param_host || (policy_.units && options_.state_tier == StateTier::kHost),
+               "Engine: the parameters' host tier (param_host, offload_param 'cpu' for a model on a device) works at "
+               "stage 3 with the optimizer state in host memory too (set offload_optimizer.device to 'cpu'); got "
+               "stage ",
                options_.stage, " with the state in ", tier_name(options_.state_tier));
   if (options_.state_tier == StateTier::kMemory) return nullptr;
   ZRT_CHECK_AS(ConfigError, !policy_.replicated, "Engine: the optimizer state's tier '", tier_name(options_.state_tier),
@@ -134,6 +142,10 @@ void Engine::make_shard_copies() {
       if (policy_.units && !units_.gathered(b.index)) bytes[b.index] = b.opt_numel * dtype_size(g->dtype);
     }
   }
+  if (options_.param_host) {
+    shard_copies_ = ShardCopies(bytes, *host_mover_);
+    return;
+  }
   if (options_.param_nvme_path.empty()) {
     shard_copies_ = ShardCopies(bytes, nullptr, device_);
     return;
@@ -150,7 +162,9 @@ void Engine::keep_master(Bucket& b, DType dtype, const at::Tensor& mine, at::Ten
     file->write_range(b.opt_offset, b.opt_numel, mine.data_ptr<float>(), nullptr, nullptr);  // m and v stay 0
   }
   if (!shard_copies_.has(b.index)) return;  // in memory, or persistent: the step writes its working copy
-  cast_from_f32_on(device_, mine.data_ptr<float>(), shard_copies_.begin_write(b.index), dtype, b.opt_numel);
+  const float* from = shard_copies_.on_host() ? master.data_ptr<float>() + b.opt_offset : mine.data_ptr<float>();
+  cast_from_f32_on(shard_copies_.on_host() ? at::kCPU : device_, from, shard_copies_.begin_write(b.index), dtype,
+                   b.opt_numel);
   shard_copies_.end_write(b.index);
 }
 
@@ -159,8 +173,12 @@ std::unique_ptr<OptimizerStateStore> Engine::make_state_store(at::Tensor master,
   return std::make_unique<InMemoryStateStore>(std::move(master), options_.optimizer.state_dtype);
 }
 
-void Engine::cast_master(size_t offset, size_t n, void* out, DType dtype) const {
+void Engine::cast_master(size_t offset, size_t n, void* out, DType dtype, bool out_on_host) const {
   OptimizerStateStore& state = optimizer_->state();
+  if (out_on_host) {  // kHost's shard copies in host memory: beside the master
+    cast_from_f32_on(at::kCPU, state.master().data_ptr<float>() + offset, out, dtype, n);
+    return;
+  }
   if (host_mover_) {  // kHost: cast on the host, then one copy to the device (n: a bucket's at most)
     cast_from_f32_on(at::kCPU, state.master().data_ptr<float>() + offset, host_out_.get(), dtype, n);
     host_mover_->from_host(out, host_out_.get(), n * dtype_size(dtype));
@@ -297,7 +315,8 @@ void Engine::load_counters(const Counters& c) {
 void Engine::refresh_params() {
   for (Bucket* b : buckets_) {  // shard copies first (See Note [state tiers])
     if (shard_copies_.has(b->index)) {
-      cast_master(b->opt_offset, b->opt_numel, shard_copies_.begin_write(b->index), groups_[b->group]->dtype);
+      cast_master(b->opt_offset, b->opt_numel, shard_copies_.begin_write(b->index), groups_[b->group]->dtype,
+                  shard_copies_.on_host());
       shard_copies_.end_write(b->index);
     }
   }

@@ -28,7 +28,10 @@ void Engine::update(StepStats& stats) {
     } else {
       continue;
     }
-    if (host_mover_) lend_host_output(seg, b->opt_numel * dtype_size(dtype), copied ? nullptr : b, gathers);
+    // kHost writes the device's memory through host_out_; a shard copy in host memory directly.
+    if (host_mover_ && !(copied && shard_copies_.on_host())) {
+      lend_host_output(seg, b->opt_numel * dtype_size(dtype), copied ? nullptr : b, gathers);
+    }
     outputs.push_back(std::move(seg));
   }
   const int64_t missed = missed_backward_;

@@ -19,9 +19,13 @@ ShardCopies::ShardCopies(const std::vector<std::size_t>& bytes, const ShardFileO
   }
 }
 
+ShardCopies::ShardCopies(const std::vector<std::size_t>& bytes, Mover& mover) : bytes_(bytes), mover_(&mover) {
+  for (std::size_t b : bytes_) host_.push_back(b > 0 ? mover.host_buffer(b) : nullptr);
+}
+
 void* ShardCopies::begin_write(std::size_t bucket) {
   ZRT_CHECK(has(bucket), "ShardCopies: bucket ", bucket, " has no shard copy");
-  return file_ ? file_->begin_write(bucket) : memory_[bucket].data_ptr();
+  return file_ ? file_->begin_write(bucket) : mover_ ? host_[bucket].get() : memory_[bucket].data_ptr();
 }
 
 void ShardCopies::end_write(std::size_t bucket) {
@@ -32,6 +36,10 @@ void ShardCopies::read(std::size_t bucket, void* out) {
   ZRT_CHECK(has(bucket), "ShardCopies: bucket ", bucket, " has no shard copy");
   if (file_) {
     file_->read(bucket, out);
+    return;
+  }
+  if (mover_) {
+    mover_->from_host(out, host_[bucket].get(), bytes_[bucket]);
     return;
   }
   const at::Tensor& copy = memory_[bucket];

@@ -1,6 +1,7 @@
 // ShardCopies: this rank's low-precision shard of each released stage-3 unit, kept apart from the
 // FP32 master when the master is off memory (See Note [state tiers], runtime/engine_state.cpp):
-// tensors in memory, or one region each of a file (offload_param.device "nvme").
+// tensors in the model's memory, buffers in host memory reached through a Mover (offload_param
+// "cpu" for a model on a device), or one region each of a file (offload_param.device "nvme").
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -10,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "comm/staged_communicator.h"
 #include "io/region_file.h"
 #include "runtime/optimizer_state.h"
 
@@ -32,12 +34,17 @@ class ShardCopies {
   // bytes[b]: bucket b's copy in bytes (0: none). file: nullptr keeps them in memory, on
   // `device` (begin_write then hands out device memory, and read copies on the device).
   ShardCopies(const std::vector<std::size_t>& bytes, const ShardFileOptions* file, c10::Device device = at::kCPU);
+  // In host memory (mover's host buffers): begin_write hands out host memory, and read copies to
+  // the device with the mover. mover must outlive the copies.
+  ShardCopies(const std::vector<std::size_t>& bytes, Mover& mover);
 
   bool has(std::size_t bucket) const { return bucket < bytes_.size() && bytes_[bucket] > 0; }
   void* begin_write(std::size_t bucket);
   void end_write(std::size_t bucket);
-  void read(std::size_t bucket, void* out);
-  // The copies held in memory as tensors (0 in a file: its staging is stats().pool_bytes).
+  void read(std::size_t bucket, void* out);           // out: the model's memory
+  bool on_host() const { return mover_ != nullptr; }  // begin_write's buffers are host memory
+  // The copies held in memory, the model's or the host's (0 in a file: its staging is
+  // stats().pool_bytes).
   std::size_t memory_bytes() const;
   // In a file: its path, size, staging and I/O (tier kNvme); in memory: tier kMemory only.
   StateTierStats stats() const;
@@ -45,6 +52,8 @@ class ShardCopies {
  private:
   std::vector<std::size_t> bytes_;
   std::vector<at::Tensor> memory_;
+  std::vector<std::shared_ptr<char>> host_;  // on_host(): one per bucket (null: none)
+  Mover* mover_ = nullptr;
   std::unique_ptr<io::RegionFile> file_;
 };
 

@@ -1,13 +1,15 @@
 // The Engine's kHost state tier (offload_optimizer.device "cpu" for a model on a device; See
 // Note [state tiers]) on a CPU model: the master, Adam's moments and the FP32 gradient in host
 // memory, the model's memory reached only through the Mover's explicit copies (the reduce's
-// device scratch, the step's host output, stage 3's shard copies on the "device"), as a GPU
-// model's would be. Every bit must equal the states kept beside the model.
+// device scratch, the step's host output, stage 3's shard copies on the "device" or, with
+// param_host, in host memory), as a GPU model's would be. Every bit must equal the states kept
+// beside the model.
 #include <gtest/gtest.h>
 
 #include <cstring>
 #include <string>
 #include <tuple>
+#include <utility>
 
 #include "engine_cases.h"
 #include "run_ranks.h"
@@ -16,6 +18,22 @@ namespace zerort::testing {
 namespace {
 
 class EngineHostTier : public ::testing::TestWithParam<std::tuple<int, int, DType, int64_t>> {};
+
+// Every rank's masters, weights, scales, Adam steps and step statistics, bit for bit.
+template <typename Runs>
+void expect_equal(const Runs& a, const Runs& b, int world) {
+  for (int r = 0; r < world; ++r) {
+    ASSERT_EQ(a[r].master.size(), b[r].master.size());
+    EXPECT_EQ(0, std::memcmp(a[r].master.data(), b[r].master.data(), a[r].master.size() * 4)) << "rank " << r;
+    EXPECT_EQ(a[r].params, b[r].params) << "rank " << r;
+    EXPECT_EQ(a[r].scales, b[r].scales) << "rank " << r;
+    EXPECT_EQ(a[r].adam_steps, b[r].adam_steps) << "rank " << r;
+    for (size_t s = 0; s < a[r].stats.size(); ++s) {
+      EXPECT_EQ(a[r].stats[s].grad_norm, b[r].stats[s].grad_norm) << "rank " << r << " step " << s;
+      EXPECT_EQ(a[r].stats[s].skipped, b[r].stats[s].skipped) << "rank " << r << " step " << s;
+    }
+  }
+}
 
 TEST_P(EngineHostTier, EqualsTheStatesBesideTheModelBitwise) {
   const int world = std::get<0>(GetParam());
@@ -34,19 +52,14 @@ TEST_P(EngineHostTier, EqualsTheStatesBesideTheModelBitwise) {
   }
   RunConfig host = beside;
   host.options.state_tier = StateTier::kHost;
-  auto a = run_all(world, beside), b = run_all(world, host);
-  for (int r = 0; r < world; ++r) {
-    ASSERT_EQ(a[r].master.size(), b[r].master.size());
-    EXPECT_EQ(0, std::memcmp(a[r].master.data(), b[r].master.data(), a[r].master.size() * 4)) << "rank " << r;
-    EXPECT_EQ(a[r].params, b[r].params) << "rank " << r;
-    EXPECT_EQ(a[r].scales, b[r].scales) << "rank " << r;
-    EXPECT_EQ(a[r].adam_steps, b[r].adam_steps) << "rank " << r;
-    for (size_t s = 0; s < a[r].stats.size(); ++s) {
-      EXPECT_EQ(a[r].stats[s].grad_norm, b[r].stats[s].grad_norm) << "rank " << r << " step " << s;
-      EXPECT_EQ(a[r].stats[s].skipped, b[r].stats[s].skipped) << "rank " << r << " step " << s;
-    }
+  RunConfig host_params = host;  // stage 3: the shard copies in host memory too (offload_param "cpu")
+  host_params.options.param_host = true;
+  const auto a = run_all(world, beside);
+  for (const RunConfig* config : {&host, &host_params}) {
+    if (config->options.param_host && config->options.stage != 3) continue;
+    expect_equal(a, run_all(world, *config), world);
   }
-  EXPECT_EQ(b[0].adam_steps, reported ? 6 : 5);  // the overflow was skipped
+  EXPECT_EQ(a[0].adam_steps, reported ? 6 : 5);  // the overflow was skipped
 }
 
 std::string case_name(const ::testing::TestParamInfo<EngineHostTier::ParamType>& info) {
@@ -66,6 +79,18 @@ TEST(EngineHostTierOptions, StageZeroIsRefusedByName) {
   config.steps = 1;
   auto errors = run_ranks(2, [&](Communicator& comm) { run_engine(comm, config); });
   for (const auto& e : errors) EXPECT_NE(e.find("works at stages 1-3; got stage 0"), std::string::npos) << e;
+}
+
+TEST(EngineHostTierOptions, ParametersInHostMemoryNeedStage3WithTheStatesThere) {
+  for (const auto& [stage, tier] : {std::pair{2, StateTier::kHost}, std::pair{3, StateTier::kMemory}}) {
+    RunConfig config;
+    config.options = default_options(stage, DType::kBFloat16);
+    config.options.state_tier = tier;
+    config.options.param_host = true;
+    config.steps = 1;
+    auto errors = run_ranks(2, [&](Communicator& comm) { run_engine(comm, config); });
+    for (const auto& e : errors) EXPECT_NE(e.find("param_host"), std::string::npos) << e;
+  }
 }
 
 }  // namespace

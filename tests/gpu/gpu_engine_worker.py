@@ -2,7 +2,8 @@
 GPU and saves the losses, skipped steps and the gathered FP32 master for test_gpu_engine.py.
 
     gpu_engine_worker.py OUT [--staged] CASE [CASE ...]      CASE = model:stage:precision:gas:steps[:offload]
-offload: offload_optimizer.device (none by default; cpu puts the states in host memory).
+offload: offload_optimizer.device (none by default; cpu puts the states in host memory; cpu+params
+puts stage 3's parameter shards there too, offload_param "cpu").
 --staged: over mpi (under mpirun) or gloo (under torchrun) with every CUDA buffer staged
 through pinned host memory, so W ranks share one GPU (NCCL refuses two ranks on a device).
 """
@@ -23,8 +24,9 @@ def run_case(case, comm):
     name, stage, precision, gas, steps, *offload = case.split(":")
     gas, steps = int(gas), int(steps)
     model = make_model(name).cuda()
+    device, *more = (offload[0] if offload else "none").split("+")
     cfg = dict(CONFIG, stage=int(stage), precision=precision, gradient_accumulation_steps=gas,
-               offload={"optimizer": {"device": offload[0] if offload else "none"}})
+               offload={"optimizer": {"device": device}, **({"param": {"device": "cpu"}} if "params" in more else {})})
     engine = zerort.initialize(model, cfg, comm=comm)
     losses = []
     for step in range(steps):

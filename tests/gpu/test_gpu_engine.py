@@ -76,19 +76,22 @@ HOST_TIER = [f"transformer:{s}:bf16:2:6" for s in (1, 2, 3)]
 
 def test_optimizer_states_in_host_memory_equal_the_gpu_resident_run(tmp_path):
     """offload_optimizer "cpu" on a CUDA model (the Engine's 'cpu' tier, Note [state tiers]) at
-    W = 2 staged on one GPU: every loss and master bit equals the run with the states on the GPU."""
+    W = 2 staged on one GPU, and at stage 3 with the parameter shards there too (offload_param
+    "cpu"): every loss and master bit equals the run with the states on the GPU."""
     import zerort
 
     if not zerort._C.with_mpi:
         pytest.skip("this build has no MPI; the staged W > 1 cases run under mpirun")
     out = str(tmp_path / "host")
-    cases = [f"{c}:{tier}" for c in HOST_TIER for tier in ("none", "cpu")]
+    tiers = lambda c: ("none", "cpu", "cpu+params") if c.split(":")[1] == "3" else ("none", "cpu")
+    cases = [f"{c}:{tier}" for c in HOST_TIER for tier in tiers(c)]
     launch("mpirun", 2, os.path.join(HERE, "gpu_engine_worker.py"), out, "--staged", *cases, timeout=400)
     got = torch.load(f"{out}.rank0.pt")
     for c in HOST_TIER:
-        gpu, host = got[f"{c}:none"], got[f"{c}:cpu"]
-        assert gpu["losses"] == host["losses"], c
-        assert all(torch.equal(gpu["master"][k], host["master"][k]) for k in gpu["master"]), c
+        for tier in tiers(c)[1:]:
+            gpu, host = got[f"{c}:none"], got[f"{c}:{tier}"]
+            assert gpu["losses"] == host["losses"], (c, tier)
+            assert all(torch.equal(gpu["master"][k], host["master"][k]) for k in gpu["master"]), (c, tier)
 
 def test_nccl_bad_input_names_the_collective():
     import zerort

@@ -22,9 +22,10 @@ OURS = {"stage": 3, "precision": "fp16", "reduce_bucket_numel": 999, "gradient_a
                     "param": {"device": "nvme", "nvme_path": "/params"},
                     "aio": {"block_size": 1 << 16, "queue_depth": 4}}}
 # C++ fields no config key sets: the Engine sets replicated (stage 0) and alignment itself;
-# DeepSpeed's scaler has no factor key. dynamic is at its default in OURS (see the static test).
+# DeepSpeed's scaler has no factor key. dynamic is at its default in OURS (see the static test),
+# param_host follows offload_param "cpu" and the model's device (see the tier test).
 UNSET = {"OptimizerOptions.replicated", "EngineOptions.alignment", "LossScalerOptions.factor",
-         "LossScalerOptions.dynamic"}
+         "LossScalerOptions.dynamic", "EngineOptions.param_host"}
 
 
 def fields(o):
@@ -90,3 +91,6 @@ def test_the_state_tier_follows_the_offload_device_and_the_models():
     tier = lambda model, **o: native.engine_options(parse({"stage": 2, "offload": {"optimizer": o}}), model).state_tier
     assert tier(cpu, device="cpu") == "memory" and tier(cuda, device="cpu") == "cpu"
     assert tier(cpu, device="nvme", nvme_path="/tmp") == "nvme" and tier(cuda, device="none") == "memory"
+    zero3 = parse({"stage": 3, "offload": {"optimizer": {"device": "cpu"}, "param": {"device": "cpu"}}})
+    assert native.engine_options(zero3, cuda).param_host  # stage 3's shards in host memory beside the states
+    assert not native.engine_options(zero3, cpu).param_host  # a CPU model's are there already

@@ -115,13 +115,13 @@ def test_tiers_not_built_are_refused_naming_the_key_and_what_to_do():
                                          "offload_param": {"device": "cpu"}}})
     check_tier(zero3, cpu)  # a CPU model: accepted
     check_tier(parse({"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"}}}), cuda)  # built:
-    # the Engine's 'cpu' tier (tests/cpp/test_engine_host_tier.cpp)
+    check_tier(zero3, cuda)  # the Engine's 'cpu' tier, with param_host (tests/cpp/test_engine_host_tier.cpp)
     with pytest.raises(ConfigError) as e:
-        check_tier(zero3, cuda)
+        check_tier(parse({"zero_optimization": {"stage": 3, "offload_param": {"device": "cpu"}}}), cuda)
     par, = e.value.problems
     assert par.startswith("zero_optimization.offload_param.device (") and "got 'cpu'" in par, par
-    assert "stage-3 parameters to host memory for a model on cuda:0 is not built yet in this version" in par
-    assert "set the device to 'none'" in par and "train a CPU model" in par
+    assert "with offload_optimizer.device 'none'; for a model on cuda:0" in par
+    assert "set zero_optimization.offload_optimizer.device to 'cpu' too" in par
     nvme = parse({"stage": 2, "offload": {"optimizer": {"device": "nvme", "nvme_path": "/tmp"}}})
     check_tier(nvme, cpu)  # a CPU model's optimizer states on NVMe: built (tests/python/test_offload_nvme.py)
     with pytest.raises(ConfigError, match=r"offload_optimizer.device \(offload.optimizer.device in zerort's form.*"

@@ -57,4 +57,5 @@ def engine_options(c, device):
                                                                                    "memory")
     par = c.offload.param
     return _struct(_C.EngineOptions, c, optimizer=optimizer_options(c), state_tier=tier, nvme=nvme_options(c),
-                   param_nvme_path=par.nvme_path if par.device == "nvme" else "")
+                   param_nvme_path=par.nvme_path if par.device == "nvme" else "",
+                   param_host=par.device == "cpu" and device.type != "cpu")

@@ -29,8 +29,9 @@ gather (and so ahead of use by the unit prefetch) through two staging buffers of
 unit's shard (Note [RegionFile]); buffer_count, buffer_size and max_in_cpu size DeepSpeed's
 own swap buffers and change nothing here. With the optimizer states in memory, stage 3's
 gathers cast from the FP32 master and keep no low-precision shard to offload, so parameters
-on NVMe need the states there too.
-Host memory for a CUDA model's parameters, NVMe for a CUDA model and a partial NVMe offload
+on NVMe need the states there too, and for the same reason offload_param "cpu" for a GPU model
+(its stage-3 shards in host memory, copied to the device by each gather: the Engine's
+param_host) needs offload_optimizer "cpu". NVMe for a CUDA model and a partial NVMe offload
 (ratio < 1) are tiers this version does not build: check_tier refuses them with a
 ConfigError at initialize, from the config and the model's device alone, so every rank
 raises the same error before any collective.
@@ -150,9 +151,17 @@ def check_tier(config, device):
     config and the model's device only, so it raises alike on every rank, before any
     collective."""
     lines = []
+    opt, par = config.offload.optimizer, config.offload.param
     for name in ("optimizer", "param"):
         tier = getattr(config.offload, name).device
-        built = tier == "none" or device.type == "cpu" or name == "optimizer" and tier == "cpu"
+        host = tier == "cpu" and (name == "optimizer" or opt.device == "cpu")  # the Engine's 'cpu' tier
+        if name == "param" and tier == "cpu" and device.type != "cpu" and not host:
+            lines.append(f"{KEY_NAMES[name]}: got 'cpu' with offload_optimizer.device {opt.device!r}; for a model "
+                         f"on {device}, stage 3's parameter shards go to host memory beside the optimizer states "
+                         "(with the states on the device, gathers cast from the FP32 master and keep no "
+                         "low-precision shard to move): set zero_optimization.offload_optimizer.device to 'cpu' too")
+            continue
+        built = tier == "none" or device.type == "cpu" or host
         if not built:
             where = "NVMe" if tier == "nvme" else "host memory"
             lines.append(f"{KEY_NAMES[name]}: got {tier!r}; offloading the {_WHAT[name]} to {where} for a model on "
@@ -160,7 +169,6 @@ def check_tier(config, device):
                          "states stay where the model is), or train a CPU model"
                          + (" (its optimizer states can go to 'cpu' or 'nvme')" if name == "optimizer" else
                             " (its parameters can go to 'cpu', where they are already, or 'nvme')"))
-    opt, par = config.offload.optimizer, config.offload.param
     if par.device == "nvme" and opt.device != "nvme":
         lines.append(f"zero_optimization.offload_param.device: got 'nvme' with offload_optimizer.device "
                      f"{opt.device!r}; with the optimizer states in memory, stage 3 gathers each unit from the FP32 "
