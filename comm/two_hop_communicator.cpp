@@ -1,0 +1,134 @@
+#include "comm/two_hop_communicator.h"
+
+#include <cstring>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "comm/local_reduce.h"
+#include "core/error.h"
+#include "core/half.h"
+
+namespace zerort {
+
+namespace {
+
+using Bytes = std::shared_ptr<char[]>;
+
+Bytes bytes_of(size_t n) { return Bytes(new char[n > 0 ? n : 1]); }
+
+// See Note [two hops].
+class TwoHopCommunicator final : public Communicator {
+ public:
+  TwoHopCommunicator(std::shared_ptr<Communicator> flat, std::shared_ptr<Communicator> intra,
+                     std::shared_ptr<Communicator> inter, DType inter_dtype, CommOptions options)
+      : Communicator(flat->rank(), flat->size(), options), flat_(std::move(flat)), intra_(std::move(intra)),
+        inter_(std::move(inter)), inter_dtype_(inter_dtype), per_node_(static_cast<size_t>(intra_->size())),
+        nodes_(static_cast<size_t>(inter_->size())), name_(std::string(flat_->backend_name()) + "+two-hop") {}
+
+  const char* backend_name() const override { return name_.c_str(); }
+
+ protected:
+  WorkPtr do_all_reduce(void* buf, const CollectiveDesc& d) override {
+    return flat_->all_reduce(buf, d.count, d.dtype, d.op, d.tag);
+  }
+  WorkPtr do_reduce_scatter(const void* in, void* out, const CollectiveDesc& d) override {
+    return flat_->reduce_scatter(in, out, d.count, d.dtype, d.op);
+  }
+  WorkPtr do_all_to_all(const void* in, void* out, const CollectiveDesc& d) override {
+    return flat_->all_to_all(in, out, d.count, d.dtype);
+  }
+  WorkPtr do_broadcast(void* buf, const CollectiveDesc& d) override {
+    return flat_->broadcast(buf, d.count, d.dtype, d.root);
+  }
+  WorkPtr do_barrier(const CollectiveDesc&) override { return flat_->barrier(); }
+
+  WorkPtr do_all_gather(const void* in, void* out, const CollectiveDesc& d) override {
+    const size_t chunk = d.count * dtype_size(d.dtype), world = nodes_ * per_node_;
+    Bytes same_local = bytes_of(nodes_ * chunk), all = bytes_of(world * chunk);
+    auto token = track_scratch((nodes_ + world) * chunk);
+    inter_->all_gather(in, same_local.get(), d.count, d.dtype, d.tag)->wait();                      // [node]
+    WorkPtr w = intra_->all_gather(same_local.get(), all.get(), nodes_ * d.count, d.dtype, d.tag);  // [local][node]
+    w->keep_alive(same_local);
+    w->keep_alive(all);
+    w->keep_alive(token);
+    const size_t g = per_node_, n_nodes = nodes_;
+    w->then([all, out, chunk, g, n_nodes] {
+      for (size_t l = 0; l < g; ++l) {
+        for (size_t k = 0; k < n_nodes; ++k) {
+          std::memcpy(static_cast<char*>(out) + (k * g + l) * chunk, all.get() + (l * n_nodes + k) * chunk, chunk);
+        }
+      }
+    });
+    return w;
+  }
+
+  WorkPtr do_reduce_scatter_accumulate(const void* in, float* out, bool accumulate, const CollectiveDesc& d) override {
+    const size_t n = d.count, chunk = n * dtype_size(d.dtype), world = nodes_ * per_node_;
+    const size_t g = per_node_, n_nodes = nodes_;
+    auto token = track_scratch(2 * world * chunk + n_nodes * n * (sizeof(float) + 2 * dtype_size(inter_dtype_)));
+    // Hop 1, within the node: to node-peer l the chunks of the ranks of local index l, [l][node].
+    Bytes send = bytes_of(world * chunk), got = bytes_of(world * chunk);
+    const char* x = static_cast<const char*>(in);
+    for (size_t l = 0; l < g; ++l) {
+      for (size_t k = 0; k < n_nodes; ++k)
+        std::memcpy(send.get() + (l * n_nodes + k) * chunk, x + (k * g + l) * chunk, chunk);
+    }
+    intra_->all_to_all(send.get(), got.get(), n_nodes * n, d.dtype)->wait();  // got: [from local][node]
+    for (size_t k = 0; k < n_nodes; ++k) {  // regrouped as [node][from local] into send
+      for (size_t l = 0; l < g; ++l)
+        std::memcpy(send.get() + (k * g + l) * chunk, got.get() + (l * n_nodes + k) * chunk, chunk);
+    }
+    std::vector<float> partial(n_nodes * n);
+    for (size_t k = 0; k < n_nodes; ++k) {
+      sum_chunks_to_f32(send.get() + k * g * chunk, d.dtype, g, n, partial.data() + k * n, false);
+    }
+    // Hop 2, across nodes: partial k to node k in inter_dtype.
+    const size_t wire = n * dtype_size(inter_dtype_);
+    Bytes to_nodes = bytes_of(n_nodes * wire), from_nodes = bytes_of(n_nodes * wire);
+    if (inter_dtype_ == DType::kBFloat16) {
+      auto* h = reinterpret_cast<uint16_t*>(to_nodes.get());
+      for (size_t i = 0; i < partial.size(); ++i) h[i] = f32_to_bf16(partial[i]);
+    } else {
+      std::memcpy(to_nodes.get(), partial.data(), partial.size() * sizeof(float));
+    }
+    WorkPtr w = inter_->all_to_all(to_nodes.get(), from_nodes.get(), n, inter_dtype_);
+    w->keep_alive(to_nodes);
+    w->keep_alive(from_nodes);
+    w->keep_alive(token);
+    const DType wire_dtype = inter_dtype_;
+    w->then([from_nodes, wire_dtype, n_nodes, n, out, accumulate] {
+      sum_chunks_to_f32(from_nodes.get(), wire_dtype, n_nodes, n, out, accumulate);
+    });
+    return w;
+  }
+
+ private:
+  std::shared_ptr<Communicator> flat_, intra_, inter_;
+  DType inter_dtype_;
+  size_t per_node_, nodes_;
+  std::string name_;
+};
+
+}  // namespace
+
+std::unique_ptr<Communicator> make_two_hop_communicator(std::shared_ptr<Communicator> flat,
+                                                        std::shared_ptr<Communicator> intra,
+                                                        std::shared_ptr<Communicator> inter, DType inter_dtype,
+                                                        CommOptions options) {
+  ZRT_CHECK(flat && intra && inter,
+            "make_two_hop_communicator: needs the flat, intra-node and inter-node communicators");
+  ZRT_CHECK_AS(ConfigError, inter_dtype == DType::kFloat32 || inter_dtype == DType::kBFloat16,
+               "comm.inter_node_dtype: got ", dtype_name(inter_dtype), "; expected fp32 or bf16");
+  ZRT_CHECK(!flat->device_memory() && !intra->device_memory() && !inter->device_memory(),
+            "make_two_hop_communicator: '", flat->backend_name(),
+            "' moves device memory; the two-hop pattern is built for host backends (mpi, gloo, inprocess)");
+  const int g = intra->size(), nodes = inter->size();
+  ZRT_CHECK(g * nodes == flat->size() && flat->rank() == inter->rank() * g + intra->rank(),
+            "make_two_hop_communicator: rank ", flat->rank(), " of ", flat->size(), " is not node ", inter->rank(),
+            " x ", g, " + local ", intra->rank(), " (", nodes, " nodes of ", g, " ranks, numbered node by node)");
+  return std::make_unique<TwoHopCommunicator>(std::move(flat), std::move(intra), std::move(inter), inter_dtype,
+                                              options);
+}
+
+}  // namespace zerort

@@ -1,0 +1,169 @@
+// TwoHopCommunicator (Note [two hops]) on in-process groups playing N nodes of G ranks: the
+// two-hop reduce-scatter against the exact sum within the stated bound and bitwise the same on
+// every run, its accumulate, the two-hop all-gather against the flat one (in place too), and
+// the numbering and dtype it refuses. Sizes 0, 1, odd; 2 x 2, 2 x 4 and 3 x 2 ranks.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <functional>
+#include <memory>
+#include <string>
+#include <thread>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+#include "comm/inprocess_communicator.h"
+#include "comm/two_hop_communicator.h"
+#include "core/error.h"
+#include "core/half.h"
+
+namespace zerort::testing {
+namespace {
+
+// fn(two_hop, flat, rank) on every rank of nodes x per_node, each thread its own communicators.
+std::vector<std::string> run_nodes(int nodes, int per_node, DType inter_dtype,
+                                   const std::function<void(Communicator&, Communicator&, int)>& fn) {
+  const int world = nodes * per_node;
+  auto flat = InProcessGroup::create(world);
+  std::vector<std::shared_ptr<InProcessGroup>> intra, inter;
+  for (int k = 0; k < nodes; ++k) intra.push_back(InProcessGroup::create(per_node));
+  for (int l = 0; l < per_node; ++l) inter.push_back(InProcessGroup::create(nodes));
+  std::vector<std::string> errors(static_cast<size_t>(world));
+  std::vector<std::thread> threads;
+  for (int r = 0; r < world; ++r) {
+    threads.emplace_back([&, r] {
+      try {
+        const int node = r / per_node, local = r % per_node;
+        std::shared_ptr<Communicator> f = flat->communicator(r);
+        auto two = make_two_hop_communicator(f, intra[static_cast<size_t>(node)]->communicator(local),
+                                             inter[static_cast<size_t>(local)]->communicator(node), inter_dtype, {});
+        fn(*two, *f, r);
+      } catch (const std::exception& e) {
+        errors[static_cast<size_t>(r)] = e.what();
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  return errors;
+}
+
+// Rank r's input element i of the chunk for rank j: magnitudes over 2^-10..2^10, both signs,
+// exactly representable in bf16 and f16.
+float value(int r, int j, size_t i) {
+  const uint32_t h = (static_cast<uint32_t>(r) * 2654435761u) ^ (static_cast<uint32_t>(j) * 40503u) ^
+                     (static_cast<uint32_t>(i) * 2246822519u);
+  const float mantissa = static_cast<float>(static_cast<int>(h % 255) - 127) / 16.0f;
+  return std::ldexp(mantissa, static_cast<int>((h >> 8) % 9) - 4);
+}
+
+std::vector<uint16_t> input(DType dtype, int r, int world, size_t n) {
+  std::vector<uint16_t> in(static_cast<size_t>(world) * n);
+  for (int j = 0; j < world; ++j) {
+    for (size_t i = 0; i < n; ++i) {
+      const float x = value(r, j, i);
+      in[static_cast<size_t>(j) * n + i] = dtype == DType::kBFloat16 ? f32_to_bf16(x) : f32_to_f16(x);
+    }
+  }
+  return in;
+}
+
+using Case = std::tuple<int, int, DType, DType>;  // nodes, ranks per node, input dtype, inter-node dtype
+class TwoHopReduceScatter : public ::testing::TestWithParam<Case> {};
+
+TEST_P(TwoHopReduceScatter, IsWithinTheBoundOfTheExactSumAndTheSameOnEveryRun) {
+  const auto [nodes, g, dtype, inter] = GetParam();
+  const int world = nodes * g;
+  const double u = inter == DType::kFloat32 ? std::ldexp(1.0, -24) : std::ldexp(1.0, -8);
+  for (size_t n : {size_t{0}, size_t{1}, size_t{7}, size_t{1001}}) {
+    auto errors = run_nodes(nodes, g, inter, [&, n](Communicator& two, Communicator&, int r) {
+      const std::vector<uint16_t> in = input(dtype, r, world, n);
+      std::vector<float> out(n, -1.0f), again(n, -2.0f);
+      two.reduce_scatter_accumulate(in.data(), dtype, out.data(), n)->wait();
+      two.reduce_scatter_accumulate(in.data(), dtype, again.data(), n)->wait();
+      ASSERT_EQ(0, std::memcmp(out.data(), again.data(), n * sizeof(float))) << "not the same bits twice";
+      for (size_t i = 0; i < n; ++i) {
+        double exact = 0, node_sums = 0, magnitudes = 0;
+        for (int k = 0; k < nodes; ++k) {
+          double s = 0;
+          for (int l = 0; l < g; ++l) {
+            const double x = value(k * g + l, r, i);
+            s += x;
+            magnitudes += std::fabs(x);
+          }
+          exact += s;
+          node_sums += std::fabs(s);
+        }
+        const double bound = std::ldexp(std::fabs(exact), -24) + u * node_sums + std::ldexp(magnitudes, -53) * world;
+        ASSERT_LE(std::fabs(out[i] - exact), bound) << "element " << i << " of rank " << r << ", n " << n;
+      }
+      two.reduce_scatter_accumulate(in.data(), dtype, again.data(), n, true)->wait();  // adds a second sum
+      for (size_t i = 0; i < n; ++i) ASSERT_EQ(again[i], out[i] + out[i]) << "accumulate, element " << i;
+    });
+    for (const auto& e : errors) EXPECT_EQ(e, "") << "n " << n;
+  }
+}
+
+std::string case_name(const ::testing::TestParamInfo<Case>& info) {
+  const auto [nodes, g, dtype, inter] = info.param;
+  return std::to_string(nodes) + "x" + std::to_string(g) + "_" + dtype_name(dtype) + "_inter_" + dtype_name(inter);
+}
+
+INSTANTIATE_TEST_SUITE_P(Nodes, TwoHopReduceScatter,
+                         ::testing::Combine(::testing::Values(2, 3), ::testing::Values(2, 4),
+                                            ::testing::Values(DType::kBFloat16, DType::kFloat16),
+                                            ::testing::Values(DType::kFloat32, DType::kBFloat16)),
+                         case_name);
+
+// With fp32 between the hops and inputs whose node sums are exact in FP32 the result is the
+// flat reduce-scatter's, bit for bit (both round the exact sum once).
+TEST(TwoHop, ExactNodeSumsGiveTheFlatBits) {
+  auto errors = run_nodes(2, 4, DType::kFloat32, [](Communicator& two, Communicator& flat, int r) {
+    const size_t n = 333;
+    const std::vector<uint16_t> in = input(DType::kBFloat16, r, 8, n);
+    std::vector<float> a(n), b(n);
+    two.reduce_scatter_accumulate(in.data(), DType::kBFloat16, a.data(), n)->wait();
+    flat.reduce_scatter_accumulate(in.data(), DType::kBFloat16, b.data(), n)->wait();
+    EXPECT_EQ(0, std::memcmp(a.data(), b.data(), n * sizeof(float)));
+  });
+  for (const auto& e : errors) EXPECT_EQ(e, "");
+}
+
+TEST(TwoHop, AllGatherEqualsTheFlatOneInPlaceToo) {
+  for (auto [nodes, g] : {std::pair{2, 2}, std::pair{2, 4}, std::pair{3, 2}}) {
+    const int world = nodes * g;
+    auto errors = run_nodes(nodes, g, DType::kFloat32, [&](Communicator& two, Communicator& flat, int r) {
+      for (size_t n : {size_t{0}, size_t{1}, size_t{5}}) {
+        std::vector<uint16_t> mine(n), a(world * n), b(world * n, 7);
+        for (size_t i = 0; i < n; ++i) mine[i] = static_cast<uint16_t>(r * 100 + i);
+        two.all_gather(mine.data(), a.data(), n, DType::kBFloat16)->wait();
+        flat.all_gather(mine.data(), b.data(), n, DType::kBFloat16)->wait();
+        ASSERT_EQ(a, b) << "n " << n;
+        std::vector<uint16_t> in_place(world * n, 0);
+        std::copy(mine.begin(), mine.end(), in_place.begin() + static_cast<long>(r * n));
+        two.all_gather(in_place.data() + r * n, in_place.data(), n, DType::kBFloat16)->wait();
+        ASSERT_EQ(in_place, b) << "in place, n " << n;
+      }
+    });
+    for (const auto& e : errors) EXPECT_EQ(e, "") << nodes << " x " << g;
+  }
+}
+
+TEST(TwoHop, AWrongNumberingAndAnF16WireAreRefusedByName) {
+  auto flat = InProcessGroup::create(4), a = InProcessGroup::create(2), b = InProcessGroup::create(2);
+  // Rank 1 of 4 given local 0 of node 0: not node * 2 + local.
+  try {
+    make_two_hop_communicator(flat->communicator(1), a->communicator(0), b->communicator(0), DType::kFloat32, {});
+    FAIL() << "a wrong numbering was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("numbered node by node"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(
+      make_two_hop_communicator(flat->communicator(0), a->communicator(0), b->communicator(0), DType::kFloat16, {}),
+      ConfigError);
+}
+
+}  // namespace
+}  // namespace zerort::testing
