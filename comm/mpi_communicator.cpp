@@ -223,7 +223,7 @@ class MpiWork final : public Work {
 
 class MpiCommunicator final : public Communicator {
  public:
-  static std::unique_ptr<Communicator> create(CommOptions options) {
+  static std::unique_ptr<Communicator> create(CommOptions options, int color, int key) {
     MpiRuntime::get();
     // Creation is collective too: a non-blocking dup, so a missing rank is a timeout. The
     // handle lives on the heap, kept alive by the Work, since MPI writes it on completion.
@@ -248,6 +248,13 @@ class MpiCommunicator final : public Communicator {
       exits_creation.wait();
       ZRT_CHECK_MPI(MPI_Comm_set_errhandler(*exits, MPI_ERRORS_RETURN), "MPI communicator");
       MpiRuntime::get().set_exits(*exits);
+    }
+    if (color >= 0) {
+      MPI_Comm part = MPI_COMM_NULL;
+      ZRT_CHECK_MPI(MPI_Comm_split(comm, color, key, &part), "MPI communicator split");
+      ZRT_CHECK_MPI(MPI_Comm_free(&comm), "MPI communicator split");
+      comm = part;
+      ZRT_CHECK_MPI(MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN), "MPI communicator split");
     }
     int rank = 0, size = 1;
     MPI_Comm_rank(comm, &rank);
@@ -314,6 +321,9 @@ class MpiCommunicator final : public Communicator {
 
 }  // namespace
 
-std::unique_ptr<Communicator> make_mpi_communicator(CommOptions options) { return MpiCommunicator::create(options); }
+std::unique_ptr<Communicator> make_mpi_communicator(CommOptions options, int color, int key) {
+  ZRT_CHECK(color >= -1, "make_mpi_communicator: color must be >= 0 (or -1 for the whole world), got ", color);
+  return MpiCommunicator::create(options, color, key);
+}
 
 }  // namespace zerort

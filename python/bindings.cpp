@@ -14,6 +14,7 @@
 #include "comm/launch_env.h"
 #include "comm/peer_exits.h"
 #include "comm/staged_communicator.h"
+#include "comm/two_hop_communicator.h"
 #include "core/error.h"
 #include "optim/adamw.h"
 #include "partition/bucket_plan.h"
@@ -23,6 +24,9 @@
 #include "zerort/config.h"
 #if ZERORT_WITH_NCCL
 #include "comm/nccl/nccl_communicator.h"
+#endif
+#if ZERORT_WITH_MPI
+#include "comm/mpi_communicator.h"
 #endif
 
 namespace py = pybind11;
@@ -207,6 +211,25 @@ PYBIND11_MODULE(_C, m) {
         return owned_without_gil(make_communicator(backend, detect_launch_env(), comm_options(timeout_s, check)));
       },
       py::arg("backend"), py::arg("timeout_s"), py::arg("debug"));
+  // Note [two hops]: the flat communicator over its intra-node and inter-node parts.
+  m.def(
+      "make_two_hop_communicator",
+      [](std::shared_ptr<Communicator> flat, std::shared_ptr<Communicator> intra, std::shared_ptr<Communicator> inter,
+         const std::string& inter_dtype, double timeout_s, bool debug) {
+        return owned_without_gil(make_two_hop_communicator(std::move(flat), std::move(intra), std::move(inter),
+                                                           parse_dtype(inter_dtype), comm_options(timeout_s, debug)));
+      },
+      py::arg("flat"), py::arg("intra"), py::arg("inter"), py::arg("inter_dtype"), py::arg("timeout_s"),
+      py::arg("debug"));
+#if ZERORT_WITH_MPI
+  m.def(
+      "make_mpi_part",
+      [](int color, int key, double timeout_s, bool debug) {
+        py::gil_scoped_release release;
+        return owned_without_gil(make_mpi_communicator(comm_options(timeout_s, debug), color, key));
+      },
+      py::arg("color"), py::arg("key"), py::arg("timeout_s"), py::arg("debug"));
+#endif
   m.def(
       "make_gloo_communicator",
       [](const std::string& group_name, double timeout_s, bool check) {

@@ -1,10 +1,11 @@
 """One rank of the Python engine tests, under mpirun or torchrun. Trains every requested
 (model, stage, precision, accumulation) case and saves per-rank results for the test.
 
-    engine_worker.py OUT_PREFIX [--staged cpu] CASE [CASE ...]
+    engine_worker.py OUT_PREFIX [--staged cpu | --topology two_hop] CASE [CASE ...]
     CASE = model:stage:precision:gas:steps[:inf@STEP][:noclip]
 --staged cpu: the launcher's communicator pushes every buffer through the host staging code
-of the CUDA-over-mpi/gloo path (zerort.comm.init(staged='cpu')).
+of the CUDA-over-mpi/gloo path (zerort.comm.init(staged='cpu')). --topology two_hop: the
+reduce-scatter and all-gather in two hops, within the node and across nodes (zerort.comm.topology).
 """
 import os
 import sys
@@ -50,20 +51,20 @@ def run_case(case, comm):
             "memory": engine.memory_report().to_dict()}
 
 
-def run_cases(run, out_prefix, cases, label, timeout_s=120, staged=None):
+def run_cases(run, out_prefix, cases, label, timeout_s=120, staged=None, topology="flat"):
     """Every case through run(case, comm) on one communicator; the results saved per rank
     as OUT_PREFIX.rankR.pt, then a line saying the rank is done."""
-    comm = zerort.comm.init("auto", timeout_s=timeout_s, staged=staged)
+    comm = zerort.comm.init("auto", timeout_s=timeout_s, staged=staged, topology=topology)
     results = {case: run(case, comm) for case in cases}
     torch.save(results, f"{out_prefix}.rank{comm.rank}.pt")
     print(f"{label} OK rank {comm.rank}/{comm.size} {comm.backend}", flush=True)
 
 
 def main():
-    cases, staged = sys.argv[2:], None
-    if cases[:1] == ["--staged"]:
-        staged, cases = cases[1], cases[2:]
-    run_cases(run_case, sys.argv[1], cases, "ENGINE WORKER", staged=staged)
+    cases, options = sys.argv[2:], {}
+    if cases[:1] in (["--staged"], ["--topology"]):
+        options[cases[0][2:]], cases = cases[1], cases[2:]
+    run_cases(run_case, sys.argv[1], cases, "ENGINE WORKER", **options)
 
 
 if __name__ == "__main__":

@@ -43,6 +43,8 @@ OURS = {
     "comm.backend": ("mpi", ["tcp", 1, None]),
     "comm.timeout_s": (30, [0, 1e10, NAN, -1, "30"]),
     "comm.debug": (True, [1, "true", None]),
+    "comm.topology": ("two_hop", ["hierarchical", 2, None]),
+    "comm.inter_node_dtype": ("bf16", ["fp16", "int8", None]),
     "fp32_modules": (["MyGate", "-BatchNorm2d"], ["LayerNorm", None, [None], [""], ["-"], ["--X"],
                                                   ["torch.nn.LayerNorm"], ["LayerNorm", "-LayerNorm"]]),
     "max_consecutive_skips": (10, [0, True, 1.5, "10", 2 ** 31]),
@@ -80,7 +82,8 @@ OURS.update({"offload": ({}, SECTION_OR_NULL_BAD),
              **{f"offload.param{k}": v for k, v in OFFLOAD_PARAM.items()},
              **{f"offload.aio{k}": v for k, v in AIO.items()}})
 RUNTIME = ("stage3", "stage3.prefetch", "stage3.persistence_threshold", "stage3.unit_modules", "comm", "comm.backend",
-           "comm.timeout_s", "comm.debug", "fp32_modules", "max_consecutive_skips", "lr_schedule")
+           "comm.timeout_s", "comm.debug", "comm.topology", "comm.inter_node_dtype", "fp32_modules",
+           "max_consecutive_skips", "lr_schedule")
 
 DEEPSPEED = {
     "train_batch_size": (8, [0, 8.5, "8", True, 2 ** 31]),

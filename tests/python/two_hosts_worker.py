@@ -2,9 +2,12 @@
 
     two_hosts_worker.py where OUT    what the launcher told this rank about its place, as zerort
                                      reads it, beside the host it runs on; writes OUT.rankR.json
-    two_hosts_worker.py bytes OUT    per stage 0-3, the bytes each host's kernel sent during one
+    two_hosts_worker.py bytes OUT [TOPOLOGY INTER_DTYPE]
+                                     per stage 0-3, the bytes each host's kernel sent during one
                                      training step: on loopback (within the host) and on the veth
                                      (to the other host), read from /proc/net/dev; writes OUT.json
+                                     (comm.topology flat by default; two_hop with the partial
+                                     sums' dtype between the hops)
 """
 import json
 import os
@@ -59,10 +62,10 @@ def step_bytes(comm, engine, x):
     return delta["lo"], veth
 
 
-def traffic(out):
+def traffic(out, topology="flat", inter_node_dtype="fp32"):
     import torch.nn as nn
 
-    comm = zerort.comm.init("auto", timeout_s=60)
+    comm = zerort.comm.init("auto", timeout_s=60, topology=topology, inter_node_dtype=inter_node_dtype)
     results = {}
     for stage in range(4):
         torch.manual_seed(0)
@@ -89,4 +92,4 @@ def traffic(out):
 
 
 if __name__ == "__main__":
-    {"where": where, "bytes": traffic}[sys.argv[1]](sys.argv[2])
+    {"where": where, "bytes": traffic}[sys.argv[1]](*sys.argv[2:])

@@ -16,6 +16,7 @@ import torch
 from zerort import _C
 from zerort import lifecycle
 from zerort.comm import peers
+from zerort.comm import topology as topology_mod
 from zerort.comm.tensor_args import buffer, dtype_name
 from zerort.errors import CommError, ConfigError, DeviceError
 
@@ -25,7 +26,7 @@ def detect_launch_env():
     return _C.detect_launch_env()
 
 
-def init(backend="auto", timeout_s=600.0, debug=False, staged=None):
+def init(backend="auto", timeout_s=600.0, debug=False, staged=None, topology="flat", inter_node_dtype="fp32"):
     """Creates a Communicator. debug (comm.debug): check every collective across ranks as it
     is called (one blocking round-trip each); otherwise the step's decision checks them.
     backend: 'auto', 'mpi', 'gloo', 'nccl' (CUDA tensors on cuda:LOCAL_RANK) or 'inprocess'
@@ -36,12 +37,20 @@ def init(backend="auto", timeout_s=600.0, debug=False, staged=None):
     only the process group's timeout, so when you initialise torch.distributed yourself,
     pass it the same timeout. staged: 'cuda' carries CUDA buffers (on cuda:LOCAL_RANK) through
     pinned host memory over an mpi or gloo communicator, so ranks that share one GPU train
-    together (NCCL refuses them); 'cpu' pushes CPU buffers through the same staging code."""
+    together (NCCL refuses them); 'cpu' pushes CPU buffers through the same staging code.
+    topology ('flat', 'two_hop' or 'auto') and inter_node_dtype ('fp32' or 'bf16'): the
+    gradient reduce-scatter and the all-gather in two hops, within the node and across nodes
+    (zerort.comm.topology)."""
     name = _C.resolve_backend(backend)
     if staged is not None:
         return _init_staged(name, timeout_s, debug, staged)
-    if name == "nccl":
-        return _init_nccl(timeout_s, debug)
+    flat = _init_nccl(timeout_s, debug) if name == "nccl" else _init_host(name, timeout_s, debug)
+    two_hop = topology_mod.two_hop(flat, name, topology, inter_node_dtype, timeout_s, debug, detect_launch_env())
+    return flat if two_hop is None else Communicator(two_hop, flat.device)
+
+
+def _init_host(name, timeout_s, debug):
+    """A flat mpi, gloo or in-process communicator."""
     if name != "gloo":
         return Communicator(_C.make_communicator(name, timeout_s, debug))
     import torch.distributed as dist

@@ -123,6 +123,8 @@ def runtime_keys(r, cfg, c):
     c.comm.backend = rc.choice(cm, "backend", c.comm.backend, ("auto", "mpi", "gloo", "nccl", "inprocess"))
     c.comm.timeout_s = rc.number(cm, "timeout_s", c.comm.timeout_s, low=1e-3, high=1e9)  # as the C++ comm
     c.comm.debug = rc.boolean(cm, "debug", c.comm.debug)
+    c.comm.topology = rc.choice(cm, "topology", c.comm.topology, ("auto", "flat", "two_hop"))
+    c.comm.inter_node_dtype = rc.choice(cm, "inter_node_dtype", c.comm.inter_node_dtype, ("fp32", "bf16"))
     rc.leftover(cm)
     c.max_consecutive_skips = r.number(cfg, "max_consecutive_skips", c.max_consecutive_skips, integer=True, low=1)
     c.fp32_modules = _fp32_modules(r, cfg, c.fp32_modules)

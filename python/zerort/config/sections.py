@@ -71,6 +71,8 @@ class Comm:
     backend: str = "auto"
     timeout_s: float = 600.0
     debug: Optional[bool] = None  # check every collective across ranks first (None: at stage 3 only)
+    topology: str = "auto"  # flat, two_hop or auto: reduce-scatter and all-gather in two hops (zerort.comm.topology)
+    inter_node_dtype: str = "fp32"  # two_hop: the partial sums' dtype between the hops (fp32 or bf16)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)

@@ -1,0 +1,90 @@
+"""comm.topology: the gradient reduce-scatter and the parameter all-gather in two hops, within
+the node and across nodes (Note [two hops], comm/two_hop_communicator.h), over a flat
+communicator and the two parts of it this module makes with the backend's own means: an MPI
+split (MPI_Comm_split) or a torch.distributed group per part for gloo.
+
+    "flat"     one all-to-all over every rank (zerort's data path before issue 30)
+    "two_hop"  within the node, then across nodes; an error where the ranks do not form nodes
+    "auto"     two_hop when the ranks span more than one node with more than one rank on each,
+               else flat (said once on rank 0's log when the nodes do not line up)
+
+The nodes come from the launcher: torchrun's and Open MPI's local rank and local world size.
+All ranks agree on them once, here (one all-gather): every node has the same number of ranks
+G, rank r is local rank r % G of node r // G, and the ranks of one node share a host name.
+"""
+import logging
+import socket
+import zlib
+
+import torch
+
+from zerort import _C
+from zerort.errors import ConfigError
+
+TOPOLOGIES = ("auto", "flat", "two_hop")
+INTER_DTYPES = ("fp32", "bf16")
+log = logging.getLogger("zerort.comm")
+
+
+def layout(comm, env):
+    """(nodes, ranks per node) that every rank agrees on, or (None, why) when the launch does
+    not form equal nodes numbered node by node (a collective)."""
+    host = zlib.crc32(socket.gethostname().encode())
+    row = torch.tensor([env["local_rank"], env["local_world_size"], host], dtype=torch.int64)
+    rows = comm.all_gather(row, torch.empty(comm.size * 3, dtype=torch.int64)).view(comm.size, 3).tolist()
+    per_node = rows[0][1]
+    if any(r[1] != per_node for r in rows) or per_node < 1 or comm.size % per_node:
+        return None, f"unequal nodes (ranks per node {sorted({r[1] for r in rows})} over {comm.size} ranks)"
+    for rank, (local, _, name) in enumerate(rows):
+        if local != rank % per_node or name != rows[rank - local][2]:
+            return None, (f"rank {rank} is local rank {local} of a node of {per_node}, not node {rank // per_node}'s "
+                          f"local rank {rank % per_node} on that node's host")
+    return (comm.size // per_node, per_node), None
+
+
+def two_hop(comm, backend, topology, inter_dtype, timeout_s, debug, env):
+    """The C++ two-hop communicator over the flat communicator comm, or None where the
+    topology stays flat (See the module's text)."""
+    if topology not in TOPOLOGIES:
+        raise ConfigError([f"comm.topology: got {topology!r}; allowed: {', '.join(TOPOLOGIES)}"])
+    if inter_dtype not in INTER_DTYPES:
+        raise ConfigError([f"comm.inter_node_dtype: got {inter_dtype!r}; allowed: {', '.join(INTER_DTYPES)}"])
+    if topology == "flat" or comm.size == 1:
+        return None
+    if backend not in ("mpi", "gloo"):
+        if topology == "two_hop":
+            raise ConfigError([f"comm.topology: 'two_hop' is built for the mpi and gloo backends, not {backend!r}: "
+                               "set comm.topology to 'flat' or 'auto'"])
+        return None
+    shape, why = layout(comm, env)
+    if shape is None:
+        if topology == "two_hop":
+            raise ConfigError([f"comm.topology: 'two_hop' needs equal nodes numbered node by node; here {why}: "
+                               "launch the same number of ranks on every host, or set comm.topology to 'flat'"])
+        if comm.rank == 0:
+            log.warning("zerort: comm.topology 'auto' stays flat: %s", why)
+        return None
+    nodes, per_node = shape
+    if topology == "auto" and (nodes == 1 or per_node == 1):
+        return None
+    node, local = divmod(comm.rank, per_node)
+    if backend == "mpi":
+        intra = _C.make_mpi_part(node, local, timeout_s, debug)
+        inter = _C.make_mpi_part(local, node, timeout_s, debug)
+    else:
+        intra, inter = _gloo_parts(nodes, per_node, node, local, timeout_s, debug)
+    return _C.make_two_hop_communicator(comm._c, intra, inter, inter_dtype, timeout_s, debug)
+
+
+def _gloo_parts(nodes, per_node, node, local, timeout_s, debug):
+    """This rank's intra-node and inter-node gloo communicators: every rank makes every group,
+    in the same order, as torch.distributed.new_group requires."""
+    import torch.distributed as dist
+
+    groups = {}
+    for k in range(nodes):
+        groups["intra", k] = dist.new_group([k * per_node + j for j in range(per_node)])
+    for j in range(per_node):
+        groups["inter", j] = dist.new_group([k * per_node + j for k in range(nodes)])
+    make = lambda g: _C.make_gloo_communicator(g.group_name, timeout_s, debug)
+    return make(groups["intra", node]), make(groups["inter", local])
