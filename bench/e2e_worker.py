@@ -11,6 +11,8 @@ AdamW (the same lr, betas, eps, weight decay), gradient clipping at 1.0, bf16 co
   FP32 torch.optim.AdamW, clip_grad_norm_;
 - fsdp2: fully_shard on every block, then the root, with
   MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32), torch.optim.AdamW, clip_grad_norm_;
+- fsdp2-hsdp: the same on a 2-D mesh (replicate across nodes, shard within one: HSDP), the
+  node's size from torchrun's LOCAL_WORLD_SIZE;
 - ds2/ds3: DeepSpeed ZeRO-2/3, bf16, torch's AdamW inside its optimizer, clipping in its config
   (run from a Python that has deepspeed: e2e.py --ds-python).
 The runtimes in one launch run one after another in the same processes (so peak RSS is
@@ -44,7 +46,7 @@ MODELS = {  # name: GPT kwargs, sequences per rank per step
 }
 OPT = dict(lr=1e-3, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1)
 CLIP = 1.0
-RUNTIMES = ("ddp", "fsdp2", "ds2", "ds3", "zerort1", "zerort2", "zerort3")
+RUNTIMES = ("ddp", "fsdp2", "fsdp2-hsdp", "ds2", "ds3", "zerort1", "zerort2", "zerort3")
 
 
 def storage_bytes(tensors):
@@ -78,7 +80,9 @@ class TorchRuntime:
             from torch.distributed.device_mesh import init_device_mesh
             from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-            mesh = init_device_mesh("cpu", (dist.get_world_size(),))
+            world, per_node = dist.get_world_size(), int(os.environ.get("LOCAL_WORLD_SIZE", dist.get_world_size()))
+            mesh = init_device_mesh("cpu", (world // per_node, per_node), mesh_dim_names=("replicate", "shard")) \
+                if kind == "fsdp2-hsdp" else init_device_mesh("cpu", (world,))
             mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
             for blk in (model.blocks if blocks is None else blocks):
                 fully_shard(blk, mesh=mesh, mp_policy=mp)
@@ -181,6 +185,21 @@ def make_runtime(kind, model, micro, zerort_extra=None, ds_extra=None):
     return TorchRuntime(kind, model)
 
 
+def net_tx():
+    """The bytes this host's network devices other than loopback have sent (its namespace's
+    /proc/net/dev), read by the host's local rank 0 only, so a sum over ranks counts each host
+    once; 0 on the other ranks. Across hosts (scripts/two_hosts.sh) that is the veth: the bytes
+    that cross between the hosts, including ranks that wait on the others' sends."""
+    if os.environ.get("LOCAL_RANK", "0") != "0":
+        return 0
+    total = 0
+    with open("/proc/self/net/dev") as f:
+        for line in f.readlines()[2:]:
+            name, fields = line.split(":", 1)
+            total += int(fields.split()[8]) if name.strip() != "lo" else 0
+    return total
+
+
 def reduce(values, op):
     t = torch.tensor(values, dtype=torch.float64)
     dist.all_reduce(t, op)
@@ -194,13 +213,15 @@ def run(kind, model_name, steps, data, zerort_extra=None, ds_extra=None):
     model = GPT(**kwargs)
     numel = sum(p.numel() for p in set(model.parameters()))
     rt = make_runtime(kind, model, micro, zerort_extra, ds_extra)
-    losses, times, state, tier_io = [], [], None, []
+    losses, times, state, tier_io, net = [], [], None, [], []
     tier = rt.engine.runtime.state_tier_stats if kind.startswith("zerort") else None
     for step in range(steps):
         x, y = batch(data, step, rank, 0, micro, kwargs["seq"])
+        tx0 = net_tx()
         t0 = time.perf_counter()
         loss, s = rt.train_step(x, y, last=step == steps - 1)
         dt = time.perf_counter() - t0
+        net.append(net_tx() - tx0)
         if tier is not None:  # the tiers' files (state, parameters): their I/O so far (bytes, seconds waited)
             tier = rt.engine.runtime.state_tier_stats
             files = (tier, rt.engine.runtime.param_tier_stats)
@@ -217,7 +238,9 @@ def run(kind, model_name, steps, data, zerort_extra=None, ds_extra=None):
     per_rank = torch.tensor([float(rss), float(state)], dtype=torch.float64)
     gathered = [torch.zeros_like(per_rank) for _ in range(world)]
     dist.all_gather(gathered, per_rank)
+    net = reduce(net, dist.ReduceOp.SUM) if net else net  # every host's, counted once (Note in net_tx)
     return {"numel": numel, "tokens_per_step": world * micro * kwargs["seq"], "losses": losses, "step_s": times,
+            "net_tx": net,
             "held_out_loss": held / world, "peak_rss": [int(g[0]) for g in gathered],
             "state_bytes": [int(g[1]) for g in gathered], "tier": tier, "tier_io": tier_io, "error": None}
 

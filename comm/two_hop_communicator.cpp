@@ -17,6 +17,22 @@ using Bytes = std::shared_ptr<char[]>;
 
 Bytes bytes_of(size_t n) { return Bytes(new char[n > 0 ? n : 1]); }
 
+// Issues one hop's collective and waits for it; a failure (at the call or in the wait) is
+// rethrown as the same kind of error, naming the caller's collective (`outer`) and the hop
+// before the part's own message.
+template <typename Issue>
+void run_hop(const CollectiveDesc& outer, const char* hop, Issue&& issue) {
+  try {
+    issue()->wait();
+  } catch (const Error& e) {
+    const std::string msg = detail::concat(outer.to_string(), ", ", hop, ": ", e.message());
+    if (dynamic_cast<const CollectiveMismatchError*>(&e)) throw CollectiveMismatchError(__FILE__, __LINE__, msg);
+    if (dynamic_cast<const CommTimeoutError*>(&e)) throw CommTimeoutError(__FILE__, __LINE__, msg);
+    if (dynamic_cast<const CommError*>(&e)) throw CommError(__FILE__, __LINE__, msg);
+    throw Error(__FILE__, __LINE__, msg);
+  }
+}
+
 // See Note [two hops].
 class TwoHopCommunicator final : public Communicator {
  public:
@@ -43,24 +59,23 @@ class TwoHopCommunicator final : public Communicator {
   }
   WorkPtr do_barrier(const CollectiveDesc&) override { return flat_->barrier(); }
 
+  // The two hops run on the calling thread, each waited for (run_hop), so a call returns
+  // done: a failure names this collective and its hop, and no buffer is written later.
   WorkPtr do_all_gather(const void* in, void* out, const CollectiveDesc& d) override {
     const size_t chunk = d.count * dtype_size(d.dtype), world = nodes_ * per_node_;
     Bytes same_local = bytes_of(nodes_ * chunk), all = bytes_of(world * chunk);
     auto token = track_scratch((nodes_ + world) * chunk);
-    inter_->all_gather(in, same_local.get(), d.count, d.dtype, d.tag)->wait();                      // [node]
-    WorkPtr w = intra_->all_gather(same_local.get(), all.get(), nodes_ * d.count, d.dtype, d.tag);  // [local][node]
-    w->keep_alive(same_local);
-    w->keep_alive(all);
-    w->keep_alive(token);
-    const size_t g = per_node_, n_nodes = nodes_;
-    w->then([all, out, chunk, g, n_nodes] {
-      for (size_t l = 0; l < g; ++l) {
-        for (size_t k = 0; k < n_nodes; ++k) {
-          std::memcpy(static_cast<char*>(out) + (k * g + l) * chunk, all.get() + (l * n_nodes + k) * chunk, chunk);
-        }
+    // Hop 1, across nodes: the chunks of this local index, [node]; hop 2 within the node: [local][node].
+    run_hop(d, "hop 1 (across nodes)",
+            [&] { return inter_->all_gather(in, same_local.get(), d.count, d.dtype, d.tag); });
+    run_hop(d, "hop 2 (within the node)",
+            [&] { return intra_->all_gather(same_local.get(), all.get(), nodes_ * d.count, d.dtype, d.tag); });
+    for (size_t l = 0; l < per_node_; ++l) {
+      for (size_t k = 0; k < nodes_; ++k) {
+        std::memcpy(static_cast<char*>(out) + (k * per_node_ + l) * chunk, all.get() + (l * nodes_ + k) * chunk, chunk);
       }
-    });
-    return w;
+    }
+    return std::make_shared<CompletedWork>(d, options().timeout);
   }
 
   WorkPtr do_reduce_scatter_accumulate(const void* in, float* out, bool accumulate, const CollectiveDesc& d) override {
@@ -71,19 +86,22 @@ class TwoHopCommunicator final : public Communicator {
     Bytes send = bytes_of(world * chunk), got = bytes_of(world * chunk);
     const char* x = static_cast<const char*>(in);
     for (size_t l = 0; l < g; ++l) {
-      for (size_t k = 0; k < n_nodes; ++k)
+      for (size_t k = 0; k < n_nodes; ++k) {
         std::memcpy(send.get() + (l * n_nodes + k) * chunk, x + (k * g + l) * chunk, chunk);
+      }
     }
-    intra_->all_to_all(send.get(), got.get(), n_nodes * n, d.dtype)->wait();  // got: [from local][node]
-    for (size_t k = 0; k < n_nodes; ++k) {  // regrouped as [node][from local] into send
-      for (size_t l = 0; l < g; ++l)
+    run_hop(d, "hop 1 (within the node)",
+            [&] { return intra_->all_to_all(send.get(), got.get(), n_nodes * n, d.dtype); });
+    for (size_t k = 0; k < n_nodes; ++k) {  // got is [from local][node]: regrouped as [node][from local]
+      for (size_t l = 0; l < g; ++l) {
         std::memcpy(send.get() + (k * g + l) * chunk, got.get() + (l * n_nodes + k) * chunk, chunk);
+      }
     }
     std::vector<float> partial(n_nodes * n);
     for (size_t k = 0; k < n_nodes; ++k) {
       sum_chunks_to_f32(send.get() + k * g * chunk, d.dtype, g, n, partial.data() + k * n, false);
     }
-    // Hop 2, across nodes: partial k to node k in inter_dtype.
+    // Hop 2, across nodes: partial k to node k in inter_dtype, summed in node order.
     const size_t wire = n * dtype_size(inter_dtype_);
     Bytes to_nodes = bytes_of(n_nodes * wire), from_nodes = bytes_of(n_nodes * wire);
     if (inter_dtype_ == DType::kBFloat16) {
@@ -92,15 +110,10 @@ class TwoHopCommunicator final : public Communicator {
     } else {
       std::memcpy(to_nodes.get(), partial.data(), partial.size() * sizeof(float));
     }
-    WorkPtr w = inter_->all_to_all(to_nodes.get(), from_nodes.get(), n, inter_dtype_);
-    w->keep_alive(to_nodes);
-    w->keep_alive(from_nodes);
-    w->keep_alive(token);
-    const DType wire_dtype = inter_dtype_;
-    w->then([from_nodes, wire_dtype, n_nodes, n, out, accumulate] {
-      sum_chunks_to_f32(from_nodes.get(), wire_dtype, n_nodes, n, out, accumulate);
-    });
-    return w;
+    run_hop(d, "hop 2 (across nodes)",
+            [&] { return inter_->all_to_all(to_nodes.get(), from_nodes.get(), n, inter_dtype_); });
+    sum_chunks_to_f32(from_nodes.get(), inter_dtype_, n_nodes, n, out, accumulate);
+    return std::make_shared<CompletedWork>(d, options().timeout);
   }
 
  private:

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Two hosts on this machine: two network namespaces joined by a veth pair (10.233.0.1 and
 # 10.233.0.2, with addresses of their own; nothing leaves the machine), each with its own
-# hostname, removed on exit even after a failure. Runs COMMAND as a 2 x 2 job (W = 4, two
-# ranks per host) under either launcher:
+# hostname, removed on exit even after a failure. Runs COMMAND as a 2 x PER_HOST job (PER_HOST
+# ranks per host, 2 by default: W = 4) under either launcher:
 #
 #   scripts/two_hosts.sh torchrun COMMAND...   torchrun --nnodes 2 --node_rank 0|1 in each host,
 #                                              MASTER_ADDR on host 0, gloo over the veth
@@ -10,12 +10,16 @@
 #                                              agent that starts Open MPI's daemon inside host 1
 #
 # COMMAND is a Python script and its arguments (run with $PY, default .venv/bin/python).
+# RATE (e.g. RATE=1gbit) shapes the link with tc at both ends (a token bucket each way); unset,
+# the veth runs as fast as the machine moves bytes.
 # Exit status: the job's; 77 (with the reason on stdout) when namespaces cannot be made here.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
 PY=${PY:-$ROOT/.venv/bin/python}
 launcher=${1:?usage: two_hosts.sh torchrun|mpirun COMMAND...}
+per_host=${PER_HOST:-2}
+[[ $per_host =~ ^[1-9][0-9]*$ ]] || { echo "two_hosts.sh: PER_HOST must be a positive count, got '$per_host'" >&2; exit 2; }
 shift
 [[ $# -gt 0 ]] || { echo "usage: two_hosts.sh torchrun|mpirun COMMAND..." >&2; exit 2; }
 
@@ -45,6 +49,10 @@ for i in 0 1; do
   ip link set "${dev[$i]}" netns "${ns[$i]}"
   ip -n "${ns[$i]}" addr add "${addr[$i]}/24" dev "${dev[$i]}"
   ip -n "${ns[$i]}" link set "${dev[$i]}" up
+  if [[ -n ${RATE:-} ]]; then  # both ends: each direction is one end's egress
+    ip netns exec "${ns[$i]}" tc qdisc add dev "${dev[$i]}" root tbf rate "$RATE" burst 256kb latency 100ms ||
+      { echo "two_hosts.sh: cannot shape ${dev[$i]} to RATE=$RATE with tc" >&2; exit 2; }
+  fi
 done
 
 # Runs "$@" inside host i, with that host's name (a UTS namespace of its own).
@@ -61,7 +69,7 @@ case "$launcher" in
     pids=()
     for i in 0 1; do
       in_host "$i" env "${common_env[@]}" GLOO_SOCKET_IFNAME="${dev[$i]}" ZERORT_TEST_HOST="$i" \
-        "$PY" -m torch.distributed.run --nnodes 2 --nproc_per_node 2 --node_rank "$i" \
+        "$PY" -m torch.distributed.run --nnodes 2 --nproc_per_node "$per_host" --node_rank "$i" \
         --master_addr "${addr[0]}" --master_port "$port" "$@" > "$work/host$i.log" 2>&1 &
       pids+=($!)
     done
@@ -88,7 +96,7 @@ ns=(${ns[*]})
 exec ip netns exec "\${ns[\$i]}" unshare --uts bash -c 'hostname "\$0"; exec bash -c "\$*"' "zt-host\$i" "\$@"
 AGENT
     chmod +x "$agent"
-    in_host 0 env "${common_env[@]}" mpirun --host "${addr[0]}:2,${addr[1]}:2" -np 4 \
+    in_host 0 env "${common_env[@]}" mpirun --host "${addr[0]}:$per_host,${addr[1]}:$per_host" -np $((2 * per_host)) \
       --mca plm_rsh_agent "$agent" --mca oob_tcp_if_include 10.233.0.0/24 --mca btl tcp,self \
       --mca btl_tcp_if_include 10.233.0.0/24 -x OMP_NUM_THREADS -x PYTHONUNBUFFERED -x PATH \
       "$PY" "$@"

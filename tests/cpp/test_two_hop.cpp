@@ -24,13 +24,18 @@ namespace zerort::testing {
 namespace {
 
 // fn(two_hop, flat, rank) on every rank of nodes x per_node, each thread its own communicators.
+// abort_inter: every inter-node group fails its collectives (InProcessGroup::abort) from the start.
 std::vector<std::string> run_nodes(int nodes, int per_node, DType inter_dtype,
-                                   const std::function<void(Communicator&, Communicator&, int)>& fn) {
+                                   const std::function<void(Communicator&, Communicator&, int)>& fn,
+                                   bool abort_inter = false) {
   const int world = nodes * per_node;
   auto flat = InProcessGroup::create(world);
   std::vector<std::shared_ptr<InProcessGroup>> intra, inter;
   for (int k = 0; k < nodes; ++k) intra.push_back(InProcessGroup::create(per_node));
   for (int l = 0; l < per_node; ++l) inter.push_back(InProcessGroup::create(nodes));
+  for (auto& group : inter) {
+    if (abort_inter) group->abort("the link between the nodes is down (test)");
+  }
   std::vector<std::string> errors(static_cast<size_t>(world));
   std::vector<std::thread> threads;
   for (int r = 0; r < world; ++r) {
@@ -148,6 +153,27 @@ TEST(TwoHop, AllGatherEqualsTheFlatOneInPlaceToo) {
       }
     });
     for (const auto& e : errors) EXPECT_EQ(e, "") << nodes << " x " << g;
+  }
+}
+
+// A hop that fails names the caller's collective and rank in the whole world, then the hop,
+// then the part's own error, with the part's error kind.
+TEST(TwoHop, AFailedHopNamesTheCallAndTheHop) {
+  auto errors = run_nodes(
+      2, 2, DType::kFloat32,
+      [](Communicator& two, Communicator&, int r) {
+        const std::vector<uint16_t> in = input(DType::kBFloat16, r, 4, 3);
+        std::vector<float> out(3);
+        two.reduce_scatter_accumulate(in.data(), DType::kBFloat16, out.data(), 3)->wait();
+      },
+      true);
+  for (int r = 0; r < 4; ++r) {
+    const std::string& e = errors[static_cast<size_t>(r)];
+    EXPECT_NE(e.find("reduce_scatter_accumulate(count=3"), std::string::npos) << e;
+    EXPECT_NE(e.find("on rank " + std::to_string(r) + " of 4 [inprocess+two-hop], hop 2 (across nodes): "),
+              std::string::npos)
+        << e;
+    EXPECT_NE(e.find("the link between the nodes is down"), std::string::npos) << e;
   }
 }
 

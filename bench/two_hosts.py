@@ -1,0 +1,100 @@
+"""Two hosts on this machine (scripts/two_hosts.sh: network namespaces joined by a veth, the link
+shaped with tc to --rate each way), examples/gpt.py's GPT at W = 2 x --per-host ranks under
+torchrun and gloo: tokens/s against DDP's and the bytes that cross between the hosts per step,
+one launch per runtime.
+
+    .venv/bin/python bench/two_hosts.py                       # 1gbit, 50M GPT, 2 ranks per host
+    .venv/bin/python bench/two_hosts.py --model tiny --per-host 4 --rows zerort2 zerort2-two-hop
+
+Rows: DDP, FSDP2, FSDP2 HSDP (a 2-D mesh: replicate across hosts, shard within one), zerort
+stages 2 and 3 flat and two-hop (comm.topology two_hop, inter_node_dtype bf16: Note [two hops]).
+Step times are the slowest rank's (bench/e2e_worker.py), median and p90 over steps 2..N; the
+cross-host bytes are the hosts' own kernel counters (the veth, /proc/net/dev in each namespace),
+median per step. Needs root (namespaces); prints the table.
+"""
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+
+import e2e
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TWO_HOP = {"comm": {"topology": "two_hop", "inter_node_dtype": "bf16"}}
+FLAT = {"comm": {"topology": "flat"}}
+ROWS = {"ddp": ("DDP", "ddp", None), "fsdp2": ("FSDP2", "fsdp2", None),
+        "fsdp2-hsdp": ("FSDP2 HSDP (2-D mesh)", "fsdp2-hsdp", None),
+        "zerort2": ("zerort stage 2, flat", "zerort2", FLAT),
+        "zerort2-two-hop": ("zerort stage 2, two-hop", "zerort2", TWO_HOP),
+        "zerort3": ("zerort stage 3, flat", "zerort3", FLAT),
+        "zerort3-two-hop": ("zerort stage 3, two-hop", "zerort3", TWO_HOP)}
+
+
+def launch(a, kind, extra, out):
+    """One runtime across the two hosts; its e2e_worker result (or {"error": ...})."""
+    cmd = ["bash", os.path.join(ROOT, "scripts", "two_hosts.sh"), "torchrun", os.path.join(ROOT, "bench",
+                                                                                           "e2e_worker.py"),
+           out, "--model", a.model, "--steps", str(a.steps), "--runtimes", kind]
+    if extra:
+        cmd += ["--zerort-config", json.dumps(extra)]
+    env = dict(os.environ, RATE=a.rate, PER_HOST=str(a.per_host), PY=sys.executable)
+    p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=a.timeout)
+    if p.returncode == 77:
+        sys.exit(p.stdout.strip().splitlines()[-1])
+    if p.returncode != 0 or not os.path.exists(out):
+        return {"error": f"exit {p.returncode}: {(p.stdout + p.stderr)[-1500:]}"}
+    with open(out) as f:
+        return json.load(f)["results"][kind]
+
+
+def summary(r):
+    """(median s, p90 s, tokens/s, cross-host MB per step) over the timed steps."""
+    steps = r["step_s"][1:]
+    net = r["net_tx"][1:]
+    med = statistics.median(steps)
+    return med, e2e.pct(steps, 0.9), r["tokens_per_step"] / med, statistics.median(net) / 1e6
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--rate", default="1gbit", help="tc's rate of the link, each way (e.g. 1gbit, 100mbit)")
+    ap.add_argument("--per-host", type=int, default=2)
+    ap.add_argument("--model", default="50m")
+    ap.add_argument("--steps", type=int, default=8, help="steps per run; the first is not timed")
+    ap.add_argument("--rows", nargs="+", choices=list(ROWS), default=list(ROWS))
+    ap.add_argument("--timeout", type=int, default=1800, help="seconds per launch")
+    ap.add_argument("--json")
+    a = ap.parse_args()
+    print(f"two hosts, {a.per_host} ranks each, link {a.rate} each way; model {a.model}, {a.steps} steps; "
+          f"{os.cpu_count()} cores", flush=True)
+    results = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for row in a.rows:
+            name, kind, extra = ROWS[row]
+            results[row] = launch(a, kind, extra, os.path.join(tmp, f"{row}.json"))
+            r = results[row]
+            print(f"  {name}: " + (f"failed: {r['error'][:300]}" if r.get("error") else
+                                   f"median {summary(r)[0]:.2f} s"), flush=True)
+    ddp = results.get("ddp")
+    base = summary(ddp)[2] if ddp and not ddp.get("error") else None
+    print("\n| runtime | step s (median) | p90 | tokens/s | vs DDP | cross-host MB/step (both hosts) |")
+    print("|---|---:|---:|---:|---:|---:|")
+    for row in a.rows:
+        r = results[row]
+        if r.get("error"):
+            print(f"| {ROWS[row][0]} | failed: {r['error'][:120]} | | | | |")
+            continue
+        med, p90, tps, mb = summary(r)
+        vs = f"{tps / base:.2f}" if base else "n/a"
+        print(f"| {ROWS[row][0]} | {med:.2f} | {p90:.2f} | {tps:.0f} | {vs} | {mb:.0f} |")
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump({"rate": a.rate, "per_host": a.per_host, "model": a.model, "results": results}, f)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
