@@ -262,3 +262,52 @@ def test_cli_readme_example_and_json():
 ])
 def test_cli_errors_name_the_flag(args, message):
     assert message in cli(*args, ok=False)
+
+
+def simulated_two_hop_reduce_scatter(w, g, elements):
+    """Note [two hops] on real arrays: hop 1 within each node (rank r sends to node-peer l the
+    chunks of the ranks of local index l, and each rank sums its node's), hop 2 across nodes
+    among the ranks of one local index (the partial sum for node k goes to rank k * g + l).
+    Returns (intra, inter) elements sent by each rank, after checking every rank's chunk."""
+    rng = np.random.default_rng(2)
+    data = [rng.integers(0, 100, elements).astype(np.int64) for _ in range(w)]
+    n, nodes = elements // w, w // g
+    chunk = lambda a, q: a[q * n:(q + 1) * n]
+    intra, inter = [0] * w, [0] * w
+    partial = {}  # (rank, node k): its node's sum of the chunks for rank k * g + local
+    for r in range(w):
+        node, local = divmod(r, g)
+        for k in range(nodes):
+            partial[r, k] = sum(chunk(data[node * g + peer], k * g + local) for peer in range(g))
+        intra[r] = (g - 1) * nodes * n  # to each node-peer its ranks' chunks
+    for r in range(w):
+        node, local = divmod(r, g)
+        inter[r] = (nodes - 1) * n  # its partial for each other node's rank of its local index
+        got = sum(partial[k * g + local, node] for k in range(nodes))
+        assert np.array_equal(got, chunk(np.sum(data, axis=0), r)), r
+    return intra, inter
+
+
+@pytest.mark.parametrize("w,g", GRIDS)
+@pytest.mark.parametrize("inter_bytes", [2, 4])
+def test_two_hop_reduce_scatter_split_matches_a_simulated_two_hop(w, g, inter_bytes):
+    intra, inter = simulated_two_hop_reduce_scatter(w, g, ELEMENTS)
+    (rs,) = [c for c in plan.collectives(ELEMENTS, w, g, 2, grad_bytes=2, inter_bytes=inter_bytes)
+             if c["collective"] == "reduce-scatter"]
+    assert all(x * 2 == pytest.approx(rs["intra_bytes"]) for x in intra), (intra, rs)
+    assert all(x * inter_bytes == pytest.approx(rs["inter_bytes"]) for x in inter), (inter, rs)
+
+
+def test_two_hop_70b_on_128_nodes():
+    """Issue 30's planner rows: 70B on 128 x 8 at stage 3, the gradients' inter-node bytes and
+    the network time, flat against two-hop (bf16 between the hops)."""
+    base = ["--params", "70e9", "--gpus", "1024", "--gpus-per-node", "8", "--stage", "3", "--json"]
+    rows = {}
+    for name, extra in (("flat", []), ("two_hop", ["--topology", "two_hop", "--inter-node-dtype", "bf16"])):
+        (row,) = json.loads(cli(*base, *extra))["stages"]
+        (rs,) = [c for c in row["collectives"] if c["collective"] == "reduce-scatter"]
+        rows[name] = (rs["inter_bytes"], row["comm_bw_s"])
+        print(f"[planner 70B 128x8 stage 3 {name}] gradients across nodes {rs['inter_bytes'] / 1e9:.2f} GB per rank, "
+              f"network time {row['comm_bw_s']:.2f} s")
+    assert rows["flat"][0] == pytest.approx(1016 / 1024 * 140e9) and rows["flat"][1] > 7.5
+    assert rows["two_hop"][0] <= 17.5e9 and rows["two_hop"][1] <= 3.5

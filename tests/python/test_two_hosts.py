@@ -167,7 +167,12 @@ def test_bytes_within_and_across_hosts(launcher, topology, tmp_path):
     for stage in range(4):
         m = measured[str(stage)]
         want = model_bytes(stage, m["numel"], launcher, inter_bytes=2 if topology == "two_hop" else None)
-        if topology == "two_hop":  # the planner models the flat pattern only (yet)
+        if topology == "two_hop":
+            if stage > 0:  # the planner's two-hop reduce-scatter (--topology two_hop) is this one
+                (rs,) = [c for c in plan.collectives(m["numel"], W, 2, stage, inter_bytes=2)
+                         if c["collective"] == "reduce-scatter"]
+                lp = 2 * m["numel"]
+                assert (rs["intra_bytes"], rs["inter_bytes"]) == pytest.approx((lp / 2, lp / W)), rs
             for host in (0, 1):
                 got = (m["lo"][host] / 2, m["veth"][host] / 2)
                 flat = model_bytes(stage, m["numel"], launcher)

@@ -15,25 +15,21 @@ Then the smallest world size that fits at each stage, and the smallest stage at 
 
 Collective algorithms (data parallelism only, W = N nodes x G GPUs per node), as zerort runs
 them. A reduce-scatter is zerort's reduce_scatter_accumulate, an all-to-all on every backend:
-each rank sends chunk r of its S bytes to rank r, so (G-1)/W*S stays within the node and
-(W-G)/W*S crosses nodes, all sends at once (one latency step within the node, one across;
-tests/python/test_two_hosts.py measures this split on two hosts). An all-gather is a
-hierarchical ring, as NCCL's ring and tree run it: within the node first (ring over G
-ranks: (G-1)/G*S bytes per rank, G-1 steps), then across nodes among the ranks with the
-same local index, on the S/G piece each holds ((N-1)/N*S/G bytes, N-1 steps). (zerort over
-MPI or gloo gathers otherwise: Open MPI's non-blocking all-gather is a direct exchange with
-the all-to-all's split, gloo's a flat ring; the totals are the same.) Either way intra plus
-inter is the flat ring's (W-1)/W*S. All G ranks of a node cross nodes at once, each at
+(G-1)/W of its S bytes stay within the node and (W-G)/W cross nodes, all sent at once (one
+latency step each way; tests/python/test_two_hosts.py measures the split on two hosts). With
+--topology two_hop (Note [two hops], comm/two_hop_communicator.h) it goes within the node first
+((G-1)/G*S, one step), then across nodes among the ranks of one local index ((N-1)/W of the
+elements, in --inter-node-dtype, one step). An all-gather is a hierarchical ring, as NCCL runs
+it (and zerort's two_hop, across nodes first): (G-1)/G*S within the node in G-1 steps, and
+(N-1)/N*S/G across in N-1 (zerort's flat all-gather over MPI is a direct exchange, over gloo a
+flat ring: the same totals, (W-1)/W*S). All G ranks of a node cross nodes at once, each at
 --inter-bw (the per-GPU share of the node's network bandwidth).
 
-Per step, with Ψ parameters, b_p bytes per low-precision parameter and b_g per gradient
-element on the wire (bf16: 2 and 2):
-  stage 0 (DDP):   all-reduce of gradients            2(W-1)/W * Ψ * b_g
-  stages 1 and 2:  reduce-scatter grads + all-gather   (W-1)/W * Ψ * (b_g + b_p)
-  stage 3:         all-gather (forward) + all-gather (backward) + reduce-scatter
-                                                       (W-1)/W * Ψ * (2 b_p + b_g)
-zerort's own stage 0 all-gathers the FP32 sum (4 bytes) after a bf16 reduce-scatter, so it
-sends (W-1)/W * Ψ * (2 + 4); the table gives the DDP form, as DDP with bf16 gradients would.
+Per step, with Ψ parameters and b_p, b_g bytes per parameter and gradient element on the wire
+(bf16: 2 and 2), flat: stage 0 (DDP's all-reduce) 2(W-1)/W*Ψ*b_g; stages 1 and 2 (reduce-scatter,
+all-gather) (W-1)/W*Ψ*(b_g + b_p); stage 3 (two all-gathers, a reduce-scatter) (W-1)/W*Ψ*(2b_p + b_g).
+zerort's own stage 0 all-gathers the FP32 sum (4 bytes) after a bf16 reduce-scatter: (W-1)/W*Ψ*(2 + 4);
+the table gives the DDP form.
 """
 import argparse
 import dataclasses
@@ -125,10 +121,17 @@ def all_to_all_split(nbytes, world_size, gpus_per_node):
     return (g - 1) / w * nbytes, (w - g) / w * nbytes, int(g > 1), int(n > 1)
 
 
-def collectives(numel, world_size, gpus_per_node, stage, param_bytes=2, grad_bytes=2):
+def two_hop_split(nbytes, world_size, gpus_per_node, element_bytes, inter_bytes):
+    """zerort's two-hop reduce-scatter of nbytes: (intra bytes, inter bytes, intra steps, inter steps) per rank."""
+    n, g = nodes_and_local(world_size, gpus_per_node)
+    return (g - 1) / g * nbytes, (n - 1) / (n * g) * nbytes / element_bytes * inter_bytes, int(g > 1), int(n > 1)
+
+
+def collectives(numel, world_size, gpus_per_node, stage, param_bytes=2, grad_bytes=2, inter_bytes=None):
     """The collectives of one step per rank: a list of dicts with the collective's name,
     what it moves, the bytes sent per rank within the node and across nodes, and latency
-    steps (summed over both phases, for one call). Stage 0 is DDP's ring all-reduce."""
+    steps (summed over both phases, for one call). Stage 0 is DDP's ring all-reduce. inter_bytes:
+    the two-hop reduce-scatter with partial sums of that size (None: flat)."""
     psi = float(numel)
     if stage == 0:
         plan = [("all-reduce", "gradients", grad_bytes, 2)]
@@ -142,8 +145,11 @@ def collectives(numel, world_size, gpus_per_node, stage, param_bytes=2, grad_byt
         raise ConfigError(f"stage: got {stage!r}; allowed: 0, 1, 2, 3")
     out = []
     for name, what, b, passes in plan:  # an all-reduce (DDP's) is two ring passes
-        split = all_to_all_split if name == "reduce-scatter" else ring_phases
-        intra, inter, s_intra, s_inter = split(psi * b, world_size, gpus_per_node)
+        if name == "reduce-scatter" and inter_bytes:
+            intra, inter, s_intra, s_inter = two_hop_split(psi * b, world_size, gpus_per_node, b, inter_bytes)
+        else:
+            split = all_to_all_split if name == "reduce-scatter" else ring_phases
+            intra, inter, s_intra, s_inter = split(psi * b, world_size, gpus_per_node)
         out.append({"collective": name, "moves": what, "intra_bytes": passes * intra, "inter_bytes": passes * inter,
                     "intra_steps": passes * s_intra, "inter_steps": passes * s_inter})
     return out
@@ -214,13 +220,13 @@ def model_states(numel, world_size, stage, precision, shape, bucket_numel):
 
 
 def plan_stage(numel, shape, seq, micro_batch, cluster, stage, precision="bf16", world_size=None,
-               bucket_numel=BUCKET):
+               bucket_numel=BUCKET, inter_bytes=None):
     """Everything for one stage at world_size (default cluster.gpus), per rank, in bytes,
     FLOPs and seconds."""
     w = world_size or cluster.gpus
     b = BYTES[precision]
     est = model_states(numel, w, stage, precision, shape, bucket_numel)
-    colls = collectives(numel, w, cluster.gpus_per_node, stage, b, b)
+    colls = collectives(numel, w, cluster.gpus_per_node, stage, b, b, inter_bytes)
     calls = calls_per_collective(numel, stage, shape, bucket_numel)
     tokens = seq * micro_batch
     budget = (cluster.gpu_mem_gb - cluster.reserve_gb) * GB
@@ -261,14 +267,17 @@ def smallest_world(numel, shape, seq, micro_batch, cluster, stage, precision, ch
     return hi * g
 
 
-def plan(numel, shape, seq, micro_batch, cluster, stages=(0, 1, 2, 3), precision="bf16", bucket_numel=BUCKET):
+def plan(numel, shape, seq, micro_batch, cluster, stages=(0, 1, 2, 3), precision="bf16", bucket_numel=BUCKET,
+         inter_bytes=None):
     cluster.check()
-    rows = [plan_stage(numel, shape, seq, micro_batch, cluster, s, precision, None, bucket_numel) for s in stages]
+    rows = [plan_stage(numel, shape, seq, micro_batch, cluster, s, precision, None, bucket_numel, inter_bytes)
+            for s in stages]
     smallest = {s: {ck: smallest_world(numel, shape, seq, micro_batch, cluster, s, precision, ck == "ckpt",
                                        bucket_numel) for ck in ("no_ckpt", "ckpt")} for s in stages}
     first = next(((r["stage"], r["fits"]) for r in rows if r["fits"] or r["fits_ckpt"]), None)
     return {"numel": int(numel), "shape": dataclasses.asdict(shape) if shape else None, "seq": seq,
             "micro_batch": micro_batch, "precision": precision, "reduce_bucket_numel": bucket_numel,
+            "topology": "two_hop" if inter_bytes else "flat", "inter_bytes": inter_bytes,
             "cluster": dataclasses.asdict(cluster),
             "stages": rows, "smallest_world": smallest,
             "smallest_stage": None if first is None else {"stage": first[0], "checkpointing": not first[1]}}
@@ -301,8 +310,9 @@ def render(p):
         lines.append(f"{r['stage']:5d} {_gb(r['model_states']):>9s} {_gb(r['model_states_paper']):>9s} "
                      f"{_gb(r['activations']):>9s} {_gb(r['activations_ckpt']):>9s} {_gb(tot):>9s} {_gb(tot_ck):>9s}"
                      f"  {verdict}")
-    lines += ["", "bytes sent per rank per step (GB; reduce-scatter: zerort's all-to-all; all-gather and all-reduce:",
-              "hierarchical rings, within the node, then across nodes)",
+    rs = f"two hops, partial sums of {p['inter_bytes']} bytes" if p.get("inter_bytes") else "zerort's all-to-all"
+    lines += ["", f"bytes sent per rank per step (GB; reduce-scatter: {rs};",
+              "all-gather and all-reduce: hierarchical rings, within the node, then across nodes)",
               f"{'stage':>5s}  {'collective':<15s} {'moves':<22s} {'intra':>8s} {'inter':>8s} {'calls':>6s}"]
     for r in p["stages"]:
         for col in r["collectives"]:
@@ -349,9 +359,11 @@ def main(argv=None):
     ap.add_argument("--intra-lat", type=float, default=5.0, help="us per ring step within a node")
     ap.add_argument("--inter-lat", type=float, default=10.0, help="us per ring step across nodes")
     ap.add_argument("--peak-tflops", type=float, default=312.0, help="dense TFLOP/s per GPU in the compute dtype")
-    ap.add_argument("--reduce-bucket-numel", type=int, default=BUCKET, help="elements per reduce bucket (stages 0-2)")
+    ap.add_argument("--reduce-bucket-numel", type=int, default=BUCKET, dest="bucket", help="elements per bucket")
     ap.add_argument("--stage", type=int, choices=[0, 1, 2, 3], help="one stage (default: all)")
     ap.add_argument("--precision", choices=["bf16", "fp16", "fp32"], default="bf16")
+    ap.add_argument("--topology", choices=["flat", "two_hop"], default="flat", help="the reduce-scatter's pattern")
+    ap.add_argument("--inter-node-dtype", choices=["fp32", "bf16"], default="fp32", help="two_hop: partial sums' dtype")
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args(argv)
     shape = None
@@ -369,15 +381,15 @@ def main(argv=None):
         numel = int(a.params)
     else:
         ap.error("give --params N, or a GPT shape with --layers L --hidden H")
-    for flag, v in (("--seq", a.seq), ("--micro-batch", a.micro_batch),
-                    ("--reduce-bucket-numel", a.reduce_bucket_numel)):
+    for flag, v in (("--seq", a.seq), ("--micro-batch", a.micro_batch), ("--reduce-bucket-numel", a.bucket)):
         if v < 1:
             ap.error(f"{flag}: got {v}; it must be >= 1")
     cluster = Cluster(a.gpus, a.gpus_per_node, a.gpu_mem, a.intra_bw, a.inter_bw, a.intra_lat, a.inter_lat,
                       a.peak_tflops, a.reserve)
     try:
-        p = plan(numel, shape, a.seq, a.micro_batch, cluster,
-                 (0, 1, 2, 3) if a.stage is None else (a.stage,), a.precision, a.reduce_bucket_numel)
+        p = plan(numel, shape, a.seq, a.micro_batch, cluster, (0, 1, 2, 3) if a.stage is None else (a.stage,),
+                 a.precision, a.bucket,
+                 {"fp32": 4, "bf16": 2}[a.inter_node_dtype] if a.topology == "two_hop" else None)
     except ValueError as e:
         ap.error(str(e))
     print(json.dumps(p, indent=2) if a.json else render(p))
