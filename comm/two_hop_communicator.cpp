@@ -62,6 +62,7 @@ class TwoHopCommunicator final : public Communicator {
   // The two hops run on the calling thread, each waited for (run_hop), so a call returns
   // done: a failure names this collective and its hop, and no buffer is written later.
   WorkPtr do_all_gather(const void* in, void* out, const CollectiveDesc& d) override {
+    if (d.count == 0) return std::make_shared<CompletedWork>(d, options().timeout);  // every rank: nothing moves
     const size_t chunk = d.count * dtype_size(d.dtype), world = nodes_ * per_node_;
     Bytes same_local = bytes_of(nodes_ * chunk), all = bytes_of(world * chunk);
     auto token = track_scratch((nodes_ + world) * chunk);
@@ -79,6 +80,7 @@ class TwoHopCommunicator final : public Communicator {
   }
 
   WorkPtr do_reduce_scatter_accumulate(const void* in, float* out, bool accumulate, const CollectiveDesc& d) override {
+    if (d.count == 0) return std::make_shared<CompletedWork>(d, options().timeout);
     const size_t n = d.count, chunk = n * dtype_size(d.dtype), world = nodes_ * per_node_;
     const size_t g = per_node_, n_nodes = nodes_;
     auto token = track_scratch(2 * world * chunk + n_nodes * n * (sizeof(float) + 2 * dtype_size(inter_dtype_)));

@@ -88,7 +88,7 @@ TEST_P(TwoHopReduceScatter, IsWithinTheBoundOfTheExactSumAndTheSameOnEveryRun) {
       std::vector<float> out(n, -1.0f), again(n, -2.0f);
       two.reduce_scatter_accumulate(in.data(), dtype, out.data(), n)->wait();
       two.reduce_scatter_accumulate(in.data(), dtype, again.data(), n)->wait();
-      ASSERT_EQ(0, std::memcmp(out.data(), again.data(), n * sizeof(float))) << "not the same bits twice";
+      ASSERT_TRUE(n == 0 || std::memcmp(out.data(), again.data(), n * sizeof(float)) == 0) << "not the same bits twice";
       for (size_t i = 0; i < n; ++i) {
         double exact = 0, node_sums = 0, magnitudes = 0;
         for (int k = 0; k < nodes; ++k) {
