@@ -269,6 +269,7 @@ class Engine {
   ShardCopies shard_copies_;                   // stage 3 off memory: See Note [state tiers]
   // kHost: the copies between the device and the host state, and what they go through: the
   // reduces' FP32 target on the device (comm thread) and the step's host output (main thread).
+  // reduce_scratch_ is also the reduces' target when the gradient is in the NVMe file.
   std::unique_ptr<Mover> host_mover_;
   at::Tensor reduce_scratch_;
   std::shared_ptr<char> host_out_;

@@ -261,7 +261,7 @@ at::Tensor Engine::grad(size_t g) const {
 }
 
 size_t Engine::grad_shard_bytes() const {
-  const OptimizerStateStore& state = static_cast<const ShardOptimizer&>(*optimizer_).state();
+  const OptimizerStateStore& state = optimizer_->state();
   const at::Tensor& held = state.gradient_in_memory() ? state.grad() : reduce_scratch_;
   return static_cast<size_t>(held.numel()) * sizeof(float);
 }
