@@ -28,10 +28,11 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 WORKER = os.path.join(HERE, "e2e_worker.py")
-ORDER = ["ddp", "fsdp2", "ds2", "ds3", "zerort1", "zerort2", "zerort3"]
+ORDER = ["ddp", "fsdp2", "ds2", "ds3", "zerort1", "zerort2", "zerort2-overlap", "zerort3"]
 LABELS = {"ddp": "DDP (autocast bf16, FP32 AdamW)", "fsdp2": "FSDP2 (bf16 params, fp32 reduce)",
           "ds2": "DeepSpeed ZeRO-2 (bf16)", "ds3": "DeepSpeed ZeRO-3 (bf16)",
-          "zerort1": "zerort stage 1", "zerort2": "zerort stage 2", "zerort3": "zerort stage 3"}
+          "zerort1": "zerort stage 1", "zerort2": "zerort stage 2", "zerort3": "zerort stage 3",
+          "zerort2-overlap": "zerort stage 2, overlap_param_gather"}
 STEPS = {"tiny": 50, "demo": 50, "50m": 18}
 WARMUP = 2  # steps left out of the timing figures (DDP's first two are 3-5x its others)
 DS_PYTHON = os.path.join(ROOT, ".venv-ds", "bin", "python")  # make bench-ds installs it

@@ -7,6 +7,7 @@ Every runtime trains examples/gpt.py's GPT from the same seed on the same batche
 (gpt.batch: random windows of standard-library text, different per step and rank), with
 AdamW (the same lr, betas, eps, weight decay), gradient clipping at 1.0, bf16 compute:
 - zerort1/2/3: zerort.initialize at that stage, precision bf16 (comm: gloo under torchrun);
+  zerort1-overlap/zerort2-overlap: the same with overlap_param_gather;
 - ddp: DistributedDataParallel(gradient_as_bucket_view=True), torch.autocast(bf16) on CPU,
   FP32 torch.optim.AdamW, clip_grad_norm_;
 - fsdp2: fully_shard on every block, then the root, with
@@ -46,7 +47,8 @@ MODELS = {  # name: GPT kwargs, sequences per rank per step
 }
 OPT = dict(lr=1e-3, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1)
 CLIP = 1.0
-RUNTIMES = ("ddp", "fsdp2", "fsdp2-hsdp", "ds2", "ds3", "zerort1", "zerort2", "zerort3")
+RUNTIMES = ("ddp", "fsdp2", "fsdp2-hsdp", "ds2", "ds3", "zerort1", "zerort2", "zerort3", "zerort1-overlap",
+            "zerort2-overlap")
 
 
 def storage_bytes(tensors):
@@ -178,8 +180,10 @@ def loss_fn(logits, y):
 
 
 def make_runtime(kind, model, micro, zerort_extra=None, ds_extra=None):
-    if kind.startswith("zerort"):
-        return ZerortRuntime(int(kind[-1]), model, zerort_extra)
+    if kind.startswith("zerort"):  # zerortS, or zerortS-overlap: overlap_param_gather on
+        stage, _, variant = kind[len("zerort"):].partition("-")
+        extra = dict(zerort_extra or {}, **({"overlap_param_gather": True} if variant == "overlap" else {}))
+        return ZerortRuntime(int(stage), model, extra)
     if kind.startswith("ds"):
         return DeepSpeedRuntime(int(kind[-1]), model, micro, extra=ds_extra)
     return TorchRuntime(kind, model)

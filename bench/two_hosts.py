@@ -25,10 +25,12 @@ import e2e
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TWO_HOP = {"comm": {"topology": "two_hop", "inter_node_dtype": "bf16"}}
 FLAT = {"comm": {"topology": "flat"}}
+OVERLAP = {**FLAT, "overlap_param_gather": True}
 ROWS = {"ddp": ("DDP", "ddp", None), "fsdp2": ("FSDP2", "fsdp2", None),
         "fsdp2-hsdp": ("FSDP2 HSDP (2-D mesh)", "fsdp2-hsdp", None),
         "zerort2": ("zerort stage 2, flat", "zerort2", FLAT),
         "zerort2-two-hop": ("zerort stage 2, two-hop", "zerort2", TWO_HOP),
+        "zerort2-overlap": ("zerort stage 2, flat, overlap_param_gather", "zerort2", OVERLAP),
         "zerort3": ("zerort stage 3, flat", "zerort3", FLAT),
         "zerort3-two-hop": ("zerort stage 3, two-hop", "zerort3", TWO_HOP)}
 

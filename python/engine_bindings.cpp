@@ -153,7 +153,8 @@ void bind_options(py::module_& m) {
           })
       .def_readwrite("nvme", &EngineOptions::nvme)
       .def_readwrite("param_nvme_path", &EngineOptions::param_nvme_path)
-      .def_readwrite("param_host", &EngineOptions::param_host);
+      .def_readwrite("param_host", &EngineOptions::param_host)
+      .def_readwrite("overlap_param_gather", &EngineOptions::overlap_param_gather);
 }
 
 // "master", "exp_avg" or "exp_avg_sq": the optimizer state's arrays, by Python's names.
@@ -280,6 +281,12 @@ void bind_engine(py::module_& m) {
       .def("gather", &Engine::gather, py::call_guard<py::gil_scoped_release>())
       .def("release", &Engine::release, py::call_guard<py::gil_scoped_release>())
       .def("hold_gathered", &Engine::hold_gathered, py::call_guard<py::gil_scoped_release>())
+      // Stages 1-2's gathers after an update (python/zerort/engine/param_waits.py).
+      .def("wait_param_gather", &Engine::wait_param_gather, py::call_guard<py::gil_scoped_release>())
+      .def("wait_param_gathers", &Engine::wait_param_gathers, py::call_guard<py::gil_scoped_release>())
+      .def("bucket_of", &Engine::bucket_of)
+      .def_property_readonly("param_gathers_in_flight", &Engine::param_gathers_in_flight)
+      .def_property_readonly("overlaps_param_gather", &Engine::overlaps_param_gather)
       .def_property_readonly("num_buckets", &Engine::num_buckets)
       .def_property_readonly("gathered_bytes", &Engine::gathered_bytes)
       .def_property_readonly("gathered_peak", &Engine::gathered_peak)

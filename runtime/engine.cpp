@@ -262,6 +262,10 @@ void Engine::fill_bucket(Group& g, Bucket& b, at::Tensor& master, NvmeStateStore
 }
 
 Engine::~Engine() {
+  try {
+    param_gathers_.wait_all();  // nothing may write the working copies once they are freed
+  } catch (...) {               // a destructor cannot raise; a failed gather's wait has waited for the rest
+  }
   {
     std::lock_guard<std::mutex> lock(mu_);
     stop_ = true;

@@ -54,6 +54,7 @@
 #include "runtime/grad_packer.h"
 #include "runtime/loss_scaler.h"
 #include "runtime/nvme_state_store.h"
+#include "runtime/param_gathers.h"
 #include "runtime/reduce_policy.h"
 #include "runtime/shard_copies.h"
 #include "runtime/shard_optimizer.h"
@@ -90,6 +91,10 @@ struct EngineOptions {
   // Stage 3 with the state in kHost: the released units' low-precision shards in (pinned) host
   // memory, copied to the device by each gather (offload_param cpu for a model on a device).
   bool param_host = false;
+  // Stages 1-2: step() returns with each bucket's parameter all-gather in flight, and
+  // wait_param_gather(b) waits for one: See Note [overlapped parameter gather]. Stages 0 and 3
+  // ignore it (stage 0 gathers nothing; stage 3 gathers each unit on use).
+  bool overlap_param_gather = false;
 };
 
 // Stage 3: one unit of `params` (indices into it), gathered and released as one. A
@@ -146,6 +151,16 @@ class Engine {
   // safe_get_full_grad. Stages 0 and 1 reduce in the window's last micro-step only: a
   // UsageError before it.
   void reduce_now();
+
+  // Stages 1-2 with overlap_param_gather (Note [overlapped parameter gather]): bucket b's
+  // working copy is whole once wait_param_gather(b) returns, every one once
+  // wait_param_gathers() does (no-ops for a bucket whose gather is done). bucket_of: the
+  // bucket (index into every group's buckets) holding parameter i of group g.
+  void wait_param_gather(size_t bucket) { param_gathers_.wait(bucket); }
+  void wait_param_gathers() { param_gathers_.wait_all(); }
+  std::vector<size_t> param_gathers_in_flight() const { return param_gathers_.in_flight(); }
+  size_t bucket_of(size_t group, size_t param) const;
+  bool overlaps_param_gather() const;  // the option, at a stage it applies to
 
   // Stage 3 (bucket b is unit b of the constructor's units; fp32 buckets follow).
   size_t num_buckets() const { return buckets_.size(); }
@@ -254,9 +269,9 @@ class Engine {
   // out_on_host, kHost's only), from any tier.
   void cast_master(size_t offset, size_t n, void* out, DType dtype, bool out_on_host = false) const;
   // kHost: seg's destination is device memory, so AdamW writes it into host_out_ and close()
-  // copies it over; then a bucket's gather starts into gathers (See Note [state tiers]).
-  void lend_host_output(OutputSegment& seg, size_t bytes, Bucket* gather_after, std::deque<WorkPtr>& gathers);
-  void start_gather_after_update(Bucket& b, std::deque<WorkPtr>& gathers);  // two in flight at most
+  // copies it over before seg's own close() (See Note [state tiers]).
+  void lend_host_output(OutputSegment& seg, size_t bytes);
+  void start_param_gather(Bucket& b);    // its updated chunk to every rank: Note [overlapped parameter gather]
   void fill_own_chunk(const Bucket& b);  // this rank's chunk of b's working copy, from its shard
 
   Communicator& comm_;
@@ -276,6 +291,7 @@ class Engine {
   at::Tensor stage0_scratch_;           // stage 0: one bucket's reduced shard, FP32
   UnitCache units_;                     // every bucket's working copy (unit b is bucket b): See Note [unit cache]
   std::unique_ptr<GradPacker> packer_;  // mu_ held; See Note [grad packer]
+  ParamGathers param_gathers_;          // stages 0-2's after an update: Note [overlapped parameter gather]
   int64_t micro_steps_ = 0, global_step_ = 0, skipped_steps_ = 0;
   bool saw_backward_ = false;    // a backward pass ran in this micro-step
   int64_t missed_backward_ = 0;  // micro-steps of this window without one

@@ -244,6 +244,10 @@ size_t Engine::param_offset(size_t g, size_t i) const {
   ZRT_CHECK(i < group(g).params.size(), "Engine: parameter ", i, " of group ", g, " does not exist");
   return group(g).param_offset[i];
 }
+size_t Engine::bucket_of(size_t g, size_t i) const {
+  param_offset(g, i);  // checks g and i
+  return group(g).buckets[group(g).param_bucket[i]].index;
+}
 const at::Tensor& Engine::flat_params(size_t g) const { return group(g).flat_params; }
 const at::Tensor& Engine::flat_grads(size_t g) const { return group(g).flat_grads; }
 at::Tensor Engine::optimizer_slice(const at::Tensor& t, size_t g) const {
@@ -313,6 +317,7 @@ void Engine::load_counters(const Counters& c) {
 }
 
 void Engine::refresh_params() {
+  param_gathers_.wait_all();    // none may write a working copy after this fills it
   for (Bucket* b : buckets_) {  // shard copies first (See Note [state tiers])
     if (shard_copies_.has(b->index)) {
       cast_master(b->opt_offset, b->opt_numel, shard_copies_.begin_write(b->index), groups_[b->group]->dtype,

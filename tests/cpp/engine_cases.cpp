@@ -51,9 +51,12 @@ at::ScalarType lp_type(DType d) { return d == DType::kBFloat16 ? at::kBFloat16 :
 // One backward pass (and its forward) as the Python engine runs it. Stage 3, as its module
 // hooks do: each unit gathered before its forward (the next one prefetched), every unit
 // released after forward (the views autograd saved hold no bytes then), then
-// begin_backward() and each unit gathered again, in reverse, before backward.
+// begin_backward() and each unit gathered again, in reverse, before backward. Stages 1-2: each
+// bucket's gather waited for in forward order (reversed buckets), as the module hooks of
+// overlap_param_gather do (no-ops when step() waited).
 void pass(Engine& engine, const std::vector<at::Tensor>& p, const at::Tensor& x, const at::Tensor& y) {
   if (engine.options().stage != 3) {
+    for (size_t b = engine.num_buckets(); b-- > 0;) engine.wait_param_gather(b);
     engine.begin_backward();
     forward_backward(p, x, y, engine.loss_scale());
     return;
@@ -133,6 +136,7 @@ EngineRun run_engine(Communicator& comm, const RunConfig& config) {
   // Back to parameter order (the engine lays parameters out in reversed buckets). The
   // parameters view the working copy: the flat buffer, or (stage 3) every unit, held whole.
   at::Tensor full = engine.gather_master();
+  engine.wait_param_gathers();
   if (stage3) engine.hold_gathered(true);
   for (size_t i = 0; i < params.size(); ++i) {
     const size_t off = engine.param_offset(0, i), n = static_cast<size_t>(params[i].numel());

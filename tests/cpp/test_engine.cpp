@@ -91,6 +91,31 @@ TEST(EngineDeterminism, Stage1EqualsStage2AndRunsRepeatBitwise) {
   }
 }
 
+// Note [overlapped parameter gather]: step() leaves each bucket's gather in flight and the
+// forward waits for them bucket by bucket; the bits are those of step() waiting for them, at
+// W = 3 (shards of unequal use) and 4, with buckets of 61 elements (eleven of them).
+TEST(EngineOverlap, ParamGathersLeftInFlightGiveTheSameBits) {
+  for (int world : {3, 4}) {
+    for (int stage : {1, 2}) {
+      for (DType precision : {DType::kBFloat16, DType::kFloat16}) {
+        RunConfig plain;
+        plain.options = default_options(stage, precision);
+        plain.options.reduce_bucket_numel = 61;
+        plain.report_grads = true;
+        plain.steps = 6;
+        RunConfig overlapped = plain;
+        overlapped.options.overlap_param_gather = true;
+        auto a = run_all(world, plain), b = run_all(world, overlapped);
+        const std::string what = detail::concat("W", world, " stage ", stage, " ", dtype_name(precision));
+        for (int r = 0; r < world; ++r) {
+          EXPECT_EQ(a[r].master, b[r].master) << what << " rank " << r;
+          EXPECT_EQ(a[r].params, b[r].params) << what << " rank " << r;
+        }
+      }
+    }
+  }
+}
+
 // One rank's gradient gets an Inf (or NaN) at step 3: every rank skips it, the Adam step
 // count does not move, and every rank's scale follows the same trajectory.
 void expect_global_skip(DType precision, float poison) {

@@ -48,6 +48,7 @@ OURS = {
     "fp32_modules": (["MyGate", "-BatchNorm2d"], ["LayerNorm", None, [None], [""], ["-"], ["--X"],
                                                   ["torch.nn.LayerNorm"], ["LayerNorm", "-LayerNorm"]]),
     "max_consecutive_skips": (10, [0, True, 1.5, "10", 2 ** 31]),
+    "overlap_param_gather": (True, [1, "true", None]),
     "lr_schedule": (lambda step: 1e-3, [0.1, "cosine"]),
     "optimizer": ({}, SECTION_BAD),
     "loss_scale": ({}, SECTION_BAD),
@@ -83,7 +84,7 @@ OURS.update({"offload": ({}, SECTION_OR_NULL_BAD),
              **{f"offload.aio{k}": v for k, v in AIO.items()}})
 RUNTIME = ("stage3", "stage3.prefetch", "stage3.persistence_threshold", "stage3.unit_modules", "comm", "comm.backend",
            "comm.timeout_s", "comm.debug", "comm.topology", "comm.inter_node_dtype", "fp32_modules",
-           "max_consecutive_skips", "lr_schedule")
+           "max_consecutive_skips", "overlap_param_gather", "lr_schedule")
 
 DEEPSPEED = {
     "train_batch_size": (8, [0, 8.5, "8", True, 2 ** 31]),

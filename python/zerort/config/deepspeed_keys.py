@@ -262,7 +262,7 @@ KEYS = [
     d("checkpoint.load_universal", "DeepSpeed's universal checkpoints"),
     d("checkpoint.parallel_write", "DeepSpeed's parallel checkpoint writer", EMPTY),
     c("zerort", "zerort's own keys: stage3 (prefetch, persistence_threshold, unit_modules), comm (backend, "
-      "timeout_s, debug), fp32_modules, max_consecutive_skips"),
+      "timeout_s, debug, topology, inter_node_dtype), fp32_modules, max_consecutive_skips, overlap_param_gather"),
 ]
 
 TABLE = {k.path: k for k in KEYS}

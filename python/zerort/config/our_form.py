@@ -127,6 +127,7 @@ def runtime_keys(r, cfg, c):
     c.comm.inter_node_dtype = rc.choice(cm, "inter_node_dtype", c.comm.inter_node_dtype, ("fp32", "bf16"))
     rc.leftover(cm)
     c.max_consecutive_skips = r.number(cfg, "max_consecutive_skips", c.max_consecutive_skips, integer=True, low=1)
+    c.overlap_param_gather = r.boolean(cfg, "overlap_param_gather", c.overlap_param_gather)
     c.fp32_modules = _fp32_modules(r, cfg, c.fp32_modules)
     present, v = r._take(cfg, "lr_schedule")
     if present:

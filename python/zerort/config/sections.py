@@ -140,6 +140,9 @@ class Config:
     precision: str = "bf16"  # compute: "bf16", "fp16" or "fp32"
     reduce_bucket_numel: int = 1 << 24  # stages 0-2; stage 3 reduces per unit
     max_consecutive_skips: int = 100  # skipped (non-finite) steps in a row before training stops
+    # Stages 1-2: step() returns with the parameter all-gathers in flight and each module waits
+    # for its own in the next forward (zerort.engine.param_waits; C++ Note [overlapped parameter gather])
+    overlap_param_gather: bool = False
     fp32_modules: tuple = ()  # changes to zerort.layout.precision's norm rule: "Name" adds a class, "-Name" removes it
     optimizer: Optimizer = dataclasses.field(default_factory=Optimizer)
     loss_scale: LossScale = dataclasses.field(default_factory=LossScale)

@@ -40,6 +40,7 @@ from zerort.engine.alive import alive
 from zerort.engine.deepspeed_methods import DeepSpeedMethods
 from zerort.engine.optimizer import ZeroOptimizer
 from zerort.engine.param_index import ParamIndex
+from zerort.engine.param_waits import ParamWaits
 from zerort.engine.state_methods import StateMethods
 from zerort.errors import ConfigError, UsageError
 from zerort.layout import precision
@@ -69,6 +70,7 @@ class Engine(StateMethods, DeepSpeedMethods):
         self._frozen_fp32 = setup.share_rank0_values(self.comm, model, frozen, plan, self.dtype)
         self._build_runtime(grouping, frozen, materialize)
         self._units = stage3.UnitHooks(self, model, self.unit_plan) if self.unit_plan else None
+        self._param_waits = ParamWaits(self, model, self.param_index) if self._impl.overlaps_param_gather else None
         self._register_grad_hooks()
         self._build_training_loop(param_groups, lr_scheduler)
         self._memory = phases.EngineMemory.end_initialize(memory_token, self)
@@ -88,6 +90,7 @@ class Engine(StateMethods, DeepSpeedMethods):
         self.unit_plan = None           # stage 3: the zerort.layout.units.UnitPlan
         self.unit_names = []            # stage 3: Engine unit i's module
         self._units = None              # stage 3: the module hooks (zerort.engine.stage3.UnitHooks)
+        self._param_waits = None        # overlap_param_gather: its module hooks (zerort.engine.param_waits)
         self._hooks = []                # every hook on the model, removed by destroy()
         self._cast_buffers = set()      # (id(module), name) of the buffers cast to the compute dtype
         self._frozen_fp32 = {}          # id(frozen param) -> its FP32 value (engine.frozen_masters)
@@ -145,8 +148,9 @@ class Engine(StateMethods, DeepSpeedMethods):
             for i, p in enumerate(group):
                 self._hooks.append(
                     p.register_post_accumulate_grad_hook(lambda _p, g=g, i=i: alive(ref)._grad_ready(g, i)))
-        if self._units:
-            self._hooks += self._units.handles
+        for hooks in (self._units, self._param_waits):
+            if hooks:
+                self._hooks += hooks.handles
 
     def _build_training_loop(self, param_groups, lr_scheduler):
         """What step() uses beside the C++ Engine: the non-finite guard, the param groups, the
@@ -170,6 +174,7 @@ class Engine(StateMethods, DeepSpeedMethods):
             t0 = time.perf_counter()
             with self._units.forward_pass() if self._units else contextlib.nullcontext():
                 out = self.module(*args, **kwargs)
+            self._params_whole()  # a gather no module waited for (See zerort.engine.param_waits)
             self._t_forward = time.perf_counter() - t0
         return out
 
@@ -213,6 +218,8 @@ class Engine(StateMethods, DeepSpeedMethods):
             s = self._nonfinite.step(self._impl.step)
         self._backward_since_step = False
         self._step_applied = s["boundary"] and not s["skipped"]
+        if self._param_waits and self._step_applied:
+            self._param_waits.pending = True  # the gathers are in flight
         if s["boundary"]:
             s["forward_ms"] = 1e3 * self._t_forward
             s["backward_ms"] = 1e3 * self._t_backward
@@ -288,6 +295,11 @@ class Engine(StateMethods, DeepSpeedMethods):
             done = mem.phases.result.get(name)
             if self._monitor and done is not None:
                 self._monitor.phase_peak(done.last_peak)
+
+    def _params_whole(self):
+        """overlap_param_gather: waits for every bucket's gather still in flight."""
+        if self._param_waits:
+            self._param_waits.wait_all(self._impl)
 
     def make_forward_only(self, reason):
         """From now on backward() and step() raise UsageError(reason): an engine made

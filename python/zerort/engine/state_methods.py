@@ -110,6 +110,7 @@ class StateMethods:
     def gathered_parameters(self):
         """Inside, every parameter of engine.module is whole (stage 3 gathers them; stages
         1 and 2 always hold them whole). For evaluation and export."""
+        self._params_whole()  # overlap_param_gather's gathers in flight
         if self._units:
             with stage3.gathered(self._impl):
                 yield
