@@ -28,11 +28,12 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 WORKER = os.path.join(HERE, "e2e_worker.py")
-ORDER = ["ddp", "fsdp2", "ds2", "ds3", "zerort1", "zerort2", "zerort2-overlap", "zerort3"]
+ORDER = ["ddp", "fsdp2", "ds2", "ds3", "zerort1", "zerort2", "zerort2-overlap", "zerort3", "zerort2-mpi"]
 LABELS = {"ddp": "DDP (autocast bf16, FP32 AdamW)", "fsdp2": "FSDP2 (bf16 params, fp32 reduce)",
           "ds2": "DeepSpeed ZeRO-2 (bf16)", "ds3": "DeepSpeed ZeRO-3 (bf16)",
           "zerort1": "zerort stage 1", "zerort2": "zerort stage 2", "zerort3": "zerort stage 3",
-          "zerort2-overlap": "zerort stage 2, overlap_param_gather"}
+          "zerort2-overlap": "zerort stage 2, overlap_param_gather",
+          "zerort2-mpi": "zerort stage 2 under mpirun (MPI)"}
 STEPS = {"tiny": 50, "demo": 50, "50m": 18}
 WARMUP = 2  # steps left out of the timing figures (DDP's first two are 3-5x its others)
 DS_PYTHON = os.path.join(ROOT, ".venv-ds", "bin", "python")  # make bench-ds installs it
@@ -158,10 +159,12 @@ def run_job(cmd, out, runtimes, timeout=1800, env=None, min_available=None, max_
 
 
 def launch(model, runtimes, steps, out, python=None, zerort_config=None, ds_zero=None):
-    """Runs the worker under torchrun (python: another interpreter's, for DeepSpeed); returns
+    """Runs the worker under torchrun (python: another interpreter's, for DeepSpeed), or under
+    mpirun for the "-mpi" runtimes (zerort on its MPI backend, Open MPI's shared memory); returns
     its results, or one error row per runtime when the launch itself fails. ds_zero: more
     DeepSpeed zero_optimization keys (a dict, or its JSON)."""
-    cmd = torchrun(2, python) + [WORKER, out, "--model", model, "--steps", str(steps), "--runtimes", *runtimes]
+    launcher = mpirun(2) if all(k.endswith("-mpi") for k in runtimes) else torchrun(2, python)
+    cmd = launcher + [WORKER, out, "--model", model, "--steps", str(steps), "--runtimes", *runtimes]
     if zerort_config:
         cmd += ["--zerort-config", zerort_config]
     if ds_zero:

@@ -7,7 +7,8 @@ Every runtime trains examples/gpt.py's GPT from the same seed on the same batche
 (gpt.batch: random windows of standard-library text, different per step and rank), with
 AdamW (the same lr, betas, eps, weight decay), gradient clipping at 1.0, bf16 compute:
 - zerort1/2/3: zerort.initialize at that stage, precision bf16 (comm: gloo under torchrun);
-  zerort1-overlap/zerort2-overlap: the same with overlap_param_gather;
+  zerort1-overlap/zerort2-overlap: the same with overlap_param_gather; zerort2-mpi: stage 2 launched by
+  mpirun (e2e.py does), where comm.backend auto is zerort's MPI backend (torch's gloo group carries the figures);
 - ddp: DistributedDataParallel(gradient_as_bucket_view=True), torch.autocast(bf16) on CPU,
   FP32 torch.optim.AdamW, clip_grad_norm_;
 - fsdp2: fully_shard on every block, then the root, with
@@ -48,7 +49,7 @@ MODELS = {  # name: GPT kwargs, sequences per rank per step
 OPT = dict(lr=1e-3, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1)
 CLIP = 1.0
 RUNTIMES = ("ddp", "fsdp2", "fsdp2-hsdp", "ds2", "ds3", "zerort1", "zerort2", "zerort3", "zerort1-overlap",
-            "zerort2-overlap")
+            "zerort2-overlap", "zerort2-mpi")
 
 
 def storage_bytes(tensors):
@@ -106,6 +107,9 @@ class TorchRuntime:
         self.opt.zero_grad(set_to_none=True)
         return loss.item(), state
 
+    def settle(self):
+        pass
+
 
 class ZerortRuntime:
     def __init__(self, stage, model, extra=None):
@@ -120,6 +124,11 @@ class ZerortRuntime:
 
     def forward(self, x):
         return self.engine(x)
+
+    def settle(self):
+        """Nothing left in flight (overlap_param_gather's gathers)."""
+        with self.engine.gathered_parameters():
+            pass
 
     def train_step(self, x, y, last):
         loss = loss_fn(self.forward(x), y)
@@ -151,6 +160,9 @@ class DeepSpeedRuntime:
     def forward(self, x):
         return self.engine(x.to(torch.bfloat16) if x.is_floating_point() else x)
 
+    def settle(self):
+        pass
+
     def train_step(self, x, y, last):
         loss = loss_fn(self.forward(x), y)
         self.engine.backward(loss)
@@ -180,7 +192,7 @@ def loss_fn(logits, y):
 
 
 def make_runtime(kind, model, micro, zerort_extra=None, ds_extra=None):
-    if kind.startswith("zerort"):  # zerortS, or zerortS-overlap: overlap_param_gather on
+    if kind.startswith("zerort"):  # zerortS; -overlap: overlap_param_gather on; -mpi: launched by mpirun
         stage, _, variant = kind[len("zerort"):].partition("-")
         extra = dict(zerort_extra or {}, **({"overlap_param_gather": True} if variant == "overlap" else {}))
         return ZerortRuntime(int(stage), model, extra)
@@ -217,24 +229,28 @@ def run(kind, model_name, steps, data, zerort_extra=None, ds_extra=None):
     model = GPT(**kwargs)
     numel = sum(p.numel() for p in set(model.parameters()))
     rt = make_runtime(kind, model, micro, zerort_extra, ds_extra)
-    losses, times, state, tier_io, net = [], [], None, [], []
+    losses, state, tier_io = [], None, []
     tier = rt.engine.runtime.state_tier_stats if kind.startswith("zerort") else None
+    # A step's time and bytes run from its start to the next one's (the last: until the runtime
+    # has settled), so work a step leaves in flight (overlap_param_gather's gathers) counts in it.
+    starts, sent = [], []
     for step in range(steps):
         x, y = batch(data, step, rank, 0, micro, kwargs["seq"])
-        tx0 = net_tx()
-        t0 = time.perf_counter()
+        sent.append(net_tx())
+        starts.append(time.perf_counter())
         loss, s = rt.train_step(x, y, last=step == steps - 1)
-        dt = time.perf_counter() - t0
-        net.append(net_tx() - tx0)
         if tier is not None:  # the tiers' files (state, parameters): their I/O so far (bytes, seconds waited)
             tier = rt.engine.runtime.state_tier_stats
             files = (tier, rt.engine.runtime.param_tier_stats)
             tier_io.append([sum(t[k] for t in files) for k in ("bytes_read", "bytes_written", "io_wait_seconds")])
         state = s if s is not None else state
         loss_sum, = reduce([loss], dist.ReduceOp.SUM)
-        dt_max, = reduce([dt], dist.ReduceOp.MAX)
         losses.append(loss_sum / world)
-        times.append(dt_max)
+    rt.settle()
+    sent.append(net_tx())
+    starts.append(time.perf_counter())
+    times = reduce([b - a for a, b in zip(starts, starts[1:])], dist.ReduceOp.MAX)  # the slowest rank's
+    net = [b - a for a, b in zip(sent, sent[1:])]
     x, y = batch(data, 1 << 20, rank, 0, micro, kwargs["seq"])  # held out: no training step uses it
     with torch.no_grad():
         held, = reduce([loss_fn(rt.forward(x), y).item()], dist.ReduceOp.SUM)
@@ -259,6 +275,11 @@ def main():
     ap.add_argument("--ds-zero", type=json.loads, help="more DeepSpeed zero_optimization keys, as JSON")
     a = ap.parse_args()
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
+    under_mpirun = "OMPI_COMM_WORLD_RANK" in os.environ  # zerort on MPI; torch's gloo group for the figures only
+    if under_mpirun:
+        os.environ.update(RANK=os.environ["OMPI_COMM_WORLD_RANK"], WORLD_SIZE=os.environ["OMPI_COMM_WORLD_SIZE"],
+                          LOCAL_RANK=os.environ["OMPI_COMM_WORLD_LOCAL_RANK"], MASTER_ADDR="127.0.0.1",
+                          MASTER_PORT=os.environ.get("E2E_MASTER_PORT", "29533"))
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=300))
     data = stdlib_bytes()
     results = {}
@@ -282,6 +303,8 @@ def main():
     # test_loss_curves.py). Every result is written and every zerort engine is gone by now.
     sys.stdout.flush()
     sys.stderr.flush()
+    if under_mpirun:  # a normal exit: zerort's atexit finalizes MPI (mpirun fails a rank that skips it)
+        return
     os._exit(0)
 
 

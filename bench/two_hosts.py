@@ -7,8 +7,10 @@ one launch per runtime.
     .venv/bin/python bench/two_hosts.py --model tiny --per-host 4 --rows zerort2 zerort2-two-hop
 
 Rows: DDP, FSDP2, FSDP2 HSDP (a 2-D mesh: replicate across hosts, shard within one), zerort
-stages 2 and 3 flat and two-hop (comm.topology two_hop, inter_node_dtype bf16: Note [two hops]).
-Step times are the slowest rank's (bench/e2e_worker.py), median and p90 over steps 2..N; the
+stages 2 and 3 flat and two-hop (comm.topology two_hop, inter_node_dtype bf16: Note [two hops]),
+stage 2 with overlap_param_gather (flat and two-hop) and with int8 between the nodes (Note [int8
+blocks]). Step times are the slowest rank's (bench/e2e_worker.py: from a step's start to the
+next one's, so work left in flight counts), median and p90 over steps 2..N; the
 cross-host bytes are the hosts' own kernel counters (the veth, /proc/net/dev in each namespace),
 median per step. Needs root (namespaces); prints the table.
 """
@@ -31,6 +33,10 @@ ROWS = {"ddp": ("DDP", "ddp", None), "fsdp2": ("FSDP2", "fsdp2", None),
         "zerort2": ("zerort stage 2, flat", "zerort2", FLAT),
         "zerort2-two-hop": ("zerort stage 2, two-hop", "zerort2", TWO_HOP),
         "zerort2-overlap": ("zerort stage 2, flat, overlap_param_gather", "zerort2", OVERLAP),
+        "zerort2-two-hop-overlap": ("zerort stage 2, two-hop, overlap_param_gather", "zerort2",
+                                    {**TWO_HOP, "overlap_param_gather": True}),
+        "zerort2-two-hop-int8": ("zerort stage 2, two-hop, int8 between the nodes", "zerort2",
+                                 {"comm": {"topology": "two_hop", "inter_node_dtype": "int8"}}),
         "zerort3": ("zerort stage 3, flat", "zerort3", FLAT),
         "zerort3-two-hop": ("zerort stage 3, two-hop", "zerort3", TWO_HOP)}
 
@@ -82,16 +88,18 @@ def main():
                                    f"median {summary(r)[0]:.2f} s"), flush=True)
     ddp = results.get("ddp")
     base = summary(ddp)[2] if ddp and not ddp.get("error") else None
-    print("\n| runtime | step s (median) | p90 | tokens/s | vs DDP | cross-host MB/step (both hosts) |")
-    print("|---|---:|---:|---:|---:|---:|")
+    print("\n| runtime | step s (median) | p90 | tokens/s | vs DDP | cross-host MB/step (both hosts) | loss at step N "
+          "| held-out loss |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|")
     for row in a.rows:
         r = results[row]
         if r.get("error"):
-            print(f"| {ROWS[row][0]} | failed: {r['error'][:120]} | | | | |")
+            print(f"| {ROWS[row][0]} | failed: {r['error'][:120]} | | | | | | |")
             continue
         med, p90, tps, mb = summary(r)
         vs = f"{tps / base:.2f}" if base else "n/a"
-        print(f"| {ROWS[row][0]} | {med:.2f} | {p90:.2f} | {tps:.0f} | {vs} | {mb:.0f} |")
+        print(f"| {ROWS[row][0]} | {med:.2f} | {p90:.2f} | {tps:.0f} | {vs} | {mb:.0f} | {r['losses'][-1]:.4f} "
+              f"| {r['held_out_loss']:.4f} |")
     if a.json:
         with open(a.json, "w") as f:
             json.dump({"rate": a.rate, "per_host": a.per_host, "model": a.model, "results": results}, f)

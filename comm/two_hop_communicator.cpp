@@ -5,6 +5,7 @@
 #include <utility>
 #include <vector>
 
+#include "comm/int8_blocks.h"
 #include "comm/local_reduce.h"
 #include "core/error.h"
 #include "core/half.h"
@@ -37,9 +38,9 @@ void run_hop(const CollectiveDesc& outer, const char* hop, Issue&& issue) {
 class TwoHopCommunicator final : public Communicator {
  public:
   TwoHopCommunicator(std::shared_ptr<Communicator> flat, std::shared_ptr<Communicator> intra,
-                     std::shared_ptr<Communicator> inter, DType inter_dtype, CommOptions options)
+                     std::shared_ptr<Communicator> inter, InterNodeWire wire, CommOptions options)
       : Communicator(flat->rank(), flat->size(), options), flat_(std::move(flat)), intra_(std::move(intra)),
-        inter_(std::move(inter)), inter_dtype_(inter_dtype), per_node_(static_cast<size_t>(intra_->size())),
+        inter_(std::move(inter)), wire_(wire), per_node_(static_cast<size_t>(intra_->size())),
         nodes_(static_cast<size_t>(inter_->size())), name_(std::string(flat_->backend_name()) + "+two-hop") {}
 
   const char* backend_name() const override { return name_.c_str(); }
@@ -83,7 +84,8 @@ class TwoHopCommunicator final : public Communicator {
     if (d.count == 0) return std::make_shared<CompletedWork>(d, options().timeout);
     const size_t n = d.count, chunk = n * dtype_size(d.dtype), world = nodes_ * per_node_;
     const size_t g = per_node_, n_nodes = nodes_;
-    auto token = track_scratch(2 * world * chunk + n_nodes * n * (sizeof(float) + 2 * dtype_size(inter_dtype_)));
+    const size_t wire = inter_node_wire_bytes(wire_, n);  // one partial on the wire
+    auto token = track_scratch(2 * world * chunk + n_nodes * (2 * n * sizeof(float) + 2 * wire));
     // Hop 1, within the node: to node-peer l the chunks of the ranks of local index l, [l][node].
     Bytes send = bytes_of(world * chunk), got = bytes_of(world * chunk);
     const char* x = static_cast<const char*>(in);
@@ -103,38 +105,62 @@ class TwoHopCommunicator final : public Communicator {
     for (size_t k = 0; k < n_nodes; ++k) {
       sum_chunks_to_f32(send.get() + k * g * chunk, d.dtype, g, n, partial.data() + k * n, false);
     }
-    // Hop 2, across nodes: partial k to node k in inter_dtype, summed in node order.
-    const size_t wire = n * dtype_size(inter_dtype_);
+    // Hop 2, across nodes: partial k to node k on the wire, summed in node order.
     Bytes to_nodes = bytes_of(n_nodes * wire), from_nodes = bytes_of(n_nodes * wire);
-    if (inter_dtype_ == DType::kBFloat16) {
-      auto* h = reinterpret_cast<uint16_t*>(to_nodes.get());
-      for (size_t i = 0; i < partial.size(); ++i) h[i] = f32_to_bf16(partial[i]);
+    for (size_t k = 0; k < n_nodes; ++k) encode(partial.data() + k * n, n, to_nodes.get() + k * wire);
+    run_hop(d, "hop 2 (across nodes)", [&] {  // int8: opaque 32-bit words (int8_wire_bytes is a multiple of 4)
+      return wire_ == InterNodeWire::kInt8
+                 ? inter_->all_to_all(to_nodes.get(), from_nodes.get(), wire / 4, DType::kInt32)
+                 : inter_->all_to_all(to_nodes.get(), from_nodes.get(), n, wire_dtype());
+    });
+    if (wire_ == InterNodeWire::kInt8) {  // decoded to FP32, then summed as the others
+      for (size_t k = 0; k < n_nodes; ++k) decode_int8_blocks(from_nodes.get() + k * wire, n, partial.data() + k * n);
+      sum_chunks_to_f32(partial.data(), DType::kFloat32, n_nodes, n, out, accumulate);
     } else {
-      std::memcpy(to_nodes.get(), partial.data(), partial.size() * sizeof(float));
+      sum_chunks_to_f32(from_nodes.get(), wire_dtype(), n_nodes, n, out, accumulate);
     }
-    run_hop(d, "hop 2 (across nodes)",
-            [&] { return inter_->all_to_all(to_nodes.get(), from_nodes.get(), n, inter_dtype_); });
-    sum_chunks_to_f32(from_nodes.get(), inter_dtype_, n_nodes, n, out, accumulate);
     return std::make_shared<CompletedWork>(d, options().timeout);
   }
 
  private:
+  DType wire_dtype() const { return wire_ == InterNodeWire::kBf16 ? DType::kBFloat16 : DType::kFloat32; }
+  // One partial of n FP32 values onto the wire.
+  void encode(const float* partial, size_t n, char* to) const {
+    if (wire_ == InterNodeWire::kInt8) {
+      encode_int8_blocks(partial, n, to);
+    } else if (wire_ == InterNodeWire::kBf16) {
+      auto* h = reinterpret_cast<uint16_t*>(to);
+      for (size_t i = 0; i < n; ++i) h[i] = f32_to_bf16(partial[i]);
+    } else {
+      std::memcpy(to, partial, n * sizeof(float));
+    }
+  }
+
   std::shared_ptr<Communicator> flat_, intra_, inter_;
-  DType inter_dtype_;
+  InterNodeWire wire_;
   size_t per_node_, nodes_;
   std::string name_;
 };
 
 }  // namespace
 
+InterNodeWire parse_inter_node_wire(const std::string& name) {
+  if (name == "fp32") return InterNodeWire::kFp32;
+  if (name == "bf16") return InterNodeWire::kBf16;
+  if (name == "int8") return InterNodeWire::kInt8;
+  ZRT_THROW_AS(ConfigError, "comm.inter_node_dtype: got '", name, "'; expected fp32, bf16 or int8");
+}
+
+size_t inter_node_wire_bytes(InterNodeWire wire, size_t n) {
+  return wire == InterNodeWire::kInt8 ? int8_wire_bytes(n) : n * (wire == InterNodeWire::kBf16 ? 2 : 4);
+}
+
 std::unique_ptr<Communicator> make_two_hop_communicator(std::shared_ptr<Communicator> flat,
                                                         std::shared_ptr<Communicator> intra,
-                                                        std::shared_ptr<Communicator> inter, DType inter_dtype,
+                                                        std::shared_ptr<Communicator> inter, InterNodeWire wire,
                                                         CommOptions options) {
   ZRT_CHECK(flat && intra && inter,
             "make_two_hop_communicator: needs the flat, intra-node and inter-node communicators");
-  ZRT_CHECK_AS(ConfigError, inter_dtype == DType::kFloat32 || inter_dtype == DType::kBFloat16,
-               "comm.inter_node_dtype: got ", dtype_name(inter_dtype), "; expected fp32 or bf16");
   ZRT_CHECK(!flat->device_memory() && !intra->device_memory() && !inter->device_memory(),
             "make_two_hop_communicator: '", flat->backend_name(),
             "' moves device memory; the two-hop pattern is built for host backends (mpi, gloo, inprocess)");
@@ -142,8 +168,7 @@ std::unique_ptr<Communicator> make_two_hop_communicator(std::shared_ptr<Communic
   ZRT_CHECK(g * nodes == flat->size() && flat->rank() == inter->rank() * g + intra->rank(),
             "make_two_hop_communicator: rank ", flat->rank(), " of ", flat->size(), " is not node ", inter->rank(),
             " x ", g, " + local ", intra->rank(), " (", nodes, " nodes of ", g, " ranks, numbered node by node)");
-  return std::make_unique<TwoHopCommunicator>(std::move(flat), std::move(intra), std::move(inter), inter_dtype,
-                                              options);
+  return std::make_unique<TwoHopCommunicator>(std::move(flat), std::move(intra), std::move(inter), wire, options);
 }
 
 }  // namespace zerort

@@ -14,6 +14,7 @@
 #include "comm/launch_env.h"
 #include "comm/peer_exits.h"
 #include "comm/staged_communicator.h"
+#include "comm/int8_blocks.h"
 #include "comm/two_hop_communicator.h"
 #include "core/error.h"
 #include "optim/adamw.h"
@@ -217,7 +218,8 @@ PYBIND11_MODULE(_C, m) {
       [](std::shared_ptr<Communicator> flat, std::shared_ptr<Communicator> intra, std::shared_ptr<Communicator> inter,
          const std::string& inter_dtype, double timeout_s, bool debug) {
         return owned_without_gil(make_two_hop_communicator(std::move(flat), std::move(intra), std::move(inter),
-                                                           parse_dtype(inter_dtype), comm_options(timeout_s, debug)));
+                                                           parse_inter_node_wire(inter_dtype),
+                                                           comm_options(timeout_s, debug)));
       },
       py::arg("flat"), py::arg("intra"), py::arg("inter"), py::arg("inter_dtype"), py::arg("timeout_s"),
       py::arg("debug"));
@@ -293,6 +295,26 @@ PYBIND11_MODULE(_C, m) {
       },
       py::arg("chunks"), py::arg("dtype"), py::arg("world"), py::arg("n"), py::arg("out"), py::arg("accumulate"),
       py::arg("device") = -1);
+
+  // Note [int8 blocks]: the two-hop wire's codes and scales (CPU; tests and bench/int8_wire.py).
+  m.attr("INT8_BLOCK") = kInt8Block;
+  m.def(
+      "int8_wire_bytes", [](size_t n, size_t block) { return int8_wire_bytes(n, block); }, py::arg("n"),
+      py::arg("block") = kInt8Block);
+  m.def(
+      "encode_int8_blocks",
+      [](uintptr_t x, size_t n, uintptr_t wire, size_t block) {
+        py::gil_scoped_release release;
+        encode_int8_blocks(static_cast<const float*>(ptr(x)), n, ptr(wire), block);
+      },
+      py::arg("x"), py::arg("n"), py::arg("wire"), py::arg("block") = kInt8Block);
+  m.def(
+      "decode_int8_blocks",
+      [](uintptr_t wire, size_t n, uintptr_t x, size_t block) {
+        py::gil_scoped_release release;
+        decode_int8_blocks(ptr(wire), n, static_cast<float*>(ptr(x)), block);
+      },
+      py::arg("wire"), py::arg("n"), py::arg("x"), py::arg("block") = kInt8Block);
 
   m.def("adamw_step",
         [](uintptr_t grad, const std::string& grad_dt, uintptr_t master, uintptr_t m_, uintptr_t v,

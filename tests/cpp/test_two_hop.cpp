@@ -4,6 +4,7 @@
 // the numbering and dtype it refuses. Sizes 0, 1, odd; 2 x 2, 2 x 4 and 3 x 2 ranks.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -16,6 +17,7 @@
 #include <vector>
 
 #include "comm/inprocess_communicator.h"
+#include "comm/int8_blocks.h"
 #include "comm/two_hop_communicator.h"
 #include "core/error.h"
 #include "core/half.h"
@@ -25,7 +27,7 @@ namespace {
 
 // fn(two_hop, flat, rank) on every rank of nodes x per_node, each thread its own communicators.
 // abort_inter: every inter-node group fails its collectives (InProcessGroup::abort) from the start.
-std::vector<std::string> run_nodes(int nodes, int per_node, DType inter_dtype,
+std::vector<std::string> run_nodes(int nodes, int per_node, InterNodeWire wire,
                                    const std::function<void(Communicator&, Communicator&, int)>& fn,
                                    bool abort_inter = false) {
   const int world = nodes * per_node;
@@ -44,7 +46,7 @@ std::vector<std::string> run_nodes(int nodes, int per_node, DType inter_dtype,
         const int node = r / per_node, local = r % per_node;
         std::shared_ptr<Communicator> f = flat->communicator(r);
         auto two = make_two_hop_communicator(f, intra[static_cast<size_t>(node)]->communicator(local),
-                                             inter[static_cast<size_t>(local)]->communicator(node), inter_dtype, {});
+                                             inter[static_cast<size_t>(local)]->communicator(node), wire, {});
         fn(*two, *f, r);
       } catch (const std::exception& e) {
         errors[static_cast<size_t>(r)] = e.what();
@@ -75,13 +77,14 @@ std::vector<uint16_t> input(DType dtype, int r, int world, size_t n) {
   return in;
 }
 
-using Case = std::tuple<int, int, DType, DType>;  // nodes, ranks per node, input dtype, inter-node dtype
+using Case = std::tuple<int, int, DType, InterNodeWire>;  // nodes, ranks per node, input dtype, inter-node wire
 class TwoHopReduceScatter : public ::testing::TestWithParam<Case> {};
 
 TEST_P(TwoHopReduceScatter, IsWithinTheBoundOfTheExactSumAndTheSameOnEveryRun) {
   const auto [nodes, g, dtype, inter] = GetParam();
   const int world = nodes * g;
-  const double u = inter == DType::kFloat32 ? std::ldexp(1.0, -24) : std::ldexp(1.0, -8);
+  // Rounding between the hops, relative to each node's sum: fp32 and bf16 (Note [two hops]).
+  const double u = inter == InterNodeWire::kBf16 ? std::ldexp(1.0, -8) : std::ldexp(1.0, -24);
   for (size_t n : {size_t{0}, size_t{1}, size_t{7}, size_t{1001}}) {
     auto errors = run_nodes(nodes, g, inter, [&, n](Communicator& two, Communicator&, int r) {
       const std::vector<uint16_t> in = input(dtype, r, world, n);
@@ -89,19 +92,27 @@ TEST_P(TwoHopReduceScatter, IsWithinTheBoundOfTheExactSumAndTheSameOnEveryRun) {
       two.reduce_scatter_accumulate(in.data(), dtype, out.data(), n)->wait();
       two.reduce_scatter_accumulate(in.data(), dtype, again.data(), n)->wait();
       ASSERT_TRUE(n == 0 || std::memcmp(out.data(), again.data(), n * sizeof(float)) == 0) << "not the same bits twice";
+      auto node_sum = [&](int k, size_t i) {
+        double s = 0;
+        for (int l = 0; l < g; ++l) s += value(k * g + l, r, i);
+        return s;
+      };
       for (size_t i = 0; i < n; ++i) {
-        double exact = 0, node_sums = 0, magnitudes = 0;
+        double exact = 0, node_sums = 0, magnitudes = 0, int8_steps = 0;
         for (int k = 0; k < nodes; ++k) {
-          double s = 0;
-          for (int l = 0; l < g; ++l) {
-            const double x = value(k * g + l, r, i);
-            s += x;
-            magnitudes += std::fabs(x);
+          for (int l = 0; l < g; ++l) magnitudes += std::fabs(value(k * g + l, r, i));
+          exact += node_sum(k, i);
+          node_sums += std::fabs(node_sum(k, i));
+          if (inter == InterNodeWire::kInt8) {  // Note [int8 blocks]: the largest partial of i's block
+            double a = 0;
+            for (size_t j = i / kInt8Block * kInt8Block; j < std::min(n, (i / kInt8Block + 1) * kInt8Block); ++j) {
+              a = std::max(a, std::fabs(node_sum(k, j)) * (1 + std::ldexp(1.0, -23)));  // as rounded to FP32
+            }
+            int8_steps += (1.0 / 254 + std::ldexp(1.0, -22)) * a;
           }
-          exact += s;
-          node_sums += std::fabs(s);
         }
-        const double bound = std::ldexp(std::fabs(exact), -24) + u * node_sums + std::ldexp(magnitudes, -53) * world;
+        const double bound =
+            std::ldexp(std::fabs(exact), -24) + u * node_sums + int8_steps + std::ldexp(magnitudes, -53) * world;
         ASSERT_LE(std::fabs(out[i] - exact), bound) << "element " << i << " of rank " << r << ", n " << n;
       }
       two.reduce_scatter_accumulate(in.data(), dtype, again.data(), n, true)->wait();  // adds a second sum
@@ -113,19 +124,21 @@ TEST_P(TwoHopReduceScatter, IsWithinTheBoundOfTheExactSumAndTheSameOnEveryRun) {
 
 std::string case_name(const ::testing::TestParamInfo<Case>& info) {
   const auto [nodes, g, dtype, inter] = info.param;
-  return std::to_string(nodes) + "x" + std::to_string(g) + "_" + dtype_name(dtype) + "_inter_" + dtype_name(inter);
+  const char* wire = inter == InterNodeWire::kInt8 ? "int8" : inter == InterNodeWire::kBf16 ? "bf16" : "f32";
+  return std::to_string(nodes) + "x" + std::to_string(g) + "_" + dtype_name(dtype) + "_inter_" + wire;
 }
 
 INSTANTIATE_TEST_SUITE_P(Nodes, TwoHopReduceScatter,
                          ::testing::Combine(::testing::Values(2, 3), ::testing::Values(2, 4),
                                             ::testing::Values(DType::kBFloat16, DType::kFloat16),
-                                            ::testing::Values(DType::kFloat32, DType::kBFloat16)),
+                                            ::testing::Values(InterNodeWire::kFp32, InterNodeWire::kBf16,
+                                                              InterNodeWire::kInt8)),
                          case_name);
 
 // With fp32 between the hops and inputs whose node sums are exact in FP32 the result is the
 // flat reduce-scatter's, bit for bit (both round the exact sum once).
 TEST(TwoHop, ExactNodeSumsGiveTheFlatBits) {
-  auto errors = run_nodes(2, 4, DType::kFloat32, [](Communicator& two, Communicator& flat, int r) {
+  auto errors = run_nodes(2, 4, InterNodeWire::kFp32, [](Communicator& two, Communicator& flat, int r) {
     const size_t n = 333;
     const std::vector<uint16_t> in = input(DType::kBFloat16, r, 8, n);
     std::vector<float> a(n), b(n);
@@ -139,7 +152,7 @@ TEST(TwoHop, ExactNodeSumsGiveTheFlatBits) {
 TEST(TwoHop, AllGatherEqualsTheFlatOneInPlaceToo) {
   for (auto [nodes, g] : {std::pair{2, 2}, std::pair{2, 4}, std::pair{3, 2}}) {
     const int world = nodes * g;
-    auto errors = run_nodes(nodes, g, DType::kFloat32, [&](Communicator& two, Communicator& flat, int r) {
+    auto errors = run_nodes(nodes, g, InterNodeWire::kFp32, [&](Communicator& two, Communicator& flat, int r) {
       for (size_t n : {size_t{0}, size_t{1}, size_t{5}}) {
         std::vector<uint16_t> mine(n), a(world * n), b(world * n, 7);
         for (size_t i = 0; i < n; ++i) mine[i] = static_cast<uint16_t>(r * 100 + i);
@@ -160,7 +173,7 @@ TEST(TwoHop, AllGatherEqualsTheFlatOneInPlaceToo) {
 // then the part's own error, with the part's error kind.
 TEST(TwoHop, AFailedHopNamesTheCallAndTheHop) {
   auto errors = run_nodes(
-      2, 2, DType::kFloat32,
+      2, 2, InterNodeWire::kFp32,
       [](Communicator& two, Communicator&, int r) {
         const std::vector<uint16_t> in = input(DType::kBFloat16, r, 4, 3);
         std::vector<float> out(3);
@@ -177,18 +190,23 @@ TEST(TwoHop, AFailedHopNamesTheCallAndTheHop) {
   }
 }
 
-TEST(TwoHop, AWrongNumberingAndAnF16WireAreRefusedByName) {
+TEST(TwoHop, AWrongNumberingAndAnUnknownWireAreRefusedByName) {
   auto flat = InProcessGroup::create(4), a = InProcessGroup::create(2), b = InProcessGroup::create(2);
   // Rank 1 of 4 given local 0 of node 0: not node * 2 + local.
   try {
-    make_two_hop_communicator(flat->communicator(1), a->communicator(0), b->communicator(0), DType::kFloat32, {});
+    make_two_hop_communicator(flat->communicator(1), a->communicator(0), b->communicator(0), InterNodeWire::kFp32, {});
     FAIL() << "a wrong numbering was accepted";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("numbered node by node"), std::string::npos) << e.what();
   }
-  EXPECT_THROW(
-      make_two_hop_communicator(flat->communicator(0), a->communicator(0), b->communicator(0), DType::kFloat16, {}),
-      ConfigError);
+  try {
+    parse_inter_node_wire("fp16");
+    FAIL() << "an fp16 wire was accepted";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("comm.inter_node_dtype: got 'fp16'; expected fp32, bf16 or int8"),
+              std::string::npos)
+        << e.what();
+  }
 }
 
 }  // namespace

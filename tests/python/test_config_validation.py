@@ -44,7 +44,7 @@ OURS = {
     "comm.timeout_s": (30, [0, 1e10, NAN, -1, "30"]),
     "comm.debug": (True, [1, "true", None]),
     "comm.topology": ("two_hop", ["hierarchical", 2, None]),
-    "comm.inter_node_dtype": ("bf16", ["fp16", "int8", None]),
+    "comm.inter_node_dtype": ("int8", ["fp16", "fp8", None]),
     "fp32_modules": (["MyGate", "-BatchNorm2d"], ["LayerNorm", None, [None], [""], ["-"], ["--X"],
                                                   ["torch.nn.LayerNorm"], ["LayerNorm", "-LayerNorm"]]),
     "max_consecutive_skips": (10, [0, True, 1.5, "10", 2 ** 31]),

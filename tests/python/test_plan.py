@@ -289,7 +289,7 @@ def simulated_two_hop_reduce_scatter(w, g, elements):
 
 
 @pytest.mark.parametrize("w,g", GRIDS)
-@pytest.mark.parametrize("inter_bytes", [2, 4])
+@pytest.mark.parametrize("inter_bytes", [2, 4, plan.WIRE_BYTES["int8"]])
 def test_two_hop_reduce_scatter_split_matches_a_simulated_two_hop(w, g, inter_bytes):
     intra, inter = simulated_two_hop_reduce_scatter(w, g, ELEMENTS)
     (rs,) = [c for c in plan.collectives(ELEMENTS, w, g, 2, grad_bytes=2, inter_bytes=inter_bytes)
@@ -303,7 +303,8 @@ def test_two_hop_70b_on_128_nodes():
     the network time, flat against two-hop (bf16 between the hops)."""
     base = ["--params", "70e9", "--gpus", "1024", "--gpus-per-node", "8", "--stage", "3", "--json"]
     rows = {}
-    for name, extra in (("flat", []), ("two_hop", ["--topology", "two_hop", "--inter-node-dtype", "bf16"])):
+    two_hop = ["--topology", "two_hop", "--inter-node-dtype"]
+    for name, extra in (("flat", []), ("two_hop", [*two_hop, "bf16"]), ("two_hop_int8", [*two_hop, "int8"])):
         (row,) = json.loads(cli(*base, *extra))["stages"]
         (rs,) = [c for c in row["collectives"] if c["collective"] == "reduce-scatter"]
         rows[name] = (rs["inter_bytes"], row["comm_bw_s"])
@@ -311,3 +312,4 @@ def test_two_hop_70b_on_128_nodes():
               f"network time {row['comm_bw_s']:.2f} s")
     assert rows["flat"][0] == pytest.approx(1016 / 1024 * 140e9) and rows["flat"][1] > 7.5
     assert rows["two_hop"][0] <= 17.5e9 and rows["two_hop"][1] <= 3.5
+    assert rows["two_hop_int8"][0] == pytest.approx(rows["two_hop"][0] * (1 + 4 / 256) / 2)

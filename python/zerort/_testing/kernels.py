@@ -1,6 +1,7 @@
 """zerort's own kernels on torch tensors, CPU or CUDA: the FP32 <-> bf16/f16 casts
 (optim/cast.h), the fused AdamW, the unscale/non-finite/norm pass and the local sum of a
-reduce-scatter. Tests and benchmarks call these; the engine calls the kernels from C++.
+reduce-scatter, and the two-hop int8 wire's block codes. Tests and benchmarks call these; the
+engine calls the kernels from C++.
 Every tensor of one call must be on one device; CUDA kernels run on the default stream."""
 import torch
 
@@ -56,3 +57,16 @@ def sum_chunks_to_f32(chunks, out, accumulate=False):
     _C.sum_chunks_to_f32(buffer(chunks, "chunks", device=dev), dtype_name(chunks, "chunks"), chunks.numel() // n,
                          n, buffer(out, "out", dtype=torch.float32, device=dev), accumulate, device_index(dev))
     return out
+
+
+def int8_blocks(x, block=None):
+    """x (float32, CPU) through the two-hop int8 wire (C++ Note [int8 blocks]): returns
+    (wire, decoded), the wire's bytes (uint8: the codes, padded to 4 bytes, then one float32
+    scale per block) and the float32 values the receiver takes."""
+    block = block or _C.INT8_BLOCK
+    n = x.numel()
+    wire = torch.empty(_C.int8_wire_bytes(n, block), dtype=torch.uint8)
+    out = torch.empty(n, dtype=torch.float32)
+    _C.encode_int8_blocks(buffer(x, "x", n, torch.float32), n, wire.data_ptr(), block)
+    _C.decode_int8_blocks(wire.data_ptr(), n, out.data_ptr(), block)
+    return wire, out

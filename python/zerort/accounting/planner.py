@@ -37,12 +37,14 @@ import json
 import math
 import sys
 
+from zerort import _C
 from zerort.config import Config
 from zerort.accounting.memory import BYTES, estimate_memory, gpt_numel
 from zerort.errors import ConfigError
 
 GB = 1e9
 BUCKET = Config().reduce_bucket_numel
+WIRE_BYTES = {"fp32": 4, "bf16": 2, "int8": 1 + 4 / _C.INT8_BLOCK}  # two_hop's partials per element: Note [int8 blocks]
 
 
 @dataclasses.dataclass
@@ -108,17 +110,14 @@ def ring_phases(nbytes, world_size, gpus_per_node):
     """One pass of a hierarchical ring over nbytes (an all-gather; DDP's all-reduce is two):
     (intra bytes, inter bytes, intra steps, inter steps) sent per rank."""
     n, g = nodes_and_local(world_size, gpus_per_node)
-    intra = (g - 1) / g * nbytes
-    inter = (n - 1) / n * nbytes / g
-    return intra, inter, g - 1, n - 1
+    return (g - 1) / g * nbytes, (n - 1) / n * nbytes / g, g - 1, n - 1
 
 
 def all_to_all_split(nbytes, world_size, gpus_per_node):
     """zerort's reduce-scatter of nbytes, an all-to-all: (intra bytes, inter bytes, intra
     steps, inter steps) sent per rank. Every send goes out at once: one step each way."""
     n, g = nodes_and_local(world_size, gpus_per_node)
-    w = n * g
-    return (g - 1) / w * nbytes, (w - g) / w * nbytes, int(g > 1), int(n > 1)
+    return (g - 1) / (n * g) * nbytes, (n * g - g) / (n * g) * nbytes, int(g > 1), int(n > 1)
 
 
 def two_hop_split(nbytes, world_size, gpus_per_node, element_bytes, inter_bytes):
@@ -363,7 +362,7 @@ def main(argv=None):
     ap.add_argument("--stage", type=int, choices=[0, 1, 2, 3], help="one stage (default: all)")
     ap.add_argument("--precision", choices=["bf16", "fp16", "fp32"], default="bf16")
     ap.add_argument("--topology", choices=["flat", "two_hop"], default="flat", help="the reduce-scatter's pattern")
-    ap.add_argument("--inter-node-dtype", choices=["fp32", "bf16"], default="fp32", help="two_hop: partial sums' dtype")
+    ap.add_argument("--inter-node-dtype", choices=list(WIRE_BYTES), default="fp32", help="two_hop: partial sums' wire")
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args(argv)
     shape = None
@@ -389,7 +388,7 @@ def main(argv=None):
     try:
         p = plan(numel, shape, a.seq, a.micro_batch, cluster, (0, 1, 2, 3) if a.stage is None else (a.stage,),
                  a.precision, a.bucket,
-                 {"fp32": 4, "bf16": 2}[a.inter_node_dtype] if a.topology == "two_hop" else None)
+                 WIRE_BYTES[a.inter_node_dtype] if a.topology == "two_hop" else None)
     except ValueError as e:
         ap.error(str(e))
     print(json.dumps(p, indent=2) if a.json else render(p))

@@ -6,6 +6,7 @@ import dataclasses
 import os
 import types
 
+from zerort.comm.topology import INTER_DTYPES
 from zerort.config import offload
 from zerort.config.reader import MAX_NUMEL, MAX_PERIOD, MAX_PREFETCH, _Reader, _real
 from zerort.config.sections import SECTIONS, Config
@@ -124,7 +125,7 @@ def runtime_keys(r, cfg, c):
     c.comm.timeout_s = rc.number(cm, "timeout_s", c.comm.timeout_s, low=1e-3, high=1e9)  # as the C++ comm
     c.comm.debug = rc.boolean(cm, "debug", c.comm.debug)
     c.comm.topology = rc.choice(cm, "topology", c.comm.topology, ("auto", "flat", "two_hop"))
-    c.comm.inter_node_dtype = rc.choice(cm, "inter_node_dtype", c.comm.inter_node_dtype, ("fp32", "bf16"))
+    c.comm.inter_node_dtype = rc.choice(cm, "inter_node_dtype", c.comm.inter_node_dtype, INTER_DTYPES)
     rc.leftover(cm)
     c.max_consecutive_skips = r.number(cfg, "max_consecutive_skips", c.max_consecutive_skips, integer=True, low=1)
     c.overlap_param_gather = r.boolean(cfg, "overlap_param_gather", c.overlap_param_gather)
