@@ -31,10 +31,12 @@ OVERLAP = {**FLAT, "overlap_param_gather": True}
 ROWS = {"ddp": ("DDP", "ddp", None), "fsdp2": ("FSDP2", "fsdp2", None),
         "fsdp2-hsdp": ("FSDP2 HSDP (2-D mesh)", "fsdp2-hsdp", None),
         "zerort2": ("zerort stage 2, flat", "zerort2", FLAT),
-        "zerort2-two-hop": ("zerort stage 2, two-hop", "zerort2", TWO_HOP),
+        "zerort2-two-hop": ("zerort stage 2, two-hop, bf16 between the nodes", "zerort2", TWO_HOP),
         "zerort2-overlap": ("zerort stage 2, flat, overlap_param_gather", "zerort2", OVERLAP),
         "zerort2-two-hop-overlap": ("zerort stage 2, two-hop, overlap_param_gather", "zerort2",
                                     {**TWO_HOP, "overlap_param_gather": True}),
+        "zerort2-two-hop-fp32": ("zerort stage 2, two-hop, fp32 between the nodes", "zerort2",
+                                 {"comm": {"topology": "two_hop", "inter_node_dtype": "fp32"}}),
         "zerort2-two-hop-int8": ("zerort stage 2, two-hop, int8 between the nodes", "zerort2",
                                  {"comm": {"topology": "two_hop", "inter_node_dtype": "int8"}}),
         "zerort3": ("zerort stage 3, flat", "zerort3", FLAT),
@@ -66,6 +68,31 @@ def summary(r):
     return med, e2e.pct(steps, 0.9), r["tokens_per_step"] / med, statistics.median(net) / 1e6
 
 
+def plot(a, results):
+    """Top: the training loss per step of each row; bottom: each row's minus the first row's."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    ok = [row for row in a.rows if not results[row].get("error")]
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(8, 7), sharex=True)
+    first = results[ok[0]]["losses"] if ok else []
+    for row in ok:
+        losses = results[row]["losses"]
+        steps = range(1, len(losses) + 1)
+        top.plot(steps, losses, label=ROWS[row][0], lw=1)
+        bottom.plot(steps, [x - y for x, y in zip(losses, first)], label=ROWS[row][0], lw=1)
+    top.set_title(f"{a.model} GPT, 2 hosts x {a.per_host} ranks, link {a.rate or 'unshaped'}; same data and seed")
+    top.set_ylabel("training loss (mean over ranks)")
+    bottom.set_ylabel(f"minus {ROWS[ok[0]][0] if ok else ''}")
+    bottom.set_xlabel("step")
+    top.legend()
+    fig.tight_layout()
+    fig.savefig(a.plot, dpi=100)
+    print(f"wrote {a.plot}")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rate", default="1gbit", help="tc's rate of the link, each way (e.g. 1gbit, 100mbit)")
@@ -75,6 +102,7 @@ def main():
     ap.add_argument("--rows", nargs="+", choices=list(ROWS), default=list(ROWS))
     ap.add_argument("--timeout", type=int, default=1800, help="seconds per launch")
     ap.add_argument("--json")
+    ap.add_argument("--plot", help="a PNG of each row's training loss per step, and its difference from the first's")
     a = ap.parse_args()
     print(f"two hosts, {a.per_host} ranks each, link {a.rate} each way; model {a.model}, {a.steps} steps; "
           f"{os.cpu_count()} cores", flush=True)
@@ -100,6 +128,8 @@ def main():
         vs = f"{tps / base:.2f}" if base else "n/a"
         print(f"| {ROWS[row][0]} | {med:.2f} | {p90:.2f} | {tps:.0f} | {vs} | {mb:.0f} | {r['losses'][-1]:.4f} "
               f"| {r['held_out_loss']:.4f} |")
+    if a.plot:
+        plot(a, results)
     if a.json:
         with open(a.json, "w") as f:
             json.dump({"rate": a.rate, "per_host": a.per_host, "model": a.model, "results": results}, f)
