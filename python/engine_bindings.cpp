@@ -154,7 +154,8 @@ void bind_options(py::module_& m) {
       .def_readwrite("nvme", &EngineOptions::nvme)
       .def_readwrite("param_nvme_path", &EngineOptions::param_nvme_path)
       .def_readwrite("param_host", &EngineOptions::param_host)
-      .def_readwrite("overlap_param_gather", &EngineOptions::overlap_param_gather);
+      .def_readwrite("overlap_param_gather", &EngineOptions::overlap_param_gather)
+      .def_readwrite("gather_int8", &EngineOptions::gather_int8);
 }
 
 // "master", "exp_avg" or "exp_avg_sq": the optimizer state's arrays, by Python's names.

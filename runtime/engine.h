@@ -95,6 +95,10 @@ struct EngineOptions {
   // wait_param_gather(b) waits for one: See Note [overlapped parameter gather]. Stages 0 and 3
   // ignore it (stage 0 gathers nothing; stage 3 gathers each unit on use).
   bool overlap_param_gather = false;
+  // Stage 3: each gather of a low-precision unit (W > 1) carries int8 blocks, decoded into every
+  // rank's chunk, its own too (stage3.gather_dtype int8, DeepSpeed's zero_quantized_weights):
+  // See Note [int8 blocks]. The FP32 master is never quantized. CPU models only.
+  bool gather_int8 = false;
 };
 
 // Stage 3: one unit of `params` (indices into it), gathered and released as one. A
@@ -271,7 +275,10 @@ class Engine {
   // kHost: seg's destination is device memory, so AdamW writes it into host_out_ and close()
   // copies it over before seg's own close() (See Note [state tiers]).
   void lend_host_output(OutputSegment& seg, size_t bytes);
-  void start_param_gather(Bucket& b);    // its updated chunk to every rank: Note [overlapped parameter gather]
+  void start_param_gather(Bucket& b);  // its updated chunk to every rank: Note [overlapped parameter gather]
+  // b's working copy whole from every rank's chunk (this rank's filled): the one all-gather of
+  // parameters, plain or of int8 blocks (gather_int8), decoded when the Work is waited for.
+  WorkPtr gather_working_copy(Bucket& b);
   void fill_own_chunk(const Bucket& b);  // this rank's chunk of b's working copy, from its shard
 
   Communicator& comm_;

@@ -326,14 +326,8 @@ void Engine::refresh_params() {
     }
   }
   for (Bucket* b : whole_buckets()) {  // released units take the master's values when gathered
-    const DType dtype = groups_[b->group]->dtype;
     fill_own_chunk(*b);
-    if (!policy_.replicated) {
-      comm_
-          .all_gather(own_chunk(*b), units_.full(b->index).data_ptr(), b->layout.shard_numel(), dtype,
-                      static_cast<int64_t>(b->index))
-          ->wait();
-    }
+    if (!policy_.replicated) gather_working_copy(*b)->wait();
   }
 }
 

@@ -24,13 +24,8 @@ void Engine::start_gather_locked(Bucket& b) {
 }
 
 void Engine::gather_on_comm_thread(Bucket& b) {
-  const DType dtype = groups_[b.group]->dtype;
-  const size_t shard = b.layout.shard_numel();
   fill_own_chunk(b);
-  if (comm_.size() > 1) {
-    comm_.all_gather(own_chunk(b), units_.full(b.index).data_ptr(), shard, dtype, static_cast<int64_t>(b.index))
-        ->wait();
-  }
+  if (comm_.size() > 1) gather_working_copy(b)->wait();
 }
 
 void Engine::wait_gathered_locked(std::unique_lock<std::mutex>& lock, Bucket& b) {

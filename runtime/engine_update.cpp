@@ -4,8 +4,11 @@
 // engine_reduce.cpp, engine_units.cpp and engine_state.cpp).
 #include <chrono>
 #include <memory>
+#include <vector>
 
+#include "comm/int8_blocks.h"
 #include "core/error.h"
+#include "optim/cast.h"
 #include "runtime/engine_parts.h"
 
 namespace zerort {
@@ -58,10 +61,33 @@ void Engine::update(StepStats& stats) {
 }
 
 void Engine::start_param_gather(Bucket& b) {
-  param_gathers_.start(b.index,
-                       comm_.all_gather(own_chunk(b), units_.full(b.index).data_ptr(), b.layout.shard_numel(),
-                                        groups_[b.group]->dtype, static_cast<int64_t>(b.index)),
-                       overlaps_param_gather());
+  param_gathers_.start(b.index, gather_working_copy(b), overlaps_param_gather());
+}
+
+WorkPtr Engine::gather_working_copy(Bucket& b) {
+  const DType dtype = groups_[b.group]->dtype;
+  const size_t n = b.layout.shard_numel();
+  char* full = static_cast<char*>(units_.full(b.index).data_ptr());
+  const auto tag = static_cast<int64_t>(b.index);
+  if (!(options_.gather_int8 && policy_.units && is_low_precision(dtype))) {
+    return comm_.all_gather(own_chunk(b), full, n, dtype, tag);
+  }
+  // Note [int8 blocks]: this rank's chunk encoded, every chunk decoded from the wire.
+  const size_t wire = int8_wire_bytes(n), world = static_cast<size_t>(comm_.size());
+  std::shared_ptr<char[]> mine(new char[wire + 1]), all(new char[world * wire + 1]);
+  auto values = std::make_shared<std::vector<float>>(n);
+  cast_to_f32(own_chunk(b), dtype, values->data(), n);
+  encode_int8_blocks(values->data(), n, mine.get());
+  WorkPtr w = comm_.all_gather(mine.get(), all.get(), wire / 4, DType::kInt32, tag);  // opaque 32-bit words
+  w->keep_alive(mine);
+  w->keep_alive(all);
+  w->then([all, values, full, n, wire, world, dtype] {
+    for (size_t r = 0; r < world; ++r) {
+      decode_int8_blocks(all.get() + r * wire, n, values->data());
+      cast_from_f32(values->data(), full + r * n * dtype_size(dtype), dtype, n);
+    }
+  });
+  return w;
 }
 
 bool Engine::overlaps_param_gather() const {

@@ -8,12 +8,15 @@
 #include <ATen/ops/equal.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstring>
 #include <functional>
 #include <thread>
 
 #include "core/error.h"
+#include "core/half.h"
 #include "engine_cases.h"
 #include "run_ranks.h"
 
@@ -259,6 +262,36 @@ TEST_P(EngineStage3, StepsEqualStage2Bitwise) {
   same(run_all(world, hooks, delayed(DelayedCalls::kGathers, 1)), "stage 3, gathers delayed");
   same(run_all(world, hooks, delayed(DelayedCalls::kReduces, 0)), "stage 3, reduces delayed");
   same(run_all(world, two, delayed(DelayedCalls::kReduces, 1)), "stage 2, reduces delayed");
+}
+
+// gather_int8 (Note [int8 blocks]): every rank computes with the same decoded weights, each
+// within half an int8 step (of the largest weight, which bounds its block's) of its master,
+// plus two bf16 roundings; the weights really are quantized (not the plain run's), and a second
+// run gives the same bits.
+TEST_P(EngineStage3, Int8GathersGiveEveryRankTheSameWeightsWithinTheBound) {
+  const int world = GetParam();
+  RunConfig plain;
+  plain.options = default_options(3, DType::kBFloat16);
+  plain.steps = 4;
+  RunConfig int8 = plain;
+  int8.options.gather_int8 = true;
+  const auto a = run_all(world, int8), again = run_all(world, int8), p = run_all(world, plain);
+  for (int r = 0; r < world; ++r) {
+    EXPECT_EQ(a[r].params, a[0].params) << "rank " << r;
+    EXPECT_EQ(a[r].master, again[r].master) << "rank " << r;
+  }
+  EXPECT_NE(a[0].params, p[0].params);
+  float largest = 0;
+  for (float m : a[0].master) largest = std::max(largest, std::fabs(m));
+  ASSERT_EQ(a[0].params.size(), a[0].master.size());
+  for (size_t i = 0; i < a[0].params.size(); ++i) {
+    const double m = a[0].master[i], w = bf16_to_f32(a[0].params[i]);
+    // Half a step of the block and the FP32 roundings, then bf16's unit roundoff 2^-8 twice:
+    // the master cast into the chunk, and the decoded value cast back.
+    const double step = largest * (1 + std::ldexp(1.0, -8)) * (1.0 / 254 + std::ldexp(1.0, -21));
+    const double bound = (step + std::ldexp(std::fabs(m), -8) + std::ldexp(std::fabs(m) + step, -8)) * 1.001;
+    EXPECT_LE(std::fabs(w - m), bound) << "element " << i << ": master " << m << ", weight " << w;
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Worlds, EngineStage3, ::testing::Values(2, 4),

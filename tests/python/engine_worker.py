@@ -2,7 +2,7 @@
 (model, stage, precision, accumulation) case and saves per-rank results for the test.
 
     engine_worker.py OUT_PREFIX [--staged cpu | --topology two_hop] CASE [CASE ...]
-    CASE = model:stage:precision:gas:steps[:inf@STEP][:noclip][:overlap][:bucket@NUMEL]
+    CASE = model:stage:precision:gas:steps[:inf@STEP][:noclip][:overlap][:bucket@NUMEL][:int8gather]
 --staged cpu: the launcher's communicator pushes every buffer through the host staging code
 of the CUDA-over-mpi/gloo path (zerort.comm.init(staged='cpu')). --topology two_hop: the
 reduce-scatter and all-gather in two hops, within the node and across nodes (zerort.comm.topology).
@@ -31,6 +31,8 @@ def run_case(case, comm):
         cfg["gradient_clipping"] = 0.0
     if "overlap" in flags:
         cfg["overlap_param_gather"] = True
+    if "int8gather" in flags:
+        cfg["stage3"] = {"gather_dtype": "int8"}
     for f in flags:
         if f.startswith("bucket@"):
             cfg["reduce_bucket_numel"] = int(f.split("@")[1])

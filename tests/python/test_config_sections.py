@@ -12,7 +12,7 @@ from zerort.errors import ConfigError
 
 # Every value differs from its default, so each C++ field shows where it came from.
 OURS = {"stage": 3, "precision": "fp16", "reduce_bucket_numel": 999, "gradient_accumulation_steps": 4,
-        "gradient_clipping": 0.5, "overlap_param_gather": True,
+        "gradient_clipping": 0.5, "overlap_param_gather": True, "stage3": {"gather_dtype": "int8"},
         "optimizer": {"lr": 3e-4, "betas": [0.8, 0.9], "eps": 1e-6, "weight_decay": 0.2, "bias_correction": False,
                       "state_dtype": "bf16"},
         "loss_scale": {"initial_scale_power": 10, "window": 7, "hysteresis": 3, "min_scale": 2.0,

@@ -40,6 +40,7 @@ OURS = {
     "stage3.prefetch": (0, [-1, True, 1.5, 65537, 1_000_000_000]),
     "stage3.persistence_threshold": (100, [-1, "x", 2 ** 40 + 1]),
     "stage3.unit_modules": (["Block"], ["Block", [1], [""], {"Block": 1}]),
+    "stage3.gather_dtype": ("int8", ["int4", 8, None]),
     "comm.backend": ("mpi", ["tcp", 1, None]),
     "comm.timeout_s": (30, [0, 1e10, NAN, -1, "30"]),
     "comm.debug": (True, [1, "true", None]),
@@ -82,7 +83,8 @@ OURS.update({"offload": ({}, SECTION_OR_NULL_BAD),
              **{f"offload.optimizer{k}": v for k, v in OFFLOAD_OPTIMIZER.items()},
              **{f"offload.param{k}": v for k, v in OFFLOAD_PARAM.items()},
              **{f"offload.aio{k}": v for k, v in AIO.items()}})
-RUNTIME = ("stage3", "stage3.prefetch", "stage3.persistence_threshold", "stage3.unit_modules", "comm", "comm.backend",
+RUNTIME = ("stage3", "stage3.prefetch", "stage3.persistence_threshold", "stage3.unit_modules", "stage3.gather_dtype",
+           "comm", "comm.backend",
            "comm.timeout_s", "comm.debug", "comm.topology", "comm.inter_node_dtype", "fp32_modules",
            "max_consecutive_skips", "overlap_param_gather", "lr_schedule")
 
@@ -116,6 +118,7 @@ DEEPSPEED = {
     "zero_optimization.stage3_prefetch_bucket_size": (5e7, [-1, "x", 1e15]),
     "zero_optimization.stage3_param_persistence_threshold": (1e5, [-1, 1e15]),
     "zero_optimization.stage3_max_live_parameters": (1e9, [0, 1e15]),
+    "zero_optimization.zero_quantized_weights": (True, [1, "true"]),
     "fp16.loss_scale": (0, [-1, "0", FP32_SUBNORMAL, FP32_INF]),
     "optimizer.params.adam_w_mode": (True, [1]),
     "optimizer.params.torch_adam": (False, ["no"]),

@@ -106,8 +106,7 @@ DOCS = {
 DOCS_UNSUPPORTED = {
     "zero++": ({"zero_optimization": {"stage": 3, "zero_quantized_weights": True, "zero_hpz_partition_size": 8,
                                       "zero_quantized_gradients": True}},
-               ["zero_optimization.zero_quantized_weights", "zero_optimization.zero_hpz_partition_size",
-                "zero_optimization.zero_quantized_gradients"]),
+               ["zero_optimization.zero_hpz_partition_size", "zero_optimization.zero_quantized_gradients"]),
     "bert-lamb": ({"train_batch_size": 64, "optimizer": {"type": "Lamb", "params": {"lr": 1e-3, "max_coeff": 0.3}},
                    "activation_checkpointing": {"partition_activations": True}},
                   ["optimizer.type", "activation_checkpointing.partition_activations"]),  # not Lamb's params

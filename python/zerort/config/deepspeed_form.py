@@ -64,6 +64,8 @@ def _zero(r, cfg, c):
     c.stage3.prefetch_numel = size("stage3_prefetch_bucket_size", low=0)
     c.stage3.persistence_threshold = size("stage3_param_persistence_threshold", c.stage3.persistence_threshold, low=0)
     c.stage3.max_live_numel = size("stage3_max_live_parameters")
+    if rz.boolean(zero, "zero_quantized_weights", False):
+        c.stage3.gather_dtype = "int8"
     _offload(rz, zero, c)
     _table(rz, zero, "zero_optimization.")
     rz.leftover(zero, "unknown or unsupported DeepSpeed key")

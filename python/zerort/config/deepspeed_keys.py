@@ -211,7 +211,9 @@ KEYS = [
       "not with offload_optimizer"),
     b("zero_optimization.cpu_offload_param", "DeepSpeed's legacy key: true is offload_param {\"device\": \"cpu\"}; "
       "not with offload_param"),
-    d("zero_optimization.zero_quantized_weights", "quantized weights (ZeRO++)"),
+    b("zero_optimization.zero_quantized_weights", "stage3.gather_dtype int8: each stage-3 weight gather as blocks of "
+      "256 int8 codes with an FP32 scale, decoded into every rank's chunk, its own too (the FP32 master is never "
+      "quantized); CPU models in this version"),
     d("zero_optimization.zero_quantized_nontrainable_weights", "quantized weights (ZeRO++)"),
     d("zero_optimization.zero_quantized_gradients", "quantized gradients (ZeRO++)"),
     d("zero_optimization.zero_hpz_partition_size", "hierarchical partitioning (ZeRO++ hpZ)", _only(1, 0)),
@@ -261,8 +263,9 @@ KEYS = [
     a("checkpoint.use_node_local_storage", "every rank writes its own shard", kind=BOOL),
     d("checkpoint.load_universal", "DeepSpeed's universal checkpoints"),
     d("checkpoint.parallel_write", "DeepSpeed's parallel checkpoint writer", EMPTY),
-    c("zerort", "zerort's own keys: stage3 (prefetch, persistence_threshold, unit_modules), comm (backend, "
-      "timeout_s, debug, topology, inter_node_dtype), fp32_modules, max_consecutive_skips, overlap_param_gather"),
+    c("zerort", "zerort's own keys: stage3 (prefetch, persistence_threshold, unit_modules, gather_dtype), comm "
+      "(backend, timeout_s, debug, topology, inter_node_dtype), fp32_modules, max_consecutive_skips, "
+      "overlap_param_gather"),
 ]
 
 TABLE = {k.path: k for k in KEYS}

@@ -58,4 +58,4 @@ def engine_options(c, device):
     par = c.offload.param
     return _struct(_C.EngineOptions, c, optimizer=optimizer_options(c), state_tier=tier, nvme=nvme_options(c),
                    param_nvme_path=par.nvme_path if par.device == "nvme" else "",
-                   param_host=par.device == "cpu" and device.type != "cpu")
+                   param_host=par.device == "cpu" and device.type != "cpu", gather_int8=c.stage3.gather_dtype == "int8")

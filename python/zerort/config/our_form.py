@@ -119,6 +119,7 @@ def runtime_keys(r, cfg, c):
     c.stage3.persistence_threshold = r3.number(s3, "persistence_threshold", c.stage3.persistence_threshold,
                                                integer=True, low=0, high=MAX_NUMEL)
     c.stage3.unit_modules = r3.names(s3, "unit_modules", c.stage3.unit_modules)
+    c.stage3.gather_dtype = r3.choice(s3, "gather_dtype", c.stage3.gather_dtype, ("compute", "int8"))
     r3.leftover(s3)
     cm, rc = r.child(cfg, "comm")
     c.comm.backend = rc.choice(cm, "backend", c.comm.backend, ("auto", "mpi", "gloo", "nccl", "inprocess"))
