@@ -9,10 +9,10 @@ one launch per runtime.
 Rows: DDP, FSDP2, FSDP2 HSDP (a 2-D mesh: replicate across hosts, shard within one), zerort
 stages 2 and 3 flat and two-hop (comm.topology two_hop, inter_node_dtype bf16: Note [two hops]),
 stage 2 with overlap_param_gather (flat and two-hop) and with int8 between the nodes (Note [int8
-blocks]). Step times are the slowest rank's (bench/e2e_worker.py: from a step's start to the
-next one's, so work left in flight counts), median and p90 over steps 2..N; the
-cross-host bytes are the hosts' own kernel counters (the veth, /proc/net/dev in each namespace),
-median per step. Needs root (namespaces); prints the table.
+blocks]), and stage 3 with int8 weight gathers (stage3.gather_dtype). Step times are the slowest
+rank's (bench/e2e_worker.py: from a step's start to the next one's, so work left in flight
+counts), median and p90 over steps 2..N; the cross-host bytes are the hosts' own kernel counters
+(the veth, /proc/net/dev in each namespace), median per step. Needs root (namespaces); prints the table.
 """
 import argparse
 import json
@@ -28,6 +28,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TWO_HOP = {"comm": {"topology": "two_hop", "inter_node_dtype": "bf16"}}
 FLAT = {"comm": {"topology": "flat"}}
 OVERLAP = {**FLAT, "overlap_param_gather": True}
+INT8_GATHERS = {"gather_dtype": "int8"}  # stage 3's weight gathers as int8 blocks (Note [int8 blocks])
 ROWS = {"ddp": ("DDP", "ddp", None), "fsdp2": ("FSDP2", "fsdp2", None),
         "fsdp2-hsdp": ("FSDP2 HSDP (2-D mesh)", "fsdp2-hsdp", None),
         "zerort2": ("zerort stage 2, flat", "zerort2", FLAT),
@@ -40,7 +41,10 @@ ROWS = {"ddp": ("DDP", "ddp", None), "fsdp2": ("FSDP2", "fsdp2", None),
         "zerort2-two-hop-int8": ("zerort stage 2, two-hop, int8 between the nodes", "zerort2",
                                  {"comm": {"topology": "two_hop", "inter_node_dtype": "int8"}}),
         "zerort3": ("zerort stage 3, flat", "zerort3", FLAT),
-        "zerort3-two-hop": ("zerort stage 3, two-hop", "zerort3", TWO_HOP)}
+        "zerort3-two-hop": ("zerort stage 3, two-hop", "zerort3", TWO_HOP),
+        "zerort3-int8": ("zerort stage 3, flat, int8 weight gathers", "zerort3", {**FLAT, "stage3": INT8_GATHERS}),
+        "zerort3-two-hop-int8": ("zerort stage 3, two-hop, int8 between the nodes and int8 weight gathers", "zerort3",
+                                 {"comm": {"topology": "two_hop", "inter_node_dtype": "int8"}, "stage3": INT8_GATHERS})}
 
 
 def launch(a, kind, extra, out):
