@@ -53,7 +53,11 @@ def run_case(case, comm):
         losses.append(mean.item() / comm.size)
         scales.append(engine.loss_scale)
         skipped.append(engine.stats["skipped"])
-    return {"losses": losses, "scales": scales, "skipped": skipped,
+    saved = None
+    if "int8gather" in flags:  # the 16-bit export: the master's values, not the int8-decoded weights
+        engine.save_16bit_model(os.environ["ENGINE_WORKER_DIR"], f"int8gather_{name}.bin")
+        saved = torch.load(os.path.join(os.environ["ENGINE_WORKER_DIR"], f"int8gather_{name}.bin"))
+    return {"losses": losses, "scales": scales, "skipped": skipped, "saved16": saved,
             "master": engine.full_state_dict(master=True), "params": engine.full_state_dict(),
             "memory": engine.memory_report().to_dict()}
 
@@ -71,6 +75,7 @@ def main():
     cases, options = sys.argv[2:], {}
     if cases[:1] in (["--staged"], ["--topology"]):
         options[cases[0][2:]], cases = cases[1], cases[2:]
+    os.environ["ENGINE_WORKER_DIR"] = os.path.dirname(os.path.abspath(sys.argv[1]))  # files the cases write
     run_cases(run_case, sys.argv[1], cases, "ENGINE WORKER", **options)
 
 

@@ -102,7 +102,8 @@ def test_zero_quantized_weights_is_stage3_int8_gathers():
 
 def test_int8_gathers_at_stage_3_w2(tmp_path):
     """GPT-2 from a small config at W = 2 (torchrun, gloo): every rank ends with the same
-    weights, not the plain run's, and each step's loss within 2% of the plain run's."""
+    weights, not the plain run's, and each step's loss within 2% of the plain run's; its
+    save_16bit_model holds the master's values cast to bf16."""
     from test_engine_parity import launch
 
     plain = "gpt2:3:bf16:1:6:bucket@1999"
@@ -113,3 +114,6 @@ def test_int8_gathers_at_stage_3_w2(tmp_path):
     assert any(not torch.equal(t, ranks[0][plain]["params"][n]) for n, t in q[0]["params"].items())
     for a, b in zip(q[0]["losses"], ranks[0][plain]["losses"]):
         assert abs(a - b) <= 0.02 * abs(b), (a, b)
+    for name, t in q[0]["saved16"].items():  # save_16bit_model: the master cast, not the decoded weights
+        want = q[0]["master"][name].to(t.dtype) if t.is_floating_point() else q[0]["master"][name]
+        assert torch.equal(t, want), name

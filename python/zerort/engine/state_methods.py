@@ -69,12 +69,16 @@ class StateMethods:
 
     def save_16bit_model(self, save_dir, save_filename="pytorch_model.bin", exclude_frozen_parameters=False):
         """Rank 0 writes the whole model's state_dict, parameters in the compute dtype
-        (bf16/fp16; FP32 modules' stay FP32) and buffers as the module holds them, to
+        (bf16/fp16; FP32 modules' stay FP32; with stage3.gather_dtype int8 the master's values
+        cast to it, not the int8-decoded weights the forward used) and buffers as the module holds them, to
         save_dir/save_filename with torch.save (a .safetensors name: safetensors). At
         stage 3 every rank takes part in the gather. Returns True."""
         import os
 
         state = self.full_state_dict()
+        if self._units and self.config.stage3.gather_dtype == "int8":  # the master's values, not the int8-decoded ones
+            master = self.full_state_dict(master=True)
+            state = {k: master[k].to(v.dtype) if v.is_floating_point() else v for k, v in state.items()}
         if exclude_frozen_parameters:
             frozen = {n for n, p in self.module.named_parameters() if not p.requires_grad}
             state = {k: v for k, v in state.items() if k not in frozen}
