@@ -1,4 +1,5 @@
-"""The two-hop reduce-scatter's int8 wire (C++ Note [int8 blocks]) on real gradients, by block size.
+"""The two-hop reduce-scatter's 8-bit wires, int8 and fp8_e4m3 (C++ Note [int8 blocks]), on real
+gradients, by block size.
 
     .venv/bin/python bench/int8_wire.py                  # the 50M GPT, 2 nodes, blocks 64..4096
 
@@ -42,7 +43,7 @@ def wire(partial, name, block):
         return partial
     if name == "bf16":
         return partial.to(torch.bfloat16).float()
-    return int8_blocks(partial.contiguous(), block)[1]
+    return int8_blocks(partial.contiguous(), block, name)[1]
 
 
 def main():
@@ -66,7 +67,7 @@ def main():
           f"{a.micro} x {kw['seq']} tokens per rank; the sum's largest |value| {exact.abs().max():.3e}")
     print("| wire | block | bytes/element | max rel | rms rel | elements off by > 2^-8 of themselves |")
     print("|---|---:|---:|---:|---:|---:|")
-    rows = [("fp32", None), ("bf16", None)] + [("int8", b) for b in a.blocks]
+    rows = [("fp32", None), ("bf16", None)] + [(code, b) for code in ("int8", "fp8_e4m3") for b in a.blocks]
     for name, block in rows:
         got = torch.stack([wire(p, name, block) for p in partials]).double().sum(0).float().double()
         err = (got - exact).abs()

@@ -108,13 +108,16 @@ class TwoHopCommunicator final : public Communicator {
     // Hop 2, across nodes: partial k to node k on the wire, summed in node order.
     Bytes to_nodes = bytes_of(n_nodes * wire), from_nodes = bytes_of(n_nodes * wire);
     for (size_t k = 0; k < n_nodes; ++k) encode(partial.data() + k * n, n, to_nodes.get() + k * wire);
-    run_hop(d, "hop 2 (across nodes)", [&] {  // int8: opaque 32-bit words (int8_wire_bytes is a multiple of 4)
-      return wire_ == InterNodeWire::kInt8
-                 ? inter_->all_to_all(to_nodes.get(), from_nodes.get(), wire / 4, DType::kInt32)
-                 : inter_->all_to_all(to_nodes.get(), from_nodes.get(), n, wire_dtype());
+    run_hop(d, "hop 2 (across nodes)", [&] {  // 8-bit: opaque 32-bit words (int8_wire_bytes is a multiple of 4)
+      return eight_bit() ? inter_->all_to_all(to_nodes.get(), from_nodes.get(), wire / 4, DType::kInt32)
+                         : inter_->all_to_all(to_nodes.get(), from_nodes.get(), n, wire_dtype());
     });
-    if (wire_ == InterNodeWire::kInt8) {  // decoded to FP32, then summed as the others
-      for (size_t k = 0; k < n_nodes; ++k) decode_int8_blocks(from_nodes.get() + k * wire, n, partial.data() + k * n);
+    if (eight_bit()) {  // decoded to FP32, then summed as the others
+      for (size_t k = 0; k < n_nodes; ++k) {
+        float* to = partial.data() + k * n;
+        const char* from = from_nodes.get() + k * wire;
+        wire_ == InterNodeWire::kInt8 ? decode_int8_blocks(from, n, to) : decode_fp8_blocks(from, n, to);
+      }
       sum_chunks_to_f32(partial.data(), DType::kFloat32, n_nodes, n, out, accumulate);
     } else {
       sum_chunks_to_f32(from_nodes.get(), wire_dtype(), n_nodes, n, out, accumulate);
@@ -124,10 +127,13 @@ class TwoHopCommunicator final : public Communicator {
 
  private:
   DType wire_dtype() const { return wire_ == InterNodeWire::kBf16 ? DType::kBFloat16 : DType::kFloat32; }
+  bool eight_bit() const { return wire_ == InterNodeWire::kInt8 || wire_ == InterNodeWire::kFp8; }
   // One partial of n FP32 values onto the wire.
   void encode(const float* partial, size_t n, char* to) const {
     if (wire_ == InterNodeWire::kInt8) {
       encode_int8_blocks(partial, n, to);
+    } else if (wire_ == InterNodeWire::kFp8) {
+      encode_fp8_blocks(partial, n, to);
     } else if (wire_ == InterNodeWire::kBf16) {
       auto* h = reinterpret_cast<uint16_t*>(to);
       for (size_t i = 0; i < n; ++i) h[i] = f32_to_bf16(partial[i]);
@@ -148,11 +154,13 @@ InterNodeWire parse_inter_node_wire(const std::string& name) {
   if (name == "fp32") return InterNodeWire::kFp32;
   if (name == "bf16") return InterNodeWire::kBf16;
   if (name == "int8") return InterNodeWire::kInt8;
-  ZRT_THROW_AS(ConfigError, "comm.inter_node_dtype: got '", name, "'; expected fp32, bf16 or int8");
+  if (name == "fp8_e4m3") return InterNodeWire::kFp8;
+  ZRT_THROW_AS(ConfigError, "comm.inter_node_dtype: got '", name, "'; expected fp32, bf16, int8 or fp8_e4m3");
 }
 
 size_t inter_node_wire_bytes(InterNodeWire wire, size_t n) {
-  return wire == InterNodeWire::kInt8 ? int8_wire_bytes(n) : n * (wire == InterNodeWire::kBf16 ? 2 : 4);
+  if (wire == InterNodeWire::kInt8 || wire == InterNodeWire::kFp8) return int8_wire_bytes(n);
+  return n * (wire == InterNodeWire::kBf16 ? 2 : 4);
 }
 
 std::unique_ptr<Communicator> make_two_hop_communicator(std::shared_ptr<Communicator> flat,

@@ -20,15 +20,16 @@ namespace zerort {
 //     chunks it got for rank k * G + local in local order 0..G-1, accumulated in FP64 and
 //     rounded once to FP32 (sum_chunks_to_f32): N partial sums.
 //   hop 2, inter: an all-to-all sends partial k to node k on the inter-node wire: fp32 (no
-//     rounding between hops), bf16 (rounded to nearest even) or int8 (blocks of codes with an
-//     FP32 scale each: Note [int8 blocks]). Each rank sums the N partials it got in node order
+//     rounding between hops), bf16 (rounded to nearest even), or int8 or fp8_e4m3 (blocks of
+//     codes with an FP32 scale each: Note [int8 blocks]). Each rank sums the N partials it got in node order
 //     0..N-1, in FP64, rounded once into out (added to it with accumulate).
 //   Fixed orders at both hops: the result is bitwise the same on every run. Against the
 //   exact sum S of the W inputs x, with s_k the exact sum of node k's G chunks:
 //     |out - S| <= 2^-24 |S| + u * sum_k |s_k| + 2^-53 (G + N) sum |x|,
 //   u = 2^-24 for fp32 between the hops, 2^-8 for bf16 (the FP64 sums' own error is the last
 //   term). For int8, u * sum_k |s_k| becomes sum_k (2^-24 |s_k| + (1/254 + 2^-22) a_k), a_k the
-//   largest |partial| of node k in the element's block. Each rank ends with the shard of the
+//   largest |partial| of node k in the element's block; for fp8_e4m3 it becomes
+//   sum_k (2^-24 |s_k| + 2^-4 |p_k| + (2^-10 / 448 + 2^-22) a_k), p_k the partial. Each rank ends with the shard of the
 //   flat reduce-scatter.
 //   Bytes a rank sends across nodes: (N - 1) n elements on the wire (4, 2 or 1 + 4/256 bytes
 //   each), against (W - G) n of the input dtype flat; messages (G - 1) + (N - 1) against W - 1.
@@ -38,8 +39,8 @@ namespace zerort {
 // Every other collective is the flat communicator's. The calls a caller makes are checked
 // here (the funnel of this communicator); the hops' inner calls are the sub-communicators'.
 // The partial sums' form between the hops (comm.inter_node_dtype).
-enum class InterNodeWire { kFp32, kBf16, kInt8 };
-// "fp32", "bf16" or "int8"; a ConfigError naming the key otherwise.
+enum class InterNodeWire { kFp32, kBf16, kInt8, kFp8 };
+// "fp32", "bf16", "int8" or "fp8_e4m3"; a ConfigError naming the key otherwise.
 InterNodeWire parse_inter_node_wire(const std::string& name);
 size_t inter_node_wire_bytes(InterNodeWire wire, size_t n);  // one partial of n elements on it
 

@@ -301,20 +301,25 @@ PYBIND11_MODULE(_C, m) {
   m.def(
       "int8_wire_bytes", [](size_t n, size_t block) { return int8_wire_bytes(n, block); }, py::arg("n"),
       py::arg("block") = kInt8Block);
+  // code: "int8" or "fp8_e4m3".
   m.def(
-      "encode_int8_blocks",
-      [](uintptr_t x, size_t n, uintptr_t wire, size_t block) {
+      "encode_8bit_blocks",
+      [](const std::string& code, uintptr_t x, size_t n, uintptr_t wire, size_t block) {
+        const bool int8 = code == "int8";
+        ZRT_CHECK(int8 || code == "fp8_e4m3", "encode_8bit_blocks: code '", code, "'; expected int8 or fp8_e4m3");
         py::gil_scoped_release release;
-        encode_int8_blocks(static_cast<const float*>(ptr(x)), n, ptr(wire), block);
+        (int8 ? encode_int8_blocks : encode_fp8_blocks)(static_cast<const float*>(ptr(x)), n, ptr(wire), block);
       },
-      py::arg("x"), py::arg("n"), py::arg("wire"), py::arg("block") = kInt8Block);
+      py::arg("code"), py::arg("x"), py::arg("n"), py::arg("wire"), py::arg("block") = kInt8Block);
   m.def(
-      "decode_int8_blocks",
-      [](uintptr_t wire, size_t n, uintptr_t x, size_t block) {
+      "decode_8bit_blocks",
+      [](const std::string& code, uintptr_t wire, size_t n, uintptr_t x, size_t block) {
+        const bool int8 = code == "int8";
+        ZRT_CHECK(int8 || code == "fp8_e4m3", "decode_8bit_blocks: code '", code, "'; expected int8 or fp8_e4m3");
         py::gil_scoped_release release;
-        decode_int8_blocks(ptr(wire), n, static_cast<float*>(ptr(x)), block);
+        (int8 ? decode_int8_blocks : decode_fp8_blocks)(ptr(wire), n, static_cast<float*>(ptr(x)), block);
       },
-      py::arg("wire"), py::arg("n"), py::arg("x"), py::arg("block") = kInt8Block);
+      py::arg("code"), py::arg("wire"), py::arg("n"), py::arg("x"), py::arg("block") = kInt8Block);
 
   m.def("adamw_step",
         [](uintptr_t grad, const std::string& grad_dt, uintptr_t master, uintptr_t m_, uintptr_t v,

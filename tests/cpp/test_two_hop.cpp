@@ -103,12 +103,15 @@ TEST_P(TwoHopReduceScatter, IsWithinTheBoundOfTheExactSumAndTheSameOnEveryRun) {
           for (int l = 0; l < g; ++l) magnitudes += std::fabs(value(k * g + l, r, i));
           exact += node_sum(k, i);
           node_sums += std::fabs(node_sum(k, i));
-          if (inter == InterNodeWire::kInt8) {  // Note [int8 blocks]: the largest partial of i's block
-            double a = 0;
+          if (inter == InterNodeWire::kInt8 || inter == InterNodeWire::kFp8) {  // Note [int8 blocks]
+            double a = 0;                                                       // the largest partial of i's block
             for (size_t j = i / kInt8Block * kInt8Block; j < std::min(n, (i / kInt8Block + 1) * kInt8Block); ++j) {
               a = std::max(a, std::fabs(node_sum(k, j)) * (1 + std::ldexp(1.0, -23)));  // as rounded to FP32
             }
-            int8_steps += (1.0 / 254 + std::ldexp(1.0, -22)) * a;
+            const double p = std::fabs(node_sum(k, i)) * (1 + std::ldexp(1.0, -23));
+            int8_steps += inter == InterNodeWire::kInt8
+                              ? (1.0 / 254 + std::ldexp(1.0, -22)) * a
+                              : std::ldexp(p, -4) + (std::ldexp(1.0, -10) / 448 + std::ldexp(1.0, -22)) * a;
           }
         }
         const double bound =
@@ -124,7 +127,10 @@ TEST_P(TwoHopReduceScatter, IsWithinTheBoundOfTheExactSumAndTheSameOnEveryRun) {
 
 std::string case_name(const ::testing::TestParamInfo<Case>& info) {
   const auto [nodes, g, dtype, inter] = info.param;
-  const char* wire = inter == InterNodeWire::kInt8 ? "int8" : inter == InterNodeWire::kBf16 ? "bf16" : "f32";
+  const char* wire = inter == InterNodeWire::kInt8   ? "int8"
+                     : inter == InterNodeWire::kFp8  ? "fp8"
+                     : inter == InterNodeWire::kBf16 ? "bf16"
+                                                     : "f32";
   return std::to_string(nodes) + "x" + std::to_string(g) + "_" + dtype_name(dtype) + "_inter_" + wire;
 }
 
@@ -132,7 +138,7 @@ INSTANTIATE_TEST_SUITE_P(Nodes, TwoHopReduceScatter,
                          ::testing::Combine(::testing::Values(2, 3), ::testing::Values(2, 4),
                                             ::testing::Values(DType::kBFloat16, DType::kFloat16),
                                             ::testing::Values(InterNodeWire::kFp32, InterNodeWire::kBf16,
-                                                              InterNodeWire::kInt8)),
+                                                              InterNodeWire::kInt8, InterNodeWire::kFp8)),
                          case_name);
 
 // With fp32 between the hops and inputs whose node sums are exact in FP32 the result is the
@@ -203,7 +209,7 @@ TEST(TwoHop, AWrongNumberingAndAnUnknownWireAreRefusedByName) {
     parse_inter_node_wire("fp16");
     FAIL() << "an fp16 wire was accepted";
   } catch (const ConfigError& e) {
-    EXPECT_NE(std::string(e.what()).find("comm.inter_node_dtype: got 'fp16'; expected fp32, bf16 or int8"),
+    EXPECT_NE(std::string(e.what()).find("comm.inter_node_dtype: got 'fp16'; expected fp32, bf16, int8 or fp8_e4m3"),
               std::string::npos)
         << e.what();
   }

@@ -84,6 +84,40 @@ def test_zero_tiny_and_non_finite_blocks():
     assert torch.isnan(decoded[2 * block:]).all()
 
 
+def fp8_reference(x, block):
+    """fp8_e4m3 blocks through torch's own float8_e4m3fn cast (round to nearest even)."""
+    out = torch.empty_like(x)
+    for lo in range(0, x.numel(), block):
+        xb = x[lo:lo + block]
+        a = xb.abs().max() if not torch.isnan(xb).any() else torch.tensor(float("nan"))
+        if not torch.isfinite(a):
+            out[lo:lo + block] = float("nan")
+            continue
+        scale = (a / 448).to(torch.float32)
+        q = torch.zeros_like(xb) if scale == 0 else (xb / scale).to(torch.float8_e4m3fn).to(torch.float32)
+        out[lo:lo + block] = q * scale
+    return out
+
+
+@pytest.mark.parametrize("block", [64, 256, 2048])
+@pytest.mark.parametrize("n", [0, 1, 7, 255, 257, 1001, 5000])
+def test_fp8_equals_torchs_e4m3_cast_bit_for_bit(n, block):
+    x = gradient_like(n, n * 17 + block)
+    wire, decoded = int8_blocks(x, block, "fp8_e4m3")
+    assert wire.numel() == _C.int8_wire_bytes(n, block)
+    assert torch.equal(decoded, fp8_reference(x, block))
+    xb = torch.tensor([448.0, -448.0, 3 * 2.0 ** -10, 5 * 2.0 ** -10, 1.0 + 1 / 16, 1.0 + 3 / 16])  # ties, subnormals
+    _, got = int8_blocks(xb, 6, "fp8_e4m3")
+    assert torch.equal(got, fp8_reference(xb, 6))
+
+
+def test_fp8_non_finite_blocks_arrive_as_nan():
+    x = gradient_like(128, 3)
+    x[70] = float("inf")
+    _, decoded = int8_blocks(x, 64, "fp8_e4m3")
+    assert not torch.isnan(decoded[:64]).any() and torch.isnan(decoded[64:]).all()
+
+
 def test_the_default_block_is_the_notes():
     assert _C.INT8_BLOCK == 256
     wire, _ = int8_blocks(torch.ones(1000))

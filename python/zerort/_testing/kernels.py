@@ -59,14 +59,14 @@ def sum_chunks_to_f32(chunks, out, accumulate=False):
     return out
 
 
-def int8_blocks(x, block=None):
-    """x (float32, CPU) through the two-hop int8 wire (C++ Note [int8 blocks]): returns
-    (wire, decoded), the wire's bytes (uint8: the codes, padded to 4 bytes, then one float32
-    scale per block) and the float32 values the receiver takes."""
+def int8_blocks(x, block=None, code="int8"):
+    """x (float32, CPU) through an 8-bit wire (C++ Note [int8 blocks]; code "int8" or
+    "fp8_e4m3"): returns (wire, decoded), the wire's bytes (uint8: the codes, padded to 4
+    bytes, then one float32 scale per block) and the float32 values the receiver takes."""
     block = block or _C.INT8_BLOCK
     n = x.numel()
     wire = torch.empty(_C.int8_wire_bytes(n, block), dtype=torch.uint8)
     out = torch.empty(n, dtype=torch.float32)
-    _C.encode_int8_blocks(buffer(x, "x", n, torch.float32), n, wire.data_ptr(), block)
-    _C.decode_int8_blocks(wire.data_ptr(), n, out.data_ptr(), block)
+    _C.encode_8bit_blocks(code, buffer(x, "x", n, torch.float32), n, wire.data_ptr(), block)
+    _C.decode_8bit_blocks(code, wire.data_ptr(), n, out.data_ptr(), block)
     return wire, out

@@ -44,7 +44,8 @@ from zerort.errors import ConfigError
 
 GB = 1e9
 BUCKET = Config().reduce_bucket_numel
-WIRE_BYTES = {"fp32": 4, "bf16": 2, "int8": 1 + 4 / _C.INT8_BLOCK}  # two_hop's partials per element: Note [int8 blocks]
+BLOCKS_8BIT = 1 + 4 / _C.INT8_BLOCK  # an 8-bit code per element and a float32 scale per block: Note [int8 blocks]
+WIRE_BYTES = {"fp32": 4, "bf16": 2, "int8": BLOCKS_8BIT, "fp8_e4m3": BLOCKS_8BIT}  # two_hop's partials per element
 
 
 @dataclasses.dataclass

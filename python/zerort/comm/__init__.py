@@ -38,7 +38,7 @@ def init(backend="auto", timeout_s=600.0, debug=False, staged=None, topology="fl
     pass it the same timeout. staged: 'cuda' carries CUDA buffers (on cuda:LOCAL_RANK) through
     pinned host memory over an mpi or gloo communicator, so ranks that share one GPU train
     together (NCCL refuses them); 'cpu' pushes CPU buffers through the same staging code.
-    topology ('flat', 'two_hop' or 'auto') and inter_node_dtype ('fp32', 'bf16' or 'int8'): the
+    topology ('flat', 'two_hop' or 'auto') and inter_node_dtype ('fp32', 'bf16', 'int8' or 'fp8_e4m3'): the
     gradient reduce-scatter and the all-gather in two hops, within the node and across nodes
     (zerort.comm.topology)."""
     name = _C.resolve_backend(backend)

@@ -22,7 +22,7 @@ from zerort import _C
 from zerort.errors import ConfigError
 
 TOPOLOGIES = ("auto", "flat", "two_hop")
-INTER_DTYPES = ("fp32", "bf16", "int8")
+INTER_DTYPES = ("fp32", "bf16", "int8", "fp8_e4m3")
 log = logging.getLogger("zerort.comm")
 
 

@@ -73,7 +73,7 @@ class Comm:
     timeout_s: float = 600.0
     debug: Optional[bool] = None  # check every collective across ranks first (None: at stage 3 only)
     topology: str = "auto"  # flat, two_hop or auto: reduce-scatter and all-gather in two hops (zerort.comm.topology)
-    inter_node_dtype: str = "fp32"  # two_hop: the partial sums' form between the hops (fp32, bf16 or int8)
+    inter_node_dtype: str = "fp32"  # two_hop: the partial sums' form between the hops (fp32, bf16, int8, fp8_e4m3)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
