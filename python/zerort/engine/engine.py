@@ -214,12 +214,12 @@ class Engine(StateMethods, DeepSpeedMethods):
         if boundary:  # the param groups' values (a scheduler may have changed them) go to the update
             with self.optimizer.stepping():
                 self.optimizer.step()
+        if self._param_waits:
+            self._param_waits.pending = True  # the update may leave gathers in flight, even if it fails midway
         with self._phase("step"):  # the step's errors name diverging stage-3 units (C++ Note [unit names])
             s = self._nonfinite.step(self._impl.step)
         self._backward_since_step = False
         self._step_applied = s["boundary"] and not s["skipped"]
-        if self._param_waits and self._step_applied:
-            self._param_waits.pending = True  # the gathers are in flight
         if s["boundary"]:
             s["forward_ms"] = 1e3 * self._t_forward
             s["backward_ms"] = 1e3 * self._t_backward
