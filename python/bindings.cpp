@@ -302,22 +302,24 @@ PYBIND11_MODULE(_C, m) {
       "int8_wire_bytes", [](size_t n, size_t block) { return int8_wire_bytes(n, block); }, py::arg("n"),
       py::arg("block") = kInt8Block);
   // code: "int8" or "fp8_e4m3".
+  auto is_int8 = [](const std::string& code) {
+    ZRT_CHECK(code == "int8" || code == "fp8_e4m3", "8-bit blocks: code '", code, "'; expected int8 or fp8_e4m3");
+    return code == "int8";
+  };
   m.def(
       "encode_8bit_blocks",
-      [](const std::string& code, uintptr_t x, size_t n, uintptr_t wire, size_t block) {
-        const bool int8 = code == "int8";
-        ZRT_CHECK(int8 || code == "fp8_e4m3", "encode_8bit_blocks: code '", code, "'; expected int8 or fp8_e4m3");
+      [is_int8](const std::string& code, uintptr_t x, size_t n, uintptr_t wire, size_t block) {
+        auto encode = is_int8(code) ? encode_int8_blocks : encode_fp8_blocks;
         py::gil_scoped_release release;
-        (int8 ? encode_int8_blocks : encode_fp8_blocks)(static_cast<const float*>(ptr(x)), n, ptr(wire), block);
+        encode(static_cast<const float*>(ptr(x)), n, ptr(wire), block);
       },
       py::arg("code"), py::arg("x"), py::arg("n"), py::arg("wire"), py::arg("block") = kInt8Block);
   m.def(
       "decode_8bit_blocks",
-      [](const std::string& code, uintptr_t wire, size_t n, uintptr_t x, size_t block) {
-        const bool int8 = code == "int8";
-        ZRT_CHECK(int8 || code == "fp8_e4m3", "decode_8bit_blocks: code '", code, "'; expected int8 or fp8_e4m3");
+      [is_int8](const std::string& code, uintptr_t wire, size_t n, uintptr_t x, size_t block) {
+        auto decode = is_int8(code) ? decode_int8_blocks : decode_fp8_blocks;
         py::gil_scoped_release release;
-        (int8 ? decode_int8_blocks : decode_fp8_blocks)(ptr(wire), n, static_cast<float*>(ptr(x)), block);
+        decode(ptr(wire), n, static_cast<float*>(ptr(x)), block);
       },
       py::arg("code"), py::arg("wire"), py::arg("n"), py::arg("x"), py::arg("block") = kInt8Block);
 

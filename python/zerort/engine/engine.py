@@ -214,7 +214,7 @@ class Engine(StateMethods, DeepSpeedMethods):
         if boundary:  # the param groups' values (a scheduler may have changed them) go to the update
             with self.optimizer.stepping():
                 self.optimizer.step()
-        if self._param_waits:
+        if self._param_waits and boundary:
             self._param_waits.pending = True  # the update may leave gathers in flight, even if it fails midway
         with self._phase("step"):  # the step's errors name diverging stage-3 units (C++ Note [unit names])
             s = self._nonfinite.step(self._impl.step)

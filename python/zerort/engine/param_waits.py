@@ -14,7 +14,7 @@ from zerort.engine.alive import alive
 
 class ParamWaits:
     def __init__(self, engine, model, param_index):
-        self.pending = False  # gathers may be in flight: set before each step(), cleared by wait_all
+        self.pending = False  # gathers may be in flight: set before each step() that may update, cleared by wait_all
         self.handles = []  # removed by engine.destroy()
         impl = engine.runtime
         bucket = {id(p): impl.bucket_of(g, i) for g, group in enumerate(param_index.groups)
