@@ -121,7 +121,7 @@ void Communicator::check(const CollectiveDesc& d, std::initializer_list<const vo
       ++index;
     }
   }
-  calls_.record(d);
+  calls_->record(d);
   if (const auto delayed = delayed_calls(d.kind)) {
     const std::chrono::microseconds delay = call_delay(*delayed);
     if (delay.count() > 0) std::this_thread::sleep_for(delay);

@@ -84,7 +84,11 @@ class Communicator {
   WorkPtr barrier();
 
   // Every collective called since the step's last decision exchange (all of them, at any W).
-  CallLog& calls() { return calls_; }
+  CallLog& calls() { return *calls_; }
+  // From now on this communicator's calls go into owner's log, so the one decision exchange
+  // over owner checks them too: for a part of owner's ranks that an engine calls beside it
+  // (Note [hybrid sharding], runtime/shard_groups.h). Every rank makes the switch alike.
+  void share_call_log(const Communicator& owner) { calls_ = owner.calls_; }
   // Collectives handed to the backend so far. At W = 1 none are: each call is the local
   // copy or conversion it amounts to (or nothing).
   int64_t backend_calls() const { return backend_calls_.load(); }
@@ -137,7 +141,7 @@ class Communicator {
   int size_;
   CommOptions options_;
   std::shared_ptr<ScratchCounter> scratch_;
-  CallLog calls_;
+  std::shared_ptr<CallLog> calls_ = std::make_shared<CallLog>();
   std::atomic<int64_t> backend_calls_{0};
   std::atomic<bool> checked_;
   std::array<std::atomic<int64_t>, 2> delay_us_{};  // per DelayedCalls: See Note [delayed calls]

@@ -7,6 +7,7 @@
 #include <string>
 
 #include "comm/communicator.h"
+#include "comm/wire_sum.h"
 
 namespace zerort {
 
@@ -38,11 +39,7 @@ namespace zerort {
 //   a rank receives (N - 1) n elements, against (W - G) n flat.
 // Every other collective is the flat communicator's. The calls a caller makes are checked
 // here (the funnel of this communicator); the hops' inner calls are the sub-communicators'.
-// The partial sums' form between the hops (comm.inter_node_dtype).
-enum class InterNodeWire { kFp32, kBf16, kInt8, kFp8 };
-// "fp32", "bf16", "int8" or "fp8_e4m3"; a ConfigError naming the key otherwise.
-InterNodeWire parse_inter_node_wire(const std::string& name);
-size_t inter_node_wire_bytes(InterNodeWire wire, size_t n);  // one partial of n elements on it
+// The partial sums' form between the hops: comm.inter_node_dtype (comm/wire_sum.h).
 
 std::unique_ptr<Communicator> make_two_hop_communicator(std::shared_ptr<Communicator> flat,
                                                         std::shared_ptr<Communicator> intra,

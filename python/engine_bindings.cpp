@@ -131,7 +131,7 @@ void bind_options(py::module_& m) {
       .def_readwrite("loss_scale", &OptimizerOptions::loss_scale)
       .def_readwrite("gradient_clipping", &OptimizerOptions::gradient_clipping)
       .def_readwrite("gradient_accumulation_steps", &OptimizerOptions::gradient_accumulation_steps)
-      .def_readwrite("replicated", &OptimizerOptions::replicated);
+      .def_readwrite("owner_ranks", &OptimizerOptions::owner_ranks);
   options_class<NvmeStateOptions>(m, "NvmeStateOptions")  // rank is the Engine's: its communicator's
       .def_readwrite("directory", &NvmeStateOptions::directory)
       .def_readwrite("chunk_elements", &NvmeStateOptions::chunk_elements)
@@ -234,18 +234,21 @@ void bind_engine(py::module_& m) {
   py::class_<Engine, std::shared_ptr<Engine>>(m, "Engine")
       .def(py::init([](std::vector<at::Tensor> params, std::vector<at::Tensor> fp32_params, Communicator& comm,
                        std::vector<std::tuple<std::vector<size_t>, bool, std::string>> units, EngineOptions o,
-                       const py::object& materialize) {
+                       const py::object& materialize, Communicator* shard, Communicator* replicas,
+                       const std::string& replica_dtype) {
              o.materialize = materializer(materialize);
+             const ShardGroups groups{shard, replicas, parse_inter_node_wire(replica_dtype)};  // Note [hybrid sharding]
              std::vector<UnitSpec> specs;  // stage 3: (parameter indices, persistent, name)
              for (auto& [ps, persistent, name] : units) specs.push_back({std::move(ps), persistent, std::move(name)});
              py::gil_scoped_release release;  // the initial broadcast is a collective
-             return owned_without_gil(
-                 std::make_unique<Engine>(std::move(params), comm, o, std::move(fp32_params), std::move(specs)));
+             return owned_without_gil(std::make_unique<Engine>(std::move(params), comm, o, std::move(fp32_params),
+                                                               std::move(specs), groups));
            }),
-           py::keep_alive<1, 4>(),  // the engine holds the communicator by reference
-           py::arg("params"), py::arg("fp32_params"), py::arg("comm"),
+           py::keep_alive<1, 4>(),  // the engine holds the communicators by reference
+           py::keep_alive<1, 8>(), py::keep_alive<1, 9>(), py::arg("params"), py::arg("fp32_params"), py::arg("comm"),
            py::arg("units") = std::vector<std::tuple<std::vector<size_t>, bool, std::string>>{},
-           py::arg("options") = EngineOptions(), py::arg("materialize") = py::none())
+           py::arg("options") = EngineOptions(), py::arg("materialize") = py::none(), py::arg("shard") = nullptr,
+           py::arg("replicas") = nullptr, py::arg("replica_dtype") = "fp32")
       .def("step",
            [](Engine& e) {
              StepStats s;
@@ -288,6 +291,9 @@ void bind_engine(py::module_& m) {
       .def("bucket_of", &Engine::bucket_of)
       .def_property_readonly("param_gathers_in_flight", &Engine::param_gathers_in_flight)
       .def_property_readonly("overlaps_param_gather", &Engine::overlaps_param_gather)
+      .def_property_readonly("shard_size", &Engine::shard_size)  // Note [hybrid sharding]
+      .def_property_readonly("shard_rank", &Engine::shard_rank)
+      .def_property_readonly("replica", &Engine::replica)
       .def_property_readonly("num_buckets", &Engine::num_buckets)
       .def_property_readonly("gathered_bytes", &Engine::gathered_bytes)
       .def_property_readonly("gathered_peak", &Engine::gathered_peak)

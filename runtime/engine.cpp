@@ -85,11 +85,47 @@ std::vector<BucketPlan> unit_plans(const std::vector<UnitSpec>& units, const std
   return plans;
 }
 
+// The communicator the state is sharded over: the world, or the hybrid group of `groups`,
+// checked against the world and the options, its calls and its parts' in the world's log
+// (Note [hybrid sharding]).
+Communicator& shard_part(Communicator& world, const ShardGroups& groups, const EngineOptions& o) {
+  if (groups.shard == nullptr) {
+    ZRT_CHECK(groups.replicas == nullptr, "Engine: ShardGroups.replicas without ShardGroups.shard");
+    return world;
+  }
+  Communicator& shard = *groups.shard;
+  ZRT_CHECK(groups.replicas != nullptr, "Engine: ShardGroups.shard without ShardGroups.replicas");
+  const Communicator& replicas = *groups.replicas;
+  ZRT_CHECK(
+      shard.size() * replicas.size() == world.size() && world.rank() == replicas.rank() * shard.size() + shard.rank(),
+      "Engine: rank ", world.rank(), " of ", world.size(), " is not group ", replicas.rank(), " x ", shard.size(),
+      " + index ", shard.rank(), " (", replicas.size(), " groups of ", shard.size(), " consecutive ranks)");
+  ZRT_CHECK_AS(ConfigError, o.stage > 0,
+               "shard_size: stage 0 keeps the whole state on every rank, so there is "
+               "nothing to shard within a group; use stage 1, 2 or 3, or drop shard_size");
+  ZRT_CHECK_AS(ConfigError, o.state_tier == StateTier::kMemory && o.param_nvme_path.empty() && !o.param_host,
+               "shard_size: hybrid sharding keeps the state in memory in this version, and the config offloads it "
+               "(offload_optimizer / offload_param '",
+               tier_name(o.state_tier), "'); drop shard_size, or the offload sections");
+  ZRT_CHECK_AS(ConfigError, !world.device_memory() && !shard.device_memory(),
+               "shard_size: hybrid sharding is built for host backends (mpi, gloo) in this version, and this "
+               "communicator is '",
+               world.backend_name(), "'; drop shard_size for nccl");
+  shard.share_call_log(world);
+  groups.replicas->share_call_log(world);
+  if (world.checks_each_call()) {  // Note [checked calls]: the parts as the world, from the same point
+    shard.check_each_call();
+    groups.replicas->check_each_call();
+  }
+  return shard;
+}
+
 }  // namespace
 
 Engine::Engine(std::vector<at::Tensor> params, Communicator& comm, EngineOptions options,
-               std::vector<at::Tensor> fp32_params, std::vector<UnitSpec> units)
-    : comm_(comm), options_(validated(options)), policy_(ReducePolicy::for_stage(options_.stage)),
+               std::vector<at::Tensor> fp32_params, std::vector<UnitSpec> units, ShardGroups groups)
+    : world_(comm), shard_(shard_part(comm, groups, options)), replicas_(groups.replicas), replica_wire_(groups.wire),
+      options_(validated(options)), policy_(ReducePolicy::for_stage(options_.stage)),
       device_(common_device(params, fp32_params, comm)) {
   ZRT_CHECK(policy_.units || units.empty(), "Engine: units are for stage 3; stages 0-2 plan their buckets by size");
   ZRT_CHECK_AS(ConfigError, !(options_.gather_int8 && device_.is_cuda()),
@@ -115,8 +151,8 @@ Engine::Engine(std::vector<at::Tensor> params, Communicator& comm, EngineOptions
     }
     size_t flat = 0;
     const std::vector<BucketPlan> plans =
-        plan.empty() ? plan_buckets(sizes, comm_.size(), options_.reduce_bucket_numel, options_.alignment)
-                     : unit_plans(plan, sizes, comm_.size(), options_.alignment);
+        plan.empty() ? plan_buckets(sizes, shard_.size(), options_.reduce_bucket_numel, options_.alignment)
+                     : unit_plans(plan, sizes, shard_.size(), options_.alignment);
     for (size_t u = 0; u < plans.size(); ++u) {
       Bucket b;
       b.group = groups_.size();
@@ -193,9 +229,10 @@ Engine::Engine(std::vector<at::Tensor> params, Communicator& comm, EngineOptions
       std::make_unique<GradPacker>(std::move(packs), policy_.pack == ReducePolicy::Pack::kPooled, bytes_options());
 
   OptimizerOptions optimizer = options_.optimizer;
-  optimizer.replicated = policy_.replicated;  // stage 0: every rank holds the whole state
+  // Stage 0: rank 0 holds every element; hybrid: group 0's ranks do (Note [hybrid sharding]).
+  optimizer.owner_ranks = policy_.replicated ? 1 : replicas_ ? shard_.size() : 0;
   optimizer_ =
-      std::make_unique<ShardOptimizer>(make_state_store(std::move(master), std::move(state_file)), comm_, optimizer);
+      std::make_unique<ShardOptimizer>(make_state_store(std::move(master), std::move(state_file)), world_, optimizer);
   if (policy_.replicated) {  // stage 0 reduces each bucket into this scratch shard first
     size_t largest = 0;
     for (Bucket* b : buckets_) largest = std::max(largest, b->layout.shard_numel());
@@ -253,11 +290,11 @@ void Engine::fill_bucket(Group& g, Bucket& b, at::Tensor& master, NvmeStateStore
   }
   constexpr int64_t kPiece = int64_t{1} << 30;  // MPI counts are int: broadcast in pieces
   for (int64_t off = 0; off < bn; off += kPiece) {
-    comm_.broadcast(f.data_ptr<float>() + off, static_cast<size_t>(std::min(kPiece, bn - off)), DType::kFloat32, 0)
+    world_.broadcast(f.data_ptr<float>() + off, static_cast<size_t>(std::min(kPiece, bn - off)), DType::kFloat32, 0)
         ->wait();
   }
   const int64_t shard = static_cast<int64_t>(b.layout.shard_numel());
-  keep_master(b, g.dtype, policy_.replicated ? f : f.narrow(0, comm_.rank() * shard, shard), master, file);
+  keep_master(b, g.dtype, policy_.replicated ? f : f.narrow(0, shard_.rank() * shard, shard), master, file);
   const bool whole = units_.gathered(b.index);  // stage-3 units start released
   if (whole) {
     cast_from_f32_on(device_, f.data_ptr<float>(), units_.full(b.index).data_ptr(), g.dtype, static_cast<size_t>(bn));
@@ -300,7 +337,7 @@ StepStats Engine::step_unnamed() {
     std::lock_guard<std::mutex> lock(mu_);
     if (saw_backward_) throw;
     throw UsageError(__FILE__, __LINE__,
-                     detail::concat("engine.step(): rank ", comm_.rank(),
+                     detail::concat("engine.step(): rank ", world_.rank(),
                                     " called step() without a backward pass "
                                     "since its previous step() while another rank was still in backward. Call "
                                     "engine.backward(loss) before every engine.step() on every rank; a rank without "
@@ -322,7 +359,7 @@ StepStats Engine::step_unnamed() {
 char* Engine::own_chunk(const Bucket& b) const {
   const size_t esize = dtype_size(groups_[b.group]->dtype);
   char* base = static_cast<char*>(units_.full(b.index).data_ptr());
-  return policy_.replicated ? base : base + static_cast<size_t>(comm_.rank()) * b.layout.shard_numel() * esize;
+  return policy_.replicated ? base : base + static_cast<size_t>(shard_.rank()) * b.layout.shard_numel() * esize;
 }
 
 std::vector<Engine::Bucket*> Engine::whole_buckets() const {

@@ -57,6 +57,7 @@
 #include "runtime/param_gathers.h"
 #include "runtime/reduce_policy.h"
 #include "runtime/shard_copies.h"
+#include "runtime/shard_groups.h"
 #include "runtime/shard_optimizer.h"
 #include "runtime/unit_cache.h"
 #include "runtime/unit_names.h"
@@ -119,8 +120,10 @@ class Engine {
   // (CPU, or CUDA with a communicator of device memory: nccl, or mpi/gloo staged); the same lists, shapes and order on every rank.
   // Rank 0's values are broadcast. Errors name the index. Buffers live on that device.
   // units: stage 3 only, required there (fp32_params form persistent buckets of their own).
+  // groups: hybrid sharding over parts of comm (Note [hybrid sharding]); the default shards
+  // over the whole of comm. Stages 1-3, state in memory, host backends.
   Engine(std::vector<at::Tensor> params, Communicator& comm, EngineOptions options,
-         std::vector<at::Tensor> fp32_params = {}, std::vector<UnitSpec> units = {});
+         std::vector<at::Tensor> fp32_params = {}, std::vector<UnitSpec> units = {}, ShardGroups groups = {});
   ~Engine();
   Engine(const Engine&) = delete;
   Engine& operator=(const Engine&) = delete;
@@ -165,6 +168,11 @@ class Engine {
   std::vector<size_t> param_gathers_in_flight() const { return param_gathers_.in_flight(); }
   size_t bucket_of(size_t group, size_t param) const;
   bool overlaps_param_gather() const;  // the option, at a stage it applies to
+  // The ranks that share one copy of the state: the world, or a hybrid group (Note [hybrid
+  // sharding]); this rank's index in it and its group's index.
+  int shard_size() const { return shard_.size(); }
+  int shard_rank() const { return shard_.rank(); }
+  int replica() const { return replicas_ ? replicas_->rank() : 0; }
 
   // Stage 3 (bucket b is unit b of the constructor's units; fp32 buckets follow).
   size_t num_buckets() const { return buckets_.size(); }
@@ -280,8 +288,15 @@ class Engine {
   // parameters, plain or of int8 blocks (gather_int8), decoded when the Work is waited for.
   WorkPtr gather_working_copy(Bucket& b);
   void fill_own_chunk(const Bucket& b);  // this rank's chunk of b's working copy, from its shard
+  // Hybrid, once per window, at its boundary (update, or reduce_now): every bucket's FP32
+  // gradient shard summed across the groups (Note [hybrid sharding]).
+  void sum_gradient_across_replicas();
 
-  Communicator& comm_;
+  Communicator& world_;     // every rank: the step's decision, rank 0's starting values
+  Communicator& shard_;     // the ranks that shard the state: world_, or the group (Note [hybrid sharding])
+  Communicator* replicas_;  // hybrid: the other groups' ranks of this index; else nullptr
+  InterNodeWire replica_wire_;
+  bool replicas_summed_ = false;  // this window's gradient is summed across the groups (mu_ held)
   EngineOptions options_;
   ReducePolicy policy_;  // the stage's meaning, decided once: See Note [reduce policy]
   c10::Device device_;

@@ -42,6 +42,14 @@ void Engine::report_locked(size_t g, size_t i) {
                                     "Run every backward pass through engine.backward(loss), which lets several "
                                     "passes per step add up"));
   }
+  if (replicas_summed_) {
+    throw UsageError(__FILE__, __LINE__,
+                     detail::concat("Engine: parameter ", i, " of group ", g,
+                                    " got a gradient after this window's gradients were summed across the "
+                                    "shard_size groups (reduce_now, or deepspeed.utils.safe_get_full_grad): a "
+                                    "backward pass after them would miss the other groups. Ask for the gradients "
+                                    "after the window's last backward pass"));
+  }
   reported_[g][i] = true;
   round_open_ = true;
 }
@@ -163,23 +171,23 @@ void Engine::reduce_bucket_into(Bucket& b, float* grad) {
         e.packer_->release(bucket);
       }
     } release{*this, b.index};
-    if (shard > 0) comm_.reduce_scatter_accumulate(packed, g.dtype, grad, shard, true, tag)->wait();
+    if (shard > 0) shard_.reduce_scatter_accumulate(packed, g.dtype, grad, shard, true, tag)->wait();
     return;
   }
   if (shard == 0) return;
   const void* in = static_cast<const char*>(g.flat_grads.data_ptr()) + b.flat_offset * dtype_size(g.dtype);
   if (!policy_.replicated) {  // straight into this rank's FP32 gradient shard
-    comm_.reduce_scatter_accumulate(in, g.dtype, grad, shard, true, tag)->wait();
+    shard_.reduce_scatter_accumulate(in, g.dtype, grad, shard, true, tag)->wait();
     return;
   }
   // Stage 0: reduce-scatter into a scratch shard, add it to this rank's part of the
   // replicated gradient, then all-gather that part in place so every rank holds the whole
   // sum (a bucket can be reduced more than once per step: one per backward pass).
-  comm_.reduce_scatter_accumulate(in, g.dtype, stage0_scratch_.data_ptr<float>(), shard, false, tag)->wait();
-  const int64_t mine = static_cast<int64_t>(b.opt_offset + static_cast<size_t>(comm_.rank()) * shard);
+  shard_.reduce_scatter_accumulate(in, g.dtype, stage0_scratch_.data_ptr<float>(), shard, false, tag)->wait();
+  const int64_t mine = static_cast<int64_t>(b.opt_offset + static_cast<size_t>(shard_.rank()) * shard);
   at::Tensor part = optimizer_->state().grad().narrow(0, mine, static_cast<int64_t>(shard));
   part.add_(stage0_scratch_.narrow(0, 0, static_cast<int64_t>(shard)));
-  comm_.all_gather(part.data_ptr<float>(), grad, shard, DType::kFloat32, tag)->wait();
+  shard_.all_gather(part.data_ptr<float>(), grad, shard, DType::kFloat32, tag)->wait();
 }
 
 void Engine::drain() {
@@ -224,15 +232,34 @@ void Engine::begin_backward() {
 }
 
 void Engine::reduce_now() {
-  if (!reducing_now()) {
+  if (!reducing_now() || (replicas_ && !next_is_boundary())) {  // hybrid: summed across groups at the boundary
     throw UsageError(__FILE__, __LINE__,
                      detail::concat("the gradients are reduced in the accumulation window's last micro-step at stage ",
-                                    options_.stage, " (micro-step ", micro_step_in_window() + 1, " of ",
-                                    options_.optimizer.gradient_accumulation_steps,
+                                    options_.stage, replicas_ ? " with shard_size" : "", " (micro-step ",
+                                    micro_step_in_window() + 1, " of ", options_.optimizer.gradient_accumulation_steps,
                                     " now): ask for them after "
                                     "that micro-step's backward, before its step()"));
   }
   finish_round();
+  sum_gradient_across_replicas();
+}
+
+void Engine::sum_gradient_across_replicas() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (replicas_ == nullptr || replicas_summed_) return;
+    replicas_summed_ = true;
+  }
+  try {
+    float* grad = optimizer_->state().grad().data_ptr<float>();  // in memory: shard_part checked the tier
+    for (Bucket* b : buckets_) {
+      sum_across_replicas(*replicas_, grad + b->opt_offset, b->opt_numel, replica_wire_,
+                          static_cast<int64_t>(b->index));
+    }
+  } catch (...) {
+    optimizer_->state().zero_grad();  // half summed: the window is dropped, as after a failed reduce
+    throw;
+  }
 }
 
 void Engine::finish_round() {

@@ -91,7 +91,7 @@ std::unique_ptr<NvmeStateStore> Engine::open_tier_files(size_t numel) {
   ZRT_CHECK_AS(ConfigError, device_.is_cpu(), "Engine: the optimizer state's tier 'nvme' works for a CPU model; got ",
                device_.str(), " (set offload_optimizer.device to 'none' or 'cpu')");
   NvmeStateOptions nvme = options_.nvme;
-  nvme.rank = comm_.rank();
+  nvme.rank = world_.rank();
   std::unique_ptr<NvmeStateStore> file;
   std::string why;
   try {
@@ -101,7 +101,7 @@ std::unique_ptr<NvmeStateStore> Engine::open_tier_files(size_t numel) {
   } catch (const Error& e) {
     why = e.what();
   }
-  const std::string all = failures_across_ranks(comm_, why);
+  const std::string all = failures_across_ranks(world_, why);
   ZRT_CHECK_AS(ConfigError, all.empty(),
                "Engine: the NVMe state files could not be made on every rank, so none "
                "was written:\n",
@@ -150,7 +150,7 @@ void Engine::make_shard_copies() {
     shard_copies_ = ShardCopies(bytes, nullptr, device_);
     return;
   }
-  const ShardFileOptions file{options_.param_nvme_path, comm_.rank(), options_.nvme.queue_depth,
+  const ShardFileOptions file{options_.param_nvme_path, world_.rank(), options_.nvme.queue_depth,
                               options_.nvme.block_size};
   shard_copies_ = ShardCopies(bytes, &file);
 }
@@ -292,7 +292,7 @@ at::Tensor Engine::gather_master(size_t g) const {
     if (policy_.replicated) {                  // every rank holds it all
       out.narrow(0, static_cast<int64_t>(b.flat_offset), n).copy_(mine);
     } else {
-      comm_
+      shard_
           .all_gather(mine.data_ptr<float>(), out.data_ptr<float>() + b.flat_offset, b.opt_numel, DType::kFloat32,
                       static_cast<int64_t>(b.index))
           ->wait();

@@ -25,7 +25,7 @@ void Engine::start_gather_locked(Bucket& b) {
 
 void Engine::gather_on_comm_thread(Bucket& b) {
   fill_own_chunk(b);
-  if (comm_.size() > 1) gather_working_copy(b)->wait();
+  if (shard_.size() > 1) gather_working_copy(b)->wait();
 }
 
 void Engine::wait_gathered_locked(std::unique_lock<std::mutex>& lock, Bucket& b) {

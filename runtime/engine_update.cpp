@@ -36,6 +36,16 @@ void Engine::update(StepStats& stats) {
     if (host_mover_ && !(copied && shard_copies_.on_host())) lend_host_output(seg, b->opt_numel * dtype_size(dtype));
     outputs.push_back(std::move(seg));
   }
+  auto t0 = std::chrono::steady_clock::now();
+  struct NextWindow {  // the next window reduces afresh, whatever happens here
+    Engine& e;
+    ~NextWindow() {
+      std::lock_guard<std::mutex> lock(e.mu_);
+      e.replicas_summed_ = false;
+    }
+  } next_window{*this};
+  sum_gradient_across_replicas();  // hybrid: Note [hybrid sharding]
+  stats.reduce_ms += ms_since(t0);
   const int64_t missed = missed_backward_;
   missed_backward_ = 0;
   bool applied;
@@ -70,15 +80,15 @@ WorkPtr Engine::gather_working_copy(Bucket& b) {
   char* full = static_cast<char*>(units_.full(b.index).data_ptr());
   const auto tag = static_cast<int64_t>(b.index);
   if (!(options_.gather_int8 && policy_.units && is_low_precision(dtype))) {
-    return comm_.all_gather(own_chunk(b), full, n, dtype, tag);
+    return shard_.all_gather(own_chunk(b), full, n, dtype, tag);
   }
   // Note [int8 blocks]: this rank's chunk encoded, every chunk decoded from the wire.
-  const size_t wire = int8_wire_bytes(n), world = static_cast<size_t>(comm_.size());
+  const size_t wire = int8_wire_bytes(n), world = static_cast<size_t>(shard_.size());
   std::shared_ptr<char[]> mine(new char[wire + 1]), all(new char[world * wire + 1]);
   auto values = std::make_shared<std::vector<float>>(n);
   cast_to_f32(own_chunk(b), dtype, values->data(), n);
   encode_int8_blocks(values->data(), n, mine.get());
-  WorkPtr w = comm_.all_gather(mine.get(), all.get(), wire / 4, DType::kInt32, tag);  // opaque 32-bit words
+  WorkPtr w = shard_.all_gather(mine.get(), all.get(), wire / 4, DType::kInt32, tag);  // opaque 32-bit words
   w->keep_alive(mine);
   w->keep_alive(all);
   w->then([all, values, full, n, wire, world, dtype] {

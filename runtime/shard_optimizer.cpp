@@ -85,7 +85,7 @@ bool ShardOptimizer::step(const std::vector<OutputSegment>& outputs, StepStats& 
   Decision global;
   try {  // the one decision, the same on every rank
     global = decide_step(comm_, {static_cast<int64_t>(local.nonfinite), local.sum_squares, missed_backward},
-                         options_.replicated, options_.gradient_accumulation_steps);
+                         options_.owner_ranks, options_.gradient_accumulation_steps);
   } catch (...) {
     state_->zero_grad();  // the window is dropped on every rank alike
     throw;

@@ -27,9 +27,10 @@ struct OptimizerOptions {
   double gradient_clipping = 0.0;           // max global L2 norm; 0 disables
   int64_t gradient_accumulation_steps = 1;  // the gradient is averaged over these and W
   DType state_dtype = DType::kFloat32;      // Adam's m and v: f32, or bf16 (half their memory)
-  // Stage 0: every rank holds the whole state and the whole summed gradient, so the
-  // decision inputs are already global and are not all-reduced.
-  bool replicated = false;
+  // Ranks 0..owner_ranks-1 hold every element of the state once between them, so only their
+  // gradient figures are summed at the decision (0: every rank; stage 0, where every rank holds
+  // it all: 1; hybrid sharding: the group's size, Note [hybrid sharding]).
+  int owner_ranks = 0;
 };
 
 // Where step() writes the updated weights: master[offset, offset+numel) cast to dtype

@@ -86,7 +86,7 @@ std::vector<int64_t> gather_rows(Communicator& comm, const int64_t* mine, size_t
 
 }  // namespace
 
-Decision decide_step(Communicator& comm, const RankReport& mine, bool replicated, int64_t window) {
+Decision decide_step(Communicator& comm, const RankReport& mine, int owner_ranks, int64_t window) {
   struct ClearLog {  // whatever happens, the next window starts empty
     CallLog& log;
     ~ClearLog() { log.clear(); }
@@ -127,8 +127,8 @@ Decision decide_step(Communicator& comm, const RankReport& mine, bool replicated
   }
   if (!same_calls) throw_first_difference(comm, rows, comm.calls().kept(), calls.calls);
   Decision d;
-  for (int r = 0; r < world; ++r) {
-    if (replicated && r > 0) break;
+  const int summed = owner_ranks > 0 ? std::min(owner_ranks, world) : world;
+  for (int r = 0; r < summed; ++r) {
     d.nonfinite += rows[r * kRow];
     d.sum_squares += from_bits(rows[r * kRow + 1]);
   }

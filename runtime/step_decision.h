@@ -32,12 +32,13 @@ struct Decision {
 };
 
 // One all-reduce of W rows of 5 int64 (each rank fills its own row, so it is an all-gather
-// that every backend runs on host memory); none at W = 1. replicated (stage 0): every
-// rank's figures are already global, so rank 0's are taken, not summed. Clears the
+// that every backend runs on host memory); none at W = 1. owner_ranks > 0: only ranks
+// 0..owner_ranks-1's figures are summed, since they hold every element once (stage 0: rank 0's
+// are already global; hybrid sharding: group 0's); 0 sums every rank's. Clears the
 // communicator's call log (a new window starts). Throws UsageError on every rank alike when
 // a rank had a micro-step without backward (naming the ranks), or when the ranks' calls
 // differ (one more collective, only then, names the first call that differs on each rank).
 // window: the accumulation window's length, for the message.
-Decision decide_step(Communicator& comm, const RankReport& mine, bool replicated, int64_t window);
+Decision decide_step(Communicator& comm, const RankReport& mine, int owner_ranks, int64_t window);
 
 }  // namespace zerort

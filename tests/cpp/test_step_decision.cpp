@@ -25,9 +25,9 @@ TEST(StepDecision, SumsInRankOrderAndClearsTheLog) {
     auto errors = run_ranks(world, [&](Communicator& comm) {
       std::vector<float> x(5, 1.0f);
       comm.all_reduce(x.data(), 5, DType::kFloat32)->wait();
-      got[comm.rank()] = decide_step(comm, report(comm), false, 1);
-      EXPECT_EQ(comm.calls().summary().calls, 0);                                     // the next window starts empty
-      got[comm.rank()].nonfinite += 100 * decide_step(comm, {}, false, 1).nonfinite;  // a second step
+      got[comm.rank()] = decide_step(comm, report(comm), 0, 1);
+      EXPECT_EQ(comm.calls().summary().calls, 0);                                 // the next window starts empty
+      got[comm.rank()].nonfinite += 100 * decide_step(comm, {}, 0, 1).nonfinite;  // a second step
     });
     double want = 0;
     for (int r = 0; r < world; ++r) want += 0.1 * (r + 1);  // the same order, so the same bits
@@ -44,7 +44,7 @@ TEST(StepDecision, ReplicatedTakesRankZerosFigures) {
     RankReport same;
     same.nonfinite = 2;
     same.sum_squares = 4.5;
-    Decision d = decide_step(comm, same, true, 1);
+    Decision d = decide_step(comm, same, 1, 1);
     EXPECT_EQ(d.nonfinite, 2);
     EXPECT_EQ(d.sum_squares, 4.5);
   });
@@ -59,7 +59,7 @@ TEST(StepDecision, DifferentTagIsNamedAtTheStepOnEveryRank) {
     comm.all_gather(in.data(), out.data(), 4, DType::kFloat32, 7)->wait();
     comm.all_gather(in.data(), out.data(), 4, DType::kFloat32, comm.rank() == 1 ? 4 : 3)->wait();
     comm.all_gather(in.data(), out.data(), 4, DType::kFloat32, 9)->wait();
-    decide_step(comm, {}, false, 1);
+    decide_step(comm, {}, 0, 1);
   });
   for (int r = 0; r < 3; ++r) {
     const std::string& e = errors[r];
@@ -78,13 +78,13 @@ TEST(StepDecision, ExtraCallIsNamedAtTheStep) {
   auto errors = run_ranks(2, [&](Communicator& comm) {
     float x = 1;
     comm.all_reduce(&x, 1, DType::kFloat32)->wait();
-    decide_step(comm, {}, false, 1);  // a good step first: the log restarts after it
+    decide_step(comm, {}, 0, 1);  // a good step first: the log restarts after it
     CollectiveDesc extra;
     extra.kind = Collective::kAllGather;
     extra.dtype = DType::kInt32;
     extra.tag = 5;
     if (comm.rank() == 0) comm.calls().record(extra);
-    decide_step(comm, {}, false, 1);
+    decide_step(comm, {}, 0, 1);
   });
   for (int r = 0; r < 2; ++r) {
     EXPECT_NE(errors[r].find("call 1 since the previous step is the first that differs"), std::string::npos)
@@ -99,7 +99,7 @@ TEST(StepDecision, MissedBackwardNamesTheRanks) {
     RankReport r;
     r.missed_backward = comm.rank() == 2 ? 1 : 0;
     try {
-      decide_step(comm, r, false, 4);
+      decide_step(comm, r, 0, 4);
     } catch (const UsageError& e) {
       throw std::runtime_error(std::string("USAGE: ") + e.what());
     }
@@ -120,7 +120,7 @@ TEST(StepDecision, NoBackendCallAtWorldOne) {
     comm.all_gather(whole.data(), whole.data(), 6, DType::kFloat32)->wait();  // in place
     comm.broadcast(whole.data(), 6, DType::kFloat32, 0)->wait();
     comm.barrier()->wait();
-    Decision d = decide_step(comm, report(comm), false, 1);
+    Decision d = decide_step(comm, report(comm), 0, 1);
     EXPECT_EQ(d.nonfinite, 1);
     for (float v : shard) EXPECT_EQ(v, 1.5f);
     for (float v : whole) EXPECT_EQ(v, 3.0f);

@@ -2,9 +2,10 @@
 (model, stage, precision, accumulation) case and saves per-rank results for the test.
 
     engine_worker.py OUT_PREFIX [--staged cpu | --topology two_hop] CASE [CASE ...]
-    CASE = model:stage:precision:gas:steps[:inf@STEP][:noclip][:overlap][:bucket@NUMEL][:int8gather]
+    CASE = model:stage:precision:gas:steps[:inf@STEP][:noclip][:overlap][:bucket@NUMEL][:int8gather][:shard@S]
 --staged cpu: the launcher's communicator pushes every buffer through the host staging code
-of the CUDA-over-mpi/gloo path (zerort.comm.init(staged='cpu')). --topology two_hop: the
+of the CUDA-over-mpi/gloo path (zerort.comm.init(staged='cpu')). shard@S: hybrid sharding with
+shard_size S (a number or "node"). --topology two_hop: the
 reduce-scatter and all-gather in two hops, within the node and across nodes (zerort.comm.topology).
 """
 import os
@@ -36,6 +37,9 @@ def run_case(case, comm):
     for f in flags:
         if f.startswith("bucket@"):
             cfg["reduce_bucket_numel"] = int(f.split("@")[1])
+        if f.startswith("shard@"):
+            size = f.split("@")[1]
+            cfg["shard_size"] = size if size == "node" else int(size)
     engine = zerort.initialize(model, cfg, comm=comm)
     losses, scales, skipped = [], [], []
     for step in range(steps):
@@ -57,7 +61,9 @@ def run_case(case, comm):
     if "int8gather" in flags:  # the 16-bit export: the master's values, not the int8-decoded weights
         engine.save_16bit_model(os.environ["ENGINE_WORKER_DIR"], f"int8gather_{name}.bin")
         saved = torch.load(os.path.join(os.environ["ENGINE_WORKER_DIR"], f"int8gather_{name}.bin"))
-    return {"losses": losses, "scales": scales, "skipped": skipped, "saved16": saved,
+    impl = engine.runtime
+    return {"losses": losses, "scales": scales, "skipped": skipped, "saved16": saved, "shard_size": impl.shard_size,
+            "own_master": impl.read_state("master", 0, impl.state_numel),  # this rank's shard: replicas compare it
             "master": engine.full_state_dict(master=True), "params": engine.full_state_dict(),
             "memory": engine.memory_report().to_dict()}
 

@@ -24,7 +24,7 @@ OURS = {"stage": 3, "precision": "fp16", "reduce_bucket_numel": 999, "gradient_a
 # C++ fields no config key sets: the Engine sets replicated (stage 0) and alignment itself;
 # DeepSpeed's scaler has no factor key. dynamic is at its default in OURS (see the static test),
 # param_host follows offload_param "cpu" and the model's device (see the tier test).
-UNSET = {"OptimizerOptions.replicated", "EngineOptions.alignment", "LossScalerOptions.factor",
+UNSET = {"OptimizerOptions.owner_ranks", "EngineOptions.alignment", "LossScalerOptions.factor",
          "LossScalerOptions.dynamic", "EngineOptions.param_host"}
 
 

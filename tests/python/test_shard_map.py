@@ -32,7 +32,8 @@ class FakeImpl:
     """What the shard map reads of zerort._C.Engine, laid out as the Engine lays out a group:
     buckets back to back, each bucket's parameters back to back in its own order."""
 
-    def __init__(self, numels, world, stage, bucket):
+    def __init__(self, numels, world, stage, bucket, rank=0):
+        self.shard_size, self.shard_rank = world, rank  # a flat engine's: the whole world
         self.buckets, self.offsets, flat, opt = [], [0] * len(numels), 0, 0
         for params, padded, shard in zerort._C.plan_buckets(numels, world, bucket, zerort._C.SHARD_ALIGNMENT):
             x = flat

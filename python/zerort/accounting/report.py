@@ -38,8 +38,9 @@ class MemoryReport:
     made, beside the exact estimate of the same layout (estimate_memory)."""
 
     def __init__(self, measured, across, estimate, peak_rss, cuda_peak, stage, world_size, allocator=None,
-                 offload="offload none", tier=None, param_tier=None):
+                 offload="offload none", tier=None, param_tier=None, shard_size=None):
         self.measured, self.across, self.estimate = measured, across, estimate
+        self.shard_size = shard_size or world_size  # shard_size: the ranks the estimates shard over
         self.peak_rss, self.cuda_peak, self.stage, self.world_size = peak_rss, cuda_peak, stage, world_size
         self.allocator = allocator
         self.offload = offload  # where the states live (zerort.config.offload.describe)
@@ -54,7 +55,7 @@ class MemoryReport:
             rows[k] = {"measured": self.measured[k], "min": self.across[k][0], "max": self.across[k][1],
                        "sum": self.across[k][2], "estimate": self.estimate[k],
                        "diff": self.measured[k] - self.estimate[k], "bound_only": k in BOUND_ONLY}
-        return {"stage": self.stage, "world_size": self.world_size, "categories": rows,
+        return {"stage": self.stage, "world_size": self.world_size, "shard_size": self.shard_size, "categories": rows,
                 "total_measured": sum(self.measured.values()), "peak_rss_bytes": self.peak_rss,
                 "cuda_max_allocated_bytes": self.cuda_peak, "allocator": self.allocator, "offload": self.offload,
                 "state_tier": self.tier, "param_tier": self.param_tier}
@@ -62,7 +63,8 @@ class MemoryReport:
     def table(self):
         mib, w = 1 << 20, 46
         f = lambda b: "" if b is None else f"{b / mib:.3f}"
-        lines = [f"memory report: ZeRO stage {self.stage}, W={self.world_size}, per rank (MiB)", self.offload]
+        groups = f" in groups of {self.shard_size}" if self.shard_size != self.world_size else ""
+        lines = [f"memory report: ZeRO stage {self.stage}, W={self.world_size}{groups}, per rank (MiB)", self.offload]
         head = lambda first: lines.append(f"{first:{w}s}{'this rank':>11s}{'min':>10s}{'max':>10s}"
                                           f"{'estimate':>10s}{'diff':>10s}")
         row = lambda label, m=None, lo=None, hi=None, e=None, d=None: lines.append(
@@ -133,7 +135,8 @@ def measure(engine, mem):
     mem: its EngineMemory."""
     nbytes = lambda t: t.numel() * t.element_size()
     impl, out = engine.runtime, dict.fromkeys((k for k, _ in CATEGORIES), 0)
-    scratch = engine.comm._c.scratch_peak_bytes
+    # The reduce's scratch: the world's communicator's, and with shard_size the group's too.
+    scratch = sum(c._c.scratch_peak_bytes for c in (engine.comm, *engine.shard_comms) if c is not None)
     out["lp_params"] = impl.resident_param_bytes  # stage 3: the persistent units
     out["gathered_units"] = mem.gathered_peak(impl)
     for g in range(impl.num_groups):
@@ -161,15 +164,15 @@ def _engine_groups(engine):
 def _allocator_figures(engine, mem, groups):
     """This rank's allocator figures (MemoryReport.allocator, without min and max)."""
     c = engine.config
-    layout = sum(exact(groups, engine.world_size, c.stage, c.reduce_bucket_numel, c.stage3.prefetch, at_rest=True,
-                       state_bytes=STATE_BYTES[c.optimizer.state_dtype], nvme=NvmeTier.of(c)).values())
+    layout = sum(exact(groups, engine.runtime.shard_size, c.stage, c.reduce_bucket_numel, c.stage3.prefetch,
+                       at_rest=True, state_bytes=STATE_BYTES[c.optimizer.state_dtype], nvme=NvmeTier.of(c)).values())
     source = ("zerort's counting CPU allocator" if mem.key == "cpu" else
               f"torch.cuda.memory_allocated / max_memory_allocated on {mem.key}")
     out = {"source": source, "device": mem.key,
            "held": {"measured": mem.held, "estimate": layout + mem.other_tensors, "layout": layout,
                     "other_tensors": mem.other_tensors},
            "phases": {}, "not_counted": engine.comm._c.scratch_peak_bytes if mem.key == "cpu" else 0}
-    est = phase_estimates(groups, engine.world_size, c.stage, c.stage3.prefetch)
+    est = phase_estimates(groups, engine.runtime.shard_size, c.stage, c.stage3.prefetch)
     for name in PHASES:
         r = mem.phases.result.get(name)
         parts = est[name]
@@ -201,20 +204,20 @@ def report(engine, mem):
     for i, name in enumerate(PHASES):
         alloc["phases"][name]["min"], alloc["phases"][name]["max"] = int(lo[n + 1 + i]), int(hi[n + 1 + i])
     state_bytes, nvme = STATE_BYTES[c.optimizer.state_dtype], NvmeTier.of(c)
-    est = exact(groups, engine.world_size, c.stage, c.reduce_bucket_numel, c.stage3.prefetch,
+    est = exact(groups, engine.runtime.shard_size, c.stage, c.reduce_bucket_numel, c.stage3.prefetch,
                 state_bytes=state_bytes, nvme=nvme)
     tier = param_tier = None
     if nvme is not None:
         tier = _file_figures(engine, engine.runtime.state_tier_stats,
-                             nvme_file_bytes(groups, engine.world_size, c.stage, nvme, c.reduce_bucket_numel,
+                             nvme_file_bytes(groups, engine.runtime.shard_size, c.stage, nvme, c.reduce_bucket_numel,
                                              state_bytes))
         if nvme.params:
             param_tier = _file_figures(engine, engine.runtime.param_tier_stats,
-                                       nvme_param_file_bytes(groups, engine.world_size, c.stage, nvme))
+                                       nvme_param_file_bytes(groups, engine.runtime.shard_size, c.stage, nvme))
     peak_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     cuda_peak = torch.cuda.max_memory_allocated() if torch.cuda.is_available() else None
     return MemoryReport(measured, across, est, peak_rss, cuda_peak, c.stage, engine.world_size, alloc,
-                        describe(c, engine.device), tier, param_tier)
+                        describe(c, engine.device), tier, param_tier, engine.runtime.shard_size)
 
 
 def _file_figures(engine, stats, estimate):

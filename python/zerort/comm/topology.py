@@ -11,6 +11,9 @@ split (MPI_Comm_split) or a torch.distributed group per part for gloo.
 The nodes come from the launcher: torchrun's and Open MPI's local rank and local world size.
 All ranks agree on them once, here (one all-gather): every node has the same number of ranks
 G, rank r is local rank r % G of node r // G, and the ranks of one node share a host name.
+
+shard_groups makes the same split for hybrid sharding (shard_size), with groups of shard_size
+consecutive ranks in place of nodes.
 """
 import logging
 import socket
@@ -67,24 +70,45 @@ def two_hop(comm, backend, topology, inter_dtype, timeout_s, debug, env):
     nodes, per_node = shape
     if topology == "auto" and (nodes == 1 or per_node == 1):
         return None
-    node, local = divmod(comm.rank, per_node)
-    if backend == "mpi":
-        intra = _C.make_mpi_part(node, local, timeout_s, debug)
-        inter = _C.make_mpi_part(local, node, timeout_s, debug)
-    else:
-        intra, inter = _gloo_parts(nodes, per_node, node, local, timeout_s, debug)
+    intra, inter = grid_parts(comm, backend, per_node, timeout_s, debug)
     return _C.make_two_hop_communicator(comm._c, intra, inter, inter_dtype, timeout_s, debug)
 
 
-def _gloo_parts(nodes, per_node, node, local, timeout_s, debug):
-    """This rank's intra-node and inter-node gloo communicators: every rank makes every group,
-    in the same order, as torch.distributed.new_group requires."""
+def shard_groups(comm, backend, shard_size, timeout_s, debug, env):
+    """Hybrid sharding (shard_size; C++ Note [hybrid sharding] in runtime/shard_groups.h): this
+    rank's (group, replicas) C++ communicators, or (None, None) where the groups are the whole
+    world. shard_size: None, an int that divides the world size, or "node" (the launcher's
+    ranks per node, agreed as layout() does). A collective."""
+    if shard_size is None:
+        return None, None
+    if shard_size == "node":
+        shape, why = layout(comm, env)
+        if shape is None:
+            raise ConfigError([f"shard_size: 'node' needs equal nodes numbered node by node; here {why}: launch "
+                               "the same number of ranks on every host, or give shard_size as a number"])
+        shard_size = shape[1]
+    if comm.size % shard_size:
+        raise ConfigError([f"shard_size: got {shard_size}, which does not divide the world size {comm.size}: use "
+                           f"a divisor of it (groups of consecutive ranks, each holding one copy of the state)"])
+    if shard_size == comm.size:
+        return None, None
+    if backend not in ("mpi", "gloo"):
+        raise ConfigError([f"shard_size: hybrid sharding is built for the mpi and gloo backends, not {backend!r}; "
+                           "drop shard_size (nccl's groups need ncclCommSplit, not built in this version)"])
+    return grid_parts(comm, backend, shard_size, timeout_s, debug)
+
+
+def grid_parts(comm, backend, per_row, timeout_s, debug):
+    """The ranks as rows of per_row consecutive ranks: this rank's (row, column) C++
+    communicators, from an MPI split or a torch.distributed group per part (gloo). Rank r is
+    index r % per_row of row r // per_row; its column holds the rows' ranks of that index."""
+    row, index = divmod(comm.rank, per_row)
+    if backend == "mpi":
+        return _C.make_mpi_part(row, index, timeout_s, debug), _C.make_mpi_part(index, row, timeout_s, debug)
     import torch.distributed as dist
 
-    groups = {}
-    for k in range(nodes):
-        groups["intra", k] = dist.new_group([k * per_node + j for j in range(per_node)])
-    for j in range(per_node):
-        groups["inter", j] = dist.new_group([k * per_node + j for k in range(nodes)])
+    rows = comm.size // per_row  # every rank makes every group, in the same order, as new_group requires
+    groups = {("row", k): dist.new_group([k * per_row + j for j in range(per_row)]) for k in range(rows)}
+    groups.update({("column", j): dist.new_group([k * per_row + j for k in range(rows)]) for j in range(per_row)})
     make = lambda g: _C.make_gloo_communicator(g.group_name, timeout_s, debug)
-    return make(groups["intra", node]), make(groups["inter", local])
+    return make(groups["row", row]), make(groups["column", index])

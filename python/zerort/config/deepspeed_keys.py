@@ -218,8 +218,11 @@ KEYS = [
     d("zero_optimization.zero_quantized_gradients", "quantized gradients (ZeRO++)"),
     d("zero_optimization.zero_hpz_partition_size", "hierarchical partitioning (ZeRO++ hpZ)", _only(1, 0)),
     d("zero_optimization.zeropp_loco_param", "ZeRO++ LoCo", EMPTY),
-    d("zero_optimization.mics_shard_size", "MiCS sub-group sharding", _only(-1, 0)),
-    d("zero_optimization.mics_hierarchical_params_gather", "MiCS"),
+    b("zero_optimization.mics_shard_size", "shard_size: the state sharded within groups of this many consecutive "
+      "ranks and replicated across them, gradients summed within the group, then across the groups once per "
+      "window (-1 or 0: off); at stages 1-3, state in memory, mpi or gloo"),
+    d("zero_optimization.mics_hierarchical_params_gather", "MiCS's two-hop gather inside a group that spans nodes; "
+      "zerort's groups gather flat within the group (a node's, with shard_size 'node')"),
     d("zero_optimization.legacy_stage1", "legacy stage 1"),
     d("zero_optimization.pipeline_loading_checkpoint", "pipeline checkpoint loading"),
     d("zero_optimization.zenflow", "ZenFlow", EMPTY),

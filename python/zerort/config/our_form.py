@@ -8,7 +8,7 @@ import types
 
 from zerort.comm.topology import INTER_DTYPES
 from zerort.config import offload
-from zerort.config.reader import MAX_NUMEL, MAX_PERIOD, MAX_PREFETCH, _Reader, _real
+from zerort.config.reader import MAX_NUMEL, MAX_PERIOD, MAX_PREFETCH, MAX_WORLD, _Reader, _real
 from zerort.config.sections import SECTIONS, Config
 
 
@@ -97,6 +97,7 @@ def _parse_ours(cfg, problems):
     rl.leftover(ls)
     c.batch.gradient_accumulation_steps = r.number(cfg, "gradient_accumulation_steps",
                                                    c.batch.gradient_accumulation_steps, integer=True, low=1)
+    c.shard_size = shard_size(r, cfg, "shard_size", c.shard_size)
     c.reduce_bucket_numel = r.number(cfg, "reduce_bucket_numel", c.reduce_bucket_numel, integer=True, low=1,
                                      high=MAX_NUMEL)
     common(r, cfg, c)
@@ -109,6 +110,23 @@ def _parse_ours(cfg, problems):
     offload.read_ours(r, cfg, c)
     r.leftover(cfg)
     return c.config(), scale_keys, "precision"
+
+
+def shard_size(r, d, name, default):
+    """d[name]: hybrid sharding's group size, an int >= 1 or "node" (zerort.comm.shard_groups).
+    Both forms read it here: our shard_size, DeepSpeed's mics_shard_size (whose -1 and 0 are off)."""
+    present, v = r._take(d, name)
+    if not present:
+        return default
+    off = name.startswith("mics") and v in (-1, 0) and not isinstance(v, bool)
+    if off:
+        return None
+    if v == "node" or (isinstance(v, int) and not isinstance(v, bool) and 1 <= v <= MAX_WORLD):
+        return v
+    allowed = "-1 or 0 (off), " if name.startswith("mics") else ""
+    r.bad(name, v, f"{allowed}an integer from 1 to {MAX_WORLD} (ranks per group), or 'node'",
+          not isinstance(v, (int, str)) or isinstance(v, bool))
+    return default
 
 
 def runtime_keys(r, cfg, c):

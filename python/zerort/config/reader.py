@@ -13,6 +13,7 @@ import struct
 MAX_INT = 2 ** 31 - 1  # an integer's bound unless its key says otherwise: Note [bounded values]
 MAX_NUMEL = 2 ** 40  # elements of a bucket or threshold: 2 TiB in bf16, more than any device holds
 MAX_PREFETCH = 65536  # stage-3 units gathered ahead; a model has fewer units
+MAX_WORLD = 2 ** 20  # ranks: shard_size, and a checkpoint's world_size (zerort.state.metadata)
 MAX_IO_DEPTH = 32768  # aio.queue_depth: io_uring's most entries in one ring
 MAX_PERIOD = 2 ** 62  # steps_per_print: DeepSpeed configs write 1e12 for "never"
 MAX_INT_DIGITS = 100  # a longer integer literal in a config file stays a LongInteger

@@ -144,6 +144,10 @@ class Config:
     # Stages 1-2: step() returns with the parameter all-gathers in flight and each module waits
     # for its own in the next forward (zerort.engine.param_waits; C++ Note [overlapped parameter gather])
     overlap_param_gather: bool = False
+    # Stages 1-3: the state sharded within groups of this many consecutive ranks ("node": a
+    # node's) and replicated across them (zerort.comm.shard_groups; C++ Note [hybrid sharding]).
+    # None: sharded over the whole world.
+    shard_size: Optional[object] = None
     fp32_modules: tuple = ()  # changes to zerort.layout.precision's norm rule: "Name" adds a class, "-Name" removes it
     optimizer: Optimizer = dataclasses.field(default_factory=Optimizer)
     loss_scale: LossScale = dataclasses.field(default_factory=LossScale)

@@ -5,6 +5,7 @@ and the lr schedule the engine steps."""
 import torch
 
 from zerort import comm as comm_mod
+from zerort.comm import topology
 from zerort import lifecycle
 from zerort.engine import lr_schedules, meta_init
 from zerort.errors import ConfigError, DeviceError, UsageError
@@ -51,6 +52,17 @@ def connect(c, device, comm):
     if c.stage == 3 and c.comm.debug is None:
         comm.check_each_call()  # Note [checked calls]: ranks that diverge at stage 3 differ in size
     return comm
+
+
+def shard_groups(c, comm):
+    """Hybrid sharding (config c's shard_size): this rank's group and replicas communicators,
+    or (None, None) when the state is sharded over the whole world (zerort.comm.topology)."""
+    if c.shard_size is None:
+        return None, None
+    backend = comm.backend.split("+")[0]  # a two-hop communicator's flat backend
+    parts = topology.shard_groups(comm, backend, c.shard_size, c.comm.timeout_s, bool(c.comm.debug),
+                                  comm_mod.detect_launch_env())
+    return tuple(None if p is None else comm_mod.Communicator(p, comm.device) for p in parts)
 
 
 def masters_to_fp32(model, names):

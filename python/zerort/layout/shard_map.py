@@ -8,7 +8,9 @@ writes back), the optimizer's param-group regions and the non-finite guard's wat
 all read it from here, and memory.py sizes its layouts with layout().
 
 A segment is [rank, index, offset, length]: `length` elements of the parameter from `offset`
-(row-major) are elements [index, index + length) of `rank`'s optimizer state. At stage 0
+(row-major) are elements [index, index + length) of `rank`'s optimizer state. With shard_size
+the ranks are a group's (engine.runtime.shard_rank), and every group holds the same map (C++ Note
+[hybrid sharding]). At stage 0
 every rank holds every element: the segments then name rank 0, and each rank reads them as
 its own (replicated()).
 """
@@ -42,7 +44,7 @@ def _group_segments(engine, g, params):
         if not inside:
             continue
         # Stage 0: one rank holds the whole bucket (the parameters at their flat offsets).
-        bucket = layout([numels[i] for _, i in inside], 1 if stage0 else engine.world_size)
+        bucket = layout([numels[i] for _, i in inside], 1 if stage0 else engine.runtime.shard_size)
         if not stage0 and (bucket.shard_numel, bucket.padded_numel) != (shard, padded):
             raise Error(f"zerort shard map: group {g}'s bucket at {start} has shards of {shard} elements, "
                                f"its ShardLayout {bucket.shard_numel}")
@@ -73,7 +75,7 @@ def owned(engine, layout=None):
     layout = layout or param_layout(engine)
     everything = replicated(engine)
     return sorted((index, length, name) for name, info in layout.items()
-                  for rank, index, _, length in info["segments"] if everything or rank == engine.rank)
+                  for rank, index, _, length in info["segments"] if everything or rank == engine.runtime.shard_rank)
 
 
 STATE_KEYS = ("master", "exp_avg", "exp_avg_sq")
@@ -103,7 +105,7 @@ def write_state(engine, key, full, layout=None):
     and written back whole (what lies between runs keeps its values), so no more than a
     window, or one run, is held beside `full`, in any tier."""
     layout = layout or param_layout(engine)
-    rank, everything = engine.rank, replicated(engine)
+    rank, everything = engine.runtime.shard_rank, replicated(engine)
     runs = sorted((index, offset, length, name) for name, values in full.items()
                   for r, index, offset, length in layout[name]["segments"] if everything or r == rank)
     i = 0

@@ -5,7 +5,9 @@
 
 Each shard holds this rank's FP32 master, Adam m and v (FP32 on disk even when the moments
 are kept in bf16), the loss-scaler state and the step counters, with a SHA-256 of its
-tensors; rank 0's shard also holds the frozen parameters (FP32) and the buffers. No
+tensors; rank 0's shard also holds the frozen parameters (FP32) and the buffers. With
+shard_size, the first group's ranks write the shards and the checkpoint records a world of
+shard_size ranks: the other groups hold the same state (C++ Note [hybrid sharding]). No
 low-precision copy is written at any stage: a load casts the working weights from the
 master (refresh_params). The
 metadata records, for every parameter, which rank holds which run of its elements at what
@@ -102,6 +104,9 @@ def _new_save_id(comm, rank):
     return f"{x.item() & (2 ** 64 - 1):0{SAVE_ID_DIGITS}x}"
 
 
+NO_SHARD = "00" * 32  # the digest a rank that writes no shard (shard_size: groups after the first) sends
+
+
 def _gather_digests(comm, digest):
     """Every rank's shard SHA-256 (hex), indexed by rank."""
     mine = torch.frombuffer(bytearray(bytes.fromhex(digest)), dtype=torch.int64)
@@ -141,6 +146,8 @@ def save(engine, directory, tag=None, client_state=None, save_latest=True):
         extras = {}  # rank 0: frozen parameters (FP32) and buffers, so the state_dict is complete
 
         def write_my_shard():
+            if rank >= engine.runtime.shard_size:  # shard_size: group 0 writes the one copy of the state
+                return NO_SHARD
             try:
                 os.makedirs(work, exist_ok=True)
             except OSError as e:
@@ -155,22 +162,22 @@ def save(engine, directory, tag=None, client_state=None, save_latest=True):
                 created.append(path)
             tensors.update({f"extra::{k}": v for k, v in extras.items()})
             path = os.path.join(work, f"shard_{rank:05d}.pt")
-            digest = files.write_shard(path, tensors, {"rank": rank, "world_size": engine.world_size,
+            digest = files.write_shard(path, tensors, {"rank": rank, "world_size": engine.runtime.shard_size,
                                                  "save_id": save_id, "state": engine.runtime.state()})
             created.append(path)
             return digest
 
         digest = steps.run("writing the shards", write_my_shard)
-        digests = _gather_digests(comm, digest)
+        digests = _gather_digests(comm, digest)[:engine.runtime.shard_size]
 
         def publish():
             if rank != 0:
                 return
-            meta = {"format": FORMAT, "zerort_version": _version(), "world_size": engine.world_size,
+            meta = {"format": FORMAT, "zerort_version": _version(), "world_size": engine.runtime.shard_size,
                     "stage": engine.config.stage, "precision": engine.config.precision,
                     "config": to_dict(engine.config), "params": param_layout(engine),
                     "aliases": _aliases(engine), "extras": sorted(extras), "save_id": save_id,
-                    "shards": [f"shard_{r:05d}.pt" for r in range(engine.world_size)], "shard_sha256": digests,
+                    "shards": [f"shard_{r:05d}.pt" for r in range(engine.runtime.shard_size)], "shard_sha256": digests,
                     **loop_state.meta_entries(engine, state_body[0])}
             meta["sha256"] = meta_digest(meta)
             body = json.dumps(meta, indent=1).encode()

@@ -34,6 +34,7 @@ import unicodedata
 
 import torch
 
+from zerort.config.reader import MAX_WORLD
 from zerort.errors import CheckpointError  # noqa: F401  (raised here; imported from here by state/)
 from zerort.file_types import file_kind  # noqa: F401  (imported from here by state/)
 from zerort.layout.shard_map import STATE_KEYS
@@ -43,7 +44,6 @@ from zerort.state.regular_files import check_directory, open_regular, stat_or_no
 FORMAT = "zerort-checkpoint-2"
 STATE_TENSORS = STATE_KEYS  # a shard file holds this rank's state arrays, by their names
 MAX_NUMEL = 2 ** 48  # elements in one parameter or shard; more is a damaged number
-MAX_WORLD = 2 ** 20
 COUNTERS = {"global_step": 0, "skipped_steps": 0, "micro_steps": 0, "adam_steps": 0, "iteration": 0,
             "last_overflow_iteration": -1, "overflows": 0, "hysteresis_left": 0}  # name: lowest value
 COMPUTE_DTYPES = ("bfloat16", "float16", "float32")

@@ -1,0 +1,69 @@
+#include "comm/wire_sum.h"
+
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <vector>
+
+#include "comm/int8_blocks.h"
+#include "comm/local_reduce.h"
+#include "core/error.h"
+#include "core/half.h"
+
+namespace zerort {
+
+namespace {
+
+bool eight_bit(InterNodeWire wire) { return wire == InterNodeWire::kInt8 || wire == InterNodeWire::kFp8; }
+DType wire_dtype(InterNodeWire wire) { return wire == InterNodeWire::kBf16 ? DType::kBFloat16 : DType::kFloat32; }
+
+void encode(InterNodeWire wire, const float* partial, size_t n, char* to) {
+  if (wire == InterNodeWire::kInt8) {
+    encode_int8_blocks(partial, n, to);
+  } else if (wire == InterNodeWire::kFp8) {
+    encode_fp8_blocks(partial, n, to);
+  } else if (wire == InterNodeWire::kBf16) {
+    auto* h = reinterpret_cast<uint16_t*>(to);
+    for (size_t i = 0; i < n; ++i) h[i] = f32_to_bf16(partial[i]);
+  } else {
+    std::memcpy(to, partial, n * sizeof(float));
+  }
+}
+
+}  // namespace
+
+InterNodeWire parse_inter_node_wire(const std::string& name) {
+  if (name == "fp32") return InterNodeWire::kFp32;
+  if (name == "bf16") return InterNodeWire::kBf16;
+  if (name == "int8") return InterNodeWire::kInt8;
+  if (name == "fp8_e4m3") return InterNodeWire::kFp8;
+  ZRT_THROW_AS(ConfigError, "comm.inter_node_dtype: got '", name, "'; expected fp32, bf16, int8 or fp8_e4m3");
+}
+
+size_t inter_node_wire_bytes(InterNodeWire wire, size_t n) {
+  if (eight_bit(wire)) return int8_wire_bytes(n);
+  return n * (wire == InterNodeWire::kBf16 ? 2 : 4);
+}
+
+void sum_over_wire(Communicator& comm, const float* parts, size_t n, InterNodeWire wire, float* out, bool accumulate) {
+  const size_t ranks = static_cast<size_t>(comm.size()), bytes = inter_node_wire_bytes(wire, n);
+  std::vector<char> to(ranks * bytes + 1), from(ranks * bytes + 1);
+  for (size_t k = 0; k < ranks; ++k) encode(wire, parts + k * n, n, to.data() + k * bytes);
+  // 8-bit: opaque 32-bit words (int8_wire_bytes is a multiple of 4).
+  WorkPtr w = eight_bit(wire) ? comm.all_to_all(to.data(), from.data(), bytes / 4, DType::kInt32)
+                              : comm.all_to_all(to.data(), from.data(), n, wire_dtype(wire));
+  w->wait();
+  if (!eight_bit(wire)) {
+    sum_chunks_to_f32(from.data(), wire_dtype(wire), ranks, n, out, accumulate);
+    return;
+  }
+  std::vector<float> decoded(ranks * n + 1);  // decoded to FP32, then summed as the others
+  for (size_t k = 0; k < ranks; ++k) {
+    const char* got = from.data() + k * bytes;
+    float* x = decoded.data() + k * n;
+    wire == InterNodeWire::kInt8 ? decode_int8_blocks(got, n, x) : decode_fp8_blocks(got, n, x);
+  }
+  sum_chunks_to_f32(decoded.data(), DType::kFloat32, ranks, n, out, accumulate);
+}
+
+}  // namespace zerort

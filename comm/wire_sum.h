@@ -1,0 +1,27 @@
+// The sum of partial FP32 sums over a communicator, each partial carried on a chosen wire:
+// the two-hop reduce-scatter's second hop (Note [two hops]) and the sum of a gradient shard
+// across replica groups (Note [hybrid sharding], runtime/shard_groups.h).
+#pragma once
+
+#include <cstddef>
+#include <string>
+
+#include "comm/communicator.h"
+
+namespace zerort {
+
+// The partial sums' form on the wire (comm.inter_node_dtype): fp32 (no rounding), bf16 (rounded
+// to nearest even), or int8 or fp8_e4m3 (blocks of codes with an FP32 scale each: Note [int8
+// blocks], comm/int8_blocks.h).
+enum class InterNodeWire { kFp32, kBf16, kInt8, kFp8 };
+// "fp32", "bf16", "int8" or "fp8_e4m3"; a ConfigError naming the key otherwise.
+InterNodeWire parse_inter_node_wire(const std::string& name);
+size_t inter_node_wire_bytes(InterNodeWire wire, size_t n);  // one partial of n elements on it
+
+// parts: comm.size() partials of n FP32 values, partial k for rank k. Each travels on `wire`
+// (an all-to-all, waited for on this thread); out (n values) becomes the sum of the partials
+// this rank received, in rank order 0..size-1, decoded to FP32 and summed in FP64, rounded once
+// (added to out with accumulate). Bitwise the same on every run.
+void sum_over_wire(Communicator& comm, const float* parts, size_t n, InterNodeWire wire, float* out, bool accumulate);
+
+}  // namespace zerort
