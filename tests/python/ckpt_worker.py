@@ -1,6 +1,6 @@
 """One rank of the checkpoint tests (under mpirun, or alone with the in-process backend).
 
-    ckpt_worker.py MODE DIR MODEL STAGE [STEPS]
+    ckpt_worker.py MODE DIR MODEL STAGE [STEPS] [--shard-size S]
     MODE: train  - STEPS steps from scratch, then save DIR/final.pt (full master) and a checkpoint
           resume - load the checkpoint in DIR, STEPS more steps, save DIR/final.pt
           reshard - load the checkpoint in DIR/src, save DIR/full.pt (state right after loading),
@@ -8,6 +8,7 @@
           safety  - the scenarios of test_checkpoint_safety.py in one launch (comm timeout 30 s):
                     checkpoint directories under DIR/ck, the user's files in DIR/outside, a small
                     tmpfs at DIR/tmpfs when the test could mount one; writes DIR/results/<rank>.json
+--shard-size S: hybrid sharding in groups of S ranks (shard_size).
 """
 import errno
 import fcntl
@@ -241,10 +242,14 @@ def safety(engine, name, base):
 
 
 def main():
-    mode, directory, name, stage = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
-    steps = int(sys.argv[5]) if len(sys.argv) > 5 else 0
+    args, cfg = sys.argv[1:], dict(CONFIG, precision="fp16")
+    if "--shard-size" in args:
+        i = args.index("--shard-size")
+        cfg["shard_size"], args = int(args[i + 1]), args[:i] + args[i + 2:]
+    mode, directory, name, cfg["stage"] = args[0], args[1], args[2], int(args[3])
+    steps = int(args[4]) if len(args) > 4 else 0
     comm = zerort.comm.init("auto", timeout_s=SAFETY_TIMEOUT if mode == "safety" else 120)
-    engine = zerort.initialize(make_model(name), dict(CONFIG, stage=stage, precision="fp16"), comm=comm)
+    engine = zerort.initialize(make_model(name), cfg, comm=comm)
     if mode == "safety":
         results = safety(engine, name, directory)
         os.makedirs(os.path.join(directory, "results"), exist_ok=True)

@@ -77,19 +77,27 @@ def test_each_rank_knows_its_node_and_local_rank(launcher, tmp_path):
 CASES = [f"mlp:{s}:bf16:1:20" for s in (1, 2, 3)] + ["transformer:3:bf16:1:1"]
 
 
-@pytest.mark.parametrize("topology", ["flat", "two_hop"])
+@pytest.mark.parametrize("topology", ["flat", "two_hop", "hybrid"])
 @pytest.mark.parametrize("launcher", LAUNCHERS)
 def test_stages_1_to_3_across_two_hosts_match_torch(launcher, topology, tmp_path):
-    """flat, and two_hop (Note [two hops]): within each host, then across (gloo groups under
-    torchrun, MPI_Comm_split under mpirun)."""
+    """flat; two_hop (Note [two hops]): within each host, then across (gloo groups under
+    torchrun, MPI_Comm_split under mpirun); hybrid: shard_size "node" (Note [hybrid sharding]),
+    the state sharded within each host and the gradient shards summed across the hosts, and the
+    two ranks of one local index hold the same bits."""
     needs(launcher)
     prefix = tmp_path / "parity"
-    rc, out, _ = two_hosts(launcher, os.path.join(HERE, "engine_worker.py"), prefix, "--topology", topology, *CASES)
+    cases = [f"{c}:shard@node" for c in CASES] if topology == "hybrid" else CASES
+    rc, out, _ = two_hosts(launcher, os.path.join(HERE, "engine_worker.py"), prefix, "--topology",
+                           "two_hop" if topology == "two_hop" else "flat", *cases)
     assert rc == 0, out[-4000:]
     two_hop_ranks = set(re.findall(r"ENGINE WORKER OK rank (\d+)/4 \S+\+two-hop", out))
     assert len(two_hop_ranks) == (W if topology == "two_hop" else 0), out[-4000:]
     ranks = [torch.load(f"{prefix}.rank{r}.pt") for r in range(W)]
-    for case in CASES:
+    for case in cases:
+        if topology == "hybrid":
+            assert all(r[case]["shard_size"] == 2 for r in ranks), case
+            for r in range(2):
+                assert torch.equal(ranks[r][case]["own_master"], ranks[r + 2][case]["own_master"]), (case, r)
         _, ref_state = reference(case, W)
         name, steps = case.split(":")[0], int(case.split(":")[4])
         worst = global_rel(ranks[0][case]["master"], ref_state)

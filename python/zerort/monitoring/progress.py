@@ -28,7 +28,9 @@ def announce(engine, launch_env):
     c, w = engine.config, engine.world_size
     per_node = max(1, launch_env["local_world_size"]) if launch_env["launcher"] != "none" else w
     shape = f"{w // per_node} node(s) x {per_node} ranks" if w % per_node == 0 else "nodes of unequal size"
-    print(f"zerort: ZeRO stage {c.stage}, {c.precision}, W={w} ({shape}, flat collectives), backend "
+    s = engine.runtime.shard_size
+    sharding = "flat collectives" if s == w else f"state sharded in {w // s} groups of {s} ranks (shard_size)"
+    print(f"zerort: ZeRO stage {c.stage}, {c.precision}, W={w} ({shape}, {sharding}), backend "
           f"{engine.comm.backend} on {engine.device}, {describe(c, engine.device)}", flush=True)
 
 
