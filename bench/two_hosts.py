@@ -9,7 +9,9 @@ one launch per runtime.
 Rows: DDP, FSDP2, FSDP2 HSDP (a 2-D mesh: replicate across hosts, shard within one), zerort
 stages 2 and 3 flat and two-hop (comm.topology two_hop, inter_node_dtype bf16: Note [two hops]),
 stage 2 with overlap_param_gather (flat and two-hop) and with int8 between the nodes (Note [int8
-blocks]), and stage 3 with int8 weight gathers (stage3.gather_dtype). Step times are the slowest
+blocks]), stage 3 with int8 weight gathers (stage3.gather_dtype), and hybrid sharding at stages 2
+and 3 (shard_size "node": Note [hybrid sharding]; the gradient shards summed across the hosts in
+bf16 or int8). Step times are the slowest
 rank's (bench/e2e_worker.py: from a step's start to the next one's, so work left in flight
 counts), median and p90 over steps 2..N; the cross-host bytes are the hosts' own kernel counters
 (the veth, /proc/net/dev in each namespace), median per step. Needs root (namespaces); prints the table.
@@ -28,6 +30,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TWO_HOP = {"comm": {"topology": "two_hop", "inter_node_dtype": "bf16"}}
 FLAT = {"comm": {"topology": "flat"}}
 OVERLAP = {**FLAT, "overlap_param_gather": True}
+HYBRID = {"shard_size": "node", "comm": {"topology": "flat", "inter_node_dtype": "bf16"}}  # Note [hybrid sharding]
 INT8_GATHERS = {"gather_dtype": "int8"}  # stage 3's weight gathers as int8 blocks (Note [int8 blocks])
 ROWS = {"ddp": ("DDP", "ddp", None), "fsdp2": ("FSDP2", "fsdp2", None),
         "fsdp2-hsdp": ("FSDP2 HSDP (2-D mesh)", "fsdp2-hsdp", None),
@@ -44,7 +47,11 @@ ROWS = {"ddp": ("DDP", "ddp", None), "fsdp2": ("FSDP2", "fsdp2", None),
         "zerort3-two-hop": ("zerort stage 3, two-hop", "zerort3", TWO_HOP),
         "zerort3-int8": ("zerort stage 3, flat, int8 weight gathers", "zerort3", {**FLAT, "stage3": INT8_GATHERS}),
         "zerort3-two-hop-int8": ("zerort stage 3, two-hop, int8 between the nodes and int8 weight gathers", "zerort3",
-                                 {"comm": {"topology": "two_hop", "inter_node_dtype": "int8"}, "stage3": INT8_GATHERS})}
+                                 {"comm": {"topology": "two_hop", "inter_node_dtype": "int8"}, "stage3": INT8_GATHERS}),
+        "zerort2-hybrid": ("zerort stage 2, hybrid (shard_size node), bf16 across", "zerort2", HYBRID),
+        "zerort3-hybrid": ("zerort stage 3, hybrid (shard_size node), bf16 across", "zerort3", HYBRID),
+        "zerort3-hybrid-int8": ("zerort stage 3, hybrid (shard_size node), int8 across", "zerort3",
+                                {**HYBRID, "comm": {"topology": "flat", "inter_node_dtype": "int8"}})}
 
 
 def launch(a, kind, extra, out):

@@ -235,9 +235,10 @@ void bind_engine(py::module_& m) {
       .def(py::init([](std::vector<at::Tensor> params, std::vector<at::Tensor> fp32_params, Communicator& comm,
                        std::vector<std::tuple<std::vector<size_t>, bool, std::string>> units, EngineOptions o,
                        const py::object& materialize, Communicator* shard, Communicator* replicas,
-                       const std::string& replica_dtype) {
+                       const std::string& replica_dtype, Communicator* secondary) {
              o.materialize = materializer(materialize);
-             const ShardGroups groups{shard, replicas, parse_inter_node_wire(replica_dtype)};  // Note [hybrid sharding]
+             // Note [hybrid sharding]; secondary: Note [secondary shards]
+             const ShardGroups groups{shard, replicas, parse_inter_node_wire(replica_dtype), secondary};
              std::vector<UnitSpec> specs;  // stage 3: (parameter indices, persistent, name)
              for (auto& [ps, persistent, name] : units) specs.push_back({std::move(ps), persistent, std::move(name)});
              py::gil_scoped_release release;  // the initial broadcast is a collective
@@ -245,10 +246,11 @@ void bind_engine(py::module_& m) {
                                                                std::move(specs), groups));
            }),
            py::keep_alive<1, 4>(),  // the engine holds the communicators by reference
-           py::keep_alive<1, 8>(), py::keep_alive<1, 9>(), py::arg("params"), py::arg("fp32_params"), py::arg("comm"),
+           py::keep_alive<1, 8>(), py::keep_alive<1, 9>(), py::keep_alive<1, 11>(), py::arg("params"),
+           py::arg("fp32_params"), py::arg("comm"),
            py::arg("units") = std::vector<std::tuple<std::vector<size_t>, bool, std::string>>{},
            py::arg("options") = EngineOptions(), py::arg("materialize") = py::none(), py::arg("shard") = nullptr,
-           py::arg("replicas") = nullptr, py::arg("replica_dtype") = "fp32")
+           py::arg("replicas") = nullptr, py::arg("replica_dtype") = "fp32", py::arg("secondary") = nullptr)
       .def("step",
            [](Engine& e) {
              StepStats s;

@@ -85,6 +85,13 @@ std::vector<BucketPlan> unit_plans(const std::vector<UnitSpec>& units, const std
   return plans;
 }
 
+// A part of the world that an engine calls beside it: its calls go into the world's log, and
+// are checked as the world's are (Note [checked calls]), from the same point on every rank.
+void join_world(Communicator& part, Communicator& world) {
+  part.share_call_log(world);
+  if (world.checks_each_call()) part.check_each_call();
+}
+
 // The communicator the state is sharded over: the world, or the hybrid group of `groups`,
 // checked against the world and the options, its calls and its parts' in the world's log
 // (Note [hybrid sharding]).
@@ -111,13 +118,26 @@ Communicator& shard_part(Communicator& world, const ShardGroups& groups, const E
                "shard_size: hybrid sharding is built for host backends (mpi, gloo) in this version, and this "
                "communicator is '",
                world.backend_name(), "'; drop shard_size for nccl");
-  shard.share_call_log(world);
-  groups.replicas->share_call_log(world);
-  if (world.checks_each_call()) {  // Note [checked calls]: the parts as the world, from the same point
-    shard.check_each_call();
-    groups.replicas->check_each_call();
-  }
+  join_world(shard, world);
+  join_world(*groups.replicas, world);
   return shard;
+}
+
+// The secondary shards of Note [secondary shards] over `part`, checked against the shard
+// group; nullptr without a part.
+std::unique_ptr<SecondaryShards> secondary_shards(Communicator* part, Communicator& shard, Communicator& world,
+                                                  bool units, size_t buckets) {
+  if (part == nullptr) return nullptr;
+  ZRT_CHECK_AS(ConfigError, units,
+               "stage3.secondary_shard_size (zero_hpz_partition_size): the secondary shards serve stage 3's "
+               "re-gathers; at stages 1-2 drop it (or set it to 1)");
+  const int g = part->size();
+  ZRT_CHECK_AS(ConfigError, shard.size() % g == 0 && shard.rank() % g == part->rank(),
+               "stage3.secondary_shard_size (zero_hpz_partition_size): groups of ", g,
+               " ranks do not fit within the groups of ", shard.size(),
+               " ranks that shard the state (shard_size, or the world); use a divisor of ", shard.size());
+  join_world(*part, world);
+  return std::make_unique<SecondaryShards>(part, buckets);
 }
 
 }  // namespace
@@ -228,6 +248,7 @@ Engine::Engine(std::vector<at::Tensor> params, Communicator& comm, EngineOptions
   packer_ =
       std::make_unique<GradPacker>(std::move(packs), policy_.pack == ReducePolicy::Pack::kPooled, bytes_options());
 
+  secondary_ = secondary_shards(groups.secondary, shard_, world_, policy_.units, buckets_.size());
   OptimizerOptions optimizer = options_.optimizer;
   // Stage 0: rank 0 holds every element; hybrid: group 0's ranks do (Note [hybrid sharding]).
   optimizer.owner_ranks = policy_.replicated ? 1 : replicas_ ? shard_.size() : 0;

@@ -57,6 +57,7 @@
 #include "runtime/param_gathers.h"
 #include "runtime/reduce_policy.h"
 #include "runtime/shard_copies.h"
+#include "runtime/secondary_shards.h"
 #include "runtime/shard_groups.h"
 #include "runtime/shard_optimizer.h"
 #include "runtime/unit_cache.h"
@@ -314,6 +315,7 @@ class Engine {
   UnitCache units_;                     // every bucket's working copy (unit b is bucket b): See Note [unit cache]
   std::unique_ptr<GradPacker> packer_;  // mu_ held; See Note [grad packer]
   ParamGathers param_gathers_;          // stages 0-2's after an update: Note [overlapped parameter gather]
+  std::unique_ptr<SecondaryShards> secondary_;  // stage 3, hpZ: Note [secondary shards]; else nullptr
   int64_t micro_steps_ = 0, global_step_ = 0, skipped_steps_ = 0;
   bool saw_backward_ = false;    // a backward pass ran in this micro-step
   int64_t missed_backward_ = 0;  // micro-steps of this window without one

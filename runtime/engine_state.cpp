@@ -317,8 +317,9 @@ void Engine::load_counters(const Counters& c) {
 }
 
 void Engine::refresh_params() {
-  param_gathers_.wait_all();    // none may write a working copy after this fills it
-  for (Bucket* b : buckets_) {  // shard copies first (See Note [state tiers])
+  param_gathers_.wait_all();             // none may write a working copy after this fills it
+  if (secondary_) secondary_->forget();  // the loaded weights are new (Note [secondary shards])
+  for (Bucket* b : buckets_) {           // shard copies first (See Note [state tiers])
     if (shard_copies_.has(b->index)) {
       cast_master(b->opt_offset, b->opt_numel, shard_copies_.begin_write(b->index), groups_[b->group]->dtype,
                   shard_copies_.on_host());

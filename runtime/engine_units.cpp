@@ -24,8 +24,15 @@ void Engine::start_gather_locked(Bucket& b) {
 }
 
 void Engine::gather_on_comm_thread(Bucket& b) {
+  const at::Tensor& full = units_.full(b.index);
+  const DType dtype = groups_[b.group]->dtype;
+  if (secondary_ && secondary_->holds(b.index)) {  // Note [secondary shards]: within the node
+    secondary_->gather(b.index, full, dtype, static_cast<int64_t>(b.index));
+    return;
+  }
   fill_own_chunk(b);
   if (shard_.size() > 1) gather_working_copy(b)->wait();
+  if (secondary_ && !units_.persistent(b.index)) secondary_->keep(b.index, full);
 }
 
 void Engine::wait_gathered_locked(std::unique_lock<std::mutex>& lock, Bucket& b) {
@@ -108,7 +115,8 @@ size_t Engine::resident_param_bytes() const {
       bytes += units_.persistent(b.index) ? static_cast<size_t>(units_.full(b.index).nbytes()) : 0;
     }
   }
-  return bytes + shard_copies_.memory_bytes();  // See Note [state tiers]
+  // The shard copies of Note [state tiers], and hpZ's pieces (Note [secondary shards]).
+  return bytes + shard_copies_.memory_bytes() + (secondary_ ? secondary_->bytes() : 0);
 }
 
 }  // namespace zerort

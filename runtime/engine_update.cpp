@@ -14,7 +14,8 @@
 namespace zerort {
 
 void Engine::update(StepStats& stats) {
-  param_gathers_.wait_all();  // the last update's gathers read the chunks this one writes
+  param_gathers_.wait_all();             // the last update's gathers read the chunks this one writes
+  if (secondary_) secondary_->forget();  // the weights change (Note [secondary shards])
   ++global_step_;
   std::vector<OutputSegment> outputs;  // AdamW writes the new low-precision shard there
   std::vector<Bucket*> refill;         // stage 3: units held gathered through the step, with a shard copy

@@ -30,6 +30,9 @@ struct ShardGroups {
   Communicator* shard = nullptr;              // nullptr: the engine shards over the whole world
   Communicator* replicas = nullptr;           // with shard: the other groups' ranks of this index
   InterNodeWire wire = InterNodeWire::kFp32;  // sum_across_replicas' wire
+  // Stage 3: the consecutive ranks of this rank's node within the shard group, whose secondary
+  // shards serve the re-gathers (hpZ: Note [secondary shards], runtime/secondary_shards.h).
+  Communicator* secondary = nullptr;
 };
 
 // grad (n FP32 values, this rank's shard of a bucket) becomes its sum over `replicas`, the

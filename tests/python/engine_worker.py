@@ -2,10 +2,11 @@
 (model, stage, precision, accumulation) case and saves per-rank results for the test.
 
     engine_worker.py OUT_PREFIX [--staged cpu | --topology two_hop] CASE [CASE ...]
-    CASE = model:stage:precision:gas:steps[:inf@STEP][:noclip][:overlap][:bucket@NUMEL][:int8gather][:shard@S]
+    CASE = model:stage:precision:gas:steps[:inf@STEP][:noclip][:overlap][:bucket@NUMEL][:int8gather][:shard@S][:hpz@G]
 --staged cpu: the launcher's communicator pushes every buffer through the host staging code
 of the CUDA-over-mpi/gloo path (zerort.comm.init(staged='cpu')). shard@S: hybrid sharding with
-shard_size S (a number or "node"). --topology two_hop: the
+shard_size S (a number or "node"); hpz@G: stage 3's secondary shards in groups of G
+(stage3.secondary_shard_size). --topology two_hop: the
 reduce-scatter and all-gather in two hops, within the node and across nodes (zerort.comm.topology).
 """
 import os
@@ -32,14 +33,15 @@ def run_case(case, comm):
         cfg["gradient_clipping"] = 0.0
     if "overlap" in flags:
         cfg["overlap_param_gather"] = True
-    if "int8gather" in flags:
-        cfg["stage3"] = {"gather_dtype": "int8"}
+    cfg["stage3"] = {"gather_dtype": "int8"} if "int8gather" in flags else {}
     for f in flags:
         if f.startswith("bucket@"):
             cfg["reduce_bucket_numel"] = int(f.split("@")[1])
-        if f.startswith("shard@"):
+        if f.startswith(("shard@", "hpz@")):
             size = f.split("@")[1]
-            cfg["shard_size"] = size if size == "node" else int(size)
+            key = "shard_size" if f.startswith("shard@") else "secondary_shard_size"
+            (cfg if key == "shard_size" else cfg["stage3"])[key] = size if size == "node" else int(size)
+    world_calls = comm.backend_calls  # the world's communicator serves every case of the launch
     engine = zerort.initialize(model, cfg, comm=comm)
     losses, scales, skipped = [], [], []
     for step in range(steps):
@@ -62,7 +64,10 @@ def run_case(case, comm):
         engine.save_16bit_model(os.environ["ENGINE_WORKER_DIR"], f"int8gather_{name}.bin")
         saved = torch.load(os.path.join(os.environ["ENGINE_WORKER_DIR"], f"int8gather_{name}.bin"))
     impl = engine.runtime
+    # This case's collectives on each communicator: the world, shard_size's group and replicas, hpZ's group.
+    calls = [comm.backend_calls - world_calls] + [c.backend_calls if c else 0 for c in engine.shard_comms]
     return {"losses": losses, "scales": scales, "skipped": skipped, "saved16": saved, "shard_size": impl.shard_size,
+            "backend_calls": calls,
             "own_master": impl.read_state("master", 0, impl.state_numel),  # this rank's shard: replicas compare it
             "master": engine.full_state_dict(master=True), "params": engine.full_state_dict(),
             "memory": engine.memory_report().to_dict()}

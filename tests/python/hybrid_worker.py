@@ -1,5 +1,6 @@
 """One rank of tests/python/test_hybrid_shard.py's refusals, under mpirun with 2 ranks: each
-case builds (and where it gets that far, trains) an engine with shard_size, and records the
+case builds (and where it gets that far, trains) an engine with shard_size or stage 3's
+secondary shards (stage3.secondary_shard_size), and records the
 error's type and text. Writes OUT_PREFIX.rankR.json.
 
     hybrid_worker.py OUT_PREFIX NVME_DIR
@@ -37,6 +38,11 @@ def case(comm, nvme_dir, name):
         cfg["offload"] = {"optimizer": {"device": "nvme", "nvme_path": nvme_dir}}
     elif name in ("reduce_now_mid_window", "skipped_backward"):
         cfg["gradient_accumulation_steps"] = 2
+    elif name == "hpz_at_stage2":
+        cfg = {k: v for k, v in cfg.items() if k != "shard_size"}
+        cfg["stage3"] = {"secondary_shard_size": 2}
+    elif name == "hpz_beyond_the_group":  # groups of 2 for hpZ inside shard groups of 1
+        cfg = dict(cfg, stage=3, stage3={"secondary_shard_size": 2})
     engine = zerort.initialize(make_model("mlp"), cfg, comm=comm)
     try:
         if name == "reduce_now_mid_window":
@@ -50,7 +56,8 @@ def case(comm, nvme_dir, name):
 def main():
     comm = zerort.comm.init("auto", timeout_s=60)
     out = {}
-    for name in ("not_a_divisor", "stage0", "offload", "reduce_now_mid_window", "skipped_backward"):
+    for name in ("not_a_divisor", "stage0", "offload", "reduce_now_mid_window", "skipped_backward", "hpz_at_stage2",
+                 "hpz_beyond_the_group"):
         try:
             case(comm, sys.argv[2], name)
             out[name] = None

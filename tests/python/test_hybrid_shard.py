@@ -1,6 +1,7 @@
 """Hybrid sharding (shard_size, DeepSpeed's mics_shard_size; C++ Note [hybrid sharding] in
 runtime/shard_groups.h): the state sharded within groups of consecutive ranks and replicated
-across them.
+across them; and stage 3's secondary shards (hpZ: stage3.secondary_shard_size, DeepSpeed's
+zero_hpz_partition_size; C++ Note [secondary shards]).
 
 - Parity with plain PyTorch (test_engine_parity's reference, FP32 AdamW) at stages 1-3:
   W = 4 in 2 groups of 2 under torchrun with gloo (bf16, fp16 with accumulation 2, the MLP,
@@ -13,9 +14,15 @@ across them.
   loads at W = 2 and 3 flat and at W = 4 in groups of 1, bit for bit.
 - The memory report: the estimate is the flat engine's at W = shard_size, and the measured
   state bytes equal it.
+- hpZ at W = 4 in pairs (torchrun, gloo): every loss, master and working weight equals the
+  stage-3 run without it, bit for bit (the transformer with accumulation 2, GPT-2, and with
+  shard_size 2 as well); the re-gathers run on the pair's communicator, so the primary gathers'
+  (the world's, or the shard group's) carries fewer calls; the allocator's low-precision
+  parameters grow by the gathered units' bytes / 2.
 - Refusals name the key: a shard_size that does not divide W, stage 0, an offloaded state,
-  the gradients asked for before the window's last micro-step; a rank that skipped backward
-  is named at the world's one decision.
+  the gradients asked for before the window's last micro-step, hpZ at stage 2 or in groups
+  larger than the shard group; a rank that skipped backward is named at the world's one
+  decision.
 The two-host runs are in test_two_hosts.py (shard_size "node").
 """
 import json
@@ -33,13 +40,14 @@ from test_checkpoint import equal, mpirun as ckpt_mpirun  # noqa: E402
 
 import zerort  # noqa: E402
 from zerort._testing.launch import launch as launch_ranks  # noqa: E402
-from zerort.accounting.memory import estimate_memory  # noqa: E402
+from zerort.accounting.memory import estimate_memory, model_groups, unit_bytes  # noqa: E402
 
 TORCH_CASES = ([f"{m}:{s}:bf16:1:20:shard@2" for m in ("mlp", "transformer") for s in (1, 2, 3)]
                + [f"mlp:{s}:fp16:2:20:shard@2" for s in (2, 3)])
 GPT2_CASES = [f"gpt2:{s}:bf16:1:4" for s in (2, 3)]
 ODD_CASES = [f"mlp:{s}:bf16:1:20:shard@1:bucket@61" for s in (1, 2, 3)]
 OVERFLOW = "mlp:2:fp16:1:8:inf@3"
+HPZ_CASES = ["transformer:3:bf16:2:6", "gpt2:3:bf16:1:4", "transformer:3:bf16:1:6:shard@2"]
 
 
 def _check_run(ranks, case, shard_size):
@@ -61,8 +69,9 @@ def _against_torch(ranks, case):
 
 @pytest.fixture(scope="module")
 def w4_torchrun(tmp_path_factory):
-    cases = TORCH_CASES + GPT2_CASES + [f"{c}:shard@2" for c in GPT2_CASES]
-    return launch("torchrun", 4, cases, tmp_path_factory.mktemp("hybrid4"))
+    cases = TORCH_CASES + GPT2_CASES + [f"{c}:shard@2" for c in GPT2_CASES] + HPZ_CASES + [f"{c}:hpz@2" for c in
+                                                                                           HPZ_CASES]
+    return launch("torchrun", 4, sorted(set(cases), key=cases.index), tmp_path_factory.mktemp("hybrid4"))
 
 
 def test_groups_of_2_at_w4_match_torch(w4_torchrun):
@@ -93,6 +102,27 @@ def test_the_memory_estimate_is_the_flat_one_at_w_shard_size(w4_torchrun):
         for key in ("master", "adam_m", "adam_v", "grad_shard"):
             row = mem["categories"][key]
             assert row["measured"] == row["estimate"] == flat[key], (case, key, row, flat[key])
+
+
+def test_secondary_shards_give_the_same_bits_with_fewer_world_calls(w4_torchrun):
+    from engine_models import make_model
+
+    for case in HPZ_CASES:
+        plain, hpz = w4_torchrun[0][case], w4_torchrun[0][f"{case}:hpz@2"]
+        assert hpz["losses"] == plain["losses"], case
+        for key in ("master", "params"):
+            assert equal(hpz[key], plain[key]), (case, key)
+        sharding = 1 if "shard@" in case else 0  # the communicator of the primary gathers: the group's, or the world's
+        pair, before, after = hpz["backend_calls"][3], plain["backend_calls"][sharding], hpz["backend_calls"][sharding]
+        print(f"[hpZ W=4] {case}: calls on the primary gathers' communicator {before} -> {after}, on the pair's {pair}")
+        assert pair > 0 and after < before, case
+        if "shard@" in case:
+            continue
+        units = unit_bytes(model_groups(make_model(case.split(":")[0]), 3), 4)
+        grown = hpz["memory"]["categories"]["lp_params"]["measured"] - plain["memory"]["categories"]["lp_params"][
+            "measured"]
+        assert grown == sum(units) // 2, (case, grown, sum(units))
+        assert hpz["memory"]["categories"]["lp_params"]["diff"] == 0, case
 
 
 @pytest.mark.skipif(not zerort._C.with_mpi, reason="built without MPI")
@@ -140,3 +170,6 @@ def test_refusals_name_the_key(tmp_path):
             got["offload"][1]
         assert got["reduce_now_mid_window"][0] == "UsageError" and "with shard_size" in got["reduce_now_mid_window"][1]
         assert got["skipped_backward"][0] == "UsageError" and "rank 1 (1 of 2)" in got["skipped_backward"][1]
+        assert got["hpz_at_stage2"][0] == "ConfigError" and "at stages 1-2 drop it" in got["hpz_at_stage2"][1]
+        assert got["hpz_beyond_the_group"][0] == "ConfigError"
+        assert "groups of 2 ranks do not fit within the groups of 1" in got["hpz_beyond_the_group"][1]

@@ -77,16 +77,18 @@ def test_each_rank_knows_its_node_and_local_rank(launcher, tmp_path):
 CASES = [f"mlp:{s}:bf16:1:20" for s in (1, 2, 3)] + ["transformer:3:bf16:1:1"]
 
 
-@pytest.mark.parametrize("topology", ["flat", "two_hop", "hybrid"])
+@pytest.mark.parametrize("topology", ["flat", "two_hop", "hybrid", "hpz"])
 @pytest.mark.parametrize("launcher", LAUNCHERS)
 def test_stages_1_to_3_across_two_hosts_match_torch(launcher, topology, tmp_path):
     """flat; two_hop (Note [two hops]): within each host, then across (gloo groups under
     torchrun, MPI_Comm_split under mpirun); hybrid: shard_size "node" (Note [hybrid sharding]),
     the state sharded within each host and the gradient shards summed across the hosts, and the
-    two ranks of one local index hold the same bits."""
+    two ranks of one local index hold the same bits; hpz: stage 3 with secondary shards of a host
+    (stage3.secondary_shard_size "node", Note [secondary shards]): the re-gathers stay in the host."""
     needs(launcher)
     prefix = tmp_path / "parity"
-    cases = [f"{c}:shard@node" for c in CASES] if topology == "hybrid" else CASES
+    cases = {"hybrid": [f"{c}:shard@node" for c in CASES],
+             "hpz": [f"{c}:hpz@node" for c in CASES if c.split(":")[1] == "3"]}.get(topology, CASES)
     rc, out, _ = two_hosts(launcher, os.path.join(HERE, "engine_worker.py"), prefix, "--topology",
                            "two_hop" if topology == "two_hop" else "flat", *cases)
     assert rc == 0, out[-4000:]
@@ -98,6 +100,8 @@ def test_stages_1_to_3_across_two_hosts_match_torch(launcher, topology, tmp_path
             assert all(r[case]["shard_size"] == 2 for r in ranks), case
             for r in range(2):
                 assert torch.equal(ranks[r][case]["own_master"], ranks[r + 2][case]["own_master"]), (case, r)
+        if topology == "hpz":
+            assert all(r[case]["backend_calls"][3] > 0 for r in ranks), case  # gathers within the host
         _, ref_state = reference(case, W)
         name, steps = case.split(":")[0], int(case.split(":")[4])
         worst = global_rel(ranks[0][case]["master"], ref_state)

@@ -68,7 +68,7 @@ class Group:
 
 
 def exact(groups, world_size, stage, reduce_bucket_numel=1 << 24, prefetch=1, at_rest=False, state_bytes=4,
-          nvme=None):
+          nvme=None, secondary=1):
     """Exact bytes per rank in memory of our layout for these parameter groups (stages 0-2:
     one group per dtype, cut into reduce buckets; stage 3: the units in execution order).
     state_bytes: per element of Adam's m and v (4, or 2 with bf16 optimizer states). at_rest:
@@ -76,8 +76,12 @@ def exact(groups, world_size, stage, reduce_bucket_numel=1 << 24, prefetch=1, at
     phase (gathered units, stage 3's per-unit pack buffer, the communicator's reduce
     scratch, which it allocates outside torch's allocator), nor the NVMe tier's pool, which
     io/ allocates outside it too. nvme: an NvmeTier when the states are on NVMe (their
-    file's bytes: nvme_file_bytes)."""
+    file's bytes: nvme_file_bytes). world_size: the ranks that shard the state (with shard_size,
+    its value: C++ Note [hybrid sharding]). secondary: stage 3's secondary groups' size (hpZ),
+    whose pieces of every gathered unit stay (C++ Note [secondary shards])."""
     out = _in_memory(groups, world_size, stage, reduce_bucket_numel, prefetch, at_rest, state_bytes)
+    if stage == 3 and secondary > 1:
+        out["lp_params"] += sum(u // secondary for u in unit_bytes(groups, world_size))
     if nvme is not None:  # master, m and v go to the file; the pool and stage 3's shard copies stay
         out["master"] = out["adam_m"] = out["adam_v"] = 0
         out["state_pool"] = 0 if at_rest else nvme.pool_bytes(state_bytes)
@@ -206,13 +210,17 @@ def count_groups(numel, stage, precision="bf16", reduce_bucket_numel=1 << 24, un
 
 
 def estimate_memory(model_or_numel, world_size, stage, precision="bf16", *, reduce_bucket_numel=1 << 24,
-                    prefetch=1, unit_numel=None, config=None, optimizer_state_dtype="fp32", nvme=None):
+                    prefetch=1, unit_numel=None, config=None, optimizer_state_dtype="fp32", nvme=None,
+                    shard_size=None, secondary=1):
     """Bytes of model states per rank, by category: {"paper": {...}, "exact": {...}} with
     a "total" in each. model_or_numel: a torch.nn.Module (shared parameters counted once)
     or a parameter count. optimizer_state_dtype: "bf16" keeps Adam's m and v in bf16.
     nvme: an NvmeTier puts master, m and v on NVMe (a config's offload_optimizer does the
     same when nvme is not given): "exact" is then the RAM, "nvme_file_bytes" each rank's state
-    file and "nvme_param_file_bytes" its parameter file (nvme.params, stage 3)."""
+    file and "nvme_param_file_bytes" its parameter file (nvme.params, stage 3). shard_size: hybrid
+    sharding's groups (the state sharded over shard_size ranks, not world_size: 16 Psi / shard_size
+    at stage 3); secondary: hpZ's groups at stage 3 (2 Psi / secondary more)."""
+    world_size = shard_size or world_size  # what the states are sharded over
     if isinstance(model_or_numel, torch.nn.Module):
         groups = model_groups(model_or_numel, stage, precision, config)
         numel = sum(sum(g.numels) for g in groups)
@@ -222,7 +230,8 @@ def estimate_memory(model_or_numel, world_size, stage, precision="bf16", *, redu
     paper = paper_formula(numel, world_size, stage)
     state_bytes = STATE_BYTES[optimizer_state_dtype]
     nvme = nvme or (NvmeTier.of(config) if config is not None else None)
-    ours = exact(groups, world_size, stage, reduce_bucket_numel, prefetch, state_bytes=state_bytes, nvme=nvme)
+    ours = exact(groups, world_size, stage, reduce_bucket_numel, prefetch, state_bytes=state_bytes, nvme=nvme,
+                 secondary=secondary)
     paper["total"] = sum(paper.values())
     ours["total"] = sum(ours.values())
     out = {"paper": paper, "exact": ours, "numel": numel, "world_size": world_size, "stage": stage,
@@ -318,6 +327,9 @@ def main(argv=None):
     ap.add_argument("--offload-param", choices=["none", "cpu", "nvme"], default="none",
                     help="stage 3's parameters (nvme: each unit's shard in a second file; needs --offload-optimizer "
                          "nvme)")
+    ap.add_argument("--shard-size", type=int, help="hybrid sharding: the states sharded over groups of this many "
+                    "ranks (shard_size), replicated across them")
+    ap.add_argument("--secondary-shard-size", type=int, default=1, help="stage 3's hpZ groups (1: off)")
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--plot", metavar="FILE.png")
     a = ap.parse_args(argv)
@@ -330,8 +342,8 @@ def main(argv=None):
         numel, unit = int(a.params), a.unit_numel
     else:
         ap.error("give --params N or --model gpt --layers L --hidden H")
-    if a.world_size < 1:
-        ap.error("--world-size must be >= 1")
+    if a.world_size < 1 or (a.shard_size and (a.shard_size < 1 or a.world_size % a.shard_size)):
+        ap.error("--world-size must be >= 1, and --shard-size a divisor of it")
     stages = [a.stage] if a.stage is not None else [0, 1, 2, 3]
     if a.offload_optimizer == "nvme":
         stages = [s for s in stages if s > 0]  # stage 0 keeps its states with the model
@@ -340,7 +352,8 @@ def main(argv=None):
     nvme = NvmeTier(a.nvme_buffer_count, a.nvme_chunk_numel, params=a.offload_param == "nvme",
                     gradients=a.nvme_gradients) if a.offload_optimizer == "nvme" else None
     results = [estimate_memory(numel, a.world_size, s, a.precision, reduce_bucket_numel=a.reduce_bucket_numel,
-                               unit_numel=unit, optimizer_state_dtype=a.optimizer_state_dtype, nvme=nvme)
+                               unit_numel=unit, optimizer_state_dtype=a.optimizer_state_dtype, nvme=nvme,
+                               shard_size=a.shard_size, secondary=a.secondary_shard_size)
                for s in stages]
     if a.plot:
         _plot(results, a.plot)
@@ -348,7 +361,8 @@ def main(argv=None):
         print(json.dumps(results if a.stage is None else results[0], indent=2))
         return 0
     gb = 1e9
-    print(f"model states per rank: {numel:,} parameters ({numel / 1e9:.3f}B), W={a.world_size}, {a.precision} "
+    groups = f" in groups of {a.shard_size}" if a.shard_size else ""
+    print(f"model states per rank: {numel:,} parameters ({numel / 1e9:.3f}B), W={a.world_size}{groups}, {a.precision} "
           f"(GB = 1e9 bytes; paper = the ZeRO paper's formula, ours = our exact layout)")
     if nvme is not None:
         print("offload nvme: 'ours' is the RAM per rank; each rank's files on NVMe are the last columns")

@@ -155,6 +155,12 @@ def measure(engine, mem):
     return out
 
 
+def _secondary(engine):
+    """Stage 3's secondary groups' size (hpZ; 1: none)."""
+    part = engine.shard_comms[2]
+    return 1 if part is None else part.size
+
+
 def _engine_groups(engine):
     index = engine.param_index
     numel = lambda p: math.prod(index.shapes[id(p)])  # stage 3 empties released parameters
@@ -165,7 +171,8 @@ def _allocator_figures(engine, mem, groups):
     """This rank's allocator figures (MemoryReport.allocator, without min and max)."""
     c = engine.config
     layout = sum(exact(groups, engine.runtime.shard_size, c.stage, c.reduce_bucket_numel, c.stage3.prefetch,
-                       at_rest=True, state_bytes=STATE_BYTES[c.optimizer.state_dtype], nvme=NvmeTier.of(c)).values())
+                       at_rest=True, state_bytes=STATE_BYTES[c.optimizer.state_dtype], nvme=NvmeTier.of(c),
+                       secondary=_secondary(engine)).values())
     source = ("zerort's counting CPU allocator" if mem.key == "cpu" else
               f"torch.cuda.memory_allocated / max_memory_allocated on {mem.key}")
     out = {"source": source, "device": mem.key,
@@ -205,7 +212,7 @@ def report(engine, mem):
         alloc["phases"][name]["min"], alloc["phases"][name]["max"] = int(lo[n + 1 + i]), int(hi[n + 1 + i])
     state_bytes, nvme = STATE_BYTES[c.optimizer.state_dtype], NvmeTier.of(c)
     est = exact(groups, engine.runtime.shard_size, c.stage, c.reduce_bucket_numel, c.stage3.prefetch,
-                state_bytes=state_bytes, nvme=nvme)
+                state_bytes=state_bytes, nvme=nvme, secondary=_secondary(engine))
     tier = param_tier = None
     if nvme is not None:
         tier = _file_figures(engine, engine.runtime.state_tier_stats,

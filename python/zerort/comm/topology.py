@@ -77,25 +77,39 @@ def two_hop(comm, backend, topology, inter_dtype, timeout_s, debug, env):
 def shard_groups(comm, backend, shard_size, timeout_s, debug, env):
     """Hybrid sharding (shard_size; C++ Note [hybrid sharding] in runtime/shard_groups.h): this
     rank's (group, replicas) C++ communicators, or (None, None) where the groups are the whole
-    world. shard_size: None, an int that divides the world size, or "node" (the launcher's
-    ranks per node, agreed as layout() does). A collective."""
-    if shard_size is None:
+    world. shard_size: None, an int that divides the world size, or "node". A collective."""
+    size = _group_size(comm, backend, "shard_size", shard_size, env)
+    if size is None or size == comm.size:
         return None, None
-    if shard_size == "node":
+    return grid_parts(comm, backend, size, timeout_s, debug)
+
+
+def node_part(comm, backend, size, timeout_s, debug, env):
+    """Stage 3's secondary shards (stage3.secondary_shard_size; C++ Note [secondary shards]):
+    the C++ communicator of this rank's group of `size` consecutive ranks ("node": the
+    launcher's), or None without one. A collective."""
+    size = _group_size(comm, backend, "stage3.secondary_shard_size", size, env)
+    return None if size is None else grid_parts(comm, backend, size, timeout_s, debug)[0]
+
+
+def _group_size(comm, backend, key, size, env):
+    """The ranks per group that config key `key` asks for (None, an int or "node": the nodes
+    that layout() agrees on), checked against the world and the backend."""
+    if size is None:
+        return None
+    if size == "node":
         shape, why = layout(comm, env)
         if shape is None:
-            raise ConfigError([f"shard_size: 'node' needs equal nodes numbered node by node; here {why}: launch "
-                               "the same number of ranks on every host, or give shard_size as a number"])
-        shard_size = shape[1]
-    if comm.size % shard_size:
-        raise ConfigError([f"shard_size: got {shard_size}, which does not divide the world size {comm.size}: use "
-                           f"a divisor of it (groups of consecutive ranks, each holding one copy of the state)"])
-    if shard_size == comm.size:
-        return None, None
-    if backend not in ("mpi", "gloo"):
-        raise ConfigError([f"shard_size: hybrid sharding is built for the mpi and gloo backends, not {backend!r}; "
-                           "drop shard_size (nccl's groups need ncclCommSplit, not built in this version)"])
-    return grid_parts(comm, backend, shard_size, timeout_s, debug)
+            raise ConfigError([f"{key}: 'node' needs equal nodes numbered node by node; here {why}: launch "
+                               f"the same number of ranks on every host, or give {key} as a number"])
+        size = shape[1]
+    if comm.size % size:
+        raise ConfigError([f"{key}: got {size}, which does not divide the world size {comm.size}: use "
+                           f"a divisor of it (groups of consecutive ranks)"])
+    if backend not in ("mpi", "gloo") and size < comm.size:
+        raise ConfigError([f"{key}: groups of ranks are built for the mpi and gloo backends, not {backend!r}; "
+                           f"drop {key} (nccl's groups need ncclCommSplit, not built in this version)"])
+    return size
 
 
 def grid_parts(comm, backend, per_row, timeout_s, debug):

@@ -9,7 +9,7 @@ import os
 
 from zerort.config import offload
 from zerort.config.deepspeed_keys import TABLE
-from zerort.config.our_form import Draft, common, loss_scale, optimizer_params, runtime_keys, shard_size
+from zerort.config.our_form import Draft, common, loss_scale, optimizer_params, runtime_keys, group_size
 from zerort.config.reader import MAX_NUMEL, _Reader, show
 from zerort.config.sections import Config, Optimizer
 
@@ -64,7 +64,11 @@ def _zero(r, cfg, c):
     c.stage3.prefetch_numel = size("stage3_prefetch_bucket_size", low=0)
     c.stage3.persistence_threshold = size("stage3_param_persistence_threshold", c.stage3.persistence_threshold, low=0)
     c.stage3.max_live_numel = size("stage3_max_live_parameters")
-    c.shard_size = shard_size(rz, zero, "mics_shard_size", c.shard_size)
+    c.shard_size = group_size(rz, zero, "mics_shard_size", c.shard_size, off=(-1, 0))
+    c.stage3.secondary_shard_size = group_size(rz, zero, "zero_hpz_partition_size", c.stage3.secondary_shard_size,
+                                               off=(1,))
+    if rz.boolean(zero, "zero_quantized_gradients", False):
+        c.comm.inter_node_dtype = "int8"
     if rz.boolean(zero, "zero_quantized_weights", False):
         c.stage3.gather_dtype = "int8"
     _offload(rz, zero, c)

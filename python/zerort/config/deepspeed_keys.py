@@ -215,8 +215,13 @@ KEYS = [
       "256 int8 codes with an FP32 scale, decoded into every rank's chunk, its own too (the FP32 master is never "
       "quantized); CPU models in this version"),
     d("zero_optimization.zero_quantized_nontrainable_weights", "quantized weights (ZeRO++)"),
-    d("zero_optimization.zero_quantized_gradients", "quantized gradients (ZeRO++)"),
-    d("zero_optimization.zero_hpz_partition_size", "hierarchical partitioning (ZeRO++ hpZ)", _only(1, 0)),
+    b("zero_optimization.zero_quantized_gradients", "comm.inter_node_dtype int8 (ZeRO++ qgZ): the gradients' "
+      "partial sums cross the nodes as blocks of 256 int8 codes with an FP32 scale, summed in FP32 (two-hop, or "
+      "shard_size's sum across groups); int8 where qgZ sends int4 with fp16 sums"),
+    b("zero_optimization.zero_hpz_partition_size", "stage3.secondary_shard_size (hpZ; 1: off): each rank keeps its "
+      "piece of a gathered unit among this many consecutive ranks (a node), and the unit's re-gathers until the "
+      "next update (the backward's, later micro-steps' forwards) run within them; 2 bytes per parameter / this "
+      "many more memory"),
     d("zero_optimization.zeropp_loco_param", "ZeRO++ LoCo", EMPTY),
     b("zero_optimization.mics_shard_size", "shard_size: the state sharded within groups of this many consecutive "
       "ranks and replicated across them, gradients summed within the group, then across the groups once per "

@@ -97,7 +97,7 @@ def _parse_ours(cfg, problems):
     rl.leftover(ls)
     c.batch.gradient_accumulation_steps = r.number(cfg, "gradient_accumulation_steps",
                                                    c.batch.gradient_accumulation_steps, integer=True, low=1)
-    c.shard_size = shard_size(r, cfg, "shard_size", c.shard_size)
+    c.shard_size = group_size(r, cfg, "shard_size", c.shard_size)
     c.reduce_bucket_numel = r.number(cfg, "reduce_bucket_numel", c.reduce_bucket_numel, integer=True, low=1,
                                      high=MAX_NUMEL)
     common(r, cfg, c)
@@ -112,19 +112,21 @@ def _parse_ours(cfg, problems):
     return c.config(), scale_keys, "precision"
 
 
-def shard_size(r, d, name, default):
-    """d[name]: hybrid sharding's group size, an int >= 1 or "node" (zerort.comm.shard_groups).
-    Both forms read it here: our shard_size, DeepSpeed's mics_shard_size (whose -1 and 0 are off)."""
+def group_size(r, d, name, default, off=()):
+    """d[name]: a group of consecutive ranks, an int >= 1 or "node" (the launcher's ranks per
+    node), or one of `off` (None: no groups). Hybrid sharding's shard_size (DeepSpeed's
+    mics_shard_size, off at -1 and 0) and stage 3's secondary_shard_size (zero_hpz_partition_size,
+    off at 1): zerort.comm.topology makes the groups."""
     present, v = r._take(d, name)
     if not present:
         return default
-    off = name.startswith("mics") and v in (-1, 0) and not isinstance(v, bool)
-    if off:
+    if isinstance(v, int) and not isinstance(v, bool) and v in off:
         return None
-    if v == "node" or (isinstance(v, int) and not isinstance(v, bool) and 1 <= v <= MAX_WORLD):
+    low = 2 if 1 in off else 1
+    if v == "node" or (isinstance(v, int) and not isinstance(v, bool) and low <= v <= MAX_WORLD):
         return v
-    allowed = "-1 or 0 (off), " if name.startswith("mics") else ""
-    r.bad(name, v, f"{allowed}an integer from 1 to {MAX_WORLD} (ranks per group), or 'node'",
+    offs = f"{' or '.join(map(str, off))} (off), " if off else ""
+    r.bad(name, v, f"{offs}an integer from {low} to {MAX_WORLD} (ranks per group), or 'node'",
           not isinstance(v, (int, str)) or isinstance(v, bool))
     return default
 
@@ -138,6 +140,7 @@ def runtime_keys(r, cfg, c):
                                                integer=True, low=0, high=MAX_NUMEL)
     c.stage3.unit_modules = r3.names(s3, "unit_modules", c.stage3.unit_modules)
     c.stage3.gather_dtype = r3.choice(s3, "gather_dtype", c.stage3.gather_dtype, ("compute", "int8"))
+    c.stage3.secondary_shard_size = group_size(r3, s3, "secondary_shard_size", c.stage3.secondary_shard_size, off=(1,))
     r3.leftover(s3)
     cm, rc = r.child(cfg, "comm")
     c.comm.backend = rc.choice(cm, "backend", c.comm.backend, ("auto", "mpi", "gloo", "nccl", "inprocess"))

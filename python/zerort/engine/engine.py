@@ -91,7 +91,7 @@ class Engine(StateMethods, DeepSpeedMethods):
         self.unit_names = []            # stage 3: Engine unit i's module
         self._units = None              # stage 3: the module hooks (zerort.engine.stage3.UnitHooks)
         self._param_waits = None        # overlap_param_gather: its module hooks (zerort.engine.param_waits)
-        self._shard_groups = None, None  # shard_size: the group's and the replicas' communicators
+        self._shard_groups = None, None, None  # shard_size's group and replicas; hpZ's secondary group
         self._hooks = []                # every hook on the model, removed by destroy()
         self._cast_buffers = set()      # (id(module), name) of the buffers cast to the compute dtype
         self._frozen_fp32 = {}          # id(frozen param) -> its FP32 value (engine.frozen_masters)
@@ -128,11 +128,11 @@ class Engine(StateMethods, DeepSpeedMethods):
         if units:  # DeepSpeed's element counts become a number of units (zerort.layout.units.prefetch_units)
             c = self.config = replace(c, stage3={"prefetch": units.prefetch})
         fill = None if materialize is None else lambda g, idx: materialize([groups[g][i] for i in idx])
-        shard, replicas = self._shard_groups = setup.shard_groups(c, self.comm)  # hybrid: shard_size
+        shard, replicas, secondary = self._shard_groups = setup.shard_groups(c, self.comm)
         self._impl = _C.Engine(groups[0], groups[1], self.comm._c, units=units.specs if units else [],
                                options=native.engine_options(c, self.device), materialize=fill,  # zerort.config.native
                                shard=shard and shard._c, replicas=replicas and replicas._c,
-                               replica_dtype=c.comm.inter_node_dtype)
+                               replica_dtype=c.comm.inter_node_dtype, secondary=secondary and secondary._c)
         names = grouping.names
         if materialize is not None:  # the real parameters replace the meta ones everywhere
             real = lambda ps: [materialize.replaced.get(id(p), p) for p in ps]
@@ -338,7 +338,8 @@ class Engine(StateMethods, DeepSpeedMethods):
 
     @property
     def shard_comms(self):
-        """shard_size: the group's and the replicas' zerort.comm.Communicator; (None, None) without."""
+        """The zerort.comm.Communicator of shard_size's group and replicas, and of stage 3's secondary
+        shards (None for each that is not there)."""
         return self._shard_groups
 
     @property

@@ -55,14 +55,15 @@ def connect(c, device, comm):
 
 
 def shard_groups(c, comm):
-    """Hybrid sharding (config c's shard_size): this rank's group and replicas communicators,
-    or (None, None) when the state is sharded over the whole world (zerort.comm.topology)."""
-    if c.shard_size is None:
-        return None, None
+    """Config c's groups (zerort.comm.topology): this rank's (group, replicas, secondary)
+    communicators; None for each that is not there. Hybrid sharding (shard_size) makes the
+    first two, stage 3's secondary shards (stage3.secondary_shard_size, hpZ) the third."""
     backend = comm.backend.split("+")[0]  # a two-hop communicator's flat backend
-    parts = topology.shard_groups(comm, backend, c.shard_size, c.comm.timeout_s, bool(c.comm.debug),
-                                  comm_mod.detect_launch_env())
-    return tuple(None if p is None else comm_mod.Communicator(p, comm.device) for p in parts)
+    env = comm_mod.detect_launch_env()
+    timeout_s, debug = c.comm.timeout_s, bool(c.comm.debug)
+    parts = topology.shard_groups(comm, backend, c.shard_size, timeout_s, debug, env)
+    secondary = topology.node_part(comm, backend, c.stage3.secondary_shard_size, timeout_s, debug, env)
+    return tuple(None if p is None else comm_mod.Communicator(p, comm.device) for p in (*parts, secondary))
 
 
 def masters_to_fp32(model, names):
