@@ -11,7 +11,11 @@ stages 2 and 3 flat and two-hop (comm.topology two_hop, inter_node_dtype bf16: N
 stage 2 with overlap_param_gather (flat and two-hop) and with int8 between the nodes (Note [int8
 blocks]), stage 3 with int8 weight gathers (stage3.gather_dtype), and hybrid sharding at stages 2
 and 3 (shard_size "node": Note [hybrid sharding]; the gradient shards summed across the hosts in
-bf16 or int8). Step times are the slowest
+bf16 or int8), and stage 3 with hpZ's secondary shards (stage3.secondary_shard_size "node": Note
+[secondary shards]) alone and with int8 gathers and int8 two-hop gradients (ZeRO++'s three).
+The last column is the model state a rank holds after the last step, the largest rank's: for
+zerort its memory report's measured total (the state, its buffers, the units held), for the torch
+runtimes the parameters, gradients and optimizer state they hold (bench/e2e_worker.py). Step times are the slowest
 rank's (bench/e2e_worker.py: from a step's start to the next one's, so work left in flight
 counts), median and p90 over steps 2..N; the cross-host bytes are the hosts' own kernel counters
 (the veth, /proc/net/dev in each namespace), median per step. Needs root (namespaces); prints the table.
@@ -32,6 +36,7 @@ FLAT = {"comm": {"topology": "flat"}}
 OVERLAP = {**FLAT, "overlap_param_gather": True}
 HYBRID = {"shard_size": "node", "comm": {"topology": "flat", "inter_node_dtype": "bf16"}}  # Note [hybrid sharding]
 INT8_GATHERS = {"gather_dtype": "int8"}  # stage 3's weight gathers as int8 blocks (Note [int8 blocks])
+HPZ = {"secondary_shard_size": "node"}  # Note [secondary shards]
 ROWS = {"ddp": ("DDP", "ddp", None), "fsdp2": ("FSDP2", "fsdp2", None),
         "fsdp2-hsdp": ("FSDP2 HSDP (2-D mesh)", "fsdp2-hsdp", None),
         "zerort2": ("zerort stage 2, flat", "zerort2", FLAT),
@@ -51,7 +56,11 @@ ROWS = {"ddp": ("DDP", "ddp", None), "fsdp2": ("FSDP2", "fsdp2", None),
         "zerort2-hybrid": ("zerort stage 2, hybrid (shard_size node), bf16 across", "zerort2", HYBRID),
         "zerort3-hybrid": ("zerort stage 3, hybrid (shard_size node), bf16 across", "zerort3", HYBRID),
         "zerort3-hybrid-int8": ("zerort stage 3, hybrid (shard_size node), int8 across", "zerort3",
-                                {**HYBRID, "comm": {"topology": "flat", "inter_node_dtype": "int8"}})}
+                                {**HYBRID, "comm": {"topology": "flat", "inter_node_dtype": "int8"}}),
+        "zerort3-hpz": ("zerort stage 3, flat, hpZ (secondary shards of a node)", "zerort3", {**FLAT, "stage3": HPZ}),
+        "zerort3-zero++": ("zerort stage 3, ZeRO++'s three: int8 gathers, hpZ, two-hop int8 gradients", "zerort3",
+                           {"comm": {"topology": "two_hop", "inter_node_dtype": "int8"},
+                            "stage3": {**HPZ, **INT8_GATHERS}})}
 
 
 def launch(a, kind, extra, out):
@@ -128,17 +137,18 @@ def main():
     ddp = results.get("ddp")
     base = summary(ddp)[2] if ddp and not ddp.get("error") else None
     print("\n| runtime | step s (median) | p90 | tokens/s | vs DDP | cross-host MB/step (both hosts) | loss at step N "
-          "| held-out loss |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|")
+          "| held-out loss | state MB/rank |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     for row in a.rows:
         r = results[row]
         if r.get("error"):
-            print(f"| {ROWS[row][0]} | failed: {r['error'][:120]} | | | | | | |")
+            print(f"| {ROWS[row][0]} | failed: {r['error'][:120]} | | | | | | | |")
             continue
         med, p90, tps, mb = summary(r)
         vs = f"{tps / base:.2f}" if base else "n/a"
+        state = max(r["state_bytes"]) / 2 ** 20
         print(f"| {ROWS[row][0]} | {med:.2f} | {p90:.2f} | {tps:.0f} | {vs} | {mb:.0f} | {r['losses'][-1]:.4f} "
-              f"| {r['held_out_loss']:.4f} |")
+              f"| {r['held_out_loss']:.4f} | {state:.0f} |")
     if a.plot:
         plot(a, results)
     if a.json:
