@@ -30,6 +30,25 @@ void encode(InterNodeWire wire, const float* partial, size_t n, char* to) {
   }
 }
 
+// One value-set of n off the wire into FP32.
+void decode(InterNodeWire wire, const char* from, size_t n, float* to) {
+  if (wire == InterNodeWire::kInt8) {
+    decode_int8_blocks(from, n, to);
+  } else if (wire == InterNodeWire::kFp8) {
+    decode_fp8_blocks(from, n, to);
+  } else if (wire == InterNodeWire::kBf16) {
+    const auto* h = reinterpret_cast<const uint16_t*>(from);
+    for (size_t i = 0; i < n; ++i) to[i] = bf16_to_f32(h[i]);
+  } else {
+    std::memcpy(to, from, n * sizeof(float));
+  }
+}
+
+// A collective moves n values on the wire as `wire_count` elements of `wire_type` (8-bit:
+// opaque 32-bit words, int8_wire_bytes being a multiple of 4).
+size_t wire_count(InterNodeWire wire, size_t n) { return eight_bit(wire) ? int8_wire_bytes(n) / 4 : n; }
+DType wire_type(InterNodeWire wire) { return eight_bit(wire) ? DType::kInt32 : wire_dtype(wire); }
+
 }  // namespace
 
 InterNodeWire parse_inter_node_wire(const std::string& name) {
@@ -49,21 +68,22 @@ void sum_over_wire(Communicator& comm, const float* parts, size_t n, InterNodeWi
   const size_t ranks = static_cast<size_t>(comm.size()), bytes = inter_node_wire_bytes(wire, n);
   std::vector<char> to(ranks * bytes + 1), from(ranks * bytes + 1);
   for (size_t k = 0; k < ranks; ++k) encode(wire, parts + k * n, n, to.data() + k * bytes);
-  // 8-bit: opaque 32-bit words (int8_wire_bytes is a multiple of 4).
-  WorkPtr w = eight_bit(wire) ? comm.all_to_all(to.data(), from.data(), bytes / 4, DType::kInt32)
-                              : comm.all_to_all(to.data(), from.data(), n, wire_dtype(wire));
-  w->wait();
+  comm.all_to_all(to.data(), from.data(), wire_count(wire, n), wire_type(wire))->wait();
   if (!eight_bit(wire)) {
     sum_chunks_to_f32(from.data(), wire_dtype(wire), ranks, n, out, accumulate);
     return;
   }
   std::vector<float> decoded(ranks * n + 1);  // decoded to FP32, then summed as the others
-  for (size_t k = 0; k < ranks; ++k) {
-    const char* got = from.data() + k * bytes;
-    float* x = decoded.data() + k * n;
-    wire == InterNodeWire::kInt8 ? decode_int8_blocks(got, n, x) : decode_fp8_blocks(got, n, x);
-  }
+  for (size_t k = 0; k < ranks; ++k) decode(wire, from.data() + k * bytes, n, decoded.data() + k * n);
   sum_chunks_to_f32(decoded.data(), DType::kFloat32, ranks, n, out, accumulate);
+}
+
+void gather_over_wire(Communicator& comm, const float* mine, size_t n, InterNodeWire wire, float* out, int64_t tag) {
+  const size_t ranks = static_cast<size_t>(comm.size()), bytes = inter_node_wire_bytes(wire, n);
+  std::vector<char> to(bytes + 1), from(ranks * bytes + 1);
+  encode(wire, mine, n, to.data());
+  comm.all_gather(to.data(), from.data(), wire_count(wire, n), wire_type(wire), tag)->wait();
+  for (size_t k = 0; k < ranks; ++k) decode(wire, from.data() + k * bytes, n, out + k * n);
 }
 
 }  // namespace zerort

@@ -1,6 +1,6 @@
-// The sum of partial FP32 sums over a communicator, each partial carried on a chosen wire:
-// the two-hop reduce-scatter's second hop (Note [two hops]) and the sum of a gradient shard
-// across replica groups (Note [hybrid sharding], runtime/shard_groups.h).
+// The sum of partial FP32 sums over a communicator, each partial carried on a chosen wire, and
+// the all-gather of sums on it: the two-hop reduce-scatter's second hop (Note [two hops]) and the
+// sum of a gradient shard across replica groups (Note [hybrid sharding], runtime/shard_groups.h).
 #pragma once
 
 #include <cstddef>
@@ -23,5 +23,10 @@ size_t inter_node_wire_bytes(InterNodeWire wire, size_t n);  // one partial of n
 // this rank received, in rank order 0..size-1, decoded to FP32 and summed in FP64, rounded once
 // (added to out with accumulate). Bitwise the same on every run.
 void sum_over_wire(Communicator& comm, const float* parts, size_t n, InterNodeWire wire, float* out, bool accumulate);
+
+// out (comm.size() x n FP32 values) gets rank k's `mine` at k n, as it arrives over `wire`: every
+// rank's values encoded on it and decoded on every rank, this rank's own too, so all ranks hold
+// the same bits (fp32: exactly `mine`). An all-gather, waited for on this thread; tag: what it serves.
+void gather_over_wire(Communicator& comm, const float* mine, size_t n, InterNodeWire wire, float* out, int64_t tag);
 
 }  // namespace zerort

@@ -12,7 +12,7 @@ void sum_across_replicas(Communicator& replicas, float* grad, size_t n, InterNod
   std::vector<float> parts(groups * piece, 0.0f), mine(piece);
   std::copy_n(grad, n, parts.begin());
   sum_over_wire(replicas, parts.data(), piece, wire, mine.data(), false);
-  replicas.all_gather(mine.data(), parts.data(), piece, DType::kFloat32, tag)->wait();
+  gather_over_wire(replicas, mine.data(), piece, wire, parts.data(), tag);
   std::copy_n(parts.begin(), n, grad);
 }
 

@@ -18,8 +18,10 @@ namespace zerort {
 //   - Gradients: each bucket is reduce-scattered within the group (the low-precision chunks,
 //     summed in FP32 as always), then, once per accumulation window, at its boundary, every
 //     bucket's FP32 shard is summed across the groups: sum_across_replicas, a reduce-scatter on
-//     comm.inter_node_dtype's wire with FP32 sums in group order, then an all-gather of the
-//     FP32 sums, so every group ends with the same bits.
+//     comm.inter_node_dtype's wire with FP32 sums in group order, then an all-gather of the sums
+//     on the same wire, decoded on every rank, the summing one too, so every group ends with the
+//     same bits (fp32 moves them exactly; bf16 rounds each sum once more; int8 and fp8 carry
+//     them as blocks again: Note [int8 blocks]).
 //   - Parameter gathers (stages 1-2 after the update, stage 3 on use) stay inside the group.
 //   - One decision per step over the world: every rank's row, but only group 0's gradient
 //     figures (each shard is counted once), so every rank decides alike. The parts' calls go
@@ -37,7 +39,8 @@ struct ShardGroups {
 
 // grad (n FP32 values, this rank's shard of a bucket) becomes its sum over `replicas`, the
 // same bits on each of them: split into replicas.size() pieces (the last zero-padded), piece k
-// summed on rank k (sum_over_wire) and all-gathered in FP32. tag: the bucket, for the checks.
+// summed on rank k (sum_over_wire) and all-gathered on the wire (gather_over_wire). tag: the
+// bucket, for the checks.
 void sum_across_replicas(Communicator& replicas, float* grad, size_t n, InterNodeWire wire, int64_t tag);
 
 }  // namespace zerort

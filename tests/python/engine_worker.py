@@ -2,11 +2,12 @@
 (model, stage, precision, accumulation) case and saves per-rank results for the test.
 
     engine_worker.py OUT_PREFIX [--staged cpu | --topology two_hop] CASE [CASE ...]
-    CASE = model:stage:precision:gas:steps[:inf@STEP][:noclip][:overlap][:bucket@NUMEL][:int8gather][:shard@S][:hpz@G]
+    CASE = model:stage:precision:gas:steps[:inf@STEP][:noclip][:overlap][:bucket@NUMEL][:int8gather][:shard@S]
+           [:hpz@G][:wire@DTYPE]
 --staged cpu: the launcher's communicator pushes every buffer through the host staging code
 of the CUDA-over-mpi/gloo path (zerort.comm.init(staged='cpu')). shard@S: hybrid sharding with
 shard_size S (a number or "node"); hpz@G: stage 3's secondary shards in groups of G
-(stage3.secondary_shard_size). --topology two_hop: the
+(stage3.secondary_shard_size); wire@DTYPE: comm.inter_node_dtype. --topology two_hop: the
 reduce-scatter and all-gather in two hops, within the node and across nodes (zerort.comm.topology).
 """
 import os
@@ -37,6 +38,8 @@ def run_case(case, comm):
     for f in flags:
         if f.startswith("bucket@"):
             cfg["reduce_bucket_numel"] = int(f.split("@")[1])
+        if f.startswith("wire@"):  # comm.inter_node_dtype: shard_size's sum across groups
+            cfg["comm"] = {"inter_node_dtype": f.split("@")[1]}
         if f.startswith(("shard@", "hpz@")):
             size = f.split("@")[1]
             key = "shard_size" if f.startswith("shard@") else "secondary_shard_size"

@@ -9,6 +9,8 @@ zero_hpz_partition_size; C++ Note [secondary shards]).
   mpirun, where each bucket's shard is split into 3 pieces that do not divide it (buckets of
   61 elements). Every rank sees the same losses, and the replicas of one shard (ranks r and
   r + shard_size) hold the same bits.
+- The sum across groups on a bf16, int8 or fp8 wire (comm.inter_node_dtype): the replicas stay
+  bit-equal, the master within the transformer's bound of torch's, the last loss within 1%.
 - An fp16 overflow on one rank skips the step on every rank, as the flat engine does.
 - A checkpoint of the W = 4, shard_size 2 run holds 2 shards (written once, by group 0) and
   loads at W = 2 and 3 flat and at W = 4 in groups of 1, bit for bit.
@@ -47,6 +49,7 @@ TORCH_CASES = ([f"{m}:{s}:bf16:1:20:shard@2" for m in ("mlp", "transformer") for
 GPT2_CASES = [f"gpt2:{s}:bf16:1:4" for s in (2, 3)]
 ODD_CASES = [f"mlp:{s}:bf16:1:20:shard@1:bucket@61" for s in (1, 2, 3)]
 OVERFLOW = "mlp:2:fp16:1:8:inf@3"
+WIRE_CASES = [f"transformer:{s}:bf16:1:20:shard@2:wire@{w}" for s, w in ((2, "bf16"), (2, "int8"), (3, "fp8_e4m3"))]
 HPZ_CASES = ["transformer:3:bf16:2:6", "gpt2:3:bf16:1:4", "transformer:3:bf16:1:6:shard@2"]
 
 
@@ -69,8 +72,8 @@ def _against_torch(ranks, case):
 
 @pytest.fixture(scope="module")
 def w4_torchrun(tmp_path_factory):
-    cases = TORCH_CASES + GPT2_CASES + [f"{c}:shard@2" for c in GPT2_CASES] + HPZ_CASES + [f"{c}:hpz@2" for c in
-                                                                                           HPZ_CASES]
+    cases = (TORCH_CASES + GPT2_CASES + [f"{c}:shard@2" for c in GPT2_CASES] + WIRE_CASES + HPZ_CASES
+             + [f"{c}:hpz@2" for c in HPZ_CASES])
     return launch("torchrun", 4, sorted(set(cases), key=cases.index), tmp_path_factory.mktemp("hybrid4"))
 
 
@@ -78,6 +81,16 @@ def test_groups_of_2_at_w4_match_torch(w4_torchrun):
     for case in TORCH_CASES:
         _check_run(w4_torchrun, case, 2)
         _against_torch(w4_torchrun, case)
+
+
+def test_low_precision_sums_across_groups_keep_the_replicas_equal(w4_torchrun):
+    """comm.inter_node_dtype bf16, int8 and fp8_e4m3 on the sum across groups: both its halves
+    on the wire, decoded on every rank (the summing one too), so the replicas stay bit-equal."""
+    for case in WIRE_CASES:
+        _check_run(w4_torchrun, case, 2)
+        _against_torch(w4_torchrun, case)
+        exact = w4_torchrun[0]["transformer:2:bf16:1:20:shard@2"]["losses"][-1]
+        assert abs(w4_torchrun[0][case]["losses"][-1] - exact) < 0.01 * exact, case
 
 
 def test_gpt2_in_groups_matches_the_flat_engine(w4_torchrun):

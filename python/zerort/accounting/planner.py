@@ -37,15 +37,13 @@ import json
 import math
 import sys
 
-from zerort import _C
 from zerort.config import Config
 from zerort.accounting.memory import BYTES, estimate_memory, gpt_numel
+from zerort.accounting.traffic import WIRE_BYTES, collectives, nodes_and_local  # noqa: F401  (tests use these)
 from zerort.errors import ConfigError
 
 GB = 1e9
 BUCKET = Config().reduce_bucket_numel
-BLOCKS_8BIT = 1 + 4 / _C.INT8_BLOCK  # an 8-bit code per element and a float32 scale per block: Note [int8 blocks]
-WIRE_BYTES = {"fp32": 4, "bf16": 2, "int8": BLOCKS_8BIT, "fp8_e4m3": BLOCKS_8BIT}  # two_hop's partials per element
 
 
 @dataclasses.dataclass
@@ -101,67 +99,6 @@ def _flag(field):
             "reserve_gb": "reserve"}[field]
 
 
-def nodes_and_local(world_size, gpus_per_node):
-    """(N nodes, G ranks per node) of a world: a partial node counts as one node of W."""
-    g = min(gpus_per_node, world_size)
-    return world_size // g, g
-
-
-def ring_phases(nbytes, world_size, gpus_per_node):
-    """One pass of a hierarchical ring over nbytes (an all-gather; DDP's all-reduce is two):
-    (intra bytes, inter bytes, intra steps, inter steps) sent per rank."""
-    n, g = nodes_and_local(world_size, gpus_per_node)
-    return (g - 1) / g * nbytes, (n - 1) / n * nbytes / g, g - 1, n - 1
-
-
-def all_to_all_split(nbytes, world_size, gpus_per_node):
-    """zerort's reduce-scatter of nbytes, an all-to-all: (intra bytes, inter bytes, intra
-    steps, inter steps) sent per rank. Every send goes out at once: one step each way."""
-    n, g = nodes_and_local(world_size, gpus_per_node)
-    return (g - 1) / (n * g) * nbytes, (n * g - g) / (n * g) * nbytes, int(g > 1), int(n > 1)
-
-
-def two_hop_split(nbytes, world_size, gpus_per_node, element_bytes, inter_bytes):
-    """zerort's two-hop reduce-scatter of nbytes: (intra bytes, inter bytes, intra steps, inter steps) per rank."""
-    n, g = nodes_and_local(world_size, gpus_per_node)
-    return (g - 1) / g * nbytes, (n - 1) / (n * g) * nbytes / element_bytes * inter_bytes, int(g > 1), int(n > 1)
-
-
-def collectives(numel, world_size, gpus_per_node, stage, param_bytes=2, grad_bytes=2, inter_bytes=None):
-    """The collectives of one step per rank: a list of dicts with the collective's name,
-    what it moves, the bytes sent per rank within the node and across nodes, and latency
-    steps (summed over both phases, for one call). Stage 0 is DDP's ring all-reduce. inter_bytes:
-    the two-hop reduce-scatter with partial sums of that size (None: flat)."""
-    psi = float(numel)
-    if stage == 0:
-        plan = [("all-reduce", "gradients", grad_bytes, 2)]
-    elif stage in (1, 2):
-        plan = [("reduce-scatter", "gradients", grad_bytes, 1), ("all-gather", "parameters", param_bytes, 1)]
-    elif stage == 3:
-        plan = [("all-gather", "parameters (forward)", param_bytes, 1),
-                ("all-gather", "parameters (backward)", param_bytes, 1),
-                ("reduce-scatter", "gradients", grad_bytes, 1)]
-    else:
-        raise ConfigError(f"stage: got {stage!r}; allowed: 0, 1, 2, 3")
-    out = []
-    for name, what, b, passes in plan:  # an all-reduce (DDP's) is two ring passes
-        if name == "reduce-scatter" and inter_bytes:
-            intra, inter, s_intra, s_inter = two_hop_split(psi * b, world_size, gpus_per_node, b, inter_bytes)
-        else:
-            split = all_to_all_split if name == "reduce-scatter" else ring_phases
-            intra, inter, s_intra, s_inter = split(psi * b, world_size, gpus_per_node)
-        out.append({"collective": name, "moves": what, "intra_bytes": passes * intra, "inter_bytes": passes * inter,
-                    "intra_steps": passes * s_intra, "inter_steps": passes * s_inter})
-    return out
-
-
-def closed_form(numel, world_size, stage, param_bytes=2, grad_bytes=2):
-    """The textbook per-rank volume of one step (flat ring), for checking."""
-    f = (world_size - 1) / world_size * float(numel)
-    return {0: 2 * f * grad_bytes, 1: f * (grad_bytes + param_bytes), 2: f * (grad_bytes + param_bytes),
-            3: f * (2 * param_bytes + grad_bytes)}[stage]
-
-
 def activation_bytes(shape, seq, micro_batch, checkpointing):
     """Bytes saved for backward per rank, with 2-byte activations and fused (flash)
     attention, which keeps no seq x seq tensor. Per token of a block: LayerNorm inputs and
@@ -214,19 +151,33 @@ def calls_per_collective(numel, stage, shape, bucket_numel):
     return math.ceil(numel / unit)
 
 
-def model_states(numel, world_size, stage, precision, shape, bucket_numel):
+@dataclasses.dataclass
+class Groups:
+    """How the ranks share the state: hybrid sharding's groups (shard_size; None: the world,
+    flat), the sum across them on a wire of replica_bytes per element, and stage 3's hpZ
+    groups (secondary; None: off). See zerort.accounting.traffic."""
+    shard_size: int = None
+    replica_bytes: float = 4
+    secondary: int = None
+
+
+def model_states(numel, world_size, stage, precision, shape, bucket_numel, groups=Groups()):
     unit = shape.block_numel if shape is not None else None
-    return estimate_memory(numel, world_size, stage, precision, reduce_bucket_numel=bucket_numel, unit_numel=unit)
+    hybrid = groups.shard_size if stage > 0 and groups.shard_size and groups.shard_size < world_size else None
+    return estimate_memory(numel, world_size, stage, precision, reduce_bucket_numel=bucket_numel, unit_numel=unit,
+                           shard_size=hybrid, secondary=groups.secondary if stage == 3 and groups.secondary else 1)
 
 
 def plan_stage(numel, shape, seq, micro_batch, cluster, stage, precision="bf16", world_size=None,
-               bucket_numel=BUCKET, inter_bytes=None):
+               bucket_numel=BUCKET, inter_bytes=None, groups=Groups()):
     """Everything for one stage at world_size (default cluster.gpus), per rank, in bytes,
     FLOPs and seconds."""
     w = world_size or cluster.gpus
     b = BYTES[precision]
-    est = model_states(numel, w, stage, precision, shape, bucket_numel)
-    colls = collectives(numel, w, cluster.gpus_per_node, stage, b, b, inter_bytes)
+    est = model_states(numel, w, stage, precision, shape, bucket_numel, groups)
+    hybrid = groups.shard_size if stage > 0 and groups.shard_size and groups.shard_size < w else None
+    colls = collectives(numel, w, cluster.gpus_per_node, stage, b, b, None if hybrid else inter_bytes, hybrid,
+                        groups.replica_bytes, groups.secondary if stage == 3 else None)
     calls = calls_per_collective(numel, stage, shape, bucket_numel)
     tokens = seq * micro_batch
     budget = (cluster.gpu_mem_gb - cluster.reserve_gb) * GB
@@ -268,9 +219,9 @@ def smallest_world(numel, shape, seq, micro_batch, cluster, stage, precision, ch
 
 
 def plan(numel, shape, seq, micro_batch, cluster, stages=(0, 1, 2, 3), precision="bf16", bucket_numel=BUCKET,
-         inter_bytes=None):
+         inter_bytes=None, groups=Groups()):
     cluster.check()
-    rows = [plan_stage(numel, shape, seq, micro_batch, cluster, s, precision, None, bucket_numel, inter_bytes)
+    rows = [plan_stage(numel, shape, seq, micro_batch, cluster, s, precision, None, bucket_numel, inter_bytes, groups)
             for s in stages]
     smallest = {s: {ck: smallest_world(numel, shape, seq, micro_batch, cluster, s, precision, ck == "ckpt",
                                        bucket_numel) for ck in ("no_ckpt", "ckpt")} for s in stages}
@@ -278,6 +229,7 @@ def plan(numel, shape, seq, micro_batch, cluster, stages=(0, 1, 2, 3), precision
     return {"numel": int(numel), "shape": dataclasses.asdict(shape) if shape else None, "seq": seq,
             "micro_batch": micro_batch, "precision": precision, "reduce_bucket_numel": bucket_numel,
             "topology": "two_hop" if inter_bytes else "flat", "inter_bytes": inter_bytes,
+            "groups": dataclasses.asdict(groups),
             "cluster": dataclasses.asdict(cluster),
             "stages": rows, "smallest_world": smallest,
             "smallest_stage": None if first is None else {"stage": first[0], "checkpointing": not first[1]}}
@@ -311,6 +263,12 @@ def render(p):
                      f"{_gb(r['activations']):>9s} {_gb(r['activations_ckpt']):>9s} {_gb(tot):>9s} {_gb(tot_ck):>9s}"
                      f"  {verdict}")
     rs = f"two hops, partial sums of {p['inter_bytes']} bytes" if p.get("inter_bytes") else "zerort's all-to-all"
+    gr = p["groups"]
+    if gr["shard_size"] and gr["shard_size"] < c.gpus:
+        rs += (f"; hybrid: groups of {gr['shard_size']}, shards summed across groups at {gr['replica_bytes']:g} "
+               "bytes per element")
+    if gr["secondary"]:
+        rs += f"; stage 3's backward all-gather within hpZ groups of {gr['secondary']}"
     lines += ["", f"bytes sent per rank per step (GB; reduce-scatter: {rs};",
               "all-gather and all-reduce: hierarchical rings, within the node, then across nodes)",
               f"{'stage':>5s}  {'collective':<15s} {'moves':<22s} {'intra':>8s} {'inter':>8s} {'calls':>6s}"]
@@ -340,6 +298,14 @@ def render(p):
     return "\n".join(lines)
 
 
+def _group(ap, flag, value, gpus, gpus_per_node):
+    """A group size flag's ranks: 'node' or a positive divisor of --gpus."""
+    n = gpus_per_node if value == "node" else int(value) if str(value).isdigit() else 0
+    if n < 1 or gpus % n:
+        ap.error(f"{flag}: got {value!r}; give 'node' or a number of ranks that divides --gpus {gpus}")
+    return n
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(prog="python -m zerort.accounting.planner", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -363,7 +329,11 @@ def main(argv=None):
     ap.add_argument("--stage", type=int, choices=[0, 1, 2, 3], help="one stage (default: all)")
     ap.add_argument("--precision", choices=["bf16", "fp16", "fp32"], default="bf16")
     ap.add_argument("--topology", choices=["flat", "two_hop"], default="flat", help="the reduce-scatter's pattern")
-    ap.add_argument("--inter-node-dtype", choices=list(WIRE_BYTES), default="fp32", help="two_hop: partial sums' wire")
+    ap.add_argument("--inter-node-dtype", choices=list(WIRE_BYTES), default="fp32",
+                    help="two_hop's partial sums' wire, and hybrid sharding's sum across groups")
+    ap.add_argument("--shard-size", help="hybrid sharding: the state sharded within groups of this many ranks "
+                    "(or 'node': --gpus-per-node), replicated across them (stages 1-3, flat within the group)")
+    ap.add_argument("--secondary-shard-size", help="stage 3's hpZ groups (a number, or 'node')")
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args(argv)
     shape = None
@@ -386,10 +356,15 @@ def main(argv=None):
             ap.error(f"{flag}: got {v}; it must be >= 1")
     cluster = Cluster(a.gpus, a.gpus_per_node, a.gpu_mem, a.intra_bw, a.inter_bw, a.intra_lat, a.inter_lat,
                       a.peak_tflops, a.reserve)
+    size = lambda flag, v: None if v is None else _group(ap, flag, v, a.gpus, a.gpus_per_node)
+    groups = Groups(size("--shard-size", a.shard_size), WIRE_BYTES[a.inter_node_dtype],
+                    size("--secondary-shard-size", a.secondary_shard_size))
+    if groups.shard_size and a.topology == "two_hop":
+        ap.error("--shard-size runs flat within the group: drop --topology two_hop")
     try:
         p = plan(numel, shape, a.seq, a.micro_batch, cluster, (0, 1, 2, 3) if a.stage is None else (a.stage,),
                  a.precision, a.bucket,
-                 WIRE_BYTES[a.inter_node_dtype] if a.topology == "two_hop" else None)
+                 WIRE_BYTES[a.inter_node_dtype] if a.topology == "two_hop" else None, groups)
     except ValueError as e:
         ap.error(str(e))
     print(json.dumps(p, indent=2) if a.json else render(p))
