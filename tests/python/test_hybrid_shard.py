@@ -169,6 +169,23 @@ def test_a_checkpoint_in_groups_loads_at_other_worlds_and_shard_sizes(tmp_path):
         assert equal(torch.load(d / "full.pt"), want), (world, extra)
 
 
+def test_a_mics_script_trains_alike_at_every_shard_size(tmp_path):
+    """DeepSpeed's MiCS pattern (deepspeed.zero.MiCS_Init, zero_optimization.mics_shard_size,
+    ranks seeded differently) at W = 4: shard sizes 1, 2 and 4 give the same losses, and weights
+    the same within the rounding of the group's FP32 partial sums (groups of 1 sum as the flat
+    engine: bit for bit)."""
+    runs = {}
+    for shard in (1, 2, 4):
+        launch_ranks("torchrun", 4, os.path.join(HERE, "mics_worker.py"), tmp_path / f"mics{shard}.pt", shard,
+                     timeout=300)
+        runs[shard] = torch.load(tmp_path / f"mics{shard}.pt")
+        assert runs[shard]["shard_size"] == shard
+    assert runs[1]["losses"] == runs[4]["losses"] and equal(runs[1]["weights"], runs[4]["weights"])
+    assert runs[2]["losses"] == pytest.approx(runs[4]["losses"], rel=1e-6)
+    for k, v in runs[4]["weights"].items():
+        assert torch.allclose(runs[2]["weights"][k], v, rtol=0, atol=1e-6), k
+
+
 @pytest.mark.skipif(not zerort._C.with_mpi, reason="built without MPI")
 def test_refusals_name_the_key(tmp_path):
     launch_ranks("mpirun", 2, os.path.join(HERE, "hybrid_worker.py"), tmp_path / "err", tmp_path / "nvme",

@@ -70,6 +70,15 @@ class Init:
         return False
 
 
+class MiCS_Init(Init):  # noqa: N801 (DeepSpeed's name)
+    """DeepSpeed's zero.MiCS_Init: Init's meta-device build. The groups are the config's that
+    initialize() gets (zero_optimization.mics_shard_size is zerort's shard_size: C++ Note [hybrid
+    sharding]); sequence_data_parallel_group is DeepSpeed's, and the config here its own."""
+
+    def __init__(self, module=None, data_parallel_group=None, sequence_data_parallel_group=None, **kwargs):
+        super().__init__(module, data_parallel_group, **kwargs)
+
+
 def _refuse_forward_until_wrapped(module):
     """A module built under Init runs once its parameters are real (initialize made them
     so): before, its forward is an error that says what to do, not torch's meta-device
