@@ -289,15 +289,15 @@ class Engine {
   // parameters, plain or of int8 blocks (gather_int8), decoded when the Work is waited for.
   WorkPtr gather_working_copy(Bucket& b);
   void fill_own_chunk(const Bucket& b);  // this rank's chunk of b's working copy, from its shard
-  // Hybrid, once per window, at its boundary (update, or reduce_now): every bucket's FP32
-  // gradient shard summed across the groups (Note [hybrid sharding]).
-  void sum_gradient_across_replicas();
+  // Hybrid, in the window's last micro-step (comm thread): b's gradient from this reduce on
+  // summed across the groups, once per window, later reduces as summed increments (Note
+  // [hybrid sharding]). grad: b's part of the FP32 gradient.
+  void reduce_bucket_across_groups(Bucket& b, float* grad);
 
   Communicator& world_;     // every rank: the step's decision, rank 0's starting values
   Communicator& shard_;     // the ranks that shard the state: world_, or the group (Note [hybrid sharding])
   Communicator* replicas_;  // hybrid: the other groups' ranks of this index; else nullptr
   InterNodeWire replica_wire_;
-  bool replicas_summed_ = false;  // this window's gradient is summed across the groups (mu_ held)
   EngineOptions options_;
   ReducePolicy policy_;  // the stage's meaning, decided once: See Note [reduce policy]
   c10::Device device_;

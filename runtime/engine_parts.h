@@ -46,6 +46,9 @@ struct Engine::Bucket {
   size_t opt_numel = 0;    // shard_numel (stages 1-3) or padded_numel (stage 0)
   bool queued = false;     // its reduce is queued this round
   size_t waiting = 0;      // parameters whose gradient is not complete yet
+  // Hybrid: this window's gradient shard is summed across the groups (comm thread; Note
+  // [hybrid sharding]); a later reduce in the window adds a summed increment.
+  bool summed_across = false;
 };
 
 struct Engine::Group {

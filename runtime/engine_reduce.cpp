@@ -3,6 +3,7 @@
 // reduce-scatters into this rank's FP32 gradient (and stage 3's gathers, engine_units.cpp).
 // drain() finishes a round of reduces before the step or the next backward pass. The rest
 // of the Engine is engine.cpp.
+#include <ATen/ops/from_blob.h>
 #include <ATen/ops/zeros.h>
 
 #include <algorithm>
@@ -41,14 +42,6 @@ void Engine::report_locked(size_t g, size_t i) {
                                     "without engine.backward() (for example loss.backward() called directly). "
                                     "Run every backward pass through engine.backward(loss), which lets several "
                                     "passes per step add up"));
-  }
-  if (replicas_summed_) {
-    throw UsageError(__FILE__, __LINE__,
-                     detail::concat("Engine: parameter ", i, " of group ", g,
-                                    " got a gradient after this window's gradients were summed across the "
-                                    "shard_size groups (reduce_now, or deepspeed.utils.safe_get_full_grad): a "
-                                    "backward pass after them would miss the other groups. Ask for the gradients "
-                                    "after the window's last backward pass"));
   }
   reported_[g][i] = true;
   round_open_ = true;
@@ -130,6 +123,10 @@ void Engine::comm_loop() {
 void Engine::reduce_bucket(Bucket& b) {
   const size_t shard = b.layout.shard_numel();
   OptimizerStateStore& state = optimizer_->state();
+  if (replicas_ && shard > 0 && next_is_boundary()) {  // hybrid: shard_part keeps the state in memory
+    reduce_bucket_across_groups(b, state.grad().data_ptr<float>() + b.opt_offset);
+    return;
+  }
   if (shard == 0 || (!host_mover_ && state.gradient_in_memory())) {
     reduce_bucket_into(b, shard == 0 ? nullptr : state.grad().data_ptr<float>() + b.opt_offset);
     return;
@@ -149,6 +146,24 @@ void Engine::reduce_bucket(Bucket& b) {
   state.read_grad(b.opt_offset, shard, scratch);
   reduce_bucket_into(b, scratch);
   state.write_grad(b.opt_offset, shard, scratch);
+}
+
+void Engine::reduce_bucket_across_groups(Bucket& b, float* grad) {
+  const size_t shard = b.layout.shard_numel();
+  const auto tag = static_cast<int64_t>(b.index);
+  if (!b.summed_across) {  // the window's gradient so far, this reduce added, then summed
+    reduce_bucket_into(b, grad);
+    sum_across_replicas(*replicas_, grad, shard, replica_wire_, tag);
+    b.summed_across = true;
+    return;
+  }
+  // A later pass of the micro-step (or a drain after reduce_now): its part alone is summed
+  // across the groups and added, so the sum stays linear (a buffer of its own, for this rare case).
+  at::Tensor part = at::zeros({static_cast<int64_t>(shard)}, at::TensorOptions().dtype(at::kFloat).device(device_));
+  reduce_bucket_into(b, part.data_ptr<float>());
+  sum_across_replicas(*replicas_, part.data_ptr<float>(), shard, replica_wire_, tag);
+  at::Tensor mine = at::from_blob(grad, {static_cast<int64_t>(shard)}, part.options());
+  mine.add_(part);
 }
 
 void Engine::reduce_bucket_into(Bucket& b, float* grad) {
@@ -241,25 +256,6 @@ void Engine::reduce_now() {
                                     "that micro-step's backward, before its step()"));
   }
   finish_round();
-  sum_gradient_across_replicas();
-}
-
-void Engine::sum_gradient_across_replicas() {
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (replicas_ == nullptr || replicas_summed_) return;
-    replicas_summed_ = true;
-  }
-  try {
-    float* grad = optimizer_->state().grad().data_ptr<float>();  // in memory: shard_part checked the tier
-    for (Bucket* b : buckets_) {
-      sum_across_replicas(*replicas_, grad + b->opt_offset, b->opt_numel, replica_wire_,
-                          static_cast<int64_t>(b->index));
-    }
-  } catch (...) {
-    optimizer_->state().zero_grad();  // half summed: the window is dropped, as after a failed reduce
-    throw;
-  }
 }
 
 void Engine::finish_round() {

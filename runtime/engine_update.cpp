@@ -37,16 +37,12 @@ void Engine::update(StepStats& stats) {
     if (host_mover_ && !(copied && shard_copies_.on_host())) lend_host_output(seg, b->opt_numel * dtype_size(dtype));
     outputs.push_back(std::move(seg));
   }
-  auto t0 = std::chrono::steady_clock::now();
-  struct NextWindow {  // the next window reduces afresh, whatever happens here
+  struct NextWindow {  // hybrid: the next window sums afresh, whatever happens here
     Engine& e;
     ~NextWindow() {
-      std::lock_guard<std::mutex> lock(e.mu_);
-      e.replicas_summed_ = false;
+      for (Bucket* b : e.buckets_) b->summed_across = false;
     }
   } next_window{*this};
-  sum_gradient_across_replicas();  // hybrid: Note [hybrid sharding]
-  stats.reduce_ms += ms_since(t0);
   const int64_t missed = missed_backward_;
   missed_backward_ = 0;
   bool applied;

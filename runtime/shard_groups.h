@@ -16,12 +16,16 @@ namespace zerort {
 // the FP32 gradient and at stage 3 the parameters) are sharded over the group as a flat engine
 // shards them over W, and replicated across the groups: rank r holds the shard of index r % S.
 //   - Gradients: each bucket is reduce-scattered within the group (the low-precision chunks,
-//     summed in FP32 as always), then, once per accumulation window, at its boundary, every
-//     bucket's FP32 shard is summed across the groups: sum_across_replicas, a reduce-scatter on
-//     comm.inter_node_dtype's wire with FP32 sums in group order, then an all-gather of the sums
-//     on the same wire, decoded on every rank, the summing one too, so every group ends with the
-//     same bits (fp32 moves them exactly; bf16 rounds each sum once more; int8 and fp8 carry
-//     them as blocks again: Note [int8 blocks]).
+//     summed in FP32 as always). In the accumulation window's last micro-step, as soon as a
+//     bucket's reduce is done (on the comm thread, beside the rest of backward), its FP32 shard,
+//     the window's whole gradient, is summed across the groups: sum_across_replicas, a
+//     reduce-scatter on comm.inter_node_dtype's wire with FP32 sums in group order, then an
+//     all-gather of the sums on the same wire, decoded on every rank, the summing one too, so
+//     every group ends with the same bits (fp32 moves them exactly; bf16 rounds each sum once
+//     more; int8 and fp8 carry them as blocks again: Note [int8 blocks]). A later reduce of the
+//     bucket in that micro-step (another backward pass, a drain after reduce_now) sums its own
+//     part across the groups and adds it: the sum stays linear. Before that micro-step the
+//     gradient holds the group's sums only, so reduce_now() is refused there.
 //   - Parameter gathers (stages 1-2 after the update, stage 3 on use) stay inside the group.
 //   - One decision per step over the world: every rank's row, but only group 0's gradient
 //     figures (each shard is counted once), so every rank decides alike. The parts' calls go

@@ -117,7 +117,8 @@ EngineRun run_engine(Communicator& comm, const RunConfig& config) {
   // As the Python engine does at stage 3: See Note [checked calls] (comm/communicator.h).
   if (stage3) comm.check_each_call();
   Engine engine(params, comm, config.options, {},
-                stage3 ? (config.units.empty() ? default_units() : config.units) : std::vector<UnitSpec>{});
+                stage3 ? (config.units.empty() ? default_units() : config.units) : std::vector<UnitSpec>{},
+                config.groups ? config.groups(comm.rank()) : ShardGroups{});
   EngineRun run;
   const int64_t gas = config.options.optimizer.gradient_accumulation_steps;
   for (int step = 0; step < config.steps; ++step) {

@@ -40,6 +40,8 @@ struct RunConfig {
   // forward (prefetching the next), releases them, gathers them again in reverse for
   // backward, as the Python engine's module hooks do; reported gradients release a unit.
   std::vector<UnitSpec> units;
+  // This rank's ShardGroups (hybrid sharding, secondary shards); the whole world when empty.
+  std::function<ShardGroups(int rank)> groups;
 };
 
 // The MLP's parameters (13 -> 31 -> 7 with an empty one): FP32 leaves, the same on every
