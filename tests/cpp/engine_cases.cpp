@@ -161,6 +161,15 @@ std::vector<EngineRun> run_all(int world, const RunConfig& config, const std::fu
   return runs;
 }
 
+double max_rel_diff(const std::vector<float>& a, const std::vector<float>& b) {
+  double diff = 0, scale = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    diff = std::max(diff, std::fabs(static_cast<double>(a[i]) - b[i]));
+    scale = std::max(scale, std::fabs(static_cast<double>(b[i])));
+  }
+  return diff / scale;
+}
+
 Reference run_reference(int world, const RunConfig& config, const std::vector<double>& scales) {
   const int stage = config.options.stage;
   const OptimizerOptions& o = config.options.optimizer;

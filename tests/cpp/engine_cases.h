@@ -61,6 +61,9 @@ EngineRun run_engine(Communicator& comm, const RunConfig& config);
 std::vector<EngineRun> run_all(int world, const RunConfig& config,
                                const std::function<void(Communicator&)>& setup = {});
 
+// max |a - b| / max |b|: how far a run's FP32 values are from a reference, relative to its largest.
+double max_rel_diff(const std::vector<float>& a, const std::vector<float>& b);
+
 struct Reference {
   std::vector<float> master;
   std::vector<double> grad_norms;  // per step, before clipping

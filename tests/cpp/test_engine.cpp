@@ -16,15 +16,6 @@
 namespace zerort::testing {
 namespace {
 
-double max_rel_diff(const std::vector<float>& a, const std::vector<float>& b) {
-  double diff = 0, scale = 0;
-  for (size_t i = 0; i < a.size(); ++i) {
-    diff = std::max(diff, std::fabs(static_cast<double>(a[i]) - b[i]));
-    scale = std::max(scale, std::fabs(static_cast<double>(b[i])));
-  }
-  return diff / scale;
-}
-
 class EngineParity : public ::testing::TestWithParam<std::tuple<int, int, DType, int64_t>> {};
 
 // Tolerance: both sides compute bf16/f16 gradients from the same low-precision weights and

@@ -48,15 +48,6 @@ struct Parts {
   }
 };
 
-double max_rel_diff(const std::vector<float>& a, const std::vector<float>& b) {
-  double diff = 0, scale = 0;
-  for (size_t i = 0; i < a.size(); ++i) {
-    diff = std::max(diff, std::abs(static_cast<double>(a[i]) - b[i]));
-    scale = std::max(scale, std::abs(static_cast<double>(b[i])));
-  }
-  return diff / scale;
-}
-
 void expect_same_weights_everywhere(const std::vector<EngineRun>& runs, const std::string& what) {
   for (size_t r = 1; r < runs.size(); ++r) {
     EXPECT_EQ(runs[r].master, runs[0].master) << what << " rank " << r;

@@ -313,3 +313,31 @@ def test_two_hop_70b_on_128_nodes():
     assert rows["flat"][0] == pytest.approx(1016 / 1024 * 140e9) and rows["flat"][1] > 7.5
     assert rows["two_hop"][0] <= 17.5e9 and rows["two_hop"][1] <= 3.5
     assert rows["two_hop_int8"][0] == pytest.approx(rows["two_hop"][0] * (1 + 4 / 256) / 2)
+
+
+def test_hybrid_and_hpz_rows_on_128_nodes():
+    """Issue 31's planner rows: 70B on 128 x 8 at stage 3 in groups of a node (shard_size), the
+    sum across the 128 groups on an int8 wire, and hpZ. Against counts done here: memory is the
+    flat layout's at W = 8 (16 Psi / 8 plus units), the sum sends (R - 1) pieces of Psi / W
+    elements each way on the wire, and everything else stays in the node; hpZ adds 2 Psi / 8 and
+    keeps the flat engine's backward all-gather inside the node."""
+    psi, w, g = 70e9, 1024, 8
+    base = ["--params", "70e9", "--gpus", str(w), "--gpus-per-node", str(g), "--stage", "3", "--json"]
+    (hybrid,) = json.loads(cli(*base, "--shard-size", "node", "--inter-node-dtype", "int8"))["stages"]
+    (flat8,) = json.loads(cli(*base[:2], "--gpus", "8", "--gpus-per-node", "8", "--stage", "3", "--json"))["stages"]
+    assert hybrid["model_states"] == flat8["model_states"]
+    per_piece = psi / w * plan.WIRE_BYTES["int8"]
+    across = [c for c in hybrid["collectives"] if c["inter_bytes"] > 0]
+    assert [c["collective"] for c in across] == ["all-to-all", "all-gather"]
+    assert all(c["inter_bytes"] == pytest.approx((w // g - 1) * per_piece) for c in across)
+    assert sum(c["inter_bytes"] for c in hybrid["collectives"]) == pytest.approx(2 * (w // g - 1) * per_piece)
+    (flat,) = json.loads(cli(*base))["stages"]
+    (hpz,) = json.loads(cli(*base, "--secondary-shard-size", "node"))["stages"]
+    assert hpz["model_states"] - flat["model_states"] == pytest.approx(2 * psi / g, rel=1e-3)
+    backward = [c for c in hpz["collectives"] if "hpZ" in c["moves"]]
+    assert len(backward) == 1 and backward[0]["inter_bytes"] == 0
+    inter = lambda row: sum(c["inter_bytes"] for c in row["collectives"])
+    print(f"[planner 70B 128x8 stage 3] across nodes per rank: flat {inter(flat) / 1e9:.1f} GB, hpZ "
+          f"{inter(hpz) / 1e9:.1f} GB, hybrid int8 {inter(hybrid) / 1e9:.2f} GB; states flat "
+          f"{flat['model_states'] / 1e9:.1f} GB, hpZ {hpz['model_states'] / 1e9:.1f} GB, hybrid "
+          f"{hybrid['model_states'] / 1e9:.1f} GB")
