@@ -293,6 +293,7 @@ class Engine {
   // summed across the groups, once per window, later reduces as summed increments (Note
   // [hybrid sharding]). grad: b's part of the FP32 gradient.
   void reduce_bucket_across_groups(Bucket& b, float* grad);
+  void restart_window_sums();  // the gradient starts a new window: no bucket is summed across groups
 
   Communicator& world_;     // every rank: the step's decision, rank 0's starting values
   Communicator& shard_;     // the ranks that shard the state: world_, or the group (Note [hybrid sharding])

@@ -166,6 +166,10 @@ void Engine::reduce_bucket_across_groups(Bucket& b, float* grad) {
   mine.add_(part);
 }
 
+void Engine::restart_window_sums() {
+  for (Bucket* b : buckets_) b->summed_across = false;
+}
+
 void Engine::reduce_bucket_into(Bucket& b, float* grad) {
   Group& g = *groups_[b.group];
   const int64_t tag = static_cast<int64_t>(b.index);
@@ -230,6 +234,7 @@ void Engine::drain() {
     // A failed reduce leaves a half-accumulated gradient: drop this window's gradients so
     // a caller that catches and continues does not train on them.
     optimizer_->state().zero_grad();
+    restart_window_sums();
     std::rethrow_exception(error);
   }
 }

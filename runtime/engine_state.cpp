@@ -314,6 +314,7 @@ void Engine::load_counters(const Counters& c) {
   global_step_ = c.global_step;
   skipped_steps_ = c.skipped_steps;
   micro_steps_ = c.micro_steps;
+  restart_window_sums();  // a load starts the window afresh (Note [hybrid sharding])
 }
 
 void Engine::refresh_params() {

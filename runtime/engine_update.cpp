@@ -39,9 +39,7 @@ void Engine::update(StepStats& stats) {
   }
   struct NextWindow {  // hybrid: the next window sums afresh, whatever happens here
     Engine& e;
-    ~NextWindow() {
-      for (Bucket* b : e.buckets_) b->summed_across = false;
-    }
+    ~NextWindow() { e.restart_window_sums(); }
   } next_window{*this};
   const int64_t missed = missed_backward_;
   missed_backward_ = 0;
