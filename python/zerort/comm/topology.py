@@ -78,23 +78,28 @@ def shard_groups(comm, backend, shard_size, timeout_s, debug, env):
     """Hybrid sharding (shard_size; C++ Note [hybrid sharding] in runtime/shard_groups.h): this
     rank's (group, replicas) C++ communicators, or (None, None) where the groups are the whole
     world. shard_size: None, an int that divides the world size, or "node". A collective."""
-    size = _group_size(comm, backend, "shard_size", shard_size, env)
+    size = _group_size(comm, "shard_size", shard_size, env)
     if size is None or size == comm.size:
         return None, None
+    _host_backend(backend, "shard_size")
     return grid_parts(comm, backend, size, timeout_s, debug)
 
 
 def node_part(comm, backend, size, timeout_s, debug, env):
     """Stage 3's secondary shards (stage3.secondary_shard_size; C++ Note [secondary shards]):
     the C++ communicator of this rank's group of `size` consecutive ranks ("node": the
-    launcher's), or None without one. A collective."""
-    size = _group_size(comm, backend, "stage3.secondary_shard_size", size, env)
-    return None if size is None else grid_parts(comm, backend, size, timeout_s, debug)[0]
+    launcher's), or None without one (a group of 1 is none: hpZ off). A collective."""
+    key = "stage3.secondary_shard_size"
+    size = _group_size(comm, key, size, env)
+    if size is None or size == 1:
+        return None
+    _host_backend(backend, key)
+    return grid_parts(comm, backend, size, timeout_s, debug)[0]
 
 
-def _group_size(comm, backend, key, size, env):
+def _group_size(comm, key, size, env):
     """The ranks per group that config key `key` asks for (None, an int or "node": the nodes
-    that layout() agrees on), checked against the world and the backend."""
+    that layout() agrees on), checked against the world."""
     if size is None:
         return None
     if size == "node":
@@ -106,10 +111,14 @@ def _group_size(comm, backend, key, size, env):
     if comm.size % size:
         raise ConfigError([f"{key}: got {size}, which does not divide the world size {comm.size}: use "
                            f"a divisor of it (groups of consecutive ranks)"])
-    if backend not in ("mpi", "gloo") and size < comm.size:
+    return size
+
+
+def _host_backend(backend, key):
+    """Groups of ranks are split off mpi and gloo communicators; a ConfigError naming key otherwise."""
+    if backend not in ("mpi", "gloo"):
         raise ConfigError([f"{key}: groups of ranks are built for the mpi and gloo backends, not {backend!r}; "
                            f"drop {key} (nccl's groups need ncclCommSplit, not built in this version)"])
-    return size
 
 
 def grid_parts(comm, backend, per_row, timeout_s, debug):
