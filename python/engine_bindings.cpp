@@ -295,7 +295,6 @@ void bind_engine(py::module_& m) {
       .def_property_readonly("overlaps_param_gather", &Engine::overlaps_param_gather)
       .def_property_readonly("shard_size", &Engine::shard_size)  // Note [hybrid sharding]
       .def_property_readonly("shard_rank", &Engine::shard_rank)
-      .def_property_readonly("replica", &Engine::replica)
       .def_property_readonly("num_buckets", &Engine::num_buckets)
       .def_property_readonly("gathered_bytes", &Engine::gathered_bytes)
       .def_property_readonly("gathered_peak", &Engine::gathered_peak)

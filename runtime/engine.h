@@ -170,10 +170,9 @@ class Engine {
   size_t bucket_of(size_t group, size_t param) const;
   bool overlaps_param_gather() const;  // the option, at a stage it applies to
   // The ranks that share one copy of the state: the world, or a hybrid group (Note [hybrid
-  // sharding]); this rank's index in it and its group's index.
+  // sharding]) and this rank's index in it.
   int shard_size() const { return shard_.size(); }
   int shard_rank() const { return shard_.rank(); }
-  int replica() const { return replicas_ ? replicas_->rank() : 0; }
 
   // Stage 3 (bucket b is unit b of the constructor's units; fp32 buckets follow).
   size_t num_buckets() const { return buckets_.size(); }

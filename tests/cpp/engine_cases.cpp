@@ -93,6 +93,16 @@ RunConfig grid_config(const std::tuple<int, int, DType, int64_t>& grid_case, int
   return config;
 }
 
+RunConfig two_pass_config(int stage, int64_t gas) {
+  RunConfig config;
+  config.options = default_options(stage, DType::kBFloat16);
+  config.options.optimizer.gradient_accumulation_steps = gas;
+  config.steps = 5;
+  config.passes = 2;
+  config.report_grads = true;  // the hooks' path: each pass is reduced on its own
+  return config;
+}
+
 std::string grid_case_name(const std::tuple<int, int, DType, int64_t>& grid_case) {
   auto [world, stage, precision, gas] = grid_case;
   return "W" + std::to_string(world) + "_stage" + std::to_string(stage) + "_" + dtype_name(precision) + "_gas" +

@@ -53,6 +53,9 @@ std::vector<UnitSpec> default_units();
 EngineOptions default_options(int stage, DType precision);
 // A (world, stage, precision, accumulation) grid case's run: default_options with that window.
 RunConfig grid_config(const std::tuple<int, int, DType, int64_t>& grid_case, int steps);
+// Two backward passes per micro-step over 5 steps, each gradient reported as the hooks report
+// it (each pass reduced on its own): bf16 at this stage and accumulation.
+RunConfig two_pass_config(int stage, int64_t gas);
 // "W2_stage3_bf16_gas1": the test name of a (world, stage, precision, accumulation) grid case.
 std::string grid_case_name(const std::tuple<int, int, DType, int64_t>& grid_case);
 EngineRun run_engine(Communicator& comm, const RunConfig& config);

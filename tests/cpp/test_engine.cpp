@@ -195,12 +195,7 @@ TEST(EngineOptions, EpsZeroIsRejectedAtConstruction) {
 TEST(EngineCallPatterns, TwoBackwardPassesPerStepMatchReference) {
   for (int stage : {0, 1, 2}) {
     for (int64_t gas : {1, 2}) {
-      RunConfig config;
-      config.options = default_options(stage, DType::kBFloat16);
-      config.options.optimizer.gradient_accumulation_steps = gas;
-      config.steps = 5;
-      config.passes = 2;
-      config.report_grads = true;  // the hooks' path: each pass is reduced on its own
+      RunConfig config = two_pass_config(stage, gas);
       auto runs = run_all(2, config);
       auto ref = run_reference(2, config, runs[0].scales);
       const double diff = max_rel_diff(runs[0].master, ref.master);

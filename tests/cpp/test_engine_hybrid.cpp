@@ -82,12 +82,7 @@ TEST(EngineHybrid, MatchesTheReferenceInGroups) {
 TEST(EngineHybrid, SeveralBackwardPassesAddUpAcrossGroups) {
   for (int stage : {1, 2}) {
     for (int64_t gas : {1, 2}) {
-      RunConfig config;
-      config.options = default_options(stage, DType::kBFloat16);
-      config.options.optimizer.gradient_accumulation_steps = gas;
-      config.steps = 5;
-      config.passes = 2;
-      config.report_grads = true;
+      RunConfig config = two_pass_config(stage, gas);
       auto flat = run_all(4, config);
       Parts parts(4, 2, 0);
       config.groups = parts.of();

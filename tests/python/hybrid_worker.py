@@ -1,4 +1,4 @@
-"""One rank of tests/python/test_hybrid_shard.py's refusals, under mpirun with 2 ranks: each
+"""One rank of tests/python/test_hybrid_shard.py's refusals, under torchrun with 2 ranks: each
 case builds (and where it gets that far, trains) an engine with shard_size or stage 3's
 secondary shards (stage3.secondary_shard_size), and records the
 error's type and text. Writes OUT_PREFIX.rankR.json.

@@ -6,7 +6,7 @@ zero_hpz_partition_size; C++ Note [secondary shards]).
 - Parity with plain PyTorch (test_engine_parity's reference, FP32 AdamW) at stages 1-3:
   W = 4 in 2 groups of 2 under torchrun with gloo (bf16, fp16 with accumulation 2, the MLP,
   the transformer; HF GPT-2 against the flat engine), and W = 3 in 3 groups of 1 under
-  mpirun, where each bucket's shard is split into 3 pieces that do not divide it (buckets of
+  torchrun, where each bucket's shard is split into 3 pieces that do not divide it (buckets of
   61 elements). Every rank sees the same losses, and the replicas of one shard (ranks r and
   r + shard_size) hold the same bits.
 - The sum across groups on a bf16, int8 or fp8 wire (comm.inter_node_dtype): the replicas stay
@@ -39,7 +39,7 @@ import torch
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 from test_engine_parity import BOUND, global_rel, launch, reference  # noqa: E402
-from test_checkpoint import equal, mpirun as ckpt_mpirun  # noqa: E402
+from test_checkpoint import WORKER as CKPT_WORKER, equal  # noqa: E402
 
 import zerort  # noqa: E402
 from zerort._testing.launch import launch as launch_ranks  # noqa: E402
@@ -139,9 +139,8 @@ def test_secondary_shards_give_the_same_bits_with_fewer_world_calls(w4_torchrun)
         assert hpz["memory"]["categories"]["lp_params"]["diff"] == 0, case
 
 
-@pytest.mark.skipif(not zerort._C.with_mpi, reason="built without MPI")
-def test_groups_of_1_at_w3_mpirun_split_odd_shards(tmp_path):
-    ranks = launch("mpirun", 3, ODD_CASES + [OVERFLOW, f"{OVERFLOW}:shard@1"], tmp_path)
+def test_groups_of_1_at_w3_split_odd_shards(tmp_path):
+    ranks = launch("torchrun", 3, ODD_CASES + [OVERFLOW, f"{OVERFLOW}:shard@1"], tmp_path)
     for case in ODD_CASES:
         _check_run(ranks, case, 1)
         _against_torch(ranks, case)
@@ -152,11 +151,14 @@ def test_groups_of_1_at_w3_mpirun_split_odd_shards(tmp_path):
         assert r[f"{OVERFLOW}:shard@1"]["scales"] == hybrid["scales"]
 
 
-@pytest.mark.skipif(not zerort._C.with_mpi, reason="built without MPI")
+def ckpt_torchrun(world, *args):
+    launch_ranks("torchrun", world, CKPT_WORKER, *args, timeout=300)
+
+
 def test_a_checkpoint_in_groups_loads_at_other_worlds_and_shard_sizes(tmp_path):
     saved = tmp_path / "saved"
     saved.mkdir()
-    ckpt_mpirun(4, "train", saved, "transformer", 3, 4, "--shard-size", 2)
+    ckpt_torchrun(4, "train", saved, "transformer", 3, 4, "--shard-size", 2)
     want = torch.load(saved / "train.pt")["master"]
     tag = (saved / "ckpt" / "latest").read_text()
     with open(saved / "ckpt" / tag / "meta.json") as f:
@@ -166,7 +168,7 @@ def test_a_checkpoint_in_groups_loads_at_other_worlds_and_shard_sizes(tmp_path):
     for world, extra in ((2, ()), (3, ()), (4, ("--shard-size", 1))):
         d = tmp_path / f"w{world}{''.join(map(str, extra))}"
         shutil.copytree(saved / "ckpt", d / "src")
-        ckpt_mpirun(world, "reshard", d, "transformer", 3, *extra)
+        ckpt_torchrun(world, "reshard", d, "transformer", 3, *extra)
         assert equal(torch.load(d / "full.pt"), want), (world, extra)
 
 
@@ -187,9 +189,8 @@ def test_a_mics_script_trains_alike_at_every_shard_size(tmp_path):
         assert torch.allclose(runs[2]["weights"][k], v, rtol=0, atol=1e-6), k
 
 
-@pytest.mark.skipif(not zerort._C.with_mpi, reason="built without MPI")
 def test_refusals_name_the_key(tmp_path):
-    launch_ranks("mpirun", 2, os.path.join(HERE, "hybrid_worker.py"), tmp_path / "err", tmp_path / "nvme",
+    launch_ranks("torchrun", 2, os.path.join(HERE, "hybrid_worker.py"), tmp_path / "err", tmp_path / "nvme",
                  timeout=300)
     for r in range(2):
         with open(tmp_path / f"err.rank{r}.json") as f:

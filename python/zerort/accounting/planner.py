@@ -160,12 +160,19 @@ class Groups:
     replica_bytes: float = 4
     secondary: int = None
 
+    def hybrid(self, stage, world_size):
+        """The groups' size where they shard less than the world (stages 1-3), else None."""
+        return self.shard_size if stage > 0 and self.shard_size and self.shard_size < world_size else None
+
+    def hpz(self, stage):
+        """hpZ's groups' size at stage 3, else None."""
+        return self.secondary if stage == 3 and self.secondary else None
+
 
 def model_states(numel, world_size, stage, precision, shape, bucket_numel, groups=Groups()):
     unit = shape.block_numel if shape is not None else None
-    hybrid = groups.shard_size if stage > 0 and groups.shard_size and groups.shard_size < world_size else None
     return estimate_memory(numel, world_size, stage, precision, reduce_bucket_numel=bucket_numel, unit_numel=unit,
-                           shard_size=hybrid, secondary=groups.secondary if stage == 3 and groups.secondary else 1)
+                           shard_size=groups.hybrid(stage, world_size), secondary=groups.hpz(stage) or 1)
 
 
 def plan_stage(numel, shape, seq, micro_batch, cluster, stage, precision="bf16", world_size=None,
@@ -175,9 +182,9 @@ def plan_stage(numel, shape, seq, micro_batch, cluster, stage, precision="bf16",
     w = world_size or cluster.gpus
     b = BYTES[precision]
     est = model_states(numel, w, stage, precision, shape, bucket_numel, groups)
-    hybrid = groups.shard_size if stage > 0 and groups.shard_size and groups.shard_size < w else None
+    hybrid = groups.hybrid(stage, w)
     colls = collectives(numel, w, cluster.gpus_per_node, stage, b, b, None if hybrid else inter_bytes, hybrid,
-                        groups.replica_bytes, groups.secondary if stage == 3 else None)
+                        groups.replica_bytes, groups.hpz(stage))
     calls = calls_per_collective(numel, stage, shape, bucket_numel)
     tokens = seq * micro_batch
     budget = (cluster.gpu_mem_gb - cluster.reserve_gb) * GB
