@@ -164,9 +164,9 @@ class Recorder(TorchDispatchMode):
         recipe = self.recipes.get(_key(param))
         plain = param.storage_offset() == 0 and param.is_contiguous() and \
             param.untyped_storage().nbytes() == param.numel() * param.element_size()
+        if recipe is not None and plain and _name(recipe.start[1]) in EMPTY_OPS and not recipe.ops:
+            return recipe  # any dtype: nothing to remake (a half-precision build, as from_pretrained's dtype= gives)
         if recipe is not None and plain and param.dtype == torch.float32:
-            if _name(recipe.start[1]) in EMPTY_OPS and not recipe.ops:
-                return recipe
             replayed = recipe.materialize(param.device)
             if replayed.shape == param.shape and torch.equal(replayed.view(-1).view(torch.int32),
                                                              param.detach().view(-1).view(torch.int32)):

@@ -26,7 +26,7 @@ import torch
 from zerort.errors import ConfigError, UsageError
 from zerort.engine.setup import engine_of
 from zerort.engine.meta_init import RECIPE, parameters_on_meta
-from zerort.integrations.deepspeed.init_record import ORDER, Recipe, Recorder, early_return_patches
+from zerort.integrations.deepspeed.init_record import ORDER, Recorder, _built, early_return_patches
 
 
 class Init:
@@ -130,6 +130,7 @@ def GatheredParameters(params, modifier_rank=None, fwd_module=None, enabled=True
         # The same order on every rank (callers pass sets: transformers does), as DeepSpeed sorts by ds_id.
         # Parameters only, as DeepSpeed takes those with a ds_id: a state_dict()'s detached tensors are not them.
         on_meta = [p for p in params if isinstance(p, torch.nn.Parameter) and p.is_meta] if enabled else []
+        on_meta = list({id(p): p for p in on_meta}.values())  # a tied weight given twice is swapped once
         on_meta.sort(key=lambda p: p.__dict__.get(ORDER, -1))
         with _made_real(on_meta, modifier_rank):
             yield
@@ -143,22 +144,24 @@ def GatheredParameters(params, modifier_rank=None, fwd_module=None, enabled=True
 @contextlib.contextmanager
 def _made_real(params, modifier_rank):
     """Parameters built under zero.Init that no engine holds yet: inside, each parameter
-    object is a real CPU tensor with its values (its recorded initialization, replayed),
-    swapped in place (torch.utils.swap_tensors), so every module and list that holds it
-    sees them; after,
-    it is the meta parameter again, and with modifier_rank the values that rank left
-    become its initialization (sent to every rank when a process group exists)."""
-    strays = [tuple(p.shape) for p in params if RECIPE not in p.__dict__]
-    if strays:
-        raise UsageError(f"deepspeed.zero.GatheredParameters: parameters of shapes {strays} are on the meta device "
-                         "but were not built under deepspeed.zero.Init, so zerort has no values for them. zerort's "
-                         "zero.Init keeps parameters on the meta device until initialize(), and a module made "
-                         "with device=<such a parameter>.device (as transformers' resize_token_embeddings does "
-                         "under ZeRO-3) is on the meta device too, where writes are lost. Build that module "
-                         "inside deepspeed.zero.Init, or resize after deepspeed.initialize / without ZeRO-3")
+    object is a real CPU tensor with its values (its recorded initialization replayed, or
+    the pieces a former block left, gathered), swapped in place (torch.utils.swap_tensors),
+    so every module and list that holds it sees them; after, it is the meta parameter
+    again, and with modifier_rank the values that rank left become its values, of which
+    each rank keeps only its piece (Note [values before initialize]).
+
+    A parameter on the meta device that was not built under zero.Init (a module made with
+    device=<such a parameter>.device, as transformers' resize_token_embeddings makes its new
+    embedding under ZeRO-3) has no values: inside it is filled with NaN, and with
+    modifier_rank every value must have been written in the block; then those values are
+    its own, as for the others."""
+    strays = {id(p) for p in params if RECIPE not in p.__dict__}
     real = {}
     for p in params:
-        values = p.__dict__[RECIPE].materialize(torch.device("cpu"))
+        if id(p) in strays:
+            values = torch.full(p.shape, float("nan"), dtype=torch.float32)
+        else:
+            values = p.__dict__[RECIPE].materialize(torch.device("cpu"))
         real[id(p)] = r = torch.nn.Parameter(values, requires_grad=p.requires_grad)
         r.__dict__.update(p.__dict__)  # swapped in with it: attributes set inside stay with the parameter
         torch.utils.swap_tensors(p, r)
@@ -169,14 +172,73 @@ def _made_real(params, modifier_rank):
             r = real[id(p)]
             torch.utils.swap_tensors(p, r)  # p is the meta parameter again; r holds what the block left
             p.__dict__.update(r.__dict__)
-        if modifier_rank is not None:
-            import torch.distributed as dist
+    if modifier_rank is not None:
+        kept = {id(p): ShardedValues.from_rank(real[id(p)].detach(), modifier_rank) for p in params}
+        unwritten = [tuple(p.shape) for p in params if id(p) in strays and kept[id(p)].had_nan]
+        if unwritten:
+            raise UsageError(f"deepspeed.zero.GatheredParameters: parameters of shapes {unwritten} are on the meta "
+                             "device but were not built under deepspeed.zero.Init, and the block did not write all "
+                             "their values, so zerort has none for the rest. zerort's zero.Init keeps parameters on "
+                             "the meta device until initialize(), and a module made with device=<such a "
+                             "parameter>.device is on the meta device too, where writes outside such a block are "
+                             "lost (transformers' resize_token_embeddings to a larger vocabulary under ZeRO-3 "
+                             "initializes the new rows so). Build that module inside deepspeed.zero.Init, or "
+                             "resize after deepspeed.initialize / without ZeRO-3")
+        for p in params:
+            if id(p) in strays:
+                p.__dict__[ORDER] = next(_built)  # a place in the order every rank gathers in, from now on
+            setattr(p, RECIPE, kept[id(p)])
 
-            for p in params:
-                values = real[id(p)].detach().clone()
-                if dist.is_initialized() and dist.get_world_size() > 1:
-                    dist.broadcast(values, modifier_rank)
-                setattr(p, RECIPE, Recipe(("values", values)))
+
+class ShardedValues:
+    """Note [values before initialize]: a parameter built under zero.Init whose values a
+    GatheredParameters(modifier_rank=r) block set before any engine holds it (transformers'
+    ZeRO-3 from_pretrained loads every parameter so) keeps, on each rank, only its piece of
+    them: the flat FP32 values cut into W pieces of ceil(numel / W) (the last one padded),
+    piece k on rank k of torch.distributed's default group, so a loaded model costs each
+    rank 1/W of it until initialize. materialize(device) gathers the pieces (a collective:
+    every rank materializes the same parameters in the same order, as GatheredParameters
+    sorts them by their place in the build and initialize goes unit by unit on every rank),
+    and initialize keeps this rank's part of rank 0's values as DeepSpeed's partitioned
+    parameters do. Without a process group (or with one rank) the piece is the whole."""
+
+    def __init__(self, piece, shape, world):
+        self.piece, self.shape, self.world = piece, torch.Size(shape), world
+
+    @classmethod
+    def from_rank(cls, values, rank):
+        """rank's values (every rank passes its own tensor of the same shape) as this rank's
+        piece. had_nan: whether rank's values held a NaN (the same answer on every rank)."""
+        import torch.distributed as dist
+
+        values = values.detach().to(dtype=torch.float32, device="cpu").contiguous()
+        world = dist.get_world_size() if dist.is_initialized() else 1
+        if world > 1:
+            dist.broadcast(values, rank)
+        flat = values.reshape(-1)
+        size = -(-flat.numel() // world)
+        me = dist.get_rank() if world > 1 else 0
+        piece = torch.zeros(size, dtype=torch.float32)
+        mine = flat[me * size:(me + 1) * size]
+        piece[:mine.numel()] = mine
+        out = cls(piece, values.shape, world)
+        out.had_nan = bool(torch.isnan(flat).any())
+        return out
+
+    def materialize(self, device):
+        import torch.distributed as dist
+
+        world = dist.get_world_size() if dist.is_initialized() else 1
+        if world != self.world:
+            raise UsageError(f"zerort: a parameter of shape {tuple(self.shape)} was loaded (GatheredParameters before "
+                             f"initialize) over {self.world} ranks and is made real over {world}; keep "
+                             "torch.distributed's default group from loading to deepspeed.initialize")
+        if world == 1:
+            whole = self.piece.clone()
+        else:
+            whole = torch.empty(self.piece.numel() * world, dtype=torch.float32)
+            dist.all_gather(list(whole.chunk(world)), self.piece)
+        return whole[:self.shape.numel()].view(self.shape).to(device)
 
 
 def _take_values(engine, params, rank):
