@@ -9,10 +9,12 @@ For each module that owns a parameter the Engine asks for, every meta parameter 
 module is replaced by a new float32 Parameter on the model's device (a meta tensor cannot
 become a real one in place) and initialized: by the root's `_init_weights(module)` when the
 model has one (HuggingFace models), else by `module.reset_parameters()`. Module k (in
-model.modules() order) is initialized from its own seed, base + k, where base is drawn once
-from torch's random state when initialize starts; and the Engine takes rank 0's values. So
-the same seed gives the same model at any world size and stage, whatever order the buckets
-are initialized in. Parameters tied
+model.modules() order) is initialized from its own seed, base + k, where base is a hash of
+torch's CPU random state when initialize starts (read, never drawn from: initialize() leaves
+the global random stream where the script left it, so the data a script draws next is the
+data it draws without zerort); and the Engine takes rank 0's values. So the same seed gives
+the same model at any world size and stage, whatever order the buckets are initialized in.
+Parameters tied
 between modules are replaced everywhere they appear. A parameter built under
 deepspeed.zero.Init instead replays its own recorded initialization (RECIPE): there the
 model's own init is followed bit for bit, and the per-module seeds above are only for
@@ -25,6 +27,7 @@ there instead, one tensor at a time, under any of the names the parameter has (a
 weight is often saved once); a parameter found under none of them is an error naming it.
 """
 import contextlib
+import hashlib
 import json
 import os
 
@@ -73,6 +76,12 @@ def check_buffers(model):
                             "leaving the torch.device('meta') context")
 
 
+def _seed_of_random_state():
+    """62 bits that follow from torch's CPU random state without advancing it."""
+    digest = hashlib.sha256(torch.get_rng_state().numpy().tobytes()).digest()
+    return int.from_bytes(digest[:8], "little") >> 2
+
+
 class Materializer:
     """Makes meta parameters real, module by module, on `device`."""
 
@@ -89,7 +98,7 @@ class Materializer:
                     self.owner.setdefault(id(p), m)
         self.replaced = {}  # id(meta parameter) -> its real parameter
         self._init = getattr(model, "_init_weights", None)
-        self.base = int(torch.randint(0, 2 ** 62, (1,)).item())  # one draw: the model's seed
+        self.base = _seed_of_random_state()  # the model's seed
         self.index = {id(m): k for k, m in enumerate(model.modules())}
 
     def __call__(self, params):
