@@ -101,18 +101,18 @@ DOCS = {
     "fp16-static": {"train_micro_batch_size_per_gpu": 4, "fp16": {"enabled": True, "loss_scale": 128},
                     "zero_optimization": {"stage": 1}, "communication_data_type": "fp16",
                     "data_types": {"grad_accum_dtype": "fp16"}},
+    # Accepted and ignored, as DeepSpeed ignores them here (tests/python/test_ds_lenient.py).
+    "flops-profiler": {"train_batch_size": 8, "flops_profiler": {"enabled": True, "profile_step": 1}},
+    "pipeline": {"train_batch_size": 8, "pipeline": {"stages": 2}},
     # ZeRO++'s tutorial: int8 weight gathers, hpZ within a node of 8, quantized gradients across nodes.
     "zero++": {"zero_optimization": {"stage": 3, "zero_quantized_weights": True, "zero_hpz_partition_size": 8,
                                      "zero_quantized_gradients": True}},
 }
 # Documentation examples of features zerort does not have: each named, in one error.
 DOCS_UNSUPPORTED = {
+    # not Lamb's params; partition_activations is ignored (deepspeed.checkpointing's)
     "bert-lamb": ({"train_batch_size": 64, "optimizer": {"type": "Lamb", "params": {"lr": 1e-3, "max_coeff": 0.3}},
-                   "activation_checkpointing": {"partition_activations": True}},
-                  ["optimizer.type", "activation_checkpointing.partition_activations"]),  # not Lamb's params
-    "flops-profiler": ({"train_batch_size": 8, "flops_profiler": {"enabled": True, "profile_step": 1}},
-                       ["flops_profiler"]),
-    "pipeline": ({"train_batch_size": 8, "pipeline": {"stages": 2}}, ["pipeline"]),
+                   "activation_checkpointing": {"partition_activations": True}}, ["optimizer.type"]),
 }
 
 
@@ -166,8 +166,8 @@ def _not_off(key):
     raise AssertionError(key.path)
 
 
-def _nested(path, value):
-    cfg = d = {"zero_optimization": {}}
+def _nested(path, value, stage=None):
+    cfg = d = {"zero_optimization": {} if stage is None else {"stage": stage}}
     parts = path.split(".")
     for p in parts[:-1]:
         d = d.setdefault(p, {})
@@ -177,8 +177,31 @@ def _nested(path, value):
 
 @pytest.mark.parametrize("key", [k for k in ds_keys.KEYS if k.cls == "d"], ids=lambda k: k.path)
 def test_each_rejected_key_is_named_when_on_and_accepted_when_off(key):
-    (line,) = problems(_nested(key.path, _not_off(key)))
+    (line,) = problems(_nested(key.path, _not_off(key), key.ignored_below))  # at a stage that reads it
     assert line.startswith(f"{key.path}: got ") and "zerort does not support" in line and key.off_text in line
+    assert parse(_nested(key.path, None if key.off(None) else _off(key), key.ignored_below)).ignored == ()
+    if key.ignored_below:  # below it DeepSpeed never reads the key: ignored, and named in the banner
+        (line,) = parse(_nested(key.path, _not_off(key), key.ignored_below - 1)).ignored
+        assert line.startswith(f"{key.path} ") and f"stage {key.ignored_below - 1}" in line
+
+
+def _off(key):
+    for v in (False, {"enabled": False}, {}, "mean", True, {"autotp_size": 1}):
+        if key.off(v):
+            return v
+    raise AssertionError(key.path)
+
+
+@pytest.mark.parametrize("key", [k for k in ds_keys.KEYS if k.cls == "i"], ids=lambda k: k.path)
+def test_each_ignored_key_is_accepted_and_named_in_the_banner_when_on(key):
+    on = next(v for v in (True, False, {"enabled": True}, {"x": 1}) if not key.off(v) and
+              (key.kind is None or isinstance(v, key.kind)))
+    (line,) = parse(_nested(key.path, on)).ignored
+    assert line.startswith(f"{key.path} ") and line.split(": ", 1)[1] == key.note
+    assert parse(_nested(key.path, _off(key))).ignored == ()
+    if key.kind is not None:
+        (line,) = problems(_nested(key.path, [1]))
+        assert line.startswith(f"{key.path}: got [1] (a list); allowed: a JSON"), line
 
 
 @pytest.mark.parametrize("key", [k for k in ds_keys.KEYS if k.cls == "a" and k.kind], ids=lambda k: k.path)

@@ -7,7 +7,7 @@ sit under one "zerort" section. All problems of one config come in one ConfigErr
 """
 import os
 
-from zerort.config import offload
+from zerort.config import lenient, offload
 from zerort.config.deepspeed_keys import TABLE
 from zerort.config.our_form import Draft, common, loss_scale, optimizer_params, runtime_keys, group_size
 from zerort.config.reader import MAX_NUMEL, _Reader, show
@@ -36,7 +36,7 @@ def parse_deepspeed(cfg, problems):
     ours, ro = r.child(cfg, "zerort")
     runtime_keys(ro, ours, c)
     ro.leftover(ours, "unknown zerort key")
-    _table(r, cfg, "")
+    _table(r, cfg, "", c.stage)
     r.leftover(cfg, "unknown or unsupported DeepSpeed key")
     return c.config(), scale_keys, "fp16.enabled"
 
@@ -65,21 +65,25 @@ def _zero(r, cfg, c):
     c.stage3.persistence_threshold = size("stage3_param_persistence_threshold", c.stage3.persistence_threshold, low=0)
     c.stage3.max_live_numel = size("stage3_max_live_parameters")
     c.shard_size = group_size(rz, zero, "mics_shard_size", c.shard_size, off=(-1, 0))
-    c.stage3.secondary_shard_size = group_size(rz, zero, "zero_hpz_partition_size", c.stage3.secondary_shard_size,
-                                               off=(1,))
-    if rz.boolean(zero, "zero_quantized_gradients", False):
-        c.comm.inter_node_dtype = "int8"
-    if rz.boolean(zero, "zero_quantized_weights", False):
-        c.stage3.gather_dtype = "int8"
-    _offload(rz, zero, c)
-    _table(rz, zero, "zero_optimization.")
+    hpz = group_size(rz, zero, "zero_hpz_partition_size", None, off=(1,))
+    if lenient.zero_plus_plus(rz.problems, c.stage, "zero_hpz_partition_size", hpz, hpz is not None):
+        c.stage3.secondary_shard_size = hpz
+    for key, apply in (("zero_quantized_gradients", lambda: setattr(c.comm, "inter_node_dtype", "int8")),
+                       ("zero_quantized_weights", lambda: setattr(c.stage3, "gather_dtype", "int8"))):
+        on = rz.boolean(zero, key, False)
+        if on and lenient.zero_plus_plus(rz.problems, c.stage, key, on, on):
+            apply()
+    lenient.below_stage3(rz.problems, c, _offload(rz, zero, c))
+    _table(rz, zero, "zero_optimization.", c.stage)
     rz.leftover(zero, "unknown or unsupported DeepSpeed key")
 
 
 def _offload(rz, zero, c):
     """offload_optimizer and offload_param (zerort.config.offload), and DeepSpeed's legacy keys
     that set their device: true is {"device": "cpu"}; given with the new key, an error (as in
-    DeepSpeed)."""
+    DeepSpeed). Returns, for "optimizer" and "param", the key path and value that set the
+    device (for zerort.config.lenient.below_stage3)."""
+    written = {}
     for name, field, read, legacy in (("offload_optimizer", "optimizer", offload.read_optimizer, "cpu_offload"),
                                       ("offload_param", "param", offload.read_param, "cpu_offload_param")):
         if name in zero and legacy in zero:
@@ -87,10 +91,13 @@ def _offload(rz, zero, c):
                                      f"{rz.key(name)}")
         d, rd = offload.section(rz, zero, name)
         setattr(c.offload, field, read(rd, d))
+        written[field] = (rd.key("device"), getattr(c.offload, field).device)
         _table(rd, d, f"zero_optimization.{name}.")
         rd.leftover(d, "unknown or unsupported DeepSpeed key")
         if rz.boolean(zero, legacy, False):
             setattr(c.offload, field, offload.with_device(getattr(c.offload, field), "cpu"))
+            written[field] = (rz.key(legacy), True)
+    return written
 
 
 def _precision(r, cfg, c):
@@ -158,22 +165,29 @@ def _dtypes(r, cfg, c):
     rt.leftover(types, "unknown or unsupported DeepSpeed key")
 
 
-def _table(r, d, prefix):
+def _table(r, d, prefix, stage=0):
     """The keys of d that the table alone decides: (a) accepted (type-checked), (d)
-    accepted only off; a section whose keys are in the table is walked."""
+    accepted only off (or, below a key's ignored_below stage, ignored), (i) accepted and,
+    when on, ignored (zerort.config.lenient); a section whose keys are in the table is
+    walked. stage: the config's ZeRO stage."""
     for k in sorted((k for k in d if isinstance(k, str)), key=str):
         path = prefix + k
         key = TABLE.get(path)
         if key is None:
             if isinstance(d[k], dict) and any(p.startswith(path + ".") for p in TABLE):
                 section, rs = r.child(d, k)
-                _table(rs, section, path + ".")
+                _table(rs, section, path + ".", stage)
                 rs.leftover(section, "unknown or unsupported DeepSpeed key")
             continue
-        if key.cls not in "ad":
+        if key.cls not in "adi":
             continue  # read by the functions above
         present, v = r._take(d, k)
-        if key.cls == "d" and not key.off(v):
+        if key.cls in "di" and not key.off(v) and (key.cls == "i" or stage < (key.ignored_below or 0)):
+            if key.kind is None or isinstance(v, key.kind):
+                lenient.ignore(r.problems, path, v, key.note if key.cls == "i" else key.ignored_why.format(stage=stage))
+            else:
+                r.bad(k, v, f"a JSON {_json_kind(key.kind)} (zerort accepts and ignores the key: {key.note})", True)
+        elif key.cls == "d" and not key.off(v):
             r.problems.lines.append(f"{path}: got {show(v)}; zerort does not support {key.note}: remove the key or set "
                                     f"it to {key.off_text}")
         elif key.cls == "a" and key.kind is not None and v is not None:

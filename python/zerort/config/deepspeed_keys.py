@@ -4,7 +4,11 @@
     (b) mapped: read into zerort's equivalent setting.
     (c) implemented: zerort does what DeepSpeed does with it.
     (d) rejected unless off: zerort does not support the feature; the key is accepted
-        only with the value that leaves the feature off, and otherwise is an error naming it.
+        only with the value that leaves the feature off, and otherwise is an error naming it
+        (below the stage ignored_below, where DeepSpeed never reads it, it is ignored instead).
+    (i) ignored: DeepSpeed accepts the key and its feature changes nothing in what trains (it
+        prints or reports); accepted with any value, and when on named as ignored in rank 0's
+        banner (zerort.config.lenient; docs/DEEPSPEED.md, "Where DeepSpeed is lenient").
 
 Keys of classes (b) and (c), and the (a) keys whose value zerort uses, are read by
 zerort.config.deepspeed_form; the rest are checked from this table alone. docs/CONFIG.md's key table
@@ -21,7 +25,9 @@ class Key:
     note: str
     off: Optional[Callable] = None  # (d): the value is accepted when off(value) is true
     off_text: str = ""  # (d): the accepted value, for the message
-    kind: Optional[type] = None  # (a) read from the table only: the JSON type its value must have
+    kind: Optional[type] = None  # (a), (i) read from the table only: the JSON type its value must have
+    ignored_below: Optional[int] = None  # (d): below this ZeRO stage, DeepSpeed does not read the key: ignored
+    ignored_why: str = ""  # (d) with ignored_below: the banner's reason ({stage}: the config's stage)
 
 
 def _falsy(v):
@@ -53,8 +59,13 @@ def c(path, note):
     return Key(path, "c", note)
 
 
-def d(path, note, off=FALSY):
-    return Key(path, "d", note, off[0], off[1])
+def d(path, note, off=FALSY, ignored_below=None, ignored_why=""):
+    return Key(path, "d", note, off[0], off[1], ignored_below=ignored_below, ignored_why=ignored_why)
+
+
+def i(path, note, off=FALSY, kind=None):
+    """An (i) key: note says what DeepSpeed does with it and why zerort may ignore it."""
+    return Key(path, "i", note, off[0], off[1], kind=kind)
 
 
 def _only(*values):
@@ -91,10 +102,13 @@ KEYS = [
     b("communication_data_type", "the wire dtype of gradient reduces: the compute dtype (summed in FP32); "
       "another dtype is an error"),
     d("sparse_gradients", "sparse embedding gradients"),
-    d("dump_state", "printing the engine state"),
-    d("memory_breakdown", "memory prints after each step: use engine.memory_report()"),
+    i("dump_state", "DeepSpeed prints the engine's settings at initialize; printing only (zerort's banner says "
+      "what runs where)"),
+    i("memory_breakdown", "DeepSpeed prints memory use around each forward, backward and step; printing only "
+      "(engine.memory_report() has zerort's)"),
     d("graph_harvesting", "CUDA graph capture"),
-    d("use_data_before_expert_parallelism", "expert parallelism"),
+    i("use_data_before_expert_parallelism", "DeepSpeed reads it for MoE layers only, and zerort has none; "
+      "nothing else changes"),
     # ---- optimizer and scheduler ----
     b("optimizer.type", "Adam and AdamW (any case) run zerort's fused AdamW; other types are an error"),
     a("optimizer.params.lr", "the same (param groups may override it)"),
@@ -104,8 +118,9 @@ KEYS = [
     b("optimizer.params.adam_w_mode", "true: AdamW; false with weight_decay 0: the same update; false with "
       "weight decay (Adam's L2 decay) is an error"),
     b("optimizer.params.torch_adam", "either way: zerort's fused kernel does torch.optim.AdamW's math"),
-    d("optimizer.params.fp32_optimizer_states", "optimizer states in low precision (false): the master and moments "
-      "are FP32", _only(True)),
+    i("optimizer.params.fp32_optimizer_states", "DeepSpeed reads it for its CPU Adam only, which then keeps the "
+      "moments in the master's dtype: FP32, as zerort keeps them (bf16.bf16_optimizer_states makes them bf16)",
+      (lambda v: v is None or v is True, "true"), kind=BOOL),
     b("optimizer.params.bias_correction", "the same: false runs the update on the uncorrected moments"),
     d("optimizer.params.amsgrad", "AMSGrad"),
     d("optimizer.params.max_grad_norm", "an optimizer-side clip: use the top-level gradient_clipping",
@@ -176,7 +191,8 @@ KEYS = [
     b("zero_optimization.stage3_max_live_parameters", "caps stage3.prefetch: the unit running and those gathered "
       "ahead hold at most this many elements (not given: no cap)"),
     # ---- offload (zerort.config.offload; See Note [offload tiers]) ----
-    b("zero_optimization.offload_optimizer.device", "offload.optimizer.device: 'none'; 'cpu' for a CPU model (its "
+    b("zero_optimization.offload_optimizer.device", "offload.optimizer.device (at stage 0 ignored, as in DeepSpeed, "
+      "and named in the banner): 'none'; 'cpu' for a CPU model (its "
       "states are in host memory already; the log and memory report say so); 'nvme' for a CPU model at stages 1-3 "
       "(master and Adam moments in one file per rank under nvme_path); 'cpu' and 'nvme' for a CUDA model are "
       "refused at initialize (not built yet in this version)"),
@@ -194,7 +210,8 @@ KEYS = [
       "only, as in DeepSpeed; refused below 1 with 'nvme')"),
     d("zero_optimization.offload_optimizer.super_offload", "SuperOffload (Superchip CPU offloading)"),
     a("zero_optimization.offload_optimizer.cpuadam_cores_perc", "only with super_offload, rejected above", kind=NUM),
-    b("zero_optimization.offload_param.device", "offload.param.device, at stage 3 only (as in DeepSpeed): 'none'; "
+    b("zero_optimization.offload_param.device", "offload.param.device (below stage 3 ignored, as in DeepSpeed, and "
+      "named in the banner): 'none'; "
       "'cpu' for a CPU model (accepted, the parameters are in host memory already); 'nvme' for a CPU model with "
       "offload_optimizer 'nvme' (each unit's low-precision shard in a file, read by its gather); a CUDA model's "
       "are refused at initialize (not built yet in this version)"),
@@ -209,16 +226,21 @@ KEYS = [
       + PARAM_SWAP_BUFFERS),
     b("zero_optimization.cpu_offload", "DeepSpeed's legacy key: true is offload_optimizer {\"device\": \"cpu\"}; "
       "not with offload_optimizer"),
-    b("zero_optimization.cpu_offload_param", "DeepSpeed's legacy key: true is offload_param {\"device\": \"cpu\"}; "
-      "not with offload_param"),
-    b("zero_optimization.zero_quantized_weights", "stage3.gather_dtype int8: each stage-3 weight gather as blocks of "
+    b("zero_optimization.cpu_offload_param", "DeepSpeed's legacy key: true is offload_param {\"device\": \"cpu\"} "
+      "(ignored below stage 3); not with offload_param"),
+    b("zero_optimization.zero_quantized_weights", "at stage 3 (below it ignored, as in DeepSpeed) "
+      "stage3.gather_dtype int8: each stage-3 weight gather as blocks of "
       "256 int8 codes with an FP32 scale, decoded into every rank's chunk, its own too (the FP32 master is never "
       "quantized); CPU models in this version"),
-    d("zero_optimization.zero_quantized_nontrainable_weights", "quantized weights (ZeRO++)"),
-    b("zero_optimization.zero_quantized_gradients", "comm.inter_node_dtype int8 (ZeRO++ qgZ): the gradients' "
+    d("zero_optimization.zero_quantized_nontrainable_weights", "quantized weights (ZeRO++)", ignored_below=3,
+      ignored_why="DeepSpeed passes it to its stage-3 optimizer only; at stage {stage} the frozen weights stay as "
+      "they are"),
+    b("zero_optimization.zero_quantized_gradients", "at stage 3 (below it ignored, as in DeepSpeed) "
+      "comm.inter_node_dtype int8 (ZeRO++ qgZ): the gradients' "
       "partial sums cross the nodes as blocks of 256 int8 codes with an FP32 scale, summed in FP32 (two-hop, or "
       "shard_size's sum across groups); int8 where qgZ sends int4 with fp16 sums"),
-    b("zero_optimization.zero_hpz_partition_size", "stage3.secondary_shard_size (hpZ; 1: off): each rank keeps its "
+    b("zero_optimization.zero_hpz_partition_size", "at stage 3 (below it ignored, as in DeepSpeed) "
+      "stage3.secondary_shard_size (hpZ; 1: off): each rank keeps its "
       "piece of a gathered unit among this many consecutive ranks (a node), and the unit's re-gathers until the "
       "next update (the backward's, later micro-steps' forwards) run within them; 2 bytes per parameter / this "
       "many more memory"),
@@ -231,7 +253,9 @@ KEYS = [
     d("zero_optimization.legacy_stage1", "legacy stage 1"),
     d("zero_optimization.pipeline_loading_checkpoint", "pipeline checkpoint loading"),
     d("zero_optimization.zenflow", "ZenFlow", EMPTY),
-    d("zero_optimization.leaf_module", "leaf modules: use zerort.stage3.unit_modules", EMPTY),
+    d("zero_optimization.leaf_module", "leaf modules: use zerort.stage3.unit_modules", EMPTY, ignored_below=3,
+      ignored_why="leaf modules set how stage 3 gathers parameters; at stage {stage} every parameter is whole on "
+      "every rank"),
     b("aio.block_size", "offload.aio.block_size: bytes per I/O request of the NVMe tier (>= 1, default 1048576)"),
     b("aio.queue_depth", "offload.aio.queue_depth: requests in flight (1 to 32768, default 8)"),
     b("aio.intra_op_parallelism", "offload.aio.intra_op_parallelism (>= 1, default 1)"),
@@ -239,19 +263,21 @@ KEYS = [
     b("aio.overlap_events", "offload.aio.overlap_events (default true)"),
     b("aio.use_gds", "accepted only false: zerort does not support GPUDirect Storage"),
     # ---- features zerort does not have ----
-    d("activation_checkpointing.partition_activations", "partitioned activations (use torch.utils.checkpoint)"),
-    d("activation_checkpointing.cpu_checkpointing", "CPU activation checkpoints (use torch.utils.checkpoint)"),
-    d("activation_checkpointing.contiguous_memory_optimization", "contiguous activation checkpoints"),
-    d("activation_checkpointing.synchronize_checkpoint_boundary", "deepspeed.checkpointing"),
-    d("activation_checkpointing.profile", "deepspeed.checkpointing"),
+    *(i(f"activation_checkpointing.{k}", "DeepSpeed reads it only in deepspeed.checkpointing.configure(), "
+        "which a script calls itself and zerort does not provide (use torch.utils.checkpoint); the engine never "
+        "reads it") for k in ("partition_activations", "cpu_checkpointing", "contiguous_memory_optimization",
+                              "synchronize_checkpoint_boundary", "profile")),
     a("activation_checkpointing.number_checkpoints", "only with partition_activations, rejected above"),
-    d("pipeline", "pipeline parallelism", EMPTY),
-    d("flops_profiler", "the FLOPS profiler", DISABLED),
+    i("pipeline", "DeepSpeed reads it for a PipelineModule's engine only (a plain module gets the plain engine), "
+      "and zerort has no PipelineModule", EMPTY),
+    i("flops_profiler", "DeepSpeed prints a FLOPS profile at one step; printing only", DISABLED),
     c("tensorboard", "the monitor's TensorBoard events in output_path/job_name (zerort.monitoring.monitor)"),
-    d("wandb", "the Weights & Biases monitor", DISABLED),
+    i("wandb", "DeepSpeed sends its metrics to Weights & Biases; zerort writes csv_monitor and tensorboard "
+      "only, and nothing in training changes", DISABLED),
     c("csv_monitor", "the monitor's metrics.csv in output_path/job_name (zerort.monitoring.monitor)"),
-    d("comet", "the Comet monitor", DISABLED),
-    d("comms_logger", "the communication logger", DISABLED),
+    i("comet", "DeepSpeed sends its metrics to Comet; zerort writes csv_monitor and tensorboard only, and "
+      "nothing in training changes", DISABLED),
+    i("comms_logger", "DeepSpeed logs its collectives' sizes and times; printing only", DISABLED),
     d("sparse_attention", "sparse attention kernels", EMPTY),
     d("autotuning", "the autotuner", DISABLED),
     d("elasticity", "elastic training", DISABLED),
@@ -270,7 +296,8 @@ KEYS = [
     a("checkpoint.tag_validation", "zerort always fails a save whose ranks pass different tags", kind=str),
     a("checkpoint.use_node_local_storage", "every rank writes its own shard", kind=BOOL),
     d("checkpoint.load_universal", "DeepSpeed's universal checkpoints"),
-    d("checkpoint.parallel_write", "DeepSpeed's parallel checkpoint writer", EMPTY),
+    i("checkpoint.parallel_write", "DeepSpeed's pipeline engine reads it only (each stage writing its own "
+      "layers); zerort has none, and every rank writes its own shard", EMPTY),
     c("zerort", "zerort's own keys: stage3 (prefetch, persistence_threshold, unit_modules, gather_dtype), comm "
       "(backend, timeout_s, debug, topology, inter_node_dtype), fp32_modules, max_consecutive_skips, "
       "overlap_param_gather"),
@@ -279,7 +306,7 @@ KEYS = [
 TABLE = {k.path: k for k in KEYS}
 assert len(TABLE) == len(KEYS), "a key listed twice"
 
-CLASS_NAMES = {"a": "done", "b": "mapped", "c": "implemented", "d": "rejected unless off"}
+CLASS_NAMES = {"a": "done", "b": "mapped", "c": "implemented", "d": "rejected unless off", "i": "ignored"}
 
 
 def markdown():
@@ -288,6 +315,8 @@ def markdown():
     lines = ["| key | class | what zerort does |", "|---|---|---|"]
     for k in KEYS:
         what = k.note + (f" (accepted: {k.off_text})" if k.cls == "d" else "")
+        if k.ignored_below:
+            what += f"; below stage {k.ignored_below}: ignored, as in DeepSpeed"
         lines.append(f"| `{k.path}` | ({k.cls}) {CLASS_NAMES[k.cls]} | {what} |")
     total = ", ".join(f"{counts[cls]} ({cls}) {CLASS_NAMES[cls]}" for cls in CLASS_NAMES)
     return f"{len(TABLE)} keys: {total}.\n\n" + "\n".join(lines)

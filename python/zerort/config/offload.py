@@ -9,7 +9,9 @@ version does with each tier (check_tier, describe).
 The keys, their defaults and their rules are DeepSpeed's (0.19's offload_config.py and
 swap_tensor's aio constants): device none | cpu | nvme; a ratio below 1 only at stage 3;
 aio.use_gds only false. Where DeepSpeed ignores a tier it documents for other stages
-(offload_param below stage 3, offload_optimizer at stage 0), zerort names the key instead.
+(offload_param below stage 3, offload_optimizer at stage 0), DeepSpeed's form ignores it too,
+resets it before anything here sees it, and rank 0's banner names it
+(zerort.config.lenient.below_stage3); zerort's own form names the key as an error (rules).
 Both forms read them with the same functions here; only the section names differ.
 
 Note [offload tiers]: the states of a CPU model are in host memory already, so device "cpu"

@@ -2,6 +2,7 @@
 (zerort.config.deepspeed_form) apart and reads a config with the right one. How values are
 checked and problems collected: zerort.config.reader.
 """
+import dataclasses
 import functools
 import os
 
@@ -64,7 +65,7 @@ def parse(config, form=None):
     lines = problems.finish()
     if lines:
         raise ConfigError(lines)
-    return c
+    return dataclasses.replace(c, ignored=tuple(problems.ignored)) if problems.ignored else c
 
 
 def known_keys(deepspeed=False):

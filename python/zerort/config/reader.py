@@ -107,11 +107,12 @@ def _kind(v):
 
 
 class _Problems:
-    """The problems found in one config, and every key path the parser knows (for the
-    closest-key suggestion of an unknown key)."""
+    """The problems found in one config, every key path the parser knows (for the
+    closest-key suggestion of an unknown key), and the keys accepted and ignored as DeepSpeed
+    ignores them (zerort.config.lenient: Config.ignored)."""
 
     def __init__(self):
-        self.lines, self.known, self.unknown = [], [], []
+        self.lines, self.known, self.unknown, self.ignored = [], [], [], []
 
     def finish(self):
         """The list of all problems: the first MAX_LISTED unknown keys last, each with the

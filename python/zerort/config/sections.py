@@ -152,6 +152,9 @@ class Config:
     # None: sharded over the whole world.
     shard_size: Optional[object] = None
     fp32_modules: tuple = ()  # changes to zerort.layout.precision's norm rule: "Name" adds a class, "-Name" removes it
+    # DeepSpeed keys accepted and ignored as DeepSpeed ignores them, each "key value: why"
+    # (zerort.config.lenient); rank 0 prints them after its banner
+    ignored: tuple = ()
     optimizer: Optimizer = dataclasses.field(default_factory=Optimizer)
     loss_scale: LossScale = dataclasses.field(default_factory=LossScale)
     batch: Batch = dataclasses.field(default_factory=Batch)
