@@ -1,10 +1,6 @@
 #include "io/io_queue.h"
 
-#include <liburing.h>
-#include <sys/uio.h>
-
 #include <algorithm>
-#include <cerrno>
 #include <cstdint>
 #include <cstring>
 
@@ -14,10 +10,6 @@
 
 namespace zerort::io {
 
-struct IoQueue::State {
-  struct io_uring ring {};
-};
-
 namespace {
 
 const char* op_name(bool is_write) { return is_write ? "write" : "read"; }
@@ -26,18 +18,16 @@ bool aligned(std::uint64_t v, std::size_t alignment) { return v % alignment == 0
 
 }  // namespace
 
-// See Note [Why io_uring].
-IoQueue::IoQueue(unsigned queue_depth, std::size_t block_size)
-    : queue_depth_(queue_depth), block_size_(block_size), ring_(std::make_unique<State>()) {
+// See Note [IoQueue backends].
+IoQueue::IoQueue(unsigned queue_depth, std::size_t block_size, IoBackend backend)
+    : queue_depth_(queue_depth), block_size_(block_size) {
   ZRT_CHECK_AS(ConfigError, queue_depth >= 1 && queue_depth <= kMaxDepth, "IoQueue: queue_depth must be in 1..",
                kMaxDepth, ", got ", queue_depth);
   ZRT_CHECK_AS(ConfigError, block_size >= 512 && block_size % 512 == 0 && block_size <= (std::size_t{1} << 30),
                "IoQueue: block_size must be a multiple of 512 bytes between 512 and 1 GiB, got ", block_size);
-  int rc = io_uring_queue_init(queue_depth, &ring_->ring, 0);
-  ZRT_CHECK_AS(Error, rc == 0, "IoQueue: io_uring_queue_init(", queue_depth, ") failed: ", std::strerror(-rc),
-               " (errno ", -rc,
-               "); io_uring needs Linux 5.1+ and may be disabled by "
-               "/proc/sys/kernel/io_uring_disabled or a seccomp profile (containers)");
+  EngineChoice choice = choose_io_engine(backend, queue_depth);
+  engine_ = std::move(choice.engine);
+  backend_why_ = std::move(choice.why);
   slots_.resize(queue_depth);
   free_slots_.reserve(queue_depth);
   for (unsigned i = queue_depth; i > 0; --i) free_slots_.push_back(i - 1);
@@ -49,19 +39,16 @@ IoQueue::~IoQueue() {
     try {
       reap(true, std::chrono::seconds(1));
     } catch (...) {
-      break;  // the ring itself failed: nothing more can be reaped
+      break;  // the engine itself failed: nothing more can be reaped
     }
   }
-  io_uring_queue_exit(&ring_->ring);
 }
 
 bool IoQueue::register_pool(const AlignedBufferPool& pool) {
   ZRT_CHECK_AS(UsageError, pool_ == nullptr, "IoQueue::register_pool: a pool is already registered");
   ZRT_CHECK_AS(UsageError, in_kernel_ == 0 && queued_.empty(),
                "IoQueue::register_pool: called with I/O in flight; wait for it first");
-  std::vector<iovec> iovs(pool.buffer_count());
-  for (std::size_t i = 0; i < iovs.size(); ++i) iovs[i] = {pool.base() + i * pool.buffer_size(), pool.buffer_size()};
-  if (io_uring_register_buffers(&ring_->ring, iovs.data(), static_cast<unsigned>(iovs.size())) != 0) return false;
+  if (!engine_->register_buffers(pool)) return false;
   pool_ = &pool;
   return true;
 }
@@ -71,7 +58,7 @@ IoQueue::Request IoQueue::read(const DirectFile& file, std::uint64_t offset, voi
 }
 
 IoQueue::Request IoQueue::write(const DirectFile& file, std::uint64_t offset, const void* buffer, std::size_t bytes) {
-  // The kernel only reads from a write's buffer; io_uring's SQE takes it as void*.
+  // The kernel only reads from a write's buffer; the engines take it as char*.
   return start(file, true, offset, static_cast<char*>(const_cast<void*>(buffer)), bytes);
 }
 
@@ -108,62 +95,26 @@ void IoQueue::submit_queued() {
     std::uint64_t slot = free_slots_.back();
     free_slots_.pop_back();
     slots_[slot] = piece;
-    io_uring_sqe* sqe = io_uring_get_sqe(&ring_->ring);
-    ZRT_CHECK(sqe != nullptr, "IoQueue: no free submission entry with ", in_kernel_, " of ", queue_depth_,
-              " in flight");  // cannot happen: at most queue_depth pieces are ever out
-    int fd = req.file->fd();
-    long index = pool_ ? pool_->index_of(piece.buffer) : -1;
-    bool fixed = index >= 0 && pool_->index_of(piece.buffer + piece.bytes - 1) == index;
-    if (fixed && req.is_write) {
-      io_uring_prep_write_fixed(sqe, fd, piece.buffer, piece.bytes, piece.offset, static_cast<int>(index));
-    } else if (fixed) {
-      io_uring_prep_read_fixed(sqe, fd, piece.buffer, piece.bytes, piece.offset, static_cast<int>(index));
-    } else if (req.is_write) {
-      io_uring_prep_write(sqe, fd, piece.buffer, piece.bytes, piece.offset);
-    } else {
-      io_uring_prep_read(sqe, fd, piece.buffer, piece.bytes, piece.offset);
-    }
-    io_uring_sqe_set_data64(sqe, slot);
+    engine_->prepare(slot, req.file->fd(), req.is_write, piece.buffer, piece.bytes, piece.offset);
     ++in_kernel_;
   }
-  // io_uring_sq_ready: entries prepared and not yet taken by the kernel. Counted on the ring,
-  // not here: the reap() below refills the queue and may submit entries of ours with its own.
-  while (io_uring_sq_ready(&ring_->ring) > 0) {
-    int rc = io_uring_submit(&ring_->ring);
-    if (rc == -EAGAIN || rc == -EBUSY) {
-      reap(true, std::chrono::milliseconds(10));  // the kernel wants completions reaped first
-    } else {
-      ZRT_CHECK(rc >= 0 || rc == -EINTR, "IoQueue: io_uring_submit failed: ", std::strerror(-rc), " (errno ", -rc, ")");
-    }
-  }
+  // A busy engine wants completions reaped first; the reap refills the queue and may submit
+  // entries of ours with its own.
+  while (!engine_->submit()) reap(true, std::chrono::milliseconds(10));
 }
 
 bool IoQueue::reap(bool block, std::chrono::milliseconds timeout) {
-  io_uring_cqe* cqe = nullptr;
-  if (block && in_kernel_ > 0) {
-    auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(std::max(timeout, std::chrono::milliseconds(0)));
-    __kernel_timespec ts{static_cast<long long>(ns.count() / 1000000000),
-                         static_cast<long long>(ns.count() % 1000000000)};
-    int rc;
-    do {
-      rc = io_uring_wait_cqe_timeout(&ring_->ring, &cqe, &ts);
-    } while (rc == -EINTR);
-    if (rc == -ETIME) return false;
-    ZRT_CHECK(rc == 0, "IoQueue: waiting for a completion failed: ", std::strerror(-rc), " (errno ", -rc, ")");
-  }
-  while (io_uring_peek_cqe(&ring_->ring, &cqe) == 0) {
-    std::uint64_t slot = io_uring_cqe_get_data64(cqe);
-    int result = cqe->res;
-    io_uring_cqe_seen(&ring_->ring, cqe);
-    complete(slot, result);
-  }
+  completions_.clear();
+  if (!engine_->reap(block && in_kernel_ > 0, timeout, completions_)) return false;
+  for (const IoEngine::Completion& done : completions_) complete(done);
   submit_queued();
   return true;
 }
 
-void IoQueue::complete(std::uint64_t slot, int result) {
-  Piece piece = slots_[slot];
-  free_slots_.push_back(slot);
+void IoQueue::complete(const IoEngine::Completion& done) {
+  const int result = done.result;
+  Piece piece = slots_[done.tag];
+  free_slots_.push_back(done.tag);
   --in_kernel_;
   RequestState& req = requests_.at(piece.request);
   --req.pieces_left;

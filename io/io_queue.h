@@ -1,4 +1,5 @@
-// IoQueue: asynchronous direct reads and writes through io_uring.
+// IoQueue: asynchronous direct reads and writes, through io_uring or a pool of threads
+// (See Note [IoQueue backends], io/io_backend.h).
 #pragma once
 
 #include <chrono>
@@ -9,6 +10,9 @@
 #include <memory>
 #include <string>
 #include <vector>
+
+#include "io/io_backend.h"
+#include "io/io_engine.h"
 
 namespace zerort::io {
 
@@ -30,7 +34,7 @@ class DirectFile;
 
 // Note [IoQueue requests]
 // A request (one read or one write of `bytes` at `offset`) is cut into block_size pieces, and
-// at most queue_depth pieces are in the kernel at once; the rest wait in the queue and go in
+// at most queue_depth pieces are in the kernel (or with the engine's threads) at once; the rest wait in the queue and go in
 // as earlier ones complete. Pieces complete in any order, across requests too. A request is
 // done when all its pieces are; wait(request) blocks until then (or the timeout) and poll()
 // says whether it is, without blocking. A piece that fails, or moves fewer bytes than asked
@@ -45,9 +49,10 @@ class IoQueue {
   using Request = std::uint64_t;
 
   // queue_depth: pieces in the kernel at once (1..32768); block_size: the piece size, a
-  // positive multiple of 512 (and of each file's alignment, checked at submit).
+  // positive multiple of 512 (and of each file's alignment, checked at submit). backend: See
+  // Note [IoQueue backends]; ConfigError when an explicit one cannot be had, saying why.
   static constexpr unsigned kMaxDepth = 32768;  // io_uring's most entries in one ring
-  IoQueue(unsigned queue_depth, std::size_t block_size);
+  IoQueue(unsigned queue_depth, std::size_t block_size, IoBackend backend = IoBackend::kAuto);
   // Waits for every piece still in the kernel (their buffers may be freed after this).
   ~IoQueue();
   IoQueue(const IoQueue&) = delete;
@@ -55,7 +60,8 @@ class IoQueue {
 
   // Registers the pool's buffers with the kernel (io_uring fixed buffers); later pieces inside
   // the pool use them. Returns false (and changes nothing) when the kernel refuses, e.g. over
-  // RLIMIT_MEMLOCK: the I/O works the same, only without the saving. At most one pool, and
+  // RLIMIT_MEMLOCK, or the backend has none (threads): the I/O works the same, only without
+  // the saving. At most one pool, and
   // only while nothing is in flight; the pool must outlive the queue.
   bool register_pool(const AlignedBufferPool& pool);
 
@@ -74,6 +80,10 @@ class IoQueue {
   // Waits for every request (as wait() on each, in submit order; the first error is thrown).
   void wait_all(std::chrono::milliseconds timeout = std::chrono::minutes(5));
 
+  // The engine that moves the pieces: "io_uring" or "threads"; and why it was chosen when that
+  // is not simply what was asked for (an "auto" that fell back, ZERORT_IO_BACKEND), else "".
+  const char* backend() const { return engine_->name(); }
+  const std::string& backend_why() const { return backend_why_; }
   unsigned queue_depth() const { return queue_depth_; }
   std::size_t block_size() const { return block_size_; }
   // Pieces in the kernel now, and requests not yet waited for.
@@ -87,7 +97,6 @@ class IoQueue {
   double wait_seconds() const { return wait_seconds_; }
 
  private:
-  struct State;
   struct Piece {
     Request request;
     std::uint64_t offset;
@@ -107,14 +116,16 @@ class IoQueue {
   void submit_queued();
   // Reaps completions; blocks up to `timeout` for the first one when `block`. False on timeout.
   bool reap(bool block, std::chrono::milliseconds timeout);
-  void complete(std::uint64_t slot, int result);
+  void complete(const IoEngine::Completion& done);
   void finish(Request request);  // forgets a done request; throws its error
 
   unsigned queue_depth_;
   std::size_t block_size_;
-  std::unique_ptr<State> ring_;
+  std::unique_ptr<IoEngine> engine_;
+  std::string backend_why_;
   const AlignedBufferPool* pool_ = nullptr;
-  std::vector<Piece> slots_;  // the pieces in the kernel, by slot (the SQE's user_data)
+  std::vector<Piece> slots_;                       // the pieces in the kernel, by slot (the engine's tag)
+  std::vector<IoEngine::Completion> completions_;  // reap()'s scratch
   std::vector<std::uint64_t> free_slots_;
   std::deque<Piece> queued_;  // pieces waiting for a slot, in submit order
   std::map<Request, RequestState> requests_;

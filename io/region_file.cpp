@@ -33,11 +33,11 @@ std::size_t largest_room(const std::vector<std::size_t>& bytes, std::size_t alig
 
 // See Note [RegionFile].
 RegionFile::RegionFile(const std::string& directory, const std::string& name, std::vector<std::size_t> region_bytes,
-                       unsigned queue_depth, std::size_t block_size)
+                       unsigned queue_depth, std::size_t block_size, IoBackend backend)
     : bytes_(std::move(region_bytes)), offsets_(region_offsets(bytes_, room_alignment(directory))),
       file_(directory, name, std::max<std::uint64_t>(offsets_.back(), 1)),
       pool_(2, largest_room(bytes_, room_alignment(directory)), room_alignment(directory)),
-      queue_(queue_depth, block_size) {
+      queue_(queue_depth, block_size, backend) {
   ZRT_CHECK(room_alignment(directory) % file_.alignment() == 0, "RegionFile: ", file_.path(),
             " needs a direct-I/O alignment of ", file_.alignment(), " bytes, above the ", room_alignment(directory),
             " its regions were laid out with");

@@ -33,10 +33,10 @@ namespace zerort::io {
 class RegionFile {
  public:
   // Makes `directory`/`name` (See Note [DirectFile checks]: a ConfigError names the path and
-  // the bytes needed) with one region per entry of region_bytes (0 is allowed). queue_depth
-  // and block_size are the IoQueue's.
+  // the bytes needed) with one region per entry of region_bytes (0 is allowed). queue_depth,
+  // block_size and backend are the IoQueue's.
   RegionFile(const std::string& directory, const std::string& name, std::vector<std::size_t> region_bytes,
-             unsigned queue_depth, std::size_t block_size);
+             unsigned queue_depth, std::size_t block_size, IoBackend backend = IoBackend::kAuto);
   ~RegionFile();  // waits for the writes in flight; the file is removed
   RegionFile(const RegionFile&) = delete;
   RegionFile& operator=(const RegionFile&) = delete;
@@ -53,7 +53,9 @@ class RegionFile {
   std::size_t staging_bytes() const { return pool_.bytes(); }
   std::uint64_t bytes_read() const;
   std::uint64_t bytes_written() const;
-  double wait_seconds() const;  // blocked on this file's I/O, since it was made
+  double wait_seconds() const;                                 // blocked on this file's I/O, since it was made
+  const char* io_backend() const { return queue_.backend(); }  // See IoQueue::backend()
+  const std::string& io_backend_why() const { return queue_.backend_why(); }
 
  private:
   struct Staging {

@@ -45,6 +45,8 @@ py::dict tier_stats_dict(const StateTierStats& s) {
   d["bytes_read"] = s.bytes_read;
   d["bytes_written"] = s.bytes_written;
   d["io_wait_seconds"] = s.io_wait_seconds;
+  d["io_backend"] = s.io_backend;
+  d["io_backend_why"] = s.io_backend_why;
   return d;
 }
 
@@ -138,7 +140,12 @@ void bind_options(py::module_& m) {
       .def_readwrite("buffer_count", &NvmeStateOptions::buffer_count)
       .def_readwrite("queue_depth", &NvmeStateOptions::queue_depth)
       .def_readwrite("block_size", &NvmeStateOptions::block_size)
-      .def_readwrite("gradient_in_file", &NvmeStateOptions::gradient_in_file);
+      .def_readwrite("gradient_in_file", &NvmeStateOptions::gradient_in_file)
+      .def_property(
+          "io_backend", [](const NvmeStateOptions& o) { return std::string(io::io_backend_name(o.io_backend)); },
+          [](NvmeStateOptions& o, const std::string& backend) {
+            o.io_backend = io::parse_io_backend(backend, "NvmeStateOptions.io_backend");
+          });
   options_class<EngineOptions>(m, "EngineOptions")  // materialize is the Engine's own argument
       .def_readwrite("stage", &EngineOptions::stage)
       .def_readwrite("optimizer", &EngineOptions::optimizer)

@@ -151,7 +151,7 @@ void Engine::make_shard_copies() {
     return;
   }
   const ShardFileOptions file{options_.param_nvme_path, world_.rank(), options_.nvme.queue_depth,
-                              options_.nvme.block_size};
+                              options_.nvme.block_size, options_.nvme.io_backend};
   shard_copies_ = ShardCopies(bytes, &file);
 }
 

@@ -58,7 +58,7 @@ NvmeStateStore::NvmeStateStore(int64_t numel, DType state_dtype, const NvmeState
                                                                 io::direct_io_alignment(options.directory))
                                    : 0)),
       pool_(options.buffer_count, buffer_bytes(chunk_elements_, chunk_stride_, options), file_.alignment()),
-      queue_(pool_depth(options, pool_.buffer_size()), options.block_size) {
+      queue_(pool_depth(options, pool_.buffer_size()), options.block_size, options.io_backend) {
   ZRT_CHECK_AS(ConfigError, chunk_stride_ % file_.alignment() == 0 && options.block_size % file_.alignment() == 0,
                "NvmeStateStore: block_size ", options.block_size, " and the record of ", chunk_stride_,
                " bytes must be multiples of the direct-I/O alignment ", file_.alignment(), " of ", file_.path());
@@ -146,6 +146,8 @@ StateTierStats NvmeStateStore::tier_stats() const {
   s.bytes_read = queue_.bytes_read();
   s.bytes_written = queue_.bytes_written();
   s.io_wait_seconds = queue_.wait_seconds();
+  s.io_backend = queue_.backend();
+  s.io_backend_why = queue_.backend_why();
   return s;
 }
 

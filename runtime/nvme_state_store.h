@@ -59,13 +59,14 @@ namespace zerort {
 // (Error naming the first failure), so nothing half-written is ever used. A failed read_range
 // changes nothing and leaves the store usable.
 struct NvmeStateOptions {
-  std::string directory;                          // where the file goes (nvme_path); must exist
-  int rank = 0;                                   // names the file: zerort-states-rank<rank>.bin
-  std::size_t chunk_elements = 1u << 20;          // rounded up to a multiple of the direct-I/O alignment
-  std::size_t buffer_count = 4;                   // pool buffers (>= 1; 3 or more overlap read, compute and write)
-  unsigned queue_depth = 8;                       // I/O pieces in the kernel at once, at least (See Note)
-  std::size_t block_size = std::size_t{1} << 20;  // the piece size (a multiple of the alignment)
-  bool gradient_in_file = false;                  // the FP32 gradient in the file too (See Note)
+  std::string directory;                            // where the file goes (nvme_path); must exist
+  int rank = 0;                                     // names the file: zerort-states-rank<rank>.bin
+  std::size_t chunk_elements = 1u << 20;            // rounded up to a multiple of the direct-I/O alignment
+  std::size_t buffer_count = 4;                     // pool buffers (>= 1; 3 or more overlap read, compute and write)
+  unsigned queue_depth = 8;                         // I/O pieces in the kernel at once, at least (See Note)
+  std::size_t block_size = std::size_t{1} << 20;    // the piece size (a multiple of the alignment)
+  bool gradient_in_file = false;                    // the FP32 gradient in the file too (See Note)
+  io::IoBackend io_backend = io::IoBackend::kAuto;  // See Note [IoQueue backends] (io/io_backend.h)
 };
 
 class NvmeStateStore final : public OptimizerStateStore {

@@ -37,6 +37,9 @@ struct StateTierStats {
   std::string path;
   std::uint64_t file_bytes = 0, gradient_bytes = 0, pool_bytes = 0, bytes_read = 0, bytes_written = 0;
   double io_wait_seconds = 0;
+  // A file's IoQueue backend ("io_uring" or "threads"; "" in memory) and why it was chosen
+  // when not simply asked for (IoQueue::backend_why).
+  std::string io_backend, io_backend_why;
 };
 
 // Note [optimizer state store]: the state is numel() elements, laid out alike in all four

@@ -11,7 +11,7 @@ ShardCopies::ShardCopies(const std::vector<std::size_t>& bytes, const ShardFileO
     : bytes_(bytes) {
   if (file != nullptr) {
     file_ = std::make_unique<io::RegionFile>(file->directory, detail::concat("zerort-params-rank", file->rank, ".bin"),
-                                             bytes_, file->queue_depth, file->block_size);
+                                             bytes_, file->queue_depth, file->block_size, file->io_backend);
     return;
   }
   for (std::size_t b : bytes_) {
@@ -63,6 +63,8 @@ StateTierStats ShardCopies::stats() const {
   s.bytes_read = file_->bytes_read();
   s.bytes_written = file_->bytes_written();
   s.io_wait_seconds = file_->wait_seconds();
+  s.io_backend = file_->io_backend();
+  s.io_backend_why = file_->io_backend_why();
   return s;
 }
 

@@ -23,6 +23,7 @@ struct ShardFileOptions {
   int rank = 0;  // names the file: zerort-params-rank<rank>.bin
   unsigned queue_depth = 8;
   std::size_t block_size = std::size_t{1} << 20;
+  io::IoBackend io_backend = io::IoBackend::kAuto;
 };
 
 // Copy b is written with begin_write(b) (a buffer of bytes(b) to fill) and end_write(b), and read

@@ -1,5 +1,6 @@
-// IoQueue: round trips through io_uring with O_DIRECT, many requests in flight, and failures.
-// See Note [IoQueue requests].
+// IoQueue: round trips with O_DIRECT, many requests in flight, failures and timeouts, each case
+// on both backends, io_uring and threads (skipped where io_uring is not built or not allowed).
+// See Note [IoQueue requests] and Note [IoQueue backends].
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <unistd.h>
@@ -14,6 +15,7 @@
 #include "core/error.h"
 #include "io/aligned_buffer_pool.h"
 #include "io/direct_file.h"
+#include "io/io_backend.h"
 #include "io/io_queue.h"
 #include "io_test_util.h"
 
@@ -55,12 +57,34 @@ void round_trip(IoQueue& q, const DirectFile& f, AlignedBufferPool& pool, std::u
   pool.release(in);
 }
 
+// Each case runs on each backend: GetParam(). io_uring is skipped, saying why, where this build
+// or this kernel has none.
+class IoQueueTest : public ::testing::TestWithParam<IoBackend> {
+ protected:
+  void SetUp() override {
+    if (GetParam() != IoBackend::kIoUring) return;
+    if (!io_uring_built()) GTEST_SKIP() << "io_uring: this build has no liburing";
+    try {
+      IoQueue probe(1, kBlock, IoBackend::kIoUring);
+    } catch (const ConfigError& e) {
+      GTEST_SKIP() << "io_uring: " << e.what();
+    }
+  }
+  IoBackend backend() const { return GetParam(); }
+};
+
+INSTANTIATE_TEST_SUITE_P(Backends, IoQueueTest, ::testing::Values(IoBackend::kIoUring, IoBackend::kThreads),
+                         [](const ::testing::TestParamInfo<IoBackend>& info) {
+                           return info.param == IoBackend::kIoUring ? std::string("IoUring") : std::string("Threads");
+                         });
+
 // A scratch directory with one file, a pool (of `buffers` buffers of `buffer_bytes`, default
-// the file's size) and a queue of kDepth x kBlock.
+// the file's size) and a queue of kDepth x kBlock on `backend`.
 struct Rig {
-  Rig(const std::string& name, std::size_t bytes, std::size_t buffers = 1, std::size_t buffer_bytes = 0)
+  Rig(IoBackend backend, const std::string& name, std::size_t bytes, std::size_t buffers = 1,
+      std::size_t buffer_bytes = 0)
       : file(dir.path(), name, bytes), pool(buffers, buffer_bytes ? buffer_bytes : file.size(), file.alignment()),
-        queue(kDepth, kBlock) {}
+        queue(kDepth, kBlock, backend) {}
   char* buffer() const { return pool.base(); }
 
   TempDir dir;
@@ -69,13 +93,13 @@ struct Rig {
   IoQueue queue;
 };
 
-TEST(IoQueue, RoundTripsOfZeroOneOddAndMoreThanTheQueueHolds) {
+TEST_P(IoQueueTest, RoundTripsOfZeroOneOddAndMoreThanTheQueueHolds) {
   TempDir dir;
   const std::size_t big = (kDepth * 5 + 1) * kBlock + 4096;  // > queue_depth * block_size, a partial last piece
   DirectFile f(dir.path(), "rt.bin", 2 * big);
   ASSERT_EQ(kBlock % f.alignment(), 0u);
   AlignedBufferPool pool(2, big, f.alignment());
-  IoQueue q(kDepth, kBlock);
+  IoQueue q(kDepth, kBlock, backend());
   for (std::size_t bytes : {std::size_t{0}, kBlock, 3 * kBlock, 7 * kBlock + f.alignment(), big}) {
     round_trip(q, f, pool, 0, bytes);
     round_trip(q, f, pool, big, bytes);
@@ -84,18 +108,21 @@ TEST(IoQueue, RoundTripsOfZeroOneOddAndMoreThanTheQueueHolds) {
   EXPECT_EQ(q.requests_open(), 0u);
 }
 
-TEST(IoQueue, AZeroByteRequestIsDoneAtOnce) {
-  Rig rig("zero.bin", 4096);
+TEST_P(IoQueueTest, AZeroByteRequestIsDoneAtOnce) {
+  Rig rig(backend(), "zero.bin", 4096);
   auto r = rig.queue.read(rig.file, 0, rig.buffer(), 0);
   EXPECT_TRUE(rig.queue.poll(r));
   EXPECT_THROW(rig.queue.wait(r), UsageError);  // already forgotten
 }
 
-TEST(IoQueue, RegisteredPoolBuffersRoundTrip) {
+TEST_P(IoQueueTest, RegisteredPoolBuffersRoundTrip) {
   const std::size_t bytes = 9 * kBlock;
-  Rig rig("fixed.bin", bytes, 2);
+  Rig rig(backend(), "fixed.bin", bytes, 2);
   bool registered = rig.queue.register_pool(rig.pool);
-  std::printf("io_uring fixed buffers registered: %s\n", registered ? "yes" : "no (kernel refused)");
+  std::printf("%s: pool registered: %s\n", rig.queue.backend(), registered ? "yes" : "no");
+  if (backend() == IoBackend::kThreads) {
+    EXPECT_FALSE(registered);  // pread/pwrite have nothing to register
+  }
   round_trip(rig.queue, rig.file, rig.pool, 0, bytes);
   // A buffer outside the pool still works (plain, unregistered reads and writes).
   AlignedBufferPool other(2, bytes, rig.file.alignment());
@@ -104,14 +131,14 @@ TEST(IoQueue, RegisteredPoolBuffersRoundTrip) {
 
 // 24 requests of different sizes in flight at once (more pieces than the queue holds), waited
 // for in an order of their own; then read back, all in flight, and polled to completion.
-TEST(IoQueue, ManyRequestsInFlightCompleteInAnyOrder) {
+TEST_P(IoQueueTest, ManyRequestsInFlightCompleteInAnyOrder) {
   TempDir dir;
   constexpr int kRequests = 24;
   const std::size_t slot = 3 * kBlock;
   DirectFile f(dir.path(), "many.bin", kRequests * slot);
   AlignedBufferPool out(kRequests, slot, f.alignment());
   AlignedBufferPool in(kRequests, slot, f.alignment());
-  IoQueue q(kDepth, kBlock);
+  IoQueue q(kDepth, kBlock, backend());
   std::vector<char*> outs, ins;
   std::vector<std::size_t> sizes;
   std::vector<IoQueue::Request> writes, reads;
@@ -142,8 +169,8 @@ TEST(IoQueue, ManyRequestsInFlightCompleteInAnyOrder) {
   EXPECT_EQ(q.bytes_read(), q.bytes_written());
 }
 
-TEST(IoQueue, MisalignedOrOutOfRangeRequestsAreUsageErrors) {
-  Rig rig("bad.bin", 4 * kBlock);
+TEST_P(IoQueueTest, MisalignedOrOutOfRangeRequestsAreUsageErrors) {
+  Rig rig(backend(), "bad.bin", 4 * kBlock);
   const DirectFile& f = rig.file;
   IoQueue& q = rig.queue;
   std::size_t a = f.alignment();
@@ -154,15 +181,15 @@ TEST(IoQueue, MisalignedOrOutOfRangeRequestsAreUsageErrors) {
   EXPECT_THROW(q.write(f, 3 * kBlock, buf, 2 * kBlock), UsageError);
   EXPECT_THROW(q.write(f, 8 * kBlock, buf, a), UsageError);
   EXPECT_EQ(q.requests_open(), 0u);
-  EXPECT_THROW(IoQueue(0, kBlock), ConfigError);
-  EXPECT_THROW(IoQueue(4, 1000), ConfigError);
+  EXPECT_THROW(IoQueue(0, kBlock, backend()), ConfigError);
+  EXPECT_THROW(IoQueue(4, 1000, backend()), ConfigError);
 }
 
 // A file cut short behind the queue's back (as a crash or another process might): the read of
 // its old length fails naming the file and an offset past the new end; no partial success.
-TEST(IoQueue, AShortReadPastTheEndNamesTheFileAndTheOffset) {
+TEST_P(IoQueueTest, AShortReadPastTheEndNamesTheFileAndTheOffset) {
   const std::size_t bytes = 8 * kBlock;
-  Rig rig("short.bin", bytes);
+  Rig rig(backend(), "short.bin", bytes);
   const DirectFile& f = rig.file;
   IoQueue& q = rig.queue;
   char* buf = rig.buffer();
@@ -190,17 +217,39 @@ TEST(IoQueue, AShortReadPastTheEndNamesTheFileAndTheOffset) {
 }
 
 // A queue destroyed with I/O in flight waits for it (ASan would see the kernel write into freed memory).
-TEST(IoQueue, DestroyingTheQueueWaitsForWhatIsInFlight) {
+TEST_P(IoQueueTest, DestroyingTheQueueWaitsForWhatIsInFlight) {
   TempDir dir;
   const std::size_t bytes = 64 * kBlock;
   DirectFile f(dir.path(), "inflight.bin", bytes);
   AlignedBufferPool pool(1, bytes, f.alignment());
   {
-    IoQueue q(kDepth, kBlock);
+    IoQueue q(kDepth, kBlock, backend());
     q.write(f, 0, pool.base(), bytes);
     q.read(f, 0, pool.base(), bytes / 2);
   }
   SUCCEED();
+}
+
+// wait() with a timeout that passes gives up with an Error naming the request, and the request
+// stays in flight: waiting again finishes it. Never a hang.
+TEST_P(IoQueueTest, AWaitThatTimesOutLeavesTheRequestInFlight) {
+  const std::size_t bytes = 512 * kBlock;  // 8 MiB in 512 pieces
+  Rig rig(backend(), "timeout.bin", bytes);
+  IoQueue& q = rig.queue;
+  IoQueue::Request r = q.write(rig.file, 0, rig.buffer(), bytes);
+  // Pieces complete only when reaped, and 512 cannot all be reaped before the deadline.
+  std::string msg;
+  try {
+    q.wait(r, std::chrono::milliseconds(0));
+  } catch (const Error& e) {
+    msg = e.what();
+  }
+  EXPECT_NE(msg.find("timed out after 0 ms"), std::string::npos) << msg;
+  EXPECT_NE(msg.find(rig.file.path()), std::string::npos) << msg;
+  EXPECT_EQ(q.requests_open(), 1u);
+  q.wait(r);
+  EXPECT_EQ(q.requests_open(), 0u);
+  EXPECT_EQ(q.bytes_written(), bytes);
 }
 
 }  // namespace

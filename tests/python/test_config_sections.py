@@ -20,7 +20,7 @@ OURS = {"stage": 3, "precision": "fp16", "reduce_bucket_numel": 999, "gradient_a
         "offload": {"optimizer": {"device": "nvme", "nvme_path": "/states", "buffer_count": 6, "chunk_numel": 4096,
                                   "gradient_in_file": True},
                     "param": {"device": "nvme", "nvme_path": "/params"},
-                    "aio": {"block_size": 1 << 16, "queue_depth": 4}}}
+                    "aio": {"block_size": 1 << 16, "queue_depth": 4, "io_backend": "threads"}}}
 # C++ fields no config key sets: the Engine sets replicated (stage 0) and alignment itself;
 # DeepSpeed's scaler has no factor key. dynamic is at its default in OURS (see the static test),
 # param_host follows offload_param "cpu" and the model's device (see the tier test).

@@ -80,7 +80,8 @@ OFFLOAD_PARAM = {**OFFLOAD_COMMON, ".buffer_size": (1e8, [-1, 1.5, 2e12, "1e8"])
                  ".max_in_cpu": (1e9, [-1, 2e12, None])}
 AIO = {"": ({}, SECTION_OR_NULL_BAD), ".block_size": (1048576, [0, 1.5, "4096", True]),
        ".queue_depth": (32, [0, 32769, "8"]), ".intra_op_parallelism": (2, [0, -1]),
-       ".single_submit": (True, [1]), ".overlap_events": (False, ["yes"]), ".use_gds": (False, [True, 1, "false"])}
+       ".single_submit": (True, [1]), ".overlap_events": (False, ["yes"]), ".use_gds": (False, [True, 1, "false"]),
+       ".io_backend": ("threads", ["uring", "io-uring", 1, None])}
 OURS.update({"offload": ({}, SECTION_OR_NULL_BAD),
              **{f"offload.optimizer{k}": v for k, v in OFFLOAD_OPTIMIZER.items()},
              **{f"offload.param{k}": v for k, v in OFFLOAD_PARAM.items()},

@@ -30,15 +30,17 @@ CASES = {2: [{"name": "gpt2-s1", "model": "gpt2", "stage": 1, "state_dtype": "fp
              {"name": "gpt2-s2", "model": "gpt2", "stage": 2, "state_dtype": "fp32", "grads": True}]}
 
 
-def run(tmp_path, world):
+def run(tmp_path, world, cases=None, env=None):
+    """The worker at W = world on cases (default CASES[world]): its results, tensors, nvme
+    folder and Launched (the output, rank 0's banner in it)."""
     nvme = tmp_path / "nvme"
     nvme.mkdir()
     with open(tmp_path / "cases.json", "w") as f:
-        json.dump(CASES[world], f)
-    launch("torchrun", world, os.path.join(HERE, "nvme_offload_worker.py"), tmp_path / "out", nvme,
-           tmp_path / "cases.json", timeout=900)
+        json.dump(cases or CASES[world], f)
+    launched = launch("torchrun", world, os.path.join(HERE, "nvme_offload_worker.py"), tmp_path / "out", nvme,
+                      tmp_path / "cases.json", timeout=900, env=env)
     with open(tmp_path / "out.json") as f:
-        return json.load(f), torch.load(tmp_path / "out.pt"), nvme
+        return json.load(f), torch.load(tmp_path / "out.pt"), nvme, launched
 
 
 def same(a, b):
@@ -47,7 +49,7 @@ def same(a, b):
 
 @pytest.mark.parametrize("world", [2, 4])
 def test_nvme_tier_equals_memory_tier_bitwise(tmp_path, world):
-    result, tensors, nvme = run(tmp_path, world)
+    result, tensors, nvme, _ = run(tmp_path, world)
     for case in CASES[world]:
         name = case["name"]
         ram, disk = result[f"{name}:none"], result[f"{name}:nvme"]

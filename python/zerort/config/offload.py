@@ -21,7 +21,9 @@ the FP32 gradient in host memory, the step on the CPU; the engine says so once i
 log line at initialize (zerort.monitoring.progress.announce) and in engine.memory_report().
 offload_optimizer.device "nvme" puts a CPU model's master and Adam moments in one file per rank
 under nvme_path, streamed through a pool of buffer_count buffers with aio's block_size and
-queue_depth (Note [state tiers], runtime/engine_state.cpp); the step always overlaps the reads
+queue_depth, through aio's io_backend (zerort's own key: "auto" takes io_uring where it was
+built and the kernel allows it, else a pool of threads; C++ Note [IoQueue backends]) (Note [state
+tiers], runtime/engine_state.cpp); the step always overlaps the reads
 and writes with compute, so pipeline_read and pipeline_write (DeepSpeed's switches for that
 overlap) change nothing; zerort's own gradient_in_file puts the FP32 gradient shard in that
 file too (Note [gradient in the file], runtime/nvme_gradient.h). offload_param.device "nvme"
@@ -45,6 +47,7 @@ from zerort.config.sections import Aio, OffloadOptimizer, OffloadParam
 from zerort.errors import ConfigError
 
 DEVICES = ("none", "cpu", "nvme")
+IO_BACKENDS = ("auto", "io_uring", "threads")  # C++ Note [IoQueue backends] (io/io_backend.h)
 
 
 def section(r, d, name):
@@ -92,7 +95,8 @@ def read_aio(r, d):
                                                                               MAX_IO_DEPTH),
               intra_op_parallelism=count("intra_op_parallelism", a.intra_op_parallelism),
               single_submit=r.boolean(d, "single_submit", a.single_submit),
-              overlap_events=r.boolean(d, "overlap_events", a.overlap_events))
+              overlap_events=r.boolean(d, "overlap_events", a.overlap_events),
+              io_backend=r.choice(d, "io_backend", a.io_backend, IO_BACKENDS))
     present, gds = r._take(d, "use_gds")
     if present and gds is not False:
         r.bad("use_gds", gds, "false (zerort does not support GPUDirect Storage; leave the key out or set it to "

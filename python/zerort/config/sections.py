@@ -125,6 +125,9 @@ class Aio:
     intra_op_parallelism: int = 1
     single_submit: bool = False
     overlap_events: bool = True
+    # NVMe: what moves the I/O (zerort's own key): "auto" (io_uring where built and allowed, else
+    # threads), "io_uring", or "threads" (a pool of threads doing O_DIRECT pread/pwrite)
+    io_backend: str = "auto"
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)

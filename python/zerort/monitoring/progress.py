@@ -31,7 +31,16 @@ def announce(engine, launch_env):
     s = engine.runtime.shard_size
     sharding = "flat collectives" if s == w else f"state sharded in {w // s} groups of {s} ranks (shard_size)"
     print(f"zerort: ZeRO stage {c.stage}, {c.precision}, W={w} ({shape}, {sharding}), backend "
-          f"{engine.comm.backend} on {engine.device}, {describe(c, engine.device)}", flush=True)
+          f"{engine.comm.backend} on {engine.device}, {describe(c, engine.device)}{nvme_io(engine)}", flush=True)
+
+
+def nvme_io(engine):
+    """', NVMe I/O through <backend> (why)' when a tier is on NVMe (C++ Note [IoQueue backends]), else ''."""
+    files = [s for s in (engine.runtime.state_tier_stats, engine.runtime.param_tier_stats) if s["io_backend"]]
+    if not files:
+        return ""
+    why = files[0]["io_backend_why"]
+    return f", NVMe I/O through {files[0]['io_backend']}" + (f" ({why})" if why else "")
     for line in c.ignored:  # DeepSpeed keys DeepSpeed ignores too: zerort.config.lenient
         print(f"zerort: ignored {line}", flush=True)
 
