@@ -191,7 +191,7 @@ def test_refusals_kept_still_name_the_key():
 
 def train_w1(config, steps=2):
     """FP32 masters after `steps` updates of the tiny transformer at W = 1 through
-    zerort.integrations.deepspeed.initialize, and the engine's config."""
+    zerort.integrations.deepspeed.initialize, the engine's config and its memory report."""
     import zerort.integrations.deepspeed as deepspeed
 
     engine, _, _, _ = deepspeed.initialize(model=make_model("tiny"), config=merged(config, INPROC))
@@ -199,9 +199,9 @@ def train_w1(config, steps=2):
         x, y = batch("tiny", i, 0, 0, size=engine.train_micro_batch_size_per_gpu())
         engine.backward(loss_fn("tiny", engine(x), y))
         engine.step()
-    masters, config = engine.full_state_dict(master=True), engine.config
+    masters, config, report = engine.full_state_dict(master=True), engine.config, engine.memory_report().table()
     engine.destroy()
-    return masters, config
+    return masters, config, report
 
 
 @functools.lru_cache(maxsize=None)
@@ -214,13 +214,14 @@ def test_each_lenient_key_trains_the_same_bits_and_the_banner_names_it(name, cap
     stage, extra, key = LENIENT[name]
     plain = plain_w1(stage)
     capsys.readouterr()
-    lenient, config = train_w1(merged(base(stage), extra))
+    lenient, config, report = train_w1(merged(base(stage), extra))
     out = capsys.readouterr().out
     assert plain.keys() == lenient.keys() and all(torch.equal(plain[k], lenient[k]) for k in plain), name
     banner = [line for line in out.splitlines() if line.startswith("zerort: ")]
     assert banner[0].startswith(f"zerort: ZeRO stage {stage}, bf16, W=1") and "offload none" in banner[0], banner
     assert any(line.startswith(f"zerort: ignored {key} ") for line in banner[1:]), banner
     assert len(banner) == 1 + len(config.ignored)
+    assert "offload none" in report and " on cpu" not in report and " on nvme" not in report, report
 
 
 def test_deepspeed_chat_zero2_with_offload_trains_as_without_offload_param_at_w2(tmp_path):
