@@ -7,7 +7,7 @@ BUILD ?= build
 JOBS  ?= $(shell nproc)
 STAMPS := .stamps
 
-.PHONY: all deps venv configure build test test-asan lint demo demo-cpp bench bench-e2e bench-ds clean
+.PHONY: all deps venv configure build test test-asan test-nouring lint demo demo-cpp bench bench-e2e bench-ds clean
 
 all: build
 
@@ -40,6 +40,11 @@ test: build
 # The torch-free C++ tests under AddressSanitizer + UBSan, in their own build directory.
 test-asan: $(STAMPS)/deps $(VENV)/.installed
 	ASAN_BUILD=build-asan PY=$(PY) JOBS=$(JOBS) bash scripts/run_asan_tests.sh
+
+# The NVMe tier without liburing: the I/O and NVMe C++ tests in a build without it
+# (build-nouring/), then the NVMe pytest tests with the thread backend forced.
+test-nouring: build
+	NOURING_BUILD=build-nouring PY=$(PY) JOBS=$(JOBS) bash scripts/run_nouring_tests.sh
 
 # ruff over the Python (pyproject.toml's [tool.ruff]) and clang-format over the C++ (.clang-format),
 # both checking only: nothing is rewritten.
