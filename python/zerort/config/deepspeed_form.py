@@ -30,6 +30,7 @@ def parse_deepspeed(cfg, problems):
     c.offload.aio = offload.read_aio(ra, aio)
     ra.leftover(aio, "unknown or unsupported DeepSpeed key")
     scale_keys = _precision(r, cfg, c)
+    _autocast(r, cfg, c)
     _optimizer(r, cfg, c)
     _dtypes(r, cfg, c)
     c.monitor.csv, c.monitor.tensorboard = _monitor(r, cfg, "csv_monitor"), _monitor(r, cfg, "tensorboard")
@@ -120,6 +121,38 @@ def _precision(r, cfg, c):
         r.problems.lines.append(f"{name}.enabled and fp16.enabled: both true; allowed: enable at most one")
     c.precision = "bf16" if bf16_on else "fp16" if fp16_on else "fp32"
     return scale_keys
+
+
+# DeepSpeed's torch_autocast.dtype spellings (its DtypeEnum): the bf16 ones zerort autocasts to, and
+# the others, which DeepSpeed takes too (an error here only when the section is enabled).
+AUTOCAST_BF16 = ("bf16", "bfloat16", "torch.bfloat16")
+AUTOCAST_OTHER = ("fp16", "float16", "half", "torch.float16", "fp32", "float32", "float", "torch.float32", "int8",
+                  "torch.int8")
+
+
+def _autocast(r, cfg, c):
+    """DeepSpeed's torch_autocast section: torch.autocast around the forward, bf16 only (see
+    docs/DEEPSPEED.md). lower_precision_safe_modules names the modules whose gradients DeepSpeed
+    sends in the autocast dtype; zerort sends every gradient in the compute dtype (FP32 with
+    bf16/fp16 off) and sums in FP32, so the list is only checked."""
+    section, rs = r.child(cfg, "torch_autocast")
+    on = rs.boolean(section, "enabled", False)
+    present, dtype = rs._take(section, "dtype")
+    rs.names(section, "lower_precision_safe_modules", ())
+    _table(rs, section, "torch_autocast.")
+    rs.leftover(section, "unknown or unsupported DeepSpeed key")
+    if present and dtype not in AUTOCAST_BF16 and (on or dtype not in AUTOCAST_OTHER):
+        rs.bad("dtype", dtype, " | ".join(repr(d) for d in AUTOCAST_BF16) + " (zerort autocasts to bf16 only; for "
+               "fp16 compute use fp16.enabled, which has the dynamic loss scale fp16 needs)",
+               not isinstance(dtype, str))
+        return
+    if not on:
+        return
+    if c.precision == "fp16":
+        r.problems.lines.append("torch_autocast.enabled and fp16.enabled: both true; zerort autocasts to bf16 and "
+                                "would mix it with fp16 parameters: enable one of them")
+        return
+    c.autocast = "bf16" if present else "device"
 
 
 def _optimizer(r, cfg, c):

@@ -133,7 +133,11 @@ KEYS = [
     b("bfloat16", "DeepSpeed's old name for the bf16 section"),
     a("bf16.immediate_grad_update", "gradients go to the FP32 shard as buckets complete", kind=BOOL),
     a("bf16.check_grad_overflow", "zerort always checks and skips a non-finite step", kind=BOOL),
-    d("bf16.bf16_master_weights_and_grads", "a bf16 master"),
+    d("bf16.bf16_master_weights_and_grads", "a bf16 master and bf16 gradient shard yet (both stay FP32; "
+      "docs/DEEPSPEED.md#torch_autocast-and-bf16-master-weights). For 4 bytes less per element of this rank's "
+      "shard set bf16.bf16_optimizer_states (Adam's m and v in bf16); for more, stage 3 or offload_optimizer. "
+      "An FP32 master keeps updates a bf16 master rounds away (losses then drift from DeepSpeed's by more than "
+      "bf16 rounding); to train with one"),
     b("bf16.bf16_optimizer_states", "optimizer.state_dtype bf16: Adam's m and v kept in bf16 (4 bytes less per "
       "element of this rank's shard); the FP32 master stays"),
     a("fp16.enabled", "the same: fp16 compute, FP32 master, loss scaling"),
@@ -147,7 +151,12 @@ KEYS = [
       "inputs already in fp16 pass as they are)", kind=BOOL),
     d("fp16.fp16_master_weights_and_grads", "an fp16 master"),
     d("amp", "Apex AMP", DISABLED),
-    d("torch_autocast", "torch.autocast: zerort computes in the precision it is given", DISABLED),
+    c("torch_autocast.enabled", "torch.autocast around the forward, as DeepSpeed: FP32 parameters when bf16 and "
+      "fp16 are off, bf16 only (config autocast)"),
+    c("torch_autocast.dtype", "bfloat16 (any of DeepSpeed's spellings); left out: torch's default for the device, "
+      "bf16 on the CPU (a CUDA model must set bfloat16); fp16 is an error naming fp16.enabled"),
+    c("torch_autocast.lower_precision_safe_modules", "checked, no effect: zerort sends every gradient in the "
+      "compute dtype and sums in FP32"),
     b("data_types.grad_accum_dtype", "fp32 at stages 2-3 (the FP32 gradient shard), the compute dtype at "
       "stages 0-1; another dtype is an error"),
     d("data_types.param_dtype", "a parameter dtype beside bf16.enabled/fp16.enabled", NULL),

@@ -108,6 +108,13 @@ def _parse_ours(cfg, problems):
     c.monitor.tensorboard = where if rm.boolean(mon, "tensorboard", False) else None
     rm.leftover(mon)
     offload.read_ours(r, cfg, c)
+    # torch.autocast around the forward (DeepSpeed's torch_autocast)
+    if cfg.get("autocast", "") is None:
+        del cfg["autocast"]  # null: off, the default
+    c.autocast = r.choice(cfg, "autocast", c.autocast, ("bf16",))
+    if c.autocast and c.precision == "fp16":
+        r.bad("autocast", c.autocast, "null with precision \"fp16\" (bf16 autocast over fp16 parameters mixes "
+              "the two)")
     r.leftover(cfg)
     return c.config(), scale_keys, "precision"
 

@@ -145,6 +145,9 @@ class Config:
     the global ones; stage and reduce_bucket_numel are the C++ EngineOptions' own."""
     stage: int = 2
     precision: str = "bf16"  # compute: "bf16", "fp16" or "fp32"
+    # torch.autocast around the module's forward (DeepSpeed's torch_autocast): "bf16", "device" (torch's
+    # default for the model's device: bf16 on the CPU; refused on CUDA, whose default is fp16), or None
+    autocast: Optional[str] = None
     reduce_bucket_numel: int = 1 << 24  # stages 0-2; stage 3 reduces per unit
     max_consecutive_skips: int = 100  # skipped (non-finite) steps in a row before training stops
     # Stages 1-2: step() returns with the parameter all-gathers in flight and each module waits
