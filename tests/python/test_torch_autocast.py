@@ -11,6 +11,7 @@ import torch
 import zerort
 from zerort.config import parse
 from zerort._testing.launch import launch
+from zerort.layout.precision import autocast_dtype
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -40,12 +41,11 @@ def test_what_is_refused_names_the_key(cfg, match):
 
 
 def test_the_device_default_is_refused_on_cuda_only():
-    from zerort.engine.engine import _autocast_dtype
-    assert _autocast_dtype("device", torch.device("cpu")) is torch.bfloat16
-    assert _autocast_dtype("bf16", torch.device("cuda")) is torch.bfloat16
-    assert _autocast_dtype(None, torch.device("cpu")) is None
+    assert autocast_dtype("device", torch.device("cpu")) is torch.bfloat16
+    assert autocast_dtype("bf16", torch.device("cuda")) is torch.bfloat16
+    assert autocast_dtype(None, torch.device("cpu")) is None
     with pytest.raises(zerort.errors.ConfigError, match="set torch_autocast.dtype to \"bfloat16\""):
-        _autocast_dtype("device", torch.device("cuda"))
+        autocast_dtype("device", torch.device("cuda"))
 
 
 @pytest.fixture(scope="module")

@@ -50,18 +50,6 @@ from zerort.monitoring import monitor, progress
 _DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
 
-def _autocast_dtype(autocast, device):
-    """The dtype of config autocast on device: "device" is torch's default there, which zerort
-    takes on the CPU only (bf16); CUDA's is fp16, whose gradients need a loss scale."""
-    if autocast is None:
-        return None
-    if autocast == "device" and device.type != "cpu":
-        raise ConfigError(f"torch_autocast.dtype: not given, so torch's default for {device.type} "
-                          f"({torch.get_autocast_dtype(device.type)}) would apply; zerort autocasts to bf16 only: "
-                          "set torch_autocast.dtype to \"bfloat16\" (for fp16 compute use fp16.enabled)")
-    return torch.bfloat16
-
-
 class Engine(StateMethods, DeepSpeedMethods):
     def __init__(self, model, config, comm=None, weights=None, param_groups=None, lr_scheduler=None):
         """See zerort.initialize, which parses the config and calls this. Each step below is
@@ -95,7 +83,7 @@ class Engine(StateMethods, DeepSpeedMethods):
         self.config = config
         self.dtype = _DTYPES[config.precision]
         self.device = setup.model_device(model)
-        self._autocast_dtype = _autocast_dtype(config.autocast, self.device)
+        self._autocast_dtype = precision.autocast_dtype(config.autocast, self.device)  # None: off
         offload.check_tier(config, self.device)  # before any collective: See Note [offload tiers]
         self.comm = None
         self._impl = None               # the C++ Engine (engine.runtime); None once closed
@@ -189,18 +177,12 @@ class Engine(StateMethods, DeepSpeedMethods):
                 self._monitor.forward(args, kwargs)
             args, kwargs = precision.cast_floats((args, kwargs), self.dtype)
             t0 = time.perf_counter()
-            with self._units.forward_pass() if self._units else contextlib.nullcontext(), self._autocast():
+            autocast = precision.autocast(self._autocast_dtype, self.device)  # config autocast, or nothing
+            with self._units.forward_pass() if self._units else contextlib.nullcontext(), autocast:
                 out = self.module(*args, **kwargs)
             self._params_whole()  # a gather no module waited for (See zerort.engine.param_waits)
             self._t_forward = time.perf_counter() - t0
         return out
-
-    def _autocast(self):
-        """config autocast: torch.autocast around the module's forward, as DeepSpeed's torch_autocast
-        (the loss and backward outside it, as there)."""
-        if self._autocast_dtype is None:
-            return contextlib.nullcontext()
-        return torch.autocast(self.device.type, dtype=self._autocast_dtype)
 
     def backward(self, loss, retain_graph=False, scale_wrt_gas=True):
         """loss.backward() with the loss scaled by the current loss scale (in FP32). The

@@ -26,10 +26,13 @@ compute dtype:
   back to the compute dtype. "-Name" in fp32_modules turns that off for its class: its
   buffers are then cast and it computes in the compute dtype.
 """
+import contextlib
 from dataclasses import dataclass, field
 
 import torch
 import torch.nn as nn
+
+from zerort.errors import ConfigError
 
 TORCH_NORMS = (nn.modules.batchnorm._NormBase, nn.LayerNorm, nn.RMSNorm, nn.GroupNorm, nn.LocalResponseNorm,
                nn.CrossMapLRN2d)
@@ -58,6 +61,25 @@ def cast_floats(x, dtype):
     num_items_in_batch so; in bf16 a count of 1001 would become 1000)."""
     return torch.utils._pytree.tree_map(
         lambda t: t.to(dtype) if isinstance(t, torch.Tensor) and t.is_floating_point() and t.dim() else t, x)
+
+
+def autocast_dtype(autocast, device):
+    """The dtype of config autocast (DeepSpeed's torch_autocast) on device, or None when off.
+    "device" is torch's default there, which zerort takes on the CPU only (bf16): CUDA's is
+    fp16, whose gradients need a loss scale."""
+    if autocast is None:
+        return None
+    if autocast == "device" and device.type != "cpu":
+        raise ConfigError(f"torch_autocast.dtype: not given, so torch's default for {device.type} "
+                          f"({torch.get_autocast_dtype(device.type)}) would apply; zerort autocasts to bf16 only: "
+                          "set torch_autocast.dtype to \"bfloat16\" (for fp16 compute use fp16.enabled)")
+    return torch.bfloat16
+
+
+def autocast(dtype, device):
+    """torch.autocast(dtype) on device around the module's forward, as DeepSpeed's torch_autocast
+    (the loss and the backward outside it, as there); nothing when dtype is None."""
+    return contextlib.nullcontext() if dtype is None else torch.autocast(device.type, dtype=dtype)
 
 
 def compute_in_fp32(plan, dtype):
