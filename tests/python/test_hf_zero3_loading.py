@@ -41,6 +41,9 @@ def run(tmp_path_factory):
     for k, (name, cfg) in enumerate(sorted(configs().items())):
         torch.manual_seed(k)
         transformers.AutoModelForCausalLM.from_config(cfg).save_pretrained(folder / name)
+    torch.manual_seed(7)  # a bf16 checkpoint: from_pretrained builds the model in bf16 (its config's dtype)
+    model = transformers.AutoModelForCausalLM.from_config(configs()["gpt2"]).to(torch.bfloat16)
+    model.save_pretrained(folder / "gpt2_bf16")
     out = str(tmp_path_factory.mktemp("hf_zero3") / "out")
     launch("torchrun", W, os.path.join(HERE, "hf_zero3_worker.py"), out, folder, timeout=240, env=ENV)
     return folder, [torch.load(f"{out}.rank{r}.pt") for r in range(W)]
@@ -52,7 +55,7 @@ def saved(folder, name):
     return load_file(os.path.join(folder, name, "model.safetensors"))
 
 
-@pytest.mark.parametrize("name", ["gpt2", "llama", "opt"])
+@pytest.mark.parametrize("name", ["gpt2", "gpt2_bf16", "llama", "opt"])
 def test_each_rank_holds_only_its_piece_and_the_gathered_weights_are_the_saved_ones(run, name):
     folder, ranks = run
     weights = saved(folder, name)
@@ -64,7 +67,7 @@ def test_each_rank_holds_only_its_piece_and_the_gathered_weights_are_the_saved_o
         assert sum(r["held"].values()) <= sum(r["numel"].values()) / W + len(r["numel"])
         gathered = r["gathered"]
         for n, t in weights.items():
-            assert torch.equal(gathered[n], t), (rank, n)
+            assert gathered[n].dtype == t.dtype and torch.equal(gathered[n], t), (rank, n)
         tied = set(gathered) - set(weights)  # saved once (GPT-2 and OPT tie lm_head to the embedding)
         assert all(n.endswith("lm_head.weight") for n in tied), tied
         for n in tied:
@@ -73,7 +76,7 @@ def test_each_rank_holds_only_its_piece_and_the_gathered_weights_are_the_saved_o
         assert r["tied"] == (name != "llama"), rank
 
 
-@pytest.mark.parametrize("name", ["gpt2", "llama", "opt"])
+@pytest.mark.parametrize("name", ["gpt2", "gpt2_bf16", "llama", "opt"])
 def test_training_matches_zerorts_own_path_bit_for_bit_and_torch_adamw(run, name):
     import transformers
 
@@ -85,7 +88,7 @@ def test_training_matches_zerorts_own_path_bit_for_bit_and_torch_adamw(run, name
         assert all(torch.equal(a, b) for a, b in zip(r["losses"], r["plain_losses"])), (rank, r["losses"])
         assert all(torch.equal(r["master"][k], r["plain_master"][k]) for k in r["plain_master"]), rank
     # plain torch in one process: both ranks' micro-batches, their losses averaged, as the ranks' gradients are
-    model = transformers.AutoModelForCausalLM.from_pretrained(os.path.join(folder, name))
+    model = transformers.AutoModelForCausalLM.from_pretrained(os.path.join(folder, name), dtype=torch.float32)
     model.train()
     p = CONFIG["optimizer"]["params"]
     opt = torch.optim.AdamW(model.parameters(), lr=p["lr"], betas=tuple(p["betas"]), weight_decay=p["weight_decay"])

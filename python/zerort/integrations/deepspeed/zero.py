@@ -144,7 +144,7 @@ def GatheredParameters(params, modifier_rank=None, fwd_module=None, enabled=True
 @contextlib.contextmanager
 def _made_real(params, modifier_rank):
     """Parameters built under zero.Init that no engine holds yet: inside, each parameter
-    object is a real CPU tensor with its values (its recorded initialization replayed, or
+    object is a real CPU tensor of its dtype with its values (its recorded initialization replayed, or
     the pieces a former block left, gathered), swapped in place (torch.utils.swap_tensors),
     so every module and list that holds it sees them; after, it is the meta parameter
     again, and with modifier_rank the values that rank left become its values, of which
@@ -159,9 +159,9 @@ def _made_real(params, modifier_rank):
     real = {}
     for p in params:
         if id(p) in strays:
-            values = torch.full(p.shape, float("nan"), dtype=torch.float32)
-        else:
-            values = p.__dict__[RECIPE].materialize(torch.device("cpu"))
+            values = torch.full(p.shape, float("nan"), dtype=p.dtype)
+        else:  # in the parameter's dtype, as DeepSpeed gathers it (a bf16 build is bf16 inside)
+            values = p.__dict__[RECIPE].materialize(torch.device("cpu")).to(p.dtype)
         real[id(p)] = r = torch.nn.Parameter(values, requires_grad=p.requires_grad)
         r.__dict__.update(p.__dict__)  # swapped in with it: attributes set inside stay with the parameter
         torch.utils.swap_tensors(p, r)
