@@ -1,5 +1,6 @@
-// direct_io_bench: IoQueue's (io_uring) read and write bandwidth at a few block sizes and queue
-// depths, beside the disk's own direct-I/O bandwidth measured in the same run.
+// direct_io_bench: IoQueue's read and write bandwidth at a few block sizes and queue depths, on
+// each backend (io_uring where this build and kernel have it, threads), beside the disk's own
+// direct-I/O bandwidth measured in the same run.
 //
 //   build/io/direct_io_bench [directory (default /tmp)] [MiB (default 1024)]
 //
@@ -28,6 +29,7 @@
 
 using zerort::io::AlignedBufferPool;
 using zerort::io::DirectFile;
+using zerort::io::IoBackend;
 using zerort::io::IoQueue;
 
 namespace {
@@ -53,10 +55,10 @@ double sync_baseline(const DirectFile& f, AlignedBufferPool& pool, bool write) {
   return f.size() / s / 1e9;
 }
 
-// GB/s through an IoQueue with `depth` one-block requests in flight.
-double queue_pass(const DirectFile& f, std::size_t block, unsigned depth, bool write) {
+// GB/s through an IoQueue on `backend` with `depth` one-block requests in flight.
+double queue_pass(const DirectFile& f, std::size_t block, unsigned depth, bool write, IoBackend backend) {
   AlignedBufferPool pool(depth, block, f.alignment());
-  IoQueue q(depth, block);
+  IoQueue q(depth, block, backend);
   q.register_pool(pool);
   std::memset(pool.base(), 0xa5, pool.bytes());
   std::deque<std::pair<IoQueue::Request, void*>> inflight;
@@ -110,11 +112,16 @@ int main(int argc, char** argv) {
                 base_r, "100", "100");
     const std::pair<std::size_t, unsigned> configs[] = {{128 << 10, 8}, {128 << 10, 32}, {1 << 20, 4},
                                                         {1 << 20, 8},   {1 << 20, 16},   {4 << 20, 8}};
-    for (auto [block, depth] : configs) {
-      double w = queue_pass(f, block, depth, true);
-      double r = queue_pass(f, block, depth, false);
-      std::printf("%-36s %8s %6u %11.2f %10.2f %8.0f %7.0f\n", "IoQueue (io_uring)", size_text(block).c_str(), depth, w,
-                  r, 100 * w / base_w, 100 * r / base_r);
+    std::vector<IoBackend> backends = {IoBackend::kThreads};
+    if (zerort::io::io_uring_built()) backends.insert(backends.begin(), IoBackend::kIoUring);
+    for (IoBackend backend : backends) {
+      const std::string name = std::string("IoQueue (") + zerort::io::io_backend_name(backend) + ")";
+      for (auto [block, depth] : configs) {
+        double w = queue_pass(f, block, depth, true, backend);
+        double r = queue_pass(f, block, depth, false, backend);
+        std::printf("%-36s %8s %6u %11.2f %10.2f %8.0f %7.0f\n", name.c_str(), size_text(block).c_str(), depth, w, r,
+                    100 * w / base_w, 100 * r / base_r);
+      }
     }
   } catch (const zerort::Error& e) {
     std::fprintf(stderr, "direct_io_bench: %s\n", e.what());

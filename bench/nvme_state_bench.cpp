@@ -64,8 +64,10 @@ int main(int argc, char** argv) {
     o.queue_depth = 32;
     zerort::NvmeStateStore nvme(master, DType::kFloat32, o);
     const double io = best_pass(nvme, false, 2), step = best_pass(nvme, true, 2);
-    std::printf("nvme, %zu buffer(s), pool %6.1f MB: AdamW %8.3f s (I/O alone %.3f s, %.2f GB/s read+write)\n", buffers,
-                static_cast<double>(nvme.pool_bytes()) / 1e6, step, io, 2 * state_gb / io);
+    std::printf("nvme, %zu buffer(s), pool %6.1f MB: AdamW %8.3f s (I/O alone %.3f s, %.2f GB/s read+write), I/O "
+                "through %s\n",
+                buffers, static_cast<double>(nvme.pool_bytes()) / 1e6, step, io, 2 * state_gb / io,
+                nvme.tier_stats().io_backend.c_str());
   }
   return 0;
 }

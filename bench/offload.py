@@ -4,7 +4,9 @@
    and a writer at once, io_uring, O_DIRECT, the aio defaults' 1 MiB requests 8 deep; dd
    where fio is missing), beside the nvme tier's streaming rate on the same directory: one
    pass of NvmeStateStore::update() that computes nothing (build/runtime/nvme_state_bench,
-   its "I/O alone" figure), as a fraction of the disk's rate for the same mix.
+   its "I/O alone" figure), as a fraction of the disk's rate for the same mix, on each I/O
+   backend: io_uring and the pool of threads (ZERORT_IO_BACKEND; C++ Note [IoQueue backends]).
+   --io-only stops here.
 2. The training step with the FP32 master and Adam's moments in RAM, under
    offload_optimizer.device "cpu" (a CPU model's states are in host memory already: See Note
    [offload tiers]) and "nvme" (at stage 3 also with offload_param "nvme": nvme+params), at
@@ -22,6 +24,7 @@
 
     .venv/bin/python bench/offload.py                                  # model 50m, stages 1-3, 20 steps
     .venv/bin/python bench/offload.py --model demo --stages 2 --steps 20 --nvme-path /mnt/nvme
+    .venv/bin/python bench/offload.py --io-only --disk-mib 512 --stream-million 32   # part 1 alone
 """
 import argparse
 import json
@@ -42,6 +45,7 @@ import e2e  # noqa: E402
 MIB = 1 << 20
 STREAM_BENCH = os.path.join(ROOT, "build", "runtime", "nvme_state_bench")
 STREAM_MILLION = 128  # elements of the streaming pass's state: 1.5 GB of master, m and v
+IO_BACKENDS = ("io_uring", "threads")  # the streaming rows, one per backend
 
 
 def disk_bandwidth(directory, mib, queue_depth=8, block=MIB):
@@ -78,10 +82,14 @@ def disk_bandwidth(directory, mib, queue_depth=8, block=MIB):
                 os.remove(p)
 
 
-def stream_rate(directory, million, buffers):
-    """Bytes/s (read + write) of one nvme_state_bench pass without compute, and the state's bytes."""
-    out = subprocess.run([STREAM_BENCH, directory, str(million), str(buffers)], check=True, capture_output=True,
-                         text=True).stdout
+def stream_rate(directory, million, buffers, backend):
+    """Bytes/s (read + write) of one nvme_state_bench pass without compute on the I/O backend
+    named (an error's text instead when that backend cannot run here)."""
+    p = subprocess.run([STREAM_BENCH, directory, str(million), str(buffers)], capture_output=True, text=True,
+                       env={**os.environ, "ZERORT_IO_BACKEND": backend})
+    if p.returncode != 0:
+        return (p.stderr or p.stdout).strip().splitlines()[-1] if (p.stderr or p.stdout).strip() else "failed"
+    out = p.stdout
     m = re.search(r"I/O alone ([\d.]+) s", out)
     state = re.search(r"([\d.]+) GB of master", out)
     if not m or not state:
@@ -133,8 +141,13 @@ def main():
     ap.add_argument("--buffer-counts", type=int, nargs="+", default=[4],
                     help="offload_optimizer.buffer_count of the nvme rows (one row each; DeepSpeed's default 4)")
     ap.add_argument("--no-deepspeed", action="store_true", help="leave out DeepSpeed's rows")
+    ap.add_argument("--io-only", action="store_true", help="the disk and the streaming rows only (part 1)")
+    ap.add_argument("--stream-million", type=int, default=STREAM_MILLION,
+                    help="million elements of the streaming pass's state (12 bytes each)")
     ap.add_argument("--json")
     a = ap.parse_args()
+    if a.io_only:
+        a.stages = []
     if a.steps < e2e.WARMUP + 16:
         ap.error(f"--steps must be at least {e2e.WARMUP + 16}: medians over 16 or more timed steps")
     base = a.nvme_path or tempfile.mkdtemp(prefix="offload-bench-", dir=os.path.join(ROOT, "build"))
@@ -144,7 +157,7 @@ def main():
     try:
         out["disk"] = disk_bandwidth(base, a.disk_mib)
         if os.path.exists(STREAM_BENCH):
-            out["disk"]["stream"] = stream_rate(base, STREAM_MILLION, 4)
+            out["disk"]["stream"] = {b: stream_rate(base, a.stream_million, 4, b) for b in IO_BACKENDS}
         with tempfile.TemporaryDirectory() as tmp:
             for stage, tier, buffers in rows(a):
                 files = os.path.join(base, f"stage{stage}-{tier}-{buffers}")
@@ -157,7 +170,7 @@ def main():
                     f"median {1e3 * statistics.median(timed(res)):.0f} ms"
                 print(f"  stage {stage}, offload_optimizer {tier}{f', {buffers} buffers' if buffers else ''}: "
                       f"{state}", flush=True)
-            if not a.no_deepspeed and os.path.exists(e2e.DS_PYTHON):
+            if not a.io_only and not a.no_deepspeed and os.path.exists(e2e.DS_PYTHON):
                 for tier in ("none", "nvme"):
                     files = os.path.join(base, f"deepspeed-{tier}")
                     os.makedirs(files, exist_ok=True)
@@ -185,9 +198,14 @@ def report(a, out):
                                            else ""))
     both = d.get("both") or 2 / (1 / d["write"] + 1 / d["read"])  # dd: one after the other
     if "stream" in d:
-        print(f"nvme tier streaming (nvme_state_bench, {STREAM_MILLION}M elements, 4 buffers, no compute): "
-              f"{d['stream'] / 1e9:.2f} GB/s read+write = {100 * d['stream'] / both:.0f}% of the disk's "
-              f"{both / 1e9:.2f} GB/s for the same mix")
+        print(f"\nnvme tier streaming (nvme_state_bench, {a.stream_million}M elements, 4 buffers, no compute), "
+              "read+write at once:\n\n| I/O path | GB/s | of the disk's |\n|---|---:|---:|")
+        print(f"| {d['tool']}, a reader and a writer | {both / 1e9:.2f} | 100% |")
+        for backend, rate in d["stream"].items():
+            print(f"| nvme tier, {backend} | {rate / 1e9:.2f} | {100 * rate / both:.0f}% |" if isinstance(rate, float)
+                  else f"| nvme tier, {backend} | failed: {rate[:150]} | |")
+    if a.io_only:
+        return
     print("\n| stage | offload_optimizer | pool MiB | step ms (median) | p90 | vs RAM | losses equal RAM's "
           "| I/O MiB/step | I/O wait ms/step | state files left |")
     print("|---:|---|---:|---:|---:|---:|---|---:|---:|---|")
