@@ -60,17 +60,30 @@ __attribute__((always_inline)) inline void adamw_body(const AdamWCoeffs& c, cons
     adamw_loop<G, S, O, false>(c, g, p, m, v, lp, n);
 }
 
-// Run-time dispatch: GCC builds each function for AVX-512, AVX2+FMA and baseline x86-64
-// and picks one at load time from CPUID. Named adamw_<grad>_<states>_<param out>.
-#define ZRT_ADAMW_VARIANT(name, G, S, O)                                                   \
-  __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default"))) void name( \
-      const AdamWCoeffs& c, const G* g, float* p, S* m, S* v, void* lp, size_t n) {        \
-    adamw_body<G, S, O>(c, g, p, m, v, lp, n);                                             \
+// Each kernel is built for three x86-64 levels: x86-64-v4 (AVX-512), x86-64-v3 (AVX2 + FMA)
+// and the baseline (SSE2; fmaf is then glibc's correctly rounded fmaf); one is picked at run
+// time from CPUID. All three round each operation of adamw_element on its own (-ffp-contract=off,
+// the fused multiply-adds are the explicit fmaf), so all give the same bits, and the CUDA
+// kernel's (optim/adamw_math.h). Named adamw_<grad>_<states>_<param out>_<level>.
+#if defined(__x86_64__)
+#define ZRT_ADAMW_TARGET_V4 __attribute__((target("arch=x86-64-v4")))
+#define ZRT_ADAMW_TARGET_V3 __attribute__((target("arch=x86-64-v3")))
+#else  // one portable build: every level is the baseline
+#define ZRT_ADAMW_TARGET_V4
+#define ZRT_ADAMW_TARGET_V3
+#endif
+#define ZRT_ADAMW_LEVEL(name, G, S, O, attr)                                                   \
+  attr void name(const AdamWCoeffs& c, const G* g, float* p, S* m, S* v, void* lp, size_t n) { \
+    adamw_body<G, S, O>(c, g, p, m, v, lp, n);                                                 \
   }
+#define ZRT_ADAMW_VARIANT(name, G, S, O)                   \
+  ZRT_ADAMW_LEVEL(name##_v4, G, S, O, ZRT_ADAMW_TARGET_V4) \
+  ZRT_ADAMW_LEVEL(name##_v3, G, S, O, ZRT_ADAMW_TARGET_V3) \
+  ZRT_ADAMW_LEVEL(name##_v1, G, S, O, )
 #define ZRT_ADAMW_OUTS(prefix, G, S)                 \
+  ZRT_ADAMW_VARIANT(prefix##_none, G, S, Out::kNone) \
   ZRT_ADAMW_VARIANT(prefix##_bf16, G, S, Out::kBf16) \
   ZRT_ADAMW_VARIANT(prefix##_f16, G, S, Out::kF16)   \
-  ZRT_ADAMW_VARIANT(prefix##_none, G, S, Out::kNone) \
   ZRT_ADAMW_VARIANT(prefix##_f32, G, S, Out::kF32)
 ZRT_ADAMW_OUTS(adamw_f32_f32, float, float)
 ZRT_ADAMW_OUTS(adamw_bf16_f32, uint16_t, float)
@@ -78,6 +91,7 @@ ZRT_ADAMW_OUTS(adamw_f32_bf16, float, uint16_t)
 ZRT_ADAMW_OUTS(adamw_bf16_bf16, uint16_t, uint16_t)
 #undef ZRT_ADAMW_OUTS
 #undef ZRT_ADAMW_VARIANT
+#undef ZRT_ADAMW_LEVEL
 
 using Kernel = void (*)(const AdamWCoeffs&, const void*, float*, void*, void*, void*, size_t);
 
@@ -86,32 +100,38 @@ Kernel erase(void (*k)(const AdamWCoeffs&, const G*, float*, S*, S*, void*, size
   return reinterpret_cast<Kernel>(k);
 }
 
-// The four kernels of one (gradient, state) dtype pair, by parameter output.
-template <typename G, typename S>
-using Typed = void (*)(const AdamWCoeffs&, const G*, float*, S*, S*, void*, size_t);
+// The 16 kernels of one level, by [gradient is bf16][states are bf16][Out].
+using Level = Kernel[2][2][4];
+#define ZRT_ADAMW_OUTS(prefix, sfx) \
+  { erase(prefix##_none_##sfx), erase(prefix##_bf16_##sfx), erase(prefix##_f16_##sfx), erase(prefix##_f32_##sfx) }
+#define ZRT_ADAMW_LEVEL(sfx)                                                     \
+  {                                                                              \
+    {ZRT_ADAMW_OUTS(adamw_f32_f32, sfx), ZRT_ADAMW_OUTS(adamw_f32_bf16, sfx)}, { \
+      ZRT_ADAMW_OUTS(adamw_bf16_f32, sfx), ZRT_ADAMW_OUTS(adamw_bf16_bf16, sfx)  \
+    }                                                                            \
+  }
+const Level kLevels[3] = {ZRT_ADAMW_LEVEL(v1), ZRT_ADAMW_LEVEL(v3), ZRT_ADAMW_LEVEL(v4)};  // by CpuIsa
+#undef ZRT_ADAMW_LEVEL
+#undef ZRT_ADAMW_OUTS
 
-template <typename G, typename S>
-Kernel by_out(DType param, bool write_param, Typed<G, S> none, Typed<G, S> bf16, Typed<G, S> f16, Typed<G, S> f32) {
-  if (!write_param) return erase(none);
-  if (param == DType::kBFloat16) return erase(bf16);
-  if (param == DType::kFloat32) return erase(f32);
-  return erase(f16);
+Kernel pick(DType grad, DType state, DType param, bool write_param, CpuIsa isa) {
+  const Out out = !write_param                ? Out::kNone
+                  : param == DType::kBFloat16 ? Out::kBf16
+                  : param == DType::kFloat32  ? Out::kF32
+                                              : Out::kF16;
+  return kLevels[static_cast<int>(isa)][grad == DType::kBFloat16][state == DType::kBFloat16][static_cast<int>(out)];
 }
 
-Kernel pick(DType grad, DType state, DType param, bool write_param) {
-  const bool g32 = grad == DType::kFloat32, s32 = state == DType::kFloat32;
-  if (g32 && s32) {
-    return by_out(param, write_param, adamw_f32_f32_none, adamw_f32_f32_bf16, adamw_f32_f32_f16, adamw_f32_f32_f32);
-  }
-  if (s32) {
-    return by_out(param, write_param, adamw_bf16_f32_none, adamw_bf16_f32_bf16, adamw_bf16_f32_f16, adamw_bf16_f32_f32);
-  }
-  if (g32) {
-    return by_out(param, write_param, adamw_f32_bf16_none, adamw_f32_bf16_bf16, adamw_f32_bf16_f16, adamw_f32_bf16_f32);
-  }
-  return by_out(param, write_param, adamw_bf16_bf16_none, adamw_bf16_bf16_bf16, adamw_bf16_bf16_f16,
-                adamw_bf16_bf16_f32);
+CpuIsa detect_isa() {
+#if defined(__x86_64__)
+  __builtin_cpu_init();
+  if (__builtin_cpu_supports("x86-64-v4")) return CpuIsa::kAvx512;
+  if (__builtin_cpu_supports("x86-64-v3")) return CpuIsa::kAvx2;
+#endif
+  return CpuIsa::kBaseline;
 }
+
+void run_adamw(const AdamWBuffers& b, const AdamWStep& s, CpuIsa isa);
 
 }  // namespace
 
@@ -135,7 +155,32 @@ void check_adamw_hyper(const AdamWHyper& h, const char* who) {
                ") must be finite in FP32 (<= ", std::numeric_limits<float>::max(), ")");
 }
 
-void adamw_step(const AdamWBuffers& b, const AdamWStep& s) {
+CpuIsa adamw_cpu_isa() {
+  static const CpuIsa best = detect_isa();
+  return best;
+}
+
+const char* cpu_isa_name(CpuIsa isa) {
+  switch (isa) {
+    case CpuIsa::kAvx512: return "x86-64-v4 (AVX-512)";
+    case CpuIsa::kAvx2: return "x86-64-v3 (AVX2+FMA)";
+    case CpuIsa::kBaseline: return "x86-64 baseline";
+  }
+  return "unknown level";
+}
+
+void adamw_step(const AdamWBuffers& b, const AdamWStep& s) { run_adamw(b, s, adamw_cpu_isa()); }
+
+void adamw_step_isa(const AdamWBuffers& b, const AdamWStep& s, CpuIsa isa) {
+  ZRT_CHECK(static_cast<int>(isa) >= 0 && static_cast<int>(isa) <= static_cast<int>(adamw_cpu_isa()),
+            "adamw_step_isa: this CPU does not run the ", cpu_isa_name(isa), " kernel (it runs up to ",
+            cpu_isa_name(adamw_cpu_isa()), ")");
+  run_adamw(b, s, isa);
+}
+
+namespace {
+
+void run_adamw(const AdamWBuffers& b, const AdamWStep& s, CpuIsa isa) {
   ZRT_CHECK(b.grad_dtype == DType::kFloat32 || b.grad_dtype == DType::kBFloat16,
             "adamw_step: gradient dtype must be f32 or bf16, got ", dtype_name(b.grad_dtype));
   ZRT_CHECK(!b.param || b.param_dtype == DType::kBFloat16 || b.param_dtype == DType::kFloat16 ||
@@ -148,7 +193,7 @@ void adamw_step(const AdamWBuffers& b, const AdamWStep& s) {
   ZRT_CHECK(s.step >= 1, "adamw_step: step count must be >= 1, got ", s.step);
   check_adamw_hyper(s.hyper, "adamw_step");
   const AdamWCoeffs c = AdamWCoeffs::from(s);
-  const Kernel kernel = pick(b.grad_dtype, b.state_dtype, b.param_dtype, b.param != nullptr);
+  const Kernel kernel = pick(b.grad_dtype, b.state_dtype, b.param_dtype, b.param != nullptr, isa);
   const size_t gsize = dtype_size(b.grad_dtype);
   const size_t ssize = dtype_size(b.state_dtype);
   const size_t psize = b.param ? dtype_size(b.param_dtype) : 0;
@@ -158,5 +203,7 @@ void adamw_step(const AdamWBuffers& b, const AdamWStep& s) {
            static_cast<char*>(b.exp_avg_sq) + lo * ssize, lp, hi - lo);
   });
 }
+
+}  // namespace
 
 }  // namespace zerort

@@ -51,4 +51,15 @@ void check_adamw_hyper(const AdamWHyper& hyper, const char* who);
 // Checks the arguments (errors name the bad one), then runs the pass on all CPU threads.
 void adamw_step(const AdamWBuffers& buffers, const AdamWStep& step);
 
+// The instruction-set levels the CPU AdamW is built for, one picked at run time from CPUID:
+// x86-64 baseline, x86-64-v3 (AVX2 + FMA), x86-64-v4 (AVX-512). All give the same bits.
+enum class CpuIsa { kBaseline = 0, kAvx2 = 1, kAvx512 = 2 };
+
+// The level adamw_step runs on this CPU (the highest it supports).
+CpuIsa adamw_cpu_isa();
+const char* cpu_isa_name(CpuIsa isa);
+
+// adamw_step on the kernel built for `isa` (tests compare the levels); throws unless this CPU runs it.
+void adamw_step_isa(const AdamWBuffers& buffers, const AdamWStep& step, CpuIsa isa);
+
 }  // namespace zerort

@@ -1,5 +1,6 @@
-// CUDA versions of optim/adamw.h and optim/grad_stats.h, on a stream. Same element math
-// (optim/adamw_math.h), so results match the CPU kernels up to float rounding of sqrt/div.
+// CUDA versions of optim/adamw.h and optim/grad_stats.h, on a stream. AdamW: the same element
+// math as the CPU kernels (optim/adamw_math.h), each operation rounded on its own and the same
+// two FMAs on both sides, so the two give the same bits.
 #pragma once
 
 #include <cuda_runtime_api.h>

@@ -4,6 +4,13 @@
 //   denom = sqrt(v)/sqrt(bc2) + eps;  p += (-lr/bc1 * m) / denom
 // lerp and addcmul use one fused multiply-add each, as torch's vectorized CPU kernels do
 // (checked against torch 2.13 on AVX-512).
+//
+// One arithmetic on CPU and CUDA: every other operation is rounded on its own. nvcc contracts
+// a*b + c into one FMA by default (-fmad=true) while the CPU build does not (-ffp-contract=off
+// in optim/CMakeLists.txt), so on the device each operation is written as the intrinsic that
+// rounds it (__fmul_rn, __fadd_rn, ..., which nvcc never contracts) and the two FMAs as fmaf.
+// The CPU kernels (every ISA level) and the CUDA kernel then give the same bits:
+// test_optim_kernels.cpp checks the CPU against a scalar reference in this order.
 #pragma once
 
 #include <cmath>
@@ -45,16 +52,60 @@ struct AdamWCoeffs {
   }
 };
 
+// IEEE single operations, each rounded to nearest even on its own, never fused with another.
+ZRT_HD float mul_rn(float a, float b) {
+#if defined(__CUDA_ARCH__)
+  return __fmul_rn(a, b);
+#else
+  return a * b;
+#endif
+}
+ZRT_HD float add_rn(float a, float b) {
+#if defined(__CUDA_ARCH__)
+  return __fadd_rn(a, b);
+#else
+  return a + b;
+#endif
+}
+ZRT_HD float sub_rn(float a, float b) {
+#if defined(__CUDA_ARCH__)
+  return __fsub_rn(a, b);
+#else
+  return a - b;
+#endif
+}
+ZRT_HD float div_rn(float a, float b) {
+#if defined(__CUDA_ARCH__)
+  return __fdiv_rn(a, b);
+#else
+  return a / b;
+#endif
+}
+ZRT_HD float sqrt_rn(float a) {
+#if defined(__CUDA_ARCH__)
+  return __fsqrt_rn(a);
+#else
+  return sqrtf(a);
+#endif
+}
+ZRT_HD float fma_rn(float a, float b, float c) {  // a*b + c, rounded once
+#if defined(__CUDA_ARCH__)
+  return __fmaf_rn(a, b, c);
+#else
+  return fmaf(a, b, c);
+#endif
+}
+
 // One element: updates p, m, v in place from gradient g (already a float). FromGrad is
 // c.lerp_from_grad, hoisted out of the loop so that the loop has no select to vectorise.
 template <bool FromGrad>
 ZRT_HD void adamw_element(const AdamWCoeffs c, float g, float& p, float& m, float& v) {
-  g = g * c.grad_multiplier;
-  p = p * c.decay;
-  m = fmaf(c.lerp_coeff, g - m, FromGrad ? g : m);
-  v = fmaf(c.one_minus_b2 * g, g, v * c.beta2);  // torch: v.mul_(b2).addcmul_(g, g, 1-b2), fused
-  float denom = sqrtf(v) / c.bc2_sqrt + c.eps;
-  p = p + c.neg_step_size * m / denom;
+  g = mul_rn(g, c.grad_multiplier);
+  p = mul_rn(p, c.decay);
+  m = fma_rn(c.lerp_coeff, sub_rn(g, m), FromGrad ? g : m);
+  v = fma_rn(mul_rn(c.one_minus_b2, g), g, mul_rn(v, c.beta2));  // torch: v.mul_(b2).addcmul_(g, g, 1-b2), fused
+  const float denom = add_rn(div_rn(sqrt_rn(v), c.bc2_sqrt), c.eps);
+  p = add_rn(p, div_rn(mul_rn(c.neg_step_size, m), denom));
 }
 
 }  // namespace zerort

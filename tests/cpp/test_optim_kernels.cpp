@@ -6,15 +6,19 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <limits>
+#include <map>
 #include <memory>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/error.h"
 #include "optim/adamw.h"
+#include "optim/adamw_math.h"
 #include "optim/cast.h"
 #include "optim/grad_stats.h"
 
@@ -144,6 +148,166 @@ TEST_P(OptimKernels, AdamWMatchesDoubleReferenceAndWritesBf16Params) {
     ASSERT_NEAR(master[i], rp[i], 1e-5 * (1 + std::fabs(rp[i]))) << "element " << i;
     ASSERT_EQ(param[i], ref_bf16(master[i])) << "element " << i;
   }
+}
+
+// The CUDA kernel's arithmetic (optim/adamw_math.h on the device: __fmul_rn, __fadd_rn, ...,
+// and two __fmaf_rn), written out here one rounded operation per line in its order. This file
+// is built with -ffp-contract=off (tests/CMakeLists.txt), so nothing here is fused either.
+void ref_adamw_cuda_order(const AdamWCoeffs& c, float g_in, float& p, float& m, float& v) {
+  const float g = g_in * c.grad_multiplier;
+  const float decayed = p * c.decay;
+  const float diff = g - m;
+  m = std::fma(c.lerp_coeff, diff, c.lerp_from_grad ? g : m);
+  const float g_scaled = c.one_minus_b2 * g;
+  const float v_scaled = v * c.beta2;
+  v = std::fma(g_scaled, g, v_scaled);
+  const float root = std::sqrt(v);
+  const float corrected = root / c.bc2_sqrt;
+  const float denom = corrected + c.eps;
+  const float numer = c.neg_step_size * m;
+  const float update = numer / denom;
+  p = decayed + update;
+}
+
+uint16_t ref_f16(float x) { return f32_to_f16(x); }
+
+float widen_bf16(uint16_t h) {
+  const uint32_t u = static_cast<uint32_t>(h) << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+uint32_t bits(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  return u;
+}
+
+// Gradients over many magnitudes (1e-7 .. 1e2) with exact zeros, so that near-zero moments,
+// where Adam's update is most sensitive to a last-bit difference, are covered. Made once per
+// (size, step) and shared by every case.
+const std::vector<float>& wide_grads(size_t n, int step) {
+  static std::map<std::pair<size_t, int>, std::vector<float>> made;
+  std::vector<float>& g = made[{n, step}];
+  if (g.size() == n) return g;
+  static const float kScale[] = {1e-7f, 1e-6f, 1e-5f, 1e-4f, 1e-3f, 1e-2f, 1e-1f, 1.0f, 1e1f, 1e2f};
+  std::mt19937 gen(100 + static_cast<uint32_t>(step));
+  std::normal_distribution<float> dist(0.0f, 1.0f);
+  g.resize(n);
+  for (auto& x : g) {
+    const uint32_t r = gen();
+    x = r % 16 == 0 ? 0.0f : dist(gen) * kScale[(r >> 4) % 10];
+  }
+  return g;
+}
+
+struct BitCase {
+  DType grad, state, param;
+  bool write_param;
+};
+
+// Every CPU ISA level this machine runs (AVX-512, AVX2+FMA, baseline) against the scalar
+// reference in the CUDA kernel's order, bit for bit: master, m, v and the written parameter,
+// after every step, for every gradient/state/parameter dtype, with weight decay, bias
+// correction on and off, both lerp forms (beta1 = 0.9 and 0.3), a gradient multiplier, at odd
+// sizes (one spanning several 64Ki-element blocks of the thread pool).
+TEST(AdamWBitEquality, EveryIsaLevelEqualsTheCudaOrderReferenceBitForBit) {
+  std::vector<CpuIsa> levels;
+  for (int l = 0; l <= static_cast<int>(adamw_cpu_isa()); ++l) levels.push_back(static_cast<CpuIsa>(l));
+  std::vector<BitCase> cases;
+  for (DType g : {DType::kFloat32, DType::kBFloat16})
+    for (DType st : {DType::kFloat32, DType::kBFloat16}) {
+      for (DType pa : {DType::kBFloat16, DType::kFloat16, DType::kFloat32}) cases.push_back({g, st, pa, true});
+      cases.push_back({g, st, DType::kBFloat16, false});
+    }
+  struct Hyp {
+    AdamWHyper h;
+    float multiplier;
+  };
+  const Hyp hypers[] = {{{3e-3, 0.9, 0.999, 1e-8, 0.01, true}, 1.0f},
+                        {{1e-2, 0.3, 0.99, 1e-6, 0.1, false}, 0.37f},
+                        {{1e-3, 0.9, 0.95, 1e-8, 0.0, true}, 0.125f}};
+  // (size, steps): many steps on small odd sizes, fewer on the one that spans blocks.
+  const std::pair<size_t, int> shapes[] = {{1, 100}, {7, 100}, {1001, 60}, {3 * 65536 + 5, 6}};
+  int checked = 0;
+  for (CpuIsa isa : levels) {
+    for (const Hyp& hy : hypers) {
+      for (const BitCase& bc : cases) {
+        for (auto [n, steps] : shapes) {
+          const bool sbf = bc.state == DType::kBFloat16, gbf = bc.grad == DType::kBFloat16;
+          std::vector<float> p = random_floats(n, 5), rp = p;
+          std::vector<float> m32(n, 0.0f), v32(n, 0.0f), rm(n, 0.0f), rv(n, 0.0f);
+          std::vector<uint16_t> m16(n, 0), v16(n, 0), g16(n), out16(n);
+          std::vector<float> out32(n);
+          for (int step = 1; step <= steps; ++step) {
+            std::vector<float> g = wide_grads(n, step);
+            if (gbf)
+              for (size_t i = 0; i < n; ++i) {
+                g16[i] = ref_bf16(g[i]);
+                g[i] = widen_bf16(g16[i]);
+              }
+            AdamWStep s;
+            s.hyper = hy.h;
+            s.step = step;
+            s.grad_multiplier = hy.multiplier;
+            void* out = !bc.write_param               ? nullptr
+                        : bc.param == DType::kFloat32 ? static_cast<void*>(out32.data())
+                                                      : static_cast<void*>(out16.data());
+            AdamWBuffers b{gbf ? static_cast<const void*>(g16.data()) : static_cast<const void*>(g.data()),
+                           bc.grad,
+                           p.data(),
+                           sbf ? static_cast<void*>(m16.data()) : static_cast<void*>(m32.data()),
+                           sbf ? static_cast<void*>(v16.data()) : static_cast<void*>(v32.data()),
+                           out,
+                           bc.param,
+                           n,
+                           bc.state};
+            adamw_step_isa(b, s, isa);
+            const AdamWCoeffs c = AdamWCoeffs::from(s);
+            for (size_t i = 0; i < n; ++i) {
+              ref_adamw_cuda_order(c, g[i], rp[i], rm[i], rv[i]);
+              if (sbf) {  // the states are stored rounded to bf16 and read back widened
+                rm[i] = widen_bf16(ref_bf16(rm[i]));
+                rv[i] = widen_bf16(ref_bf16(rv[i]));
+              }
+            }
+            for (size_t i = 0; i < n; ++i) {
+              const float km = sbf ? widen_bf16(m16[i]) : m32[i], kv = sbf ? widen_bf16(v16[i]) : v32[i];
+              const bool same = bits(p[i]) == bits(rp[i]) && bits(km) == bits(rm[i]) && bits(kv) == bits(rv[i]) &&
+                                (!bc.write_param || (bc.param == DType::kFloat32   ? bits(out32[i]) == bits(rp[i])
+                                                     : bc.param == DType::kFloat16 ? out16[i] == ref_f16(rp[i])
+                                                                                   : out16[i] == ref_bf16(rp[i])));
+              ASSERT_TRUE(same) << cpu_isa_name(isa) << ", grad " << dtype_name(bc.grad) << ", states "
+                                << dtype_name(bc.state) << ", param "
+                                << (bc.write_param ? dtype_name(bc.param) : "none") << ", beta1 " << hy.h.beta1
+                                << ", bias correction " << hy.h.bias_correction << ", n " << n << ", step " << step
+                                << ", element " << i << ": kernel p/m/v " << p[i] << " " << km << " " << kv
+                                << ", reference " << rp[i] << " " << rm[i] << " " << rv[i];
+            }
+          }
+          ++checked;
+        }
+      }
+    }
+  }
+  std::printf("[adamw bit equality] %d runs equal bit for bit on %zu ISA level(s), up to %s\n", checked, levels.size(),
+              cpu_isa_name(adamw_cpu_isa()));
+}
+
+TEST(AdamWBitEquality, AnIsaLevelThisCpuDoesNotRunIsRefused) {
+  float x = 0;
+  AdamWBuffers b{&x, DType::kFloat32, &x, &x, &x, nullptr, DType::kBFloat16, 1};
+  try {
+    adamw_step_isa(b, AdamWStep{}, static_cast<CpuIsa>(3));  // past the highest level
+    ADD_FAILURE() << "an unknown level was run";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("adamw_step_isa: this CPU does not run the"), std::string::npos) << e.what();
+  }
+  if (adamw_cpu_isa() != CpuIsa::kAvx512) {
+    EXPECT_THROW(adamw_step_isa(b, AdamWStep{}, CpuIsa::kAvx512), Error);
+  }
+  EXPECT_EQ(x, 0.0f);  // nothing ran
 }
 
 // eps = 0 made the update 0 / 0 = NaN where a gradient and its moments are 0; eps must be a

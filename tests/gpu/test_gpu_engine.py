@@ -97,7 +97,8 @@ def test_nccl_bad_input_names_the_collective():
     import zerort
 
     comm = zerort.comm.init("nccl", timeout_s=10)  # one rank, no launcher: a local unique id
-    with pytest.raises(ValueError, match="expected cuda"):  # gradients must be device memory
+    # Gradients must be device memory: the typed error (a UsageError and a TypeError) names the tensor.
+    with pytest.raises(zerort.DeviceError, match=r"^inp: tensor is on cpu, expected cuda:0"):
         comm.reduce_scatter_accumulate(torch.ones(4, dtype=torch.bfloat16), torch.empty(4, device="cuda"))
     t = torch.arange(5, dtype=torch.float32, device="cuda")
     assert torch.equal(comm.all_reduce(t), torch.arange(5, dtype=torch.float32, device="cuda"))
