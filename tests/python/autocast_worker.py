@@ -84,6 +84,7 @@ def fp32_case(stage, rank, world):
     model = Net()
     want_losses, want_params = reference(model, world)
     engine = zerort.initialize(model, ds_config(stage))
+    accessors = [engine.torch_autocast_enabled(), str(engine.torch_autocast_dtype())]
     got = []
     for step in range(STEPS):
         loss = engine(*data(step, rank))
@@ -96,7 +97,7 @@ def fp32_case(stage, rank, world):
     ulps = {n: (steps(masters[n]) - steps(want_params[n])).abs().max().item() for n in want_params}
     engine.destroy()
     return {"losses": got, "want_losses": [row[rank] for row in want_losses],
-            "loss_dtype": str(loss.dtype), "params_equal": all(d == 0 for d in diffs.values()),
+            "loss_dtype": str(loss.dtype), "accessors": accessors, "params_equal": all(d == 0 for d in diffs.values()),
             "max_param_diff": max(diffs.values()), "max_param_ulps": max(ulps.values()),
             "same_signs": all(bool(((masters[n] < 0) == (want_params[n] < 0)).all()) for n in want_params),
             "first_loss_without_autocast": plain_loss(rank)}

@@ -62,6 +62,7 @@ def test_fp32_parameters_under_autocast_train_as_plain_torch(trained, stage):
           f"({r['max_param_diff']:.3g}) of torch.optim.AdamW's")
     assert r["losses"] == r["want_losses"]  # measured: equal at every step, every stage
     assert r["loss_dtype"] == "torch.float32"  # cross-entropy runs in FP32 under autocast
+    assert r["accessors"] == [True, "torch.bfloat16"]  # DeepSpeed's torch_autocast_enabled() and _dtype()
     assert r["first_loss_without_autocast"] != r["losses"][0]  # the forward did run under autocast
     assert r["same_signs"] and r["max_param_ulps"] <= 1, r  # measured: 1 step (1.5e-8) after 4 updates
 

@@ -114,6 +114,13 @@ class DeepSpeedMethods:
     def bfloat16_enabled(self):
         return self.config.precision == "bf16"
 
+    def torch_autocast_enabled(self):
+        return self._autocast_dtype is not None
+
+    def torch_autocast_dtype(self):
+        """torch.bfloat16 with torch_autocast on (zerort autocasts to bf16 only), else None."""
+        return self._autocast_dtype
+
     def gradient_clipping(self):
         return self.config.optimizer.gradient_clipping
 
