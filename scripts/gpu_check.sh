@@ -1,23 +1,39 @@
 #!/usr/bin/env bash
-# The one GPU check, for a machine with an NVIDIA GPU, nvcc and PyTorch with CUDA (about 5
-# minutes on an H100/H200). It builds zerort with CUDA and NCCL, runs the CUDA kernel tests
-# (C++ and Python) against the CPU kernels, the CUDA engine tests at W = 1 on NCCL and at
-# W = 2 and 4 on one GPU (mpi with CUDA buffers staged through pinned host memory), the
-# optimizer states in host memory (offload_optimizer "cpu") against the GPU-resident run, and the
-# GPU benchmarks, then ends with one table. Every step runs even if an earlier one failed;
-# the exit status is non-zero if any failed.
+# The one GPU check, for a machine with an NVIDIA GPU, nvcc and PyTorch with CUDA (about 4
+# minutes on an H200, builds included). It builds zerort with CUDA and NCCL, runs the CUDA
+# kernel tests (C++ and Python) against the CPU kernels, the CUDA engine tests at W = 1 on NCCL
+# and at W = 2 and 4 on one GPU (mpi with CUDA buffers staged through pinned host memory), the
+# optimizer states in host memory (offload_optimizer "cpu") against the GPU-resident run, and
+# the GPU benchmarks, then ends with one table. Every step runs even if an earlier one failed;
+# the exit status is non-zero if any failed. A step whose tool is missing is skipped, with the
+# reason in the table; it never fails for that.
 #
-#   bash scripts/gpu_check.sh                # PY=python3 BUILD=build-gpu CUDA_ARCHS=90
-#   GTEST_SOURCE=/usr/src/googletest bash scripts/gpu_check.sh   # builds GoogleTest if missing
+# It runs on the machine as it is, without network (docs/GPU.md says what travels with the tree):
+#   bash scripts/gpu_check.sh
+#   GTEST_SOURCE=deps/gtest/usr/src/googletest LIBURING_ROOT=deps/uring bash scripts/gpu_check.sh
+# PY=python3, BUILD=$TMPDIR/zerort-gpu-check (outside the tree: a second run only rebuilds what
+# changed), CUDA_ARCHS=90. GTEST_SOURCE: GoogleTest's source (or a `dpkg -x` of Debian's
+# googletest package), built when the machine has no GoogleTest. LIBURING_ROOT: a `dpkg -x` of
+# liburing2 + liburing-dev (optional: without it the NVMe tier uses its thread pool).
+# CXX/CUDAHOSTCXX: the machine's own; a compiler that links libstdc++ statically is handled by
+# the configure (cmake/ZerortLibstdcxx.cmake), and if the configure refuses it, the check says so
+# and configures again with /usr/bin/g++.
+# GPU_CHECK_CMAKE_ARGS: more configure arguments. The whole log goes to $GPU_CHECK_LOG (default
+# $BUILD/gpu_check.log) as it runs.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-python3}
-BUILD=${BUILD:-build-gpu}
+BUILD=${BUILD:-${TMPDIR:-/tmp}/zerort-gpu-check}
 CUDA_ARCHS=${CUDA_ARCHS:-90}
 LOGS=${GPU_CHECK_LOGS:-$BUILD/logs}
 mkdir -p "$LOGS"
+LOG=${GPU_CHECK_LOG:-$BUILD/gpu_check.log}
+mkdir -p "$(dirname "$LOG")"
+exec > >(tee "$LOG") 2>&1
 export PYTHONUNBUFFERED=1
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 results=()
+t_start=$SECONDS
 
 step() {  # step NAME COMMAND...: runs it, logs it, records status and seconds
   local name=$1
@@ -27,45 +43,141 @@ step() {  # step NAME COMMAND...: runs it, logs it, records status and seconds
   local t0=$SECONDS
   "$@" 2>&1 | tee "$LOGS/$name.log"
   local rc=${PIPESTATUS[0]}
-  results+=("$name|$rc|$((SECONDS - t0))")
+  results+=("$name|$rc|$((SECONDS - t0))|")
   return 0
 }
+skip() {  # skip NAME REASON: recorded in the table, not a failure
+  echo
+  echo "=================== $1: skipped: $2"
+  results+=("$1|skip|0|$2")
+}
+passed() {  # passed NAME: whether step NAME ran and passed
+  local r
+  for r in "${results[@]}"; do [[ $r == "$1|0|"* ]] && return 0; done
+  return 1
+}
 
-gtest_args=()
-if [[ -n "${GTEST_SOURCE:-}" ]]; then
-  step gtest bash -c "cmake -S '$GTEST_SOURCE' -B '$BUILD/gtest-build' -DCMAKE_INSTALL_PREFIX='$BUILD/gtest' \
-    -DCMAKE_POSITION_INDEPENDENT_CODE=ON -DBUILD_GMOCK=OFF >/dev/null && cmake --build '$BUILD/gtest-build' -j $(nproc) \
-    >/dev/null && cmake --install '$BUILD/gtest-build' >/dev/null && echo built GoogleTest"
-  gtest_args=(-DGTest_DIR="$PWD/$BUILD/gtest/lib/cmake/GTest")
+# Which C++ compiler links libstdc++ how (the machine's preset may link it statically).
+links_static() {  # links_static COMPILER: true if a shared object it builds has no libstdc++.so in NEEDED
+  local d
+  d=$(mktemp -d)
+  printf '#include <sstream>\nstd::string f(int n) { std::ostringstream os; os << n; return os.str(); }\n' >"$d/p.cpp"
+  "$1" -shared -fPIC "$d/p.cpp" -o "$d/p.so" >/dev/null 2>&1 && ! readelf -d "$d/p.so" | grep -q 'NEEDED.*libstdc++\.so'
+  local rc=$?
+  rm -rf "$d"
+  return $rc
+}
+cxx=${CXX:-c++}
+echo "gpu_check: CXX=${CXX:-<unset>} CUDAHOSTCXX=${CUDAHOSTCXX:-<unset>} CC=${CC:-<unset>}"
+if links_static "$cxx"; then
+  echo "gpu_check: $cxx links libstdc++ statically into shared objects; the configure links the shared" \
+    "libstdc++.so instead (cmake/ZerortLibstdcxx.cmake), or refuses it, and then this check uses /usr/bin/g++"
+fi
+
+# GoogleTest: the machine's, else built from GTEST_SOURCE (a source tree or a dpkg -x of googletest),
+# else the C++ CUDA kernel test is skipped.
+gtest_args=(-DZERORT_BUILD_TESTS=ON)
+have_gtest=0
+for d in /usr/lib/x86_64-linux-gnu/cmake/GTest /usr/lib/cmake/GTest /usr/local/lib/cmake/GTest /usr/lib64/cmake/GTest; do
+  [[ -f $d/GTestConfig.cmake ]] && have_gtest=1
+done
+if [[ $have_gtest == 0 ]]; then
+  src=${GTEST_SOURCE:-}
+  [[ -z $src && -d /usr/src/googletest ]] && src=/usr/src/googletest
+  [[ -n $src && ! -f $src/CMakeLists.txt && -f $src/usr/src/googletest/CMakeLists.txt ]] && src=$src/usr/src/googletest
+  if [[ -n $src && -f $src/CMakeLists.txt ]]; then
+    if [[ -f $BUILD/gtest/lib/cmake/GTest/GTestConfig.cmake ]]; then
+      echo "gpu_check: GoogleTest already built from $src in $BUILD/gtest"
+    else
+      step gtest bash -c "cmake -S '$src' -B '$BUILD/gtest-build' -DCMAKE_INSTALL_PREFIX='$BUILD/gtest' \
+        -DCMAKE_POSITION_INDEPENDENT_CODE=ON -DBUILD_GMOCK=OFF >/dev/null && cmake --build '$BUILD/gtest-build' \
+        -j $(nproc) >/dev/null && cmake --install '$BUILD/gtest-build' >/dev/null && echo built GoogleTest from $src"
+    fi
+    gtest_args+=(-DGTest_DIR="$BUILD/gtest/lib/cmake/GTest")
+  else
+    gtest_args=(-DZERORT_BUILD_TESTS=OFF)
+    skip gtest "no GoogleTest on this machine and no GTEST_SOURCE (docs/GPU.md: dpkg -x googletest)"
+  fi
+fi
+uring_args=()
+if [[ -n ${LIBURING_ROOT:-} ]]; then
+  uring_args=(-DCMAKE_PREFIX_PATH="$(realpath "$LIBURING_ROOT")/usr")
+  echo "gpu_check: liburing from $LIBURING_ROOT"
 fi
 
 step machine bash -c "nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv; nvcc --version | tail -1; \
   $PY -c 'import torch; print(\"torch\", torch.__version__, \"cuda\", torch.version.cuda, torch.cuda.get_device_name())'"
-step configure cmake -S . -B "$BUILD" -DPython3_EXECUTABLE="$(command -v "$PY")" -DCMAKE_CUDA_ARCHITECTURES="$CUDA_ARCHS" \
-  -DZERORT_BUILD_EXAMPLES=OFF "${gtest_args[@]}"
-step build cmake --build "$BUILD" -j "$(nproc)" --target _C zerort_cuda_tests
+
+configure() {  # configure DIR [env assignments...]
+  local dir=$1
+  shift
+  env "$@" cmake -S . -B "$dir" -DPython3_EXECUTABLE="$(command -v "$PY")" -DCMAKE_CUDA_ARCHITECTURES="$CUDA_ARCHS" \
+    -DZERORT_BUILD_EXAMPLES=OFF "${gtest_args[@]}" "${uring_args[@]}" ${GPU_CHECK_CMAKE_ARGS:-}
+}
+step configure configure "$BUILD/main"
+if ! passed configure && grep -q "CXX=/usr/bin/g++" "$LOGS/configure.log" && [[ -x /usr/bin/g++ ]] &&
+  ! links_static /usr/bin/g++; then
+  echo "gpu_check: the configure refused $cxx (libstdc++ linked statically, above); configuring again with" \
+    "CC=/usr/bin/gcc CXX=/usr/bin/g++ CUDAHOSTCXX=/usr/bin/g++ in $BUILD/usr-gxx"
+  BUILD_DIR=$BUILD/usr-gxx
+  step configure_usr_gxx configure "$BUILD_DIR" CC=/usr/bin/gcc CXX=/usr/bin/g++ CUDAHOSTCXX=/usr/bin/g++
+  if passed configure_usr_gxx; then  # the refusal is the configure's answer, not a failure of the check
+    for i in "${!results[@]}"; do
+      IFS='|' read -r name _ secs _ <<<"${results[$i]}"
+      [[ $name == configure ]] && results[i]="configure|refused|$secs|$cxx links libstdc++ statically; /usr/bin/g++ used"
+    done
+  fi
+else
+  BUILD_DIR=$BUILD/main
+fi
+targets=(_C)
+[[ ${gtest_args[0]} == -DZERORT_BUILD_TESTS=ON ]] && targets+=(zerort_cuda_tests)
+# _C's link is checked after it is built: libstdc++.so in NEEDED, no copy of its own.
+step build cmake --build "$BUILD_DIR" -j "$(nproc)" --target "${targets[@]}"
 # Each run is bounded, so one stuck step cannot eat the others' time.
-step cpp_cuda_kernels timeout 120 "$BUILD/tests/zerort_cuda_tests"
+if [[ -x $BUILD_DIR/tests/zerort_cuda_tests ]]; then
+  step cpp_cuda_kernels timeout 120 "$BUILD_DIR/tests/zerort_cuda_tests"
+elif [[ ${gtest_args[0]} == -DZERORT_BUILD_TESTS=OFF ]]; then
+  skip cpp_cuda_kernels "no GoogleTest (set GTEST_SOURCE)"
+else
+  step cpp_cuda_kernels false  # the build failed to produce it
+fi
 step engine_smoke timeout 120 "$PY" -X faulthandler tests/gpu/gpu_engine_worker.py "$BUILD/smoke" mlp:1:bf16:1:3 \
   mlp:2:fp16:1:3 mlp:3:bf16:1:3
 step py_cuda_kernels timeout 180 "$PY" -m pytest -q -rs tests/gpu/test_gpu_kernels.py
 step cuda_engine_nccl timeout 400 "$PY" -m pytest -q -rs -s tests/gpu/test_gpu_engine.py -k "not host_memory"
 step nccl_timeout timeout 60 "$PY" -m pytest -q -rs tests/gpu/test_nccl_timeout.py
-step offload_cpu timeout 200 "$PY" -m pytest -q -rs tests/gpu/test_gpu_engine.py -k host_memory
+if command -v mpirun >/dev/null; then
+  step offload_cpu timeout 200 "$PY" -m pytest -q -rs tests/gpu/test_gpu_engine.py -k host_memory
+else
+  skip offload_cpu "no mpirun (the W = 2 staged runs need Open MPI)"
+fi
 step bench_kernels timeout 120 "$PY" bench/gpu_kernels.py
 step bench_gpt350m timeout 240 "$PY" bench/gpu_gpt.py
 
 echo
-echo "=================== gpu_check summary ($(nvidia-smi --query-gpu=name --format=csv,noheader | head -1))"
-for f in bench_kernels bench_gpt350m; do grep -h -E '^(\||GPU:)' "$LOGS/$f.log" 2>/dev/null; echo; done
+echo "=================== gpu_check summary ($(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)," \
+  "commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown), $(date -u +%Y-%m-%d), $((SECONDS - t_start)) s)"
+for f in bench_kernels bench_gpt350m; do
+  grep -h -E '^(\||GPU:)' "$LOGS/$f.log" 2>/dev/null
+  echo
+done
 grep -h "gpu parity" "$LOGS/cuda_engine_nccl.log" 2>/dev/null | sed 's/^.*\[gpu parity/[gpu parity/' | sort -u
 echo
-printf '| %-18s | %-6s | %7s |\n' step result seconds
-printf '|%s|%s|%s|\n' "--------------------" "--------" "---------"
+printf '| %-18s | %-9s | %7s |\n' step result seconds
+printf '|%s|%s|%s|\n' "--------------------" "-----------" "---------"
 failed=0
 for r in "${results[@]}"; do
-  IFS='|' read -r name rc secs <<<"$r"
-  [[ $rc -eq 0 ]] && res=pass || { res="FAIL($rc)"; failed=1; }
-  printf '| %-18s | %-6s | %7s |\n' "$name" "$res" "$secs"
+  IFS='|' read -r name rc secs why <<<"$r"
+  if [[ $rc == skip || $rc == refused ]]; then
+    res=${rc/skip/skipped}
+  elif [[ $rc -eq 0 ]]; then
+    res=pass
+  else
+    res="FAIL($rc)"
+    failed=1
+  fi
+  printf '| %-18s | %-9s | %7s |%s\n' "$name" "$res" "$secs" "${why:+ $why}"
 done
+echo "log: $LOG"
 exit $failed
