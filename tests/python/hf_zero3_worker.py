@@ -8,8 +8,13 @@ zerort's (the alias the launcher installs); for each saved model in DIR,
 - resize_token_embeddings to the same size (DeepSpeed-Chat's call under ZeRO-3), then
   deepspeed.initialize at stage 3 and STEPS updates, the losses and the final master;
 - the same steps on zerort's own path (a plain from_pretrained, no HfDeepSpeedConfig);
+- for gpt2 also under a bf16 config ("gpt2@bf16"), where zero.Init builds in bf16 and so holds
+  the checkpoint rounded to bf16, as DeepSpeed's does; zerort's own path starts from the
+  checkpoint rounded so;
 - from_config under ZeRO-3 (transformers' initialize_weights_zero3), trained;
-- a resize to a larger vocabulary, which zerort refuses (its message).
+- a resize to a larger vocabulary, which zerort refuses (its message);
+- torch.arange's dtype under zero.Init(bf16), with and without transformers'
+  prevent_arange_dtype_change entered first.
 
 Writes OUT.rank<r>.pt.
 
@@ -29,6 +34,7 @@ STEPS, MICRO, SEQ = 3, 2, 8
 CONFIG = {"zero_optimization": {"stage": 3}, "train_micro_batch_size_per_gpu": MICRO,
           "gradient_accumulation_steps": 1,
           "optimizer": {"type": "AdamW", "params": {"lr": 1e-2, "betas": [0.9, 0.95], "weight_decay": 0.01}}}
+BF16 = {**CONFIG, "bf16": {"enabled": True}}  # zero.Init builds in bf16: the checkpoint is held rounded to it
 
 
 def batches(vocab, rank):
@@ -36,8 +42,8 @@ def batches(vocab, rank):
     return [torch.randint(0, vocab, (MICRO, SEQ), generator=g) for _ in range(STEPS)]
 
 
-def train(model, vocab, rank):
-    engine, *_ = deepspeed.initialize(model=model, config=CONFIG)
+def train(model, vocab, rank, config=CONFIG):
+    engine, *_ = deepspeed.initialize(model=model, config=config)
     engine.train()
     losses = []
     for ids in batches(vocab, rank):
@@ -50,9 +56,9 @@ def train(model, vocab, rank):
     return losses, master
 
 
-def load_zero3(path, rank):
+def load_zero3(path, rank, config=CONFIG):
     r = {}
-    dschf = HfDeepSpeedConfig(CONFIG)  # noqa: F841  (alive while from_pretrained runs, as in DeepSpeed-Chat)
+    dschf = HfDeepSpeedConfig(config)  # noqa: F841  (alive while from_pretrained runs, as in DeepSpeed-Chat)
     assert is_deepspeed_zero3_enabled()
     model = transformers.AutoModelForCausalLM.from_pretrained(path)
     params = dict(model.named_parameters())
@@ -64,7 +70,7 @@ def load_zero3(path, rank):
     vocab = model.get_input_embeddings().weight.shape[0]
     model.resize_token_embeddings(vocab)  # same size: under ZeRO-3 transformers still makes a new embedding
     r["tied"] = model.get_output_embeddings().weight is model.get_input_embeddings().weight
-    r["losses"], r["master"] = train(model, vocab, rank)
+    r["losses"], r["master"] = train(model, vocab, rank, config)
     return r
 
 
@@ -88,6 +94,16 @@ def main(out, folder):
         plain = transformers.AutoModelForCausalLM.from_pretrained(path)
         r["plain_losses"], r["plain_master"] = train(plain, plain.get_input_embeddings().weight.shape[0], rank)
         results[name] = r
+        if name == "gpt2":  # under a bf16 config; zerort's own path starts from the same bf16-rounded values
+            r = load_zero3(path, rank, BF16)
+            gc.collect()
+            plain = transformers.AutoModelForCausalLM.from_pretrained(path)
+            with torch.no_grad():
+                for p in plain.parameters():
+                    p.copy_(p.bfloat16())
+            r["plain_losses"], r["plain_master"] = train(plain, plain.get_input_embeddings().weight.shape[0], rank,
+                                                         BF16)
+            results["gpt2@bf16"] = r
     dschf = HfDeepSpeedConfig(CONFIG)  # noqa: F841
     path = os.path.join(folder, sorted(os.listdir(folder))[0])
     model = transformers.AutoModelForCausalLM.from_config(transformers.AutoConfig.from_pretrained(path))
@@ -101,6 +117,12 @@ def main(out, folder):
         results["grow"] = None
     except Exception as e:  # noqa: BLE001  (the message is the result)
         results["grow"] = f"{type(e).__name__}: {e}"
+    from transformers.integrations.deepspeed import prevent_arange_dtype_change
+
+    with deepspeed.zero.Init(config_dict_or_path=BF16):
+        results["arange"] = {"init": torch.arange(0.0, 2.0).dtype}
+    with prevent_arange_dtype_change(), deepspeed.zero.Init(config_dict_or_path=BF16):  # from_pretrained's order
+        results["arange"].update(swapped=torch.arange(0.0, 2.0).dtype, ones=torch.ones(2).dtype)
     torch.save(results, f"{out}.rank{rank}.pt")
 
 

@@ -31,9 +31,9 @@ def states():
     return [torch.get_rng_state(), *cuda]
 
 
-def build(make, how):
+def build(make, how, stage):
     if how == "zero.Init":
-        with deepspeed.zero.Init():
+        with deepspeed.zero.Init(config_dict_or_path=config(stage)):  # built in bf16, as DeepSpeed builds it
             return make()
     if how == "meta":
         with torch.device("meta"):
@@ -55,7 +55,7 @@ def main(out):
                     if how != "plain" and stage != 3 and entry == "zerort":
                         continue  # meta builds are made real by stage 3; stages 0-2 are covered through deepspeed
                     torch.manual_seed(7)
-                    model = build(make, how)
+                    model = build(make, how, stage)
                     before = states()
                     expected_data = torch.randn(5)  # what the script draws with no initialize()
                     torch.set_rng_state(before[0])

@@ -41,6 +41,67 @@ def test_zero_init_gives_the_plain_builds_weights_bit_for_bit(world, tmp_path):
             assert r["keys"] and r["differ"] == [] and r["rng_after"], (rank, model, stage, r)
 
 
+def test_zero_init_builds_in_the_configs_dtype_as_deepspeed_does(tmp_path):
+    """zero_init_dtype_worker.py at W = 2: under a bf16 (fp16) config the gathered FP32 master is
+    the same code's build with torch's constructors in bf16 (fp16), bit for bit, replayed rather
+    than copied (but torch.Tensor(sizes), whose maker the recording does not see), and the random
+    stream after construction is that build's. GPT-2's is the FP32 build's too; trunc_normal_
+    draws differently in half precision (torch's own kernels), so the other model's is not."""
+    out = str(tmp_path / "out")
+    launch("torchrun", W, os.path.join(HERE, "zero_init_dtype_worker.py"), out, timeout=300)
+    for rank in range(W):
+        results = torch.load(f"{out}.rank{rank}.pt")
+        assert len(results) == 2 * 2 * 2
+        for (model, key, stage), r in results.items():
+            dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[key]
+            case = (rank, model, key, stage, r)
+            assert r["reference_dtypes"] == {dtype} and r["built_dtypes"] == {dtype}, case
+            assert r["reference_differs_from_fp32"], case  # else the comparison below could not fail
+            assert r["keys"] and r["differ"] == [] and r["rng_after"], case
+            assert r["copied"] == (["legacy"] if model == "Typed" else []), case
+            assert r["rng_as_fp32"] == (model == "gpt2"), case
+
+
+def test_the_build_dtype_follows_deepspeeds_rules(tmp_path, monkeypatch):
+    import json
+
+    import zerort.integrations.deepspeed as deepspeed
+    from zerort.integrations.deepspeed.accelerator import get_accelerator
+    from zerort.integrations.deepspeed.zero import build_dtype
+
+    bf16, fp16 = {"bf16": {"enabled": True}}, {"fp16": {"enabled": True}}
+    assert build_dtype(config_dict_or_path=bf16) == torch.bfloat16
+    assert build_dtype(config_dict_or_path={"bfloat16": {"enabled": True}}) == torch.bfloat16  # the old name
+    assert build_dtype(config_dict_or_path=fp16) == torch.float16
+    assert build_dtype(config_dict_or_path={"zero_optimization": {"stage": 3}}) == torch.float32
+    path = tmp_path / "ds.json"
+    path.write_text(json.dumps(bf16))
+    assert build_dtype(config_dict_or_path=str(path)) == torch.bfloat16
+    assert build_dtype(config_dict_or_path=fp16, config=str(path)) == torch.bfloat16  # config= replaces it
+    assert build_dtype(dtype=torch.float32, config_dict_or_path=bf16) == torch.float32  # dtype= wins
+    with pytest.raises(ValueError, match="bf16.enabled and fp16.enabled"):
+        build_dtype(config_dict_or_path={**bf16, **fp16})
+    with pytest.raises(ValueError, match="dtype=torch.int64"):
+        build_dtype(dtype=torch.int64)
+    # No config: DeepSpeed's `dtype or float16 if is_fp16_supported() else bfloat16`.
+    assert build_dtype() == torch.float16 and build_dtype(dtype=torch.bfloat16) == torch.bfloat16
+    monkeypatch.setattr(type(get_accelerator()), "is_fp16_supported", lambda self: False)
+    assert build_dtype() == torch.bfloat16 and build_dtype(dtype=torch.float32) == torch.bfloat16
+    assert build_dtype(config_dict_or_path=fp16) == torch.float16
+    monkeypatch.undo()
+
+    empty, new = torch.empty, torch.Tensor.__dict__.get("__new__")
+    with deepspeed.zero.Init(config_dict_or_path=bf16, enabled=False):  # changes nothing
+        assert torch.empty is empty and torch.nn.Linear(2, 2).weight.dtype == torch.float32
+    with deepspeed.zero.Init(config_dict_or_path=bf16):
+        layer = torch.nn.Linear(2, 2)
+        assert torch.zeros(2, dtype=torch.float64).dtype == torch.bfloat16  # any floating dtype, as DeepSpeed's
+        assert torch.arange(3).dtype == torch.int64 and torch.Tensor(2).dtype == torch.bfloat16
+    assert layer.weight.is_meta and layer.weight.dtype == torch.bfloat16
+    assert torch.empty is empty and torch.Tensor.__dict__.get("__new__") is new
+    assert torch.Tensor(2).dtype == torch.float32
+
+
 def test_init_refuses_what_zerort_does_not_do():
     import zerort.integrations.deepspeed as deepspeed
 
@@ -90,7 +151,7 @@ def test_gathered_parameters_before_initialize_reads_and_keeps_writes():
     torch.manual_seed(0)
     plain = transformers.GPT2LMHeadModel(cfg)
     torch.manual_seed(0)
-    with deepspeed.zero.Init():
+    with deepspeed.zero.Init(dtype=torch.float32):  # the plain build's dtype
         model = transformers.GPT2LMHeadModel(cfg)
     wte, ln = model.transformer.wte.weight, model.transformer.ln_f.weight
     with deepspeed.zero.GatheredParameters({wte, ln}, modifier_rank=None):  # a set: any order

@@ -46,7 +46,7 @@ def main(out):
         after_plain = torch.rand(4)
         for stage in (1, 3):
             torch.manual_seed(1234)
-            with deepspeed.zero.Init():
+            with deepspeed.zero.Init(dtype=torch.float32):  # the plain build's dtype (the default is fp16)
                 model = build()
             after = torch.rand(4)
             engine, *_ = deepspeed.initialize(model=model, config={"zero_optimization": {"stage": stage},

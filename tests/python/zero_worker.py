@@ -15,13 +15,12 @@ def main(out):
         torch.manual_seed(0)
         cfg = transformers.GPT2Config(n_layer=2, n_embd=32, n_head=4, vocab_size=64, n_positions=8,
                                       bos_token_id=0, eos_token_id=0)
-        with deepspeed.zero.Init():
+        config = {"zero_optimization": {"stage": stage}, "optimizer": {"type": "AdamW"}, "bf16": {"enabled": True}}
+        with deepspeed.zero.Init(config_dict_or_path=config):  # built in bf16, as DeepSpeed builds it
             model = transformers.GPT2LMHeadModel(cfg)
         r = {"meta": all(p.is_meta for p in model.parameters()),
              "buffers_real": not any(b.is_meta for b in model.buffers())}
-        engine, _, _, _ = deepspeed.initialize(model=model, config={"zero_optimization": {"stage": stage},
-                                                                    "optimizer": {"type": "AdamW"},
-                                                                    "bf16": {"enabled": True}})
+        engine, _, _, _ = deepspeed.initialize(model=model, config=config)
         rank = engine.global_rank
         w = model.transformer.h[0].mlp.c_fc.weight
         with deepspeed.zero.GatheredParameters(w):

@@ -15,7 +15,9 @@ scratch tensor of the parameter's geometry and drops it: the random stream advan
 the plain build, for the parameters that follow and for the script after construction.
 zerort.engine.meta_init's Materializer replays a parameter's Recipe when its unit is made
 real (Recipe.materialize): the same ops from the same random states on the same device
-and geometry give the same bits. Memory: one parameter's values at a time.
+and geometry give the same bits. Memory: one parameter's values at a time. A start that
+zero.Init's constructors converted to its build dtype records the conversion too, and the
+replay converts at the same point (Note [build dtype], dtype_patches).
 
 Limits, each an error rather than a silent difference: an in-place op whose other operands
 are meta tensors (values copied between parameters during construction) cannot be
@@ -70,13 +72,14 @@ def _is_random(func, kwargs):
 class Recipe:
     """How the plain build makes one parameter: a start, then in-place ops."""
 
-    def __init__(self, start):
+    def __init__(self, start, cast=None):
         self.start = start  # ("factory", func, args, kwargs, rng) or ("values", tensor)
+        self.cast = cast  # the dtype zero.Init's constructors turned the start into (Note [build dtype])
         self.ops = []  # (fn, geometry or None, args, kwargs, rng): geometry None = a call on the whole tensor
 
-    def materialize(self, device):
-        """The parameter's values, replayed on the device its plain build used, then moved
-        to `device`."""
+    def replay(self):
+        """The parameter's values in the dtype the build made them in, replayed on the
+        device its plain build used."""
         with torch.random.fork_rng(devices=[]), torch.no_grad():
             kind = self.start[0]
             if kind == "values":
@@ -86,12 +89,18 @@ class Recipe:
                 if rng is not None:
                     torch.set_rng_state(rng)
                 t = func(*args, **kwargs)
+            if self.cast is not None:
+                t = t.to(self.cast)
             for fn, geometry, args, kwargs, rng in self.ops:
                 if rng is not None:
                     torch.set_rng_state(rng)
                 target = t if geometry is None else t.as_strided(*geometry)
                 fn(target, *args, **kwargs)
-        return t.to(device=device, dtype=torch.float32)
+        return t
+
+    def materialize(self, device):
+        """The parameter's values as FP32 on `device` (exact: every build dtype is a subset)."""
+        return self.replay().to(device=device, dtype=torch.float32)
 
 
 class Recorder(TorchDispatchMode):
@@ -166,17 +175,96 @@ class Recorder(TorchDispatchMode):
             param.untyped_storage().nbytes() == param.numel() * param.element_size()
         if recipe is not None and plain and _name(recipe.start[1]) in EMPTY_OPS and not recipe.ops:
             return recipe  # any dtype: nothing to remake (a half-precision build, as from_pretrained's dtype= gives)
-        if recipe is not None and plain and param.dtype == torch.float32:
-            replayed = recipe.materialize(param.device)
-            if replayed.shape == param.shape and torch.equal(replayed.view(-1).view(torch.int32),
-                                                             param.detach().view(-1).view(torch.int32)):
+        if recipe is not None and plain and param.is_floating_point():
+            replayed = recipe.replay()
+            if replayed.dtype == param.dtype and replayed.shape == param.shape and \
+                    torch.equal(replayed.reshape(-1).view(torch.uint8), param.detach().reshape(-1).view(torch.uint8)):
                 return recipe
         return Recipe(("values", param.detach().clone()))
+
+    def cast(self, source, out):
+        """out is source (fresh from a constructor) in zero.Init's build dtype: its Recipe is
+        source's with the cast, when source's is a bare factory (Note [build dtype])."""
+        recipe = self.recipes.get(_key(source))
+        fresh = recipe is not None and recipe.start[0] == "factory" and recipe.cast is None and not recipe.ops
+        self.recipes[_key(out)] = Recipe(recipe.start, cast=out.dtype) if fresh else None
 
     def track(self, meta, recipe):
         self.recipes[_key(meta)] = recipe
         meta.__dict__[ORDER] = next(_built)  # the same on every rank: they run the same constructors
         setattr(meta, RECIPE, recipe)  # read by zerort.engine.meta_init.Materializer
+
+
+CONSTRUCTORS = ("tensor", "empty", "zeros", "ones", "full", "arange", "eye", "randn")
+
+
+@contextlib.contextmanager
+def dtype_patches(recorder, dtype):
+    """Note [build dtype]: DeepSpeed's zero.Init makes the floating tensors that
+    torch.tensor, empty, zeros, ones, full, arange, eye and randn return, and torch.Tensor(...),
+    in its build dtype (zero.build_dtype), whatever dtype they were asked for: each is made
+    as asked, then converted. Inside zerort's Init these do the same, so nn.Linear's weight
+    is a bf16 tensor under a bf16 config and its kaiming_uniform_ runs on bf16, as under
+    DeepSpeed; the Recorder notes the conversion in the tensor's Recipe (made as asked, then
+    converted, then its in-place ops), which initialize() replays to the same bits, one
+    parameter at a time. The converted tensor is the same Python object (its .data
+    replaced), so a leaf that requires grad stays one. Calls that reach torch by other
+    names (tensor.new_empty, torch.rand, a module's `from torch import empty`) are left
+    alone, as DeepSpeed leaves them; and so is torch.arange while transformers'
+    prevent_arange_dtype_change() has swapped partition_parameters'
+    zero_wrapper_for_fp_tensor_constructor for one that leaves it alone (_swapped_away)."""
+    def in_dtype(t):
+        if isinstance(t, torch.Tensor) and t.is_floating_point() and t.dtype != dtype:
+            source = t.data
+            out = source.to(dtype)
+            recorder.cast(source, out)
+            t.data = out
+        return t
+
+    def wrapping(original):
+        def fn(*args, **kwargs):
+            return in_dtype(original(*args, **kwargs))
+        fn.__name__, fn.__doc__ = original.__name__, original.__doc__
+        return fn
+
+    import torch._dynamo  # noqa: F401 (imported inside the build anyway; importing it checks Tensor.__new__)
+
+    originals = {name: getattr(torch, name) for name in CONSTRUCTORS if name not in _swapped_away(dtype)}
+    own_new = torch.Tensor.__dict__.get("__new__")  # None: inherited from torch._C.TensorBase
+    base_new = torch.Tensor.__new__
+
+    def new(cls, *args, **kwargs):  # torch.Tensor(2, 3) only: subclasses are built as they ask
+        t = base_new(cls, *args, **kwargs)
+        return in_dtype(t) if cls is torch.Tensor else t
+
+    try:
+        for name, f in originals.items():
+            setattr(torch, name, wrapping(f))
+        torch.Tensor.__new__ = new
+        yield
+    finally:
+        for name, f in originals.items():
+            setattr(torch, name, f)
+        if own_new is None:
+            del torch.Tensor.__new__
+        else:
+            torch.Tensor.__new__ = own_new
+
+
+def _swapped_away(dtype):
+    """The constructors a swapped partition_parameters.zero_wrapper_for_fp_tensor_constructor
+    (transformers' prevent_arange_dtype_change, entered before zero.Init) leaves in their
+    own dtype, as DeepSpeed's Init, which wraps through that name, then does: torch.arange
+    when the swapped wrapper's arange gives a float32 result."""
+    import sys
+
+    pp = sys.modules.get("zerort.integrations.deepspeed.runtime.zero.partition_parameters")
+    if pp is None or dtype == torch.float32 or \
+            pp.zero_wrapper_for_fp_tensor_constructor is pp.DEEPSPEEDS_WRAPPER:
+        return ()
+    probe = pp.zero_wrapper_for_fp_tensor_constructor(pp._orig_torch_arange, target_fp_dtype=dtype,
+                                                      target_device=torch.device("cpu"))
+    return ("arange",) if probe(0.0, 1.0).dtype == torch.float32 else ()
 
 
 def _advance(op, like):

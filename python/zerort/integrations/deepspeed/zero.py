@@ -1,32 +1,80 @@
 """deepspeed.zero's two context managers, for zerort.integrations.deepspeed (import zerort.integrations.deepspeed as
 deepspeed; deepspeed.zero.Init(), deepspeed.zero.GatheredParameters(...)).
 
-    with deepspeed.zero.Init():
-        model = MyModel()                    # parameters on the meta device, buffers real
+    with deepspeed.zero.Init(config_dict_or_path=ds_config):
+        model = MyModel()                    # parameters on the meta device (bf16 under bf16.enabled), buffers real
     engine, *_ = deepspeed.initialize(model=model, config=ds_config)   # made real unit by unit
 
     with deepspeed.zero.GatheredParameters(model.lm_head.weight, modifier_rank=0):
         if engine.global_rank == 0:
             model.lm_head.weight.zero_()     # rank 0's change goes to every rank's FP32 master
 
-Init builds every parameter created inside on the meta device, recording how the plain
-build makes its values, which initialize() replays unit by unit (Note [recorded
-initialization], zerort.integrations.deepspeed.init_record): the same weights, bit for bit,
-as the same code without Init, and the random stream after the constructor is the same
-too. Buffers stay real, as zerort needs them. GatheredParameters makes the given parameters whole inside (at stage 3
-all units are gathered; stages 0-2 hold them whole) and, with modifier_rank, writes that
+Init builds every parameter created inside on the meta device, recording how the build
+makes its values, which initialize() replays unit by unit (Note [recorded initialization],
+zerort.integrations.deepspeed.init_record). As DeepSpeed's Init, it builds floating tensors
+in a target dtype (build_dtype; Note [build dtype]), so the weights are bit for bit
+DeepSpeed's: the same code with torch's constructors giving that dtype (with
+dtype=torch.float32, the same code without Init), and the random stream after the
+constructor is that build's. Buffers stay real, as zerort needs them. GatheredParameters
+makes the given parameters whole inside (at stage 3 all units are gathered; stages 0-2 hold
+them whole) and, with modifier_rank, writes that
 rank's values of them into every rank's FP32 master on exit (a collective: every rank
 enters it). Parameters of no engine yet are whole already: nothing to do.
 """
 import contextlib
 import enum
+import json
+import os
 
 import torch
 
 from zerort.errors import ConfigError, UsageError
 from zerort.engine.setup import engine_of
 from zerort.engine.meta_init import RECIPE, parameters_on_meta
-from zerort.integrations.deepspeed.init_record import ORDER, Recorder, _built, early_return_patches
+from zerort.integrations.deepspeed.init_record import ORDER, Recorder, _built, dtype_patches, early_return_patches
+
+BUILD_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+
+def _read_config(source):
+    """A DeepSpeed config given as a dict or the path of a JSON file."""
+    if isinstance(source, dict):
+        return source
+    if isinstance(source, (str, os.PathLike)):
+        with open(source) as f:
+            return json.load(f)
+    raise ConfigError(f"deepspeed.zero.Init(config_dict_or_path={type(source).__name__}): give a dict or the path of "
+                      "a JSON file")
+
+
+def _enabled(cfg, names):
+    section = next((cfg[n] for n in names if isinstance(cfg.get(n), dict)), {})
+    return section.get("enabled", False) is True
+
+
+def build_dtype(dtype=None, config_dict_or_path=None, config=None):
+    """The dtype DeepSpeed's zero.Init builds floating tensors in (Note [build dtype]).
+    config (DeepSpeed's older name) replaces config_dict_or_path when given. With a config
+    and no dtype: bf16.enabled (or its old name bfloat16) -> bfloat16, fp16.enabled -> float16,
+    neither -> float32, both -> an error. Otherwise DeepSpeed's expression, precedence and
+    all, `dtype or float16 if is_fp16_supported() else bfloat16`: dtype or float16 where the
+    accelerator takes fp16 (zerort's always does on the CPU, and CUDA from compute capability
+    7), bfloat16 where it does not, whatever dtype says; a dtype given with a config wins
+    over the config."""
+    from zerort.integrations.deepspeed.accelerator import get_accelerator
+
+    source = config if config is not None else config_dict_or_path
+    if source is not None and dtype is None:
+        cfg = _read_config(source)
+        bf16, fp16 = _enabled(cfg, ("bf16", "bfloat16")), _enabled(cfg, ("fp16",))
+        if bf16 and fp16:
+            raise ConfigError("deepspeed.zero.Init: the config enables both bf16.enabled and fp16.enabled; enable "
+                              "at most one")
+        return torch.bfloat16 if bf16 else torch.float16 if fp16 else torch.float32
+    out = (dtype or torch.float16) if get_accelerator().is_fp16_supported() else torch.bfloat16
+    if out not in BUILD_DTYPES:
+        raise ConfigError(f"deepspeed.zero.Init(dtype={out}): give torch.float16, torch.bfloat16 or torch.float32")
+    return out
 
 
 class Init:
@@ -42,6 +90,7 @@ class Init:
             raise ConfigError(f"deepspeed.zero.Init(remote_device={remote_device!r}): zerort has no parameter "
                              "offload; leave remote_device out")
         self.enabled = enabled
+        self.dtype = build_dtype(dtype, config_dict_or_path, config)
         self._stack = None
         self._modules = {}  # id -> module that got a parameter inside, for the not-yet-wrapped check
 
@@ -57,6 +106,7 @@ class Init:
         self._stack = contextlib.ExitStack()
         self._stack.enter_context(parameters_on_meta(record))
         self._stack.enter_context(early_return_patches(recorder))
+        self._stack.enter_context(dtype_patches(recorder, self.dtype))
         self._stack.enter_context(recorder)
         return self
 

@@ -4,10 +4,11 @@ transformers' ZeRO-3 loading reads here (prevent_arange_dtype_change swaps
 zero_wrapper_for_fp_tensor_constructor for one that leaves torch.arange's dtype alone, and
 compares the wrapped function with _orig_torch_arange).
 
-zerort's Init does not wrap torch's tensor constructors: the parameters built inside are
-recorded FP32 values on the meta device (Note [recorded initialization]) and the compute
-dtype comes at initialize, so nothing in zerort calls the wrapper, and swapping it changes
-nothing. It is here with DeepSpeed's meaning for a script that calls it itself.
+zerort's Init wraps torch's tensor constructors with its own recording wrappers (Note
+[build dtype], zerort.integrations.deepspeed.init_record), not through this name; it reads
+a swap of it as DeepSpeed's Init would meet it: while transformers' swap that leaves
+torch.arange alone is in place, zerort's Init leaves torch.arange in its own dtype too.
+The wrapper is here with DeepSpeed's meaning for a script that calls it itself.
 """
 import os
 
@@ -34,5 +35,7 @@ def zero_wrapper_for_fp_tensor_constructor(fn, target_fp_dtype, target_device=No
 
     return wrapped_fn
 
+
+DEEPSPEEDS_WRAPPER = zero_wrapper_for_fp_tensor_constructor  # this module's own, to tell a swap from it
 
 __getattr__ = not_provided(__name__)
