@@ -7,8 +7,11 @@
 The accelerator is CUDA when torch sees a GPU, the CPU otherwise (DS_ACCELERATOR=cpu or
 =cuda forces one, as in DeepSpeed). On the CPU the memory figures are zerort's counting
 allocator's (zerort.accounting.phases), the same one the memory report reads, so they are
-real bytes, not zeros. is_fp16_supported() is True on the CPU too, where DeepSpeed says
-False: zerort trains fp16 on the CPU (its loss scaling and kernels run there).
+real bytes, not zeros. is_fp16_supported() on the CPU is DeepSpeed's answer (whether
+oneDNN has fp16 kernels on this CPU), though zerort trains fp16 on any CPU: scripts choose
+their precision by it (DeepSpeed's own tests pick fp16 where it says yes, else bf16), and a
+bare zero.Init() picks its build dtype by it, so a different answer would train a script
+on other numbers than DeepSpeed does, silently.
 """
 import os
 
@@ -42,7 +45,10 @@ class _Accelerator:
         return True
 
     def is_fp16_supported(self):
-        return True
+        try:
+            return bool(torch.ops.mkldnn._is_mkldnn_fp16_supported())
+        except (AttributeError, RuntimeError):  # a torch built without oneDNN
+            return False
 
     def supported_dtypes(self):
         return [t for t, ok in ((torch.float32, True), (torch.bfloat16, self.is_bf16_supported()),
