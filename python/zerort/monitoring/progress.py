@@ -32,6 +32,8 @@ def announce(engine, launch_env):
     sharding = "flat collectives" if s == w else f"state sharded in {w // s} groups of {s} ranks (shard_size)"
     print(f"zerort: ZeRO stage {c.stage}, {c.precision}, W={w} ({shape}, {sharding}), backend "
           f"{engine.comm.backend} on {engine.device}, {describe(c, engine.device)}{nvme_io(engine)}", flush=True)
+    for line in c.ignored:  # DeepSpeed keys DeepSpeed ignores too: zerort.config.lenient
+        print(f"zerort: ignored {line}", flush=True)
 
 
 def nvme_io(engine):
@@ -41,8 +43,6 @@ def nvme_io(engine):
         return ""
     why = files[0]["io_backend_why"]
     return f", NVMe I/O through {files[0]['io_backend']}" + (f" ({why})" if why else "")
-    for line in c.ignored:  # DeepSpeed keys DeepSpeed ignores too: zerort.config.lenient
-        print(f"zerort: ignored {line}", flush=True)
 
 
 class Progress:
