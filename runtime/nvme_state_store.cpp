@@ -14,16 +14,13 @@ namespace zerort {
 
 namespace {
 
-void check_options(DType state_dtype, const NvmeStateOptions& o) {
+// The options and numel, checked before any member is built from them.
+int64_t checked_numel(int64_t numel, DType state_dtype, const NvmeStateOptions& o) {
   ZRT_CHECK_AS(ConfigError, state_dtype == DType::kFloat32 || state_dtype == DType::kBFloat16,
                "NvmeStateStore: optimizer state dtype must be fp32 or bf16, got ", dtype_name(state_dtype));
   ZRT_CHECK_AS(ConfigError, o.rank >= 0, "NvmeStateStore: rank must be >= 0, got ", o.rank);
   ZRT_CHECK_AS(ConfigError, o.chunk_elements >= 1, "NvmeStateStore: chunk_elements must be >= 1");
   ZRT_CHECK_AS(ConfigError, o.buffer_count >= 1, "NvmeStateStore: buffer_count must be >= 1, got ", o.buffer_count);
-}
-
-int64_t checked_numel(int64_t numel, DType state_dtype, const NvmeStateOptions& o) {
-  check_options(state_dtype, o);
   ZRT_CHECK_AS(UsageError, numel >= 0, "NvmeStateStore: numel must be >= 0, got ", numel);
   return numel;
 }
