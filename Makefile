@@ -1,5 +1,6 @@
-# zerort: `make demo` runs the main job, `make test` runs every test. Both install what is
-# missing first (Debian packages, the .venv with torch==2.13.0) and only redo what changed.
+# zerort: `make demo` runs the main job, `make test` the newcomer's check, `make test-all` every
+# test. Each installs what is missing first (Debian packages, the .venv with torch==2.13.0) and
+# only redoes what changed.
 SHELL := /bin/bash
 VENV  ?= .venv
 PY    := $(VENV)/bin/python
@@ -7,7 +8,7 @@ BUILD ?= build
 JOBS  ?= $(shell nproc)
 STAMPS := .stamps
 
-.PHONY: all deps venv configure build test test-asan test-nouring lint demo demo-cpp bench bench-e2e bench-ds clean
+.PHONY: all deps venv configure build test test-all test-asan test-nouring lint demo demo-cpp bench bench-e2e bench-ds clean
 
 all: build
 
@@ -34,8 +35,13 @@ configure: $(BUILD)/CMakeCache.txt
 build: $(BUILD)/CMakeCache.txt
 	cmake --build $(BUILD) -j $(JOBS)
 
+# make test: the newcomer's check, at least one case of every part (tests/quick.txt says which and
+# why); make test-all: every test, as .ci/run runs it.
 test: build
-	BUILD=$(BUILD) PY=$(PY) bash scripts/run_tests.sh
+	BUILD=$(BUILD) PY=$(PY) bash scripts/run_tests.sh quick
+
+test-all: build
+	BUILD=$(BUILD) PY=$(PY) bash scripts/run_tests.sh all
 
 # The torch-free C++ tests under AddressSanitizer + UBSan, in their own build directory.
 test-asan: $(STAMPS)/deps $(VENV)/.installed
