@@ -83,10 +83,12 @@ def test_the_build_dtype_follows_deepspeeds_rules(tmp_path, monkeypatch):
         build_dtype(config_dict_or_path={**bf16, **fp16})
     with pytest.raises(ValueError, match="dtype=torch.int64"):
         build_dtype(dtype=torch.int64)
-    # No config: DeepSpeed's `dtype or float16 if is_fp16_supported() else bfloat16`.
+    # No config: a given dtype, else DeepSpeed's default, fp16 where the accelerator takes it, else bf16.
+    monkeypatch.setattr(type(get_accelerator()), "is_fp16_supported", lambda self: True)
     assert build_dtype() == torch.float16 and build_dtype(dtype=torch.bfloat16) == torch.bfloat16
     monkeypatch.setattr(type(get_accelerator()), "is_fp16_supported", lambda self: False)
-    assert build_dtype() == torch.bfloat16 and build_dtype(dtype=torch.float32) == torch.bfloat16
+    assert build_dtype() == torch.bfloat16
+    assert build_dtype(dtype=torch.float32) == torch.float32  # DeepSpeed's precedence drops it here; zerort keeps it
     assert build_dtype(config_dict_or_path=fp16) == torch.float16
     monkeypatch.undo()
 

@@ -56,11 +56,13 @@ def build_dtype(dtype=None, config_dict_or_path=None, config=None):
     """The dtype DeepSpeed's zero.Init builds floating tensors in (Note [build dtype]).
     config (DeepSpeed's older name) replaces config_dict_or_path when given. With a config
     and no dtype: bf16.enabled (or its old name bfloat16) -> bfloat16, fp16.enabled -> float16,
-    neither -> float32, both -> an error. Otherwise DeepSpeed's expression, precedence and
-    all, `dtype or float16 if is_fp16_supported() else bfloat16`: dtype or float16 where the
-    accelerator takes fp16 (zerort's always does on the CPU, and CUDA from compute capability
-    7), bfloat16 where it does not, whatever dtype says; a dtype given with a config wins
-    over the config."""
+    neither -> float32, both -> an error. A dtype given wins, over a config too. With neither,
+    DeepSpeed's default: float16 where the accelerator takes fp16 (CUDA from compute
+    capability 7; the CPU where oneDNN has fp16 kernels), else bfloat16.
+    DeepSpeed writes that default as `dtype or float16 if is_fp16_supported() else bfloat16`,
+    whose precedence also drops a given dtype where fp16 is not supported (most CPUs): there
+    zerort keeps the dtype asked for, since building in bf16 what the user asked to build in
+    FP32 would train other numbers than the script says (docs/DEEPSPEED.md)."""
     from zerort.integrations.deepspeed.accelerator import get_accelerator
 
     source = config if config is not None else config_dict_or_path
@@ -71,7 +73,7 @@ def build_dtype(dtype=None, config_dict_or_path=None, config=None):
             raise ConfigError("deepspeed.zero.Init: the config enables both bf16.enabled and fp16.enabled; enable "
                               "at most one")
         return torch.bfloat16 if bf16 else torch.float16 if fp16 else torch.float32
-    out = (dtype or torch.float16) if get_accelerator().is_fp16_supported() else torch.bfloat16
+    out = dtype or (torch.float16 if get_accelerator().is_fp16_supported() else torch.bfloat16)
     if out not in BUILD_DTYPES:
         raise ConfigError(f"deepspeed.zero.Init(dtype={out}): give torch.float16, torch.bfloat16 or torch.float32")
     return out
