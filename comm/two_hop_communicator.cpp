@@ -1,11 +1,15 @@
 #include "comm/two_hop_communicator.h"
 
 #include <cstring>
+#include <functional>
+#include <mutex>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "comm/hop_pair.h"
 #include "comm/local_reduce.h"
+#include "comm/serial_queue.h"
 #include "core/error.h"
 
 namespace zerort {
@@ -15,22 +19,6 @@ namespace {
 using Bytes = std::shared_ptr<char[]>;
 
 Bytes bytes_of(size_t n) { return Bytes(new char[n > 0 ? n : 1]); }
-
-// Runs one hop (its collectives issued and waited for); a failure (at a call or in a wait) is
-// rethrown as the same kind of error, naming the caller's collective (`outer`) and the hop
-// before the part's own message.
-template <typename Hop>
-void run_hop(const CollectiveDesc& outer, const char* hop, Hop&& run) {
-  try {
-    run();
-  } catch (const Error& e) {
-    const std::string msg = detail::concat(outer.to_string(), ", ", hop, ": ", e.message());
-    if (dynamic_cast<const CollectiveMismatchError*>(&e)) throw CollectiveMismatchError(__FILE__, __LINE__, msg);
-    if (dynamic_cast<const CommTimeoutError*>(&e)) throw CommTimeoutError(__FILE__, __LINE__, msg);
-    if (dynamic_cast<const CommError*>(&e)) throw CommError(__FILE__, __LINE__, msg);
-    throw Error(__FILE__, __LINE__, msg);
-  }
-}
 
 // See Note [two hops].
 class TwoHopCommunicator final : public Communicator {
@@ -58,54 +46,69 @@ class TwoHopCommunicator final : public Communicator {
   }
   WorkPtr do_barrier(const CollectiveDesc&) override { return flat_->barrier(); }
 
-  // The two hops run on the calling thread, each waited for (run_hop), so a call returns
-  // done: a failure names this collective and its hop, and no buffer is written later.
+  // Both hops run on this communicator's workers (Note [pipelined hops]): the call returns
+  // a pending Work, which completes when hop 2 ends or hop 1 fails.
   WorkPtr do_all_gather(const void* in, void* out, const CollectiveDesc& d) override {
     if (d.count == 0) return std::make_shared<CompletedWork>(d, options().timeout);  // every rank: nothing moves
     const size_t chunk = d.count * dtype_size(d.dtype), world = nodes_ * per_node_;
+    auto pair = std::make_shared<HopPair>(d, options().timeout, track_scratch((nodes_ + world) * chunk));
     Bytes same_local = bytes_of(nodes_ * chunk), all = bytes_of(world * chunk);
-    auto token = track_scratch((nodes_ + world) * chunk);
     // Hop 1, across nodes: the chunks of this local index, [node]; hop 2 within the node: [local][node].
-    run_hop(d, "hop 1 (across nodes)",
-            [&] { inter_->all_gather(in, same_local.get(), d.count, d.dtype, d.tag)->wait(); });
-    run_hop(d, "hop 2 (within the node)",
-            [&] { intra_->all_gather(same_local.get(), all.get(), nodes_ * d.count, d.dtype, d.tag)->wait(); });
-    for (size_t l = 0; l < per_node_; ++l) {
-      for (size_t k = 0; k < nodes_; ++k) {
-        std::memcpy(static_cast<char*>(out) + (k * per_node_ + l) * chunk, all.get() + (l * nodes_ + k) * chunk, chunk);
-      }
-    }
-    return std::make_shared<CompletedWork>(d, options().timeout);
+    auto hop1 = [this, pair, in, same_local, d] {
+      pair->run_first("hop 1 (across nodes)",
+                      [&] { inter_->all_gather(in, same_local.get(), d.count, d.dtype, d.tag)->wait(); });
+    };
+    auto hop2 = [this, pair, out, same_local, all, d, chunk] {
+      pair->run_second("hop 2 (within the node)", [&] {
+        intra_->all_gather(same_local.get(), all.get(), nodes_ * d.count, d.dtype, d.tag)->wait();
+        for (size_t l = 0; l < per_node_; ++l) {
+          for (size_t k = 0; k < nodes_; ++k) {
+            std::memcpy(static_cast<char*>(out) + (k * per_node_ + l) * chunk, all.get() + (l * nodes_ + k) * chunk,
+                        chunk);
+          }
+        }
+      });
+    };
+    reserve(inter_hops_, std::move(hop1), intra_hops_, std::move(hop2));
+    return pair->work();
   }
 
   WorkPtr do_reduce_scatter_accumulate(const void* in, float* out, bool accumulate, const CollectiveDesc& d) override {
     if (d.count == 0) return std::make_shared<CompletedWork>(d, options().timeout);
     const size_t n = d.count, chunk = n * dtype_size(d.dtype), world = nodes_ * per_node_;
-    const size_t g = per_node_, n_nodes = nodes_;
     const size_t wire = inter_node_wire_bytes(wire_, n);  // one partial on the wire
-    auto token = track_scratch(2 * world * chunk + n_nodes * (2 * n * sizeof(float) + 2 * wire));
-    // Hop 1, within the node: to node-peer l the chunks of the ranks of local index l, [l][node].
-    Bytes send = bytes_of(world * chunk), got = bytes_of(world * chunk);
-    const char* x = static_cast<const char*>(in);
-    for (size_t l = 0; l < g; ++l) {
-      for (size_t k = 0; k < n_nodes; ++k) {
-        std::memcpy(send.get() + (l * n_nodes + k) * chunk, x + (k * g + l) * chunk, chunk);
-      }
-    }
-    run_hop(d, "hop 1 (within the node)",
-            [&] { intra_->all_to_all(send.get(), got.get(), n_nodes * n, d.dtype)->wait(); });
-    for (size_t k = 0; k < n_nodes; ++k) {  // got is [from local][node]: regrouped as [node][from local]
-      for (size_t l = 0; l < g; ++l) {
-        std::memcpy(send.get() + (k * g + l) * chunk, got.get() + (l * n_nodes + k) * chunk, chunk);
-      }
-    }
-    std::vector<float> partial(n_nodes * n);
-    for (size_t k = 0; k < n_nodes; ++k) {
-      sum_chunks_to_f32(send.get() + k * g * chunk, d.dtype, g, n, partial.data() + k * n, false);
-    }
+    auto pair = std::make_shared<HopPair>(
+        d, options().timeout, track_scratch(2 * world * chunk + nodes_ * (2 * n * sizeof(float) + 2 * wire)));
+    auto partial = std::make_shared<std::vector<float>>(nodes_ * n);
+    // Hop 1, within the node: to node-peer l the chunks of the ranks of local index l, [l][node],
+    // then the node's partial sums.
+    auto hop1 = [this, pair, in, partial, d, n, chunk, world] {
+      pair->run_first("hop 1 (within the node)", [&] {
+        const size_t g = per_node_, n_nodes = nodes_;
+        Bytes send = bytes_of(world * chunk), got = bytes_of(world * chunk);
+        const char* x = static_cast<const char*>(in);
+        for (size_t l = 0; l < g; ++l) {
+          for (size_t k = 0; k < n_nodes; ++k) {
+            std::memcpy(send.get() + (l * n_nodes + k) * chunk, x + (k * g + l) * chunk, chunk);
+          }
+        }
+        intra_->all_to_all(send.get(), got.get(), n_nodes * n, d.dtype)->wait();
+        for (size_t k = 0; k < n_nodes; ++k) {  // got is [from local][node]: regrouped as [node][from local]
+          for (size_t l = 0; l < g; ++l) {
+            std::memcpy(send.get() + (k * g + l) * chunk, got.get() + (l * n_nodes + k) * chunk, chunk);
+          }
+        }
+        for (size_t k = 0; k < n_nodes; ++k) {
+          sum_chunks_to_f32(send.get() + k * g * chunk, d.dtype, g, n, partial->data() + k * n, false);
+        }
+      });
+    };
     // Hop 2, across nodes: partial k to node k on the wire, summed in node order.
-    run_hop(d, "hop 2 (across nodes)", [&] { sum_over_wire(*inter_, partial.data(), n, wire_, out, accumulate); });
-    return std::make_shared<CompletedWork>(d, options().timeout);
+    auto hop2 = [this, pair, partial, out, accumulate, n] {
+      pair->run_second("hop 2 (across nodes)", [&] { sum_over_wire(*inter_, partial->data(), n, wire_, out, accumulate); });
+    };
+    reserve(intra_hops_, std::move(hop1), inter_hops_, std::move(hop2));
+    return pair->work();
   }
 
  private:
@@ -113,6 +116,19 @@ class TwoHopCommunicator final : public Communicator {
   InterNodeWire wire_;
   size_t per_node_, nodes_;
   std::string name_;
+
+  // A call's two hops, queued together: every queue sees the calls in the callers' order.
+  void reserve(SerialQueue& first_queue, std::function<void()> first, SerialQueue& second_queue,
+               std::function<void()> second) {
+    std::lock_guard<std::mutex> lock(reserve_mu_);
+    first_queue.push(std::move(first));
+    second_queue.push(std::move(second));
+  }
+
+  std::mutex reserve_mu_;
+  // Last, so they are destroyed first: each runs what is queued, then joins, while the
+  // sub-communicators are still there.
+  SerialQueue intra_hops_, inter_hops_;
 };
 
 }  // namespace

@@ -41,6 +41,31 @@ namespace zerort {
 // here (the funnel of this communicator); the hops' inner calls are the sub-communicators'.
 // The partial sums' form between the hops: comm.inter_node_dtype (comm/wire_sum.h).
 
+// Note [pipelined hops]
+// The hops run on two workers of this communicator (comm/serial_queue.h), one per
+// sub-communicator, each running its hops one at a time in the order queued; a call returns a
+// pending Work at once. So bucket k+1's hop 1 runs while bucket k's hop 2 is on the wire, and
+// a stream of calls costs about the slower hop per call, not the sum.
+// - Order. A call queues both its hops at once, under one lock (HopPair, comm/hop_pair.h), so
+//   each sub-communicator runs its collectives in the caller's call order, and every rank
+//   that calls in the same order issues them alike. A hop waits only for the other hop of its
+//   own call, which sits in the other queue behind earlier calls' hops only: by induction on
+//   the calls, every hop ends, and FIFO queues never deadlock.
+// - Other collectives go to the flat communicator at once, on the caller's thread, and may
+//   pass two-hop work still queued. That is safe: flat is a communicator of its own, so the
+//   order of its collectives is the caller's on every rank, as is the order on intra and on
+//   inter, and cross-rank matching only ever pairs collectives of one communicator. intra and
+//   inter must serve this communicator alone (topology.grid_parts makes them for it).
+// - Buffers. As with every backend, a caller keeps `in` and `out` untouched until the Work
+//   completes: hop 1 reads `in` later. The hops' scratch counts (track_scratch) until then.
+// - Errors. A failed hop completes the Work with the error's own kind (mismatch, timeout,
+//   comm), naming the caller's collective and the hop: "reduce_scatter_accumulate(...) on rank 1
+//   of 4 [gloo+two-hop], hop 2 (across nodes): ...". A failed hop 1 skips its hop 2. wait()
+//   honours its timeout as any Work does; the hops themselves are bounded by the
+//   sub-communicators' timeouts, so a worker is never stuck for good.
+// - Destruction runs what is queued, then joins the workers.
+// Same bits as running the hops in turn: each call's sums, and their order, are unchanged.
+
 std::unique_ptr<Communicator> make_two_hop_communicator(std::shared_ptr<Communicator> flat,
                                                         std::shared_ptr<Communicator> intra,
                                                         std::shared_ptr<Communicator> inter, InterNodeWire wire,

@@ -21,60 +21,20 @@
 #include "comm/two_hop_communicator.h"
 #include "core/error.h"
 #include "core/half.h"
+#include "two_hop_nodes.h"
 
 namespace zerort::testing {
 namespace {
 
-// fn(two_hop, flat, rank) on every rank of nodes x per_node, each thread its own communicators.
-// abort_inter: every inter-node group fails its collectives (InProcessGroup::abort) from the start.
 std::vector<std::string> run_nodes(int nodes, int per_node, InterNodeWire wire,
                                    const std::function<void(Communicator&, Communicator&, int)>& fn,
                                    bool abort_inter = false) {
-  const int world = nodes * per_node;
-  auto flat = InProcessGroup::create(world);
-  std::vector<std::shared_ptr<InProcessGroup>> intra, inter;
-  for (int k = 0; k < nodes; ++k) intra.push_back(InProcessGroup::create(per_node));
-  for (int l = 0; l < per_node; ++l) inter.push_back(InProcessGroup::create(nodes));
-  for (auto& group : inter) {
-    if (abort_inter) group->abort("the link between the nodes is down (test)");
-  }
-  std::vector<std::string> errors(static_cast<size_t>(world));
-  std::vector<std::thread> threads;
-  for (int r = 0; r < world; ++r) {
-    threads.emplace_back([&, r] {
-      try {
-        const int node = r / per_node, local = r % per_node;
-        std::shared_ptr<Communicator> f = flat->communicator(r);
-        auto two = make_two_hop_communicator(f, intra[static_cast<size_t>(node)]->communicator(local),
-                                             inter[static_cast<size_t>(local)]->communicator(node), wire, {});
-        fn(*two, *f, r);
-      } catch (const std::exception& e) {
-        errors[static_cast<size_t>(r)] = e.what();
-      }
-    });
-  }
-  for (auto& t : threads) t.join();
-  return errors;
-}
-
-// Rank r's input element i of the chunk for rank j: magnitudes over 2^-10..2^10, both signs,
-// exactly representable in bf16 and f16.
-float value(int r, int j, size_t i) {
-  const uint32_t h = (static_cast<uint32_t>(r) * 2654435761u) ^ (static_cast<uint32_t>(j) * 40503u) ^
-                     (static_cast<uint32_t>(i) * 2246822519u);
-  const float mantissa = static_cast<float>(static_cast<int>(h % 255) - 127) / 16.0f;
-  return std::ldexp(mantissa, static_cast<int>((h >> 8) % 9) - 4);
-}
-
-std::vector<uint16_t> input(DType dtype, int r, int world, size_t n) {
-  std::vector<uint16_t> in(static_cast<size_t>(world) * n);
-  for (int j = 0; j < world; ++j) {
-    for (size_t i = 0; i < n; ++i) {
-      const float x = value(r, j, i);
-      in[static_cast<size_t>(j) * n + i] = dtype == DType::kBFloat16 ? f32_to_bf16(x) : f32_to_f16(x);
-    }
-  }
-  return in;
+  Nodes shape;
+  shape.nodes = nodes;
+  shape.per_node = per_node;
+  shape.wire = wire;
+  shape.abort_inter = abort_inter;
+  return testing::run_nodes(shape, fn);
 }
 
 using Case = std::tuple<int, int, DType, InterNodeWire>;  // nodes, ranks per node, input dtype, inter-node wire
