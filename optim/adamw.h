@@ -41,6 +41,12 @@ struct AdamWBuffers {
   // Adam's moments: f32, or bf16 (read to float, updated in float, rounded to nearest even
   // on store: half the memory of the moments).
   DType state_dtype = DType::kFloat32;
+  // A bf16 master in place of `master` (which is then nullptr): n bf16 values, stepped by
+  // adamw_step_bf16_master (optim/adamw_bf16_master.h), never by adamw_step.
+  uint16_t* master_bf16 = nullptr;
+  // bf16 master only: the gradient is multiplied by this in float before grad_multiplier, the
+  // unscale a bf16 gradient shard does not write back (it would round the gradient twice).
+  float grad_unscale = 1.0f;
 };
 
 // Throws zerort::Error, prefixed by `who`, unless betas are in [0, 1), lr and weight_decay

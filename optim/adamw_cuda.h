@@ -13,6 +13,10 @@ namespace zerort {
 // Device buffers. Checks arguments as the CPU version does; launches are checked.
 void adamw_step_cuda(const AdamWBuffers& buffers, const AdamWStep& step, cudaStream_t stream);
 
+// AdamW over a bf16 master (AdamWBuffers::master_bf16; optim/adamw_bf16_master.h): the CPU
+// kernel's bits. Device buffers; launches are checked.
+void adamw_step_bf16_master_cuda(const AdamWBuffers& buffers, const AdamWStep& step, cudaStream_t stream);
+
 // Device gradient; returns the stats after synchronising the stream. Per-block partial
 // sums are combined in block order, so the result is reproducible run to run.
 GradStats unscale_and_check_cuda(float* grad, size_t n, float inv_scale, cudaStream_t stream);

@@ -108,4 +108,14 @@ ZRT_HD void adamw_element(const AdamWCoeffs c, float g, float& p, float& m, floa
   p = add_rn(p, div_rn(mul_rn(c.neg_step_size, m), denom));
 }
 
+// One element of a bf16 master (optim/adamw_bf16_master.h): g times unscale in float, then
+// adamw_element in FP32 on the master read from its bf16 bits; the new master is rounded to
+// nearest even once, on store. m and v stay float here; the caller stores them in their dtype.
+template <bool FromGrad>
+ZRT_HD void adamw_bf16_master_element(const AdamWCoeffs c, float unscale, float g, uint16_t& p, float& m, float& v) {
+  float pf = bf16_to_f32(p);
+  adamw_element<FromGrad>(c, mul_rn(g, unscale), pf, m, v);
+  p = f32_to_bf16(pf);
+}
+
 }  // namespace zerort

@@ -129,6 +129,7 @@ void bind_options(py::module_& m) {
   auto optimizer = options_class<OptimizerOptions>(m, "OptimizerOptions");
   dtype_field(optimizer, "precision", &OptimizerOptions::precision);
   dtype_field(optimizer, "state_dtype", &OptimizerOptions::state_dtype);
+  dtype_field(optimizer, "master_dtype", &OptimizerOptions::master_dtype);
   optimizer.def_readwrite("adamw", &OptimizerOptions::adamw)
       .def_readwrite("loss_scale", &OptimizerOptions::loss_scale)
       .def_readwrite("gradient_clipping", &OptimizerOptions::gradient_clipping)

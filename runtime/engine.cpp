@@ -227,7 +227,7 @@ Engine::Engine(std::vector<at::Tensor> params, Communicator& comm, EngineOptions
   // In memory, the master; in a file, each bucket's shard goes there as it is filled.
   at::Tensor master = state_file    ? at::Tensor()
                       : host_mover_ ? at::empty({static_cast<int64_t>(opt_total)}, f32.device(at::kCPU))
-                                    : at::empty({static_cast<int64_t>(opt_total)}, f32);
+                                    : at::empty({static_cast<int64_t>(opt_total)}, f32.dtype(master_type()));
   for (auto& g : groups_) {
     for (Bucket& b : g->buckets) fill_bucket(*g, b, master, state_file.get());
     for (size_t i = 0; i < g->params.size() && !policy_.packs(); ++i) {

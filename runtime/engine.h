@@ -270,6 +270,9 @@ class Engine {
   // before any state is written. See Note [state tiers].
   std::unique_ptr<NvmeStateStore> open_tier_files(size_t numel);
   void make_shard_copies();    // open_tier_files' second file (or the copies in memory)
+  // The in-memory master's dtype: f32, or bf16 (options_.optimizer.master_dtype, checked
+  // against what a bf16 master works with; Note [bf16 master]).
+  at::ScalarType master_type() const;
   void make_reduce_scratch();  // reduce_scratch_: the largest bucket's shard, on the device
   void open_host_tier();       // kHost: the mover, its buffers and the shard copies on the device
   // Bucket b's starting FP32 part `mine` into master (in memory) or the file, with the shard

@@ -3,12 +3,14 @@
 // gathered, the checkpoint counters, and the working weights rebuilt from the master (the rest
 // of the Engine is engine.cpp, engine_reduce.cpp and engine_units.cpp).
 #include <ATen/ops/empty.h>
+#include <ATen/ops/from_blob.h>
 
 #include <algorithm>
 #include <cstring>
 #include <string>
 
 #include "core/error.h"
+#include "runtime/bf16_state_store.h"
 #include "runtime/engine_parts.h"
 #include "runtime/kernel_dispatch.h"
 
@@ -126,6 +128,17 @@ void Engine::open_host_tier() {
   make_shard_copies();
 }
 
+at::ScalarType Engine::master_type() const {
+  if (options_.optimizer.master_dtype != DType::kBFloat16) return at::kFloat;
+  ZRT_CHECK_AS(ConfigError, !policy_.replicated && options_.state_tier == StateTier::kMemory && !replicas_,
+               "Engine: a bf16 master (bf16.bf16_master_weights_and_grads, optimizer.master_dtype bf16) works at "
+               "stages 1-3 with the optimizer state in memory, without hybrid sharding; got stage ",
+               options_.stage, ", the state in ", tier_name(options_.state_tier), replicas_ ? ", hybrid sharding" : "",
+               " (set offload_optimizer.device to 'none', zero_hpz/hybrid sharding off, stage 1-3, or drop "
+               "bf16.bf16_master_weights_and_grads)");
+  return at::kBFloat16;  // ShardOptimizer checks the precision is bf16
+}
+
 void Engine::make_reduce_scratch() {
   size_t largest = 0;
   for (const auto& g : groups_) {
@@ -170,6 +183,10 @@ void Engine::keep_master(Bucket& b, DType dtype, const at::Tensor& mine, at::Ten
 
 std::unique_ptr<OptimizerStateStore> Engine::make_state_store(at::Tensor master, std::unique_ptr<NvmeStateStore> file) {
   if (file) return file;
+  if (master.scalar_type() == at::kBFloat16) {  // the reduces reach its gradient through the scratch
+    make_reduce_scratch();
+    return std::make_unique<Bf16MasterStateStore>(std::move(master), options_.optimizer.state_dtype);
+  }
   return std::make_unique<InMemoryStateStore>(std::move(master), options_.optimizer.state_dtype);
 }
 
@@ -182,6 +199,12 @@ void Engine::cast_master(size_t offset, size_t n, void* out, DType dtype, bool o
   if (host_mover_) {  // kHost: cast on the host, then one copy to the device (n: a bucket's at most)
     cast_from_f32_on(at::kCPU, state.master().data_ptr<float>() + offset, host_out_.get(), dtype, n);
     host_mover_->from_host(out, host_out_.get(), n * dtype_size(dtype));
+    return;
+  }
+  if (state.tier() == StateTier::kMemory && state.master_dtype() == DType::kBFloat16) {  // bits, or widened
+    const auto to = at::TensorOptions().dtype(scalar_type(dtype)).device(device_);
+    at::from_blob(out, {static_cast<int64_t>(n)}, to)
+        .copy_(state.master().narrow(0, static_cast<int64_t>(offset), static_cast<int64_t>(n)));
     return;
   }
   if (state.tier() == StateTier::kMemory) {
@@ -259,13 +282,15 @@ at::Tensor Engine::exp_avg_sq(size_t g) const { return optimizer_slice(optimizer
 at::Tensor Engine::grad(size_t g) const {
   OptimizerStateStore& state = optimizer_->state();
   if (state.gradient_in_memory()) return optimizer_slice(state.grad(), g);
-  at::Tensor out = at::empty({static_cast<int64_t>(group(g).opt_numel)}, at::TensorOptions().dtype(at::kFloat));
+  at::Tensor out = at::empty({static_cast<int64_t>(group(g).opt_numel)},
+                             at::TensorOptions().dtype(at::kFloat).device(state.device()));
   state.read_grad(group(g).opt_offset, group(g).opt_numel, out.data_ptr<float>());
   return out;
 }
 
 size_t Engine::grad_shard_bytes() const {
   const OptimizerStateStore& state = optimizer_->state();
+  if (state.master_dtype() == DType::kBFloat16) return static_cast<size_t>(state.grad().numel()) * 2;
   const at::Tensor& held = state.gradient_in_memory() ? state.grad() : reduce_scratch_;
   return static_cast<size_t>(held.numel()) * sizeof(float);
 }
@@ -288,7 +313,7 @@ at::Tensor Engine::gather_master(size_t g) const {
     const at::Tensor mine = (optimizer_->state().tier() == StateTier::kMemory
                                  ? optimizer_->state().master().narrow(0, static_cast<int64_t>(b.opt_offset), n)
                                  : read_state(StateArray::kMaster, b.opt_offset, b.opt_numel))
-                                .to(device_);  // kHost: from host memory
+                                .to(device_, at::kFloat);  // kHost: from host memory; a bf16 master widened
     if (policy_.replicated) {                  // every rank holds it all
       out.narrow(0, static_cast<int64_t>(b.flat_offset), n).copy_(mine);
     } else {

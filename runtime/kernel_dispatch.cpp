@@ -1,6 +1,7 @@
 #include "runtime/kernel_dispatch.h"
 
 #include "core/error.h"
+#include "optim/adamw_bf16_master.h"
 #include "optim/cast.h"
 #include "zerort/config.h"
 #if ZERORT_WITH_CUDA
@@ -68,10 +69,16 @@ void sum_chunks_to_f32_on(const c10::Device& device, const void* chunks, DType d
 }
 
 void adamw_step_on(const c10::Device& device, const AdamWBuffers& buffers, const AdamWStep& step) {
-  if (device.is_cpu()) return adamw_step(buffers, step);
+  const bool bf16_master = buffers.master_bf16 != nullptr;
+  if (device.is_cpu()) return bf16_master ? adamw_step_bf16_master(buffers, step) : adamw_step(buffers, step);
 #if ZERORT_WITH_CUDA
-  check_adamw_hyper(step.hyper, "adamw_step_cuda");  // adamw_step checks them on the CPU
   CudaDeviceGuard guard(index_of(device));
+  if (bf16_master) {
+    check_bf16_master_buffers(buffers, step, "adamw_step_bf16_master_cuda");  // the CPU kernel's checks
+    adamw_step_bf16_master_cuda(buffers, step, kDefaultStream);
+    return;
+  }
+  check_adamw_hyper(step.hyper, "adamw_step_cuda");  // adamw_step checks them on the CPU
   adamw_step_cuda(buffers, step, kDefaultStream);
 #else
   check_device_supported(device, "the AdamW shard");

@@ -64,6 +64,9 @@ class OptimizerStateStore {
 
   virtual int64_t numel() const = 0;
   virtual DType state_dtype() const = 0;  // Adam's m and v: f32 or bf16
+  // The master's and the gradient's dtype: f32, or bf16 (Bf16MasterStateStore,
+  // runtime/bf16_state_store.h). read_range/write_range and read_grad/write_grad take FP32 either way.
+  virtual DType master_dtype() const { return DType::kFloat32; }
   virtual StateTierStats tier_stats() const = 0;
   StateTier tier() const { return tier_stats().tier; }
   virtual const at::Tensor& master() const = 0;

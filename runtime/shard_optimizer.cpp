@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "runtime/bf16_state_store.h"
 #include "runtime/kernel_dispatch.h"
 #include "runtime/step_decision.h"
 
@@ -39,6 +40,11 @@ const OptimizerOptions& validated(const OptimizerOptions& o) {
                "gradient_clipping must be >= 0 (0 disables), got ", o.gradient_clipping);
   ZRT_CHECK_AS(ConfigError, o.state_dtype == DType::kFloat32 || o.state_dtype == DType::kBFloat16,
                "optimizer state dtype must be fp32 or bf16, got ", dtype_name(o.state_dtype));
+  ZRT_CHECK_AS(ConfigError,
+               o.master_dtype == DType::kFloat32 || (o.master_dtype == DType::kBFloat16 && o.precision == DType::kBFloat16),
+               "optimizer master dtype must be fp32, or bf16 with bf16 precision (bf16.bf16_master_weights_and_grads "
+               "needs bf16.enabled); got ",
+               dtype_name(o.master_dtype), " with ", dtype_name(o.precision), " precision");
   check_adamw_hyper(o.adamw, "optimizer options (AdamWHyper)");  // at construction, not at the first step
   return o;
 }
@@ -50,13 +56,19 @@ ShardOptimizer::ShardOptimizer(at::Tensor master, Communicator& comm, OptimizerO
   ZRT_CHECK(master.defined() && master.scalar_type() == at::kFloat && master.dim() == 1 && master.is_contiguous(),
             "ShardOptimizer: master must be a contiguous 1-D float32 tensor");
   check_device_supported(master.device(), "ShardOptimizer's master");
-  state_ = std::make_unique<InMemoryStateStore>(std::move(master), options_.state_dtype);
+  if (options_.master_dtype == DType::kBFloat16) {  // rounded to nearest even once
+    state_ = std::make_unique<Bf16MasterStateStore>(master.to(at::kBFloat16), options_.state_dtype);
+  } else {
+    state_ = std::make_unique<InMemoryStateStore>(std::move(master), options_.state_dtype);
+  }
 }
 
 ShardOptimizer::ShardOptimizer(std::unique_ptr<OptimizerStateStore> state, Communicator& comm, OptimizerOptions options)
     : comm_(comm), options_(validated(options)), scaler_(scaler_options(options)),
       state_(std::move(state)), hypers_{options_.adamw} {
   ZRT_CHECK(state_ != nullptr, "ShardOptimizer: no state store");
+  ZRT_CHECK(state_->master_dtype() == options_.master_dtype, "ShardOptimizer: the store's master dtype ",
+            dtype_name(state_->master_dtype()), " is not the options' ", dtype_name(options_.master_dtype));
   ZRT_CHECK(state_->state_dtype() == options_.state_dtype, "ShardOptimizer: the store's state dtype ",
             dtype_name(state_->state_dtype()), " is not the options' ", dtype_name(options_.state_dtype));
   check_device_supported(state_->device(), "ShardOptimizer's gradient");
@@ -166,8 +178,9 @@ void ShardOptimizer::adamw_range(const AdamWBuffers& chunk, size_t chunk_offset,
     s.hyper = hypers_[group];
     const size_t skip = pos - chunk_offset;
     AdamWBuffers b = chunk;
-    b.grad = static_cast<const float*>(chunk.grad) + skip;
-    b.master = chunk.master + skip;
+    b.grad = static_cast<const char*>(chunk.grad) + skip * dtype_size(chunk.grad_dtype);
+    b.master = chunk.master ? chunk.master + skip : nullptr;
+    b.master_bf16 = chunk.master_bf16 ? chunk.master_bf16 + skip : nullptr;
     b.exp_avg = static_cast<char*>(chunk.exp_avg) + skip * state_bytes;
     b.exp_avg_sq = static_cast<char*>(chunk.exp_avg_sq) + skip * state_bytes;
     b.n = stop - pos;

@@ -27,6 +27,9 @@ struct OptimizerOptions {
   double gradient_clipping = 0.0;           // max global L2 norm; 0 disables
   int64_t gradient_accumulation_steps = 1;  // the gradient is averaged over these and W
   DType state_dtype = DType::kFloat32;      // Adam's m and v: f32, or bf16 (half their memory)
+  // The master and gradient shard: f32, or bf16 (DeepSpeed's bf16_master_weights_and_grads:
+  // runtime/bf16_state_store.h; the update still computes in FP32 and rounds once).
+  DType master_dtype = DType::kFloat32;
   // Ranks 0..owner_ranks-1 hold every element of the state once between them, so only their
   // gradient figures are summed at the decision (0: every rank; stage 0, where every rank holds
   // it all: 1; hybrid sharding: the group's size, Note [hybrid sharding]).

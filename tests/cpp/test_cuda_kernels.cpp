@@ -16,6 +16,7 @@
 #include "optim/adamw.h"
 #include "optim/adamw_cuda.h"
 #include "optim/cast.h"
+#include "optim/adamw_bf16_master.h"
 #include "optim/cast_cuda.h"
 #include "optim/grad_stats.h"
 
@@ -129,6 +130,49 @@ TEST(AdamWCuda, EqualsCpuBitForBitOver10Steps) {
                     static_cast<void*>(dlp)}) {
       cudaFree(d);
     }
+  }
+}
+
+TEST(AdamWCuda, Bf16MasterEqualsCpuBitForBitOver5Steps) {
+  if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device visible; CUDA bf16-master AdamW test skipped";
+  SCOPED_TRACE(testing::Message() << "seed " << test_seed());
+  std::mt19937 gen(test_seed());
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  for (size_t n : {size_t{1}, size_t{1001}, size_t{(1u << 20) + 3}}) {
+    std::vector<uint16_t> p(n), m(n, 0), v(n, 0), g(n), lp(n);
+    for (auto& x : p) x = f32_to_bf16(normal(gen));
+    uint16_t *dp = to_device(p), *dm = to_device(m), *dv = to_device(v), *dg = to_device(g), *dlp = to_device(lp);
+    for (int64_t step = 1; step <= 5; ++step) {
+      for (auto& x : g) x = f32_to_bf16(normal(gen) * (step % 3 == 0 ? 1e-6f : 1.0f));
+      ZRT_CHECK_CUDA(cudaMemcpy(dg, g.data(), n * 2, cudaMemcpyHostToDevice));
+      AdamWStep s;
+      s.step = step;
+      s.hyper.lr = 1e-2;
+      s.hyper.weight_decay = 0.1;
+      s.grad_multiplier = step % 2 ? 1.0f : 0.37f;
+      AdamWBuffers b;
+      b.grad = g.data();
+      b.grad_dtype = DType::kBFloat16;
+      b.master_bf16 = p.data();
+      b.exp_avg = m.data();
+      b.exp_avg_sq = v.data();
+      b.state_dtype = DType::kBFloat16;
+      b.param = lp.data();
+      b.grad_unscale = 0.5f;
+      b.n = n;
+      adamw_step_bf16_master(b, s);
+      b.grad = dg;
+      b.master_bf16 = dp;
+      b.exp_avg = dm;
+      b.exp_avg_sq = dv;
+      b.param = dlp;
+      adamw_step_bf16_master_cuda(b, s, nullptr);
+    }
+    EXPECT_EQ(to_host(dp, n), p) << "master, n=" << n;
+    EXPECT_EQ(to_host(dm, n), m) << "exp_avg, n=" << n;
+    EXPECT_EQ(to_host(dv, n), v) << "exp_avg_sq, n=" << n;
+    EXPECT_EQ(to_host(dlp, n), p) << "the parameter output is the master's bits, n=" << n;
+    for (uint16_t* d : {dp, dm, dv, dg, dlp}) cudaFree(d);
   }
 }
 

@@ -109,6 +109,8 @@ def _precision(r, cfg, c):
     bf16_on = rb.boolean(bf16, "enabled", False)
     if rb.boolean(bf16, "bf16_optimizer_states", False):
         c.optimizer.state_dtype = "bf16"
+    if rb.boolean(bf16, "bf16_master_weights_and_grads", False):
+        c.optimizer.master_dtype = "bf16"
     _table(rb, bf16, "bf16.")
     rb.leftover(bf16, "unknown or unsupported DeepSpeed key")
     fp16, rf = r.child(cfg, "fp16")

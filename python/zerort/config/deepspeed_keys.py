@@ -133,13 +133,12 @@ KEYS = [
     b("bfloat16", "DeepSpeed's old name for the bf16 section"),
     a("bf16.immediate_grad_update", "gradients go to the FP32 shard as buckets complete", kind=BOOL),
     a("bf16.check_grad_overflow", "zerort always checks and skips a non-finite step", kind=BOOL),
-    d("bf16.bf16_master_weights_and_grads", "a bf16 master and bf16 gradient shard yet (both stay FP32; "
-      "docs/DEEPSPEED.md#torch_autocast-and-bf16-master-weights). For 4 bytes less per element of this rank's "
-      "shard set bf16.bf16_optimizer_states (Adam's m and v in bf16); for more, stage 3 or offload_optimizer. "
-      "An FP32 master keeps updates a bf16 master rounds away (losses then drift from DeepSpeed's by more than "
-      "bf16 rounding); to train with one"),
+    b("bf16.bf16_master_weights_and_grads", "optimizer.master_dtype bf16: the master and the gradient shard "
+      "in bf16 (4 bytes less per element of this rank's shard), summed and stepped in FP32 and rounded once "
+      "per store; stages 1-3, the state in memory (docs/DEEPSPEED.md#bf16bf16_master_weights_and_grads)"),
     b("bf16.bf16_optimizer_states", "optimizer.state_dtype bf16: Adam's m and v kept in bf16 (4 bytes less per "
-      "element of this rank's shard); the FP32 master stays"),
+      "element of this rank's shard); DeepSpeed takes it only with bf16_master_weights_and_grads, zerort "
+      "alone too (then the FP32 master stays)"),
     a("fp16.enabled", "the same: fp16 compute, FP32 master, loss scaling"),
     b("fp16.loss_scale", "0: the dynamic scale; > 0: that fixed scale"),
     a("fp16.initial_scale_power", "the same"),

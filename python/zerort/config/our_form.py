@@ -90,6 +90,7 @@ def _parse_ours(cfg, problems):
     opt, ro = r.child(cfg, "optimizer")
     optimizer_params(ro, opt, c)
     c.optimizer.state_dtype = ro.choice(opt, "state_dtype", c.optimizer.state_dtype, ("fp32", "bf16"))
+    c.optimizer.master_dtype = ro.choice(opt, "master_dtype", c.optimizer.master_dtype, ("fp32", "bf16"))
     ro.leftover(opt)
     ls, rl = r.child(cfg, "loss_scale")
     scale_keys = loss_scale(rl, ls, c, window_key="window", min_key="min_scale")

@@ -24,6 +24,7 @@ def _cross_key_rules(c, problems, scale_keys, precision_key):
         problems.lines.append(f"{min_key}: got {s.min_scale!r}, above the initial loss scale "
                               f"2**{power_key} = {2.0 ** s.initial_scale_power:g} ({precision_key} on); "
                               f"allowed: <= {2.0 ** s.initial_scale_power:g}: lower {min_key} or raise {power_key}")
+    _bf16_master_rule(c, problems, precision_key)
     micro, total, gas = b.train_micro_batch_size_per_gpu, b.train_batch_size, b.gradient_accumulation_steps
     if c.optimizer.scheduler is not None and c.optimizer.lr_schedule is not None:
         problems.lines.append("scheduler and lr_schedule: both given; allowed: one of them (each sets the lr)")
@@ -31,6 +32,26 @@ def _cross_key_rules(c, problems, scale_keys, precision_key):
         problems.lines.append(f"train_batch_size: got {total}; allowed: a multiple of train_micro_batch_size_per_gpu "
                               f"({micro}) x gradient_accumulation_steps ({gas}) = {micro * gas} "
                               "(it equals that product times the world size)")
+
+
+def _bf16_master_rule(c, problems, precision_key):
+    """A bf16 master (runtime/bf16_state_store.h) needs bf16 compute, stages 1-3 (as DeepSpeed) and
+    the optimizer state in memory: no NVMe tier."""
+    if c.optimizer.master_dtype != "bf16":
+        return
+    ours = precision_key == "precision"
+    key = "optimizer.master_dtype" if ours else "bf16.bf16_master_weights_and_grads"
+    stage_key, tier_key = ("stage", "offload.optimizer.device") if ours else \
+        ("zero_optimization.stage", "zero_optimization.offload_optimizer.device")
+    if c.precision != "bf16":
+        problems.lines.append(f"{key}: a bf16 master needs bf16 compute, got precision {c.precision}; set "
+                              f"{'precision bf16' if ours else 'bf16.enabled true'} or drop {key}")
+    if c.stage not in (1, 2, 3):
+        problems.lines.append(f"{key}: works at stages 1-3 only (as DeepSpeed), got {stage_key} {c.stage}; set "
+                              f"{stage_key} to 1, 2 or 3 or drop {key}")
+    if c.offload.optimizer.device == "nvme":
+        problems.lines.append(f"{key}: the NVMe tier keeps an FP32 master; got {tier_key} 'nvme': set it to 'none' "
+                              f"(the bf16 master already saves 4 bytes per element) or drop {key}")
 
 
 def parse(config, form=None):

@@ -19,13 +19,14 @@ from zerort.errors import ConfigError
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
 class Optimizer:
     """AdamW, clipping and the lr schedule: the C++ OptimizerOptions' adamw, gradient_clipping
-    and state_dtype (runtime/shard_optimizer.h)."""
+    state_dtype and master_dtype (runtime/shard_optimizer.h)."""
     lr: float = 1e-3
     betas: tuple = (0.9, 0.999)
     eps: float = 1e-8
     weight_decay: float = 0.01
     bias_correction: bool = True  # false: Adam's moments uncorrected (DeepSpeed's optimizer.params.bias_correction)
     state_dtype: str = "fp32"  # Adam's m and v: "fp32" or "bf16" (DeepSpeed's bf16.bf16_optimizer_states)
+    master_dtype: str = "fp32"  # master and gradient shard: "fp32" or "bf16" (bf16.bf16_master_weights_and_grads)
     gradient_clipping: float = 0.0  # max global L2 norm; 0 disables
     lr_schedule: Optional[Callable[[int], float]] = None  # Adam step n (1-based) -> every group's lr
     scheduler: Optional[dict] = None  # {"type": name, "params": {...}}: zerort.engine.lr_schedules
@@ -222,6 +223,7 @@ def resolve_batch(c, world_size):
 # the fields had before the Config had sections, so checkpoints of either age read alike:
 # a section's field is saved under its own name, except these.
 SAVED_NAMES = {("optimizer", "state_dtype"): "optimizer_state_dtype",
+               ("optimizer", "master_dtype"): "optimizer_master_dtype",
                ("loss_scale", "window"): "loss_scale_window", ("loss_scale", "min_scale"): "min_loss_scale",
                ("loss_scale", "static"): "static_loss_scale", ("comm", "backend"): "comm_backend",
                ("comm", "timeout_s"): "comm_timeout_s", ("comm", "debug"): "comm_debug",
