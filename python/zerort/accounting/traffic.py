@@ -11,7 +11,12 @@ sums on the same wire (gather_over_wire), each a direct exchange with the R - 1 
 ranks of this index (those on this rank's node, when S < G, send within it). Stage 3's
 secondary shards (hpZ, groups of G' ranks, C++ Note [secondary shards]): the backward's
 all-gather is a ring over the G' ranks.
+
+predict_seconds turns the bytes into seconds at measured rates (LinkRates) for the flat and the
+two-hop patterns: comm.topology auto's choice (zerort.comm.probe).
 """
+import dataclasses
+
 from zerort import _C
 from zerort.errors import ConfigError
 
@@ -95,3 +100,46 @@ def replica_sum(numel, world_size, gpus_per_node, shard_size, wire_bytes):
              "intra_steps": int(near > 0), "inter_steps": int(far > 0)}
             for name, what, b in (("all-to-all", "shards across groups", wire_bytes),
                                   ("all-gather", "summed shards", wire_bytes))]
+
+
+def flat_ring_split(nbytes, world_size, gpus_per_node):
+    """A ring all-gather of nbytes over every rank in rank order (gloo's flat all-gather): per
+    rank on average (intra bytes, inter bytes, intra steps, inter steps). Each of the W - 1
+    steps waits for its slowest hop, one across nodes when there are several."""
+    n, g = nodes_and_local(world_size, gpus_per_node)
+    w = n * g
+    sent = (w - 1) / w * nbytes
+    return (g - 1) / g * sent, sent / g if n > 1 else 0.0, 0 if n > 1 else w - 1, w - 1 if n > 1 else 0
+
+
+@dataclasses.dataclass(frozen=True)
+class LinkRates:
+    """What one rank moves per second within its node and across nodes while every rank of the
+    job sends at once, and one small round's seconds on each (zerort.comm.probe measures them)."""
+    intra_bytes_per_s: float
+    intra_latency_s: float
+    inter_bytes_per_s: float
+    inter_latency_s: float
+
+
+def predict_seconds(pattern, payload_bytes, bucket_bytes, world_size, gpus_per_node, rates, inter_dtype="fp32",
+                    element_bytes=2, gather="ring"):
+    """Seconds of the collectives that carry payload_bytes of low-precision gradients (elements
+    of element_bytes) in buckets of bucket_bytes: per bucket its reduce-scatter and its
+    parameters' all-gather, each intra bytes / intra rate + inter bytes / inter rate + steps x
+    latency, the phases one after another. pattern: "flat" (an all-to-all, then gather's
+    all-gather: "ring", gloo's, or "direct", MPI's exchange) or "two_hop" (Note [two hops]: the
+    partial sums between the hops in inter_dtype, and the all-gather across nodes, then within)."""
+    if pattern == "flat":
+        gather_split = {"ring": flat_ring_split, "direct": all_to_all_split}[gather]
+        phases = [all_to_all_split(bucket_bytes, world_size, gpus_per_node),
+                  gather_split(bucket_bytes, world_size, gpus_per_node)]
+    elif pattern == "two_hop":
+        phases = [two_hop_split(bucket_bytes, world_size, gpus_per_node, element_bytes, WIRE_BYTES[inter_dtype]),
+                  ring_phases(bucket_bytes, world_size, gpus_per_node)]
+    else:
+        raise ConfigError(f"comm.topology: no prediction for {pattern!r}; allowed: 'flat', 'two_hop'")
+    r = rates
+    per_bucket = sum(intra / r.intra_bytes_per_s + inter / r.inter_bytes_per_s + s_intra * r.intra_latency_s
+                     + s_inter * r.inter_latency_s for intra, inter, s_intra, s_inter in phases)
+    return payload_bytes / bucket_bytes * per_bucket

@@ -26,7 +26,8 @@ def detect_launch_env():
     return _C.detect_launch_env()
 
 
-def init(backend="auto", timeout_s=600.0, debug=False, staged=None, topology="flat", inter_node_dtype="fp32"):
+def init(backend="auto", timeout_s=600.0, debug=False, staged=None, topology="flat", inter_node_dtype="fp32",
+         bucket_numel=topology_mod.probe.BUCKET_NUMEL):
     """Creates a Communicator. debug (comm.debug): check every collective across ranks as it
     is called (one blocking round-trip each); otherwise the step's decision checks them.
     backend: 'auto', 'mpi', 'gloo', 'nccl' (CUDA tensors on cuda:LOCAL_RANK) or 'inprocess'
@@ -40,13 +41,17 @@ def init(backend="auto", timeout_s=600.0, debug=False, staged=None, topology="fl
     together (NCCL refuses them); 'cpu' pushes CPU buffers through the same staging code.
     topology ('flat', 'two_hop' or 'auto') and inter_node_dtype ('fp32', 'bf16', 'int8' or 'fp8_e4m3'): the
     gradient reduce-scatter and the all-gather in two hops, within the node and across nodes
-    (zerort.comm.topology)."""
+    (zerort.comm.topology); bucket_numel: the reduce bucket that auto's prediction assumes
+    (zerort.comm.probe, whose Decision the communicator keeps as topology_decision)."""
     name = _C.resolve_backend(backend)
     if staged is not None:
         return _init_staged(name, timeout_s, debug, staged)
     flat = _init_nccl(timeout_s, debug) if name == "nccl" else _init_host(name, timeout_s, debug)
-    two_hop = topology_mod.two_hop(flat, name, topology, inter_node_dtype, timeout_s, debug, detect_launch_env())
-    return flat if two_hop is None else Communicator(two_hop, flat.device)
+    two_hop, decision = topology_mod.two_hop(flat, name, topology, inter_node_dtype, timeout_s, debug,
+                                             detect_launch_env(), bucket_numel)
+    comm = flat if two_hop is None else Communicator(two_hop, flat.device)
+    comm.topology_decision = decision
+    return comm
 
 
 def _init_host(name, timeout_s, debug):
@@ -118,6 +123,7 @@ class Communicator:
     def __init__(self, impl, device="cpu"):
         self._c = impl
         self.device = torch.device(device)  # where this backend's buffers live
+        self.topology_decision = None  # comm.topology auto's zerort.comm.probe.Decision, where it measured
         lifecycle.track_comm(self)  # closed at exit if still alive
 
     def _close(self):

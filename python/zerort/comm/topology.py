@@ -5,8 +5,10 @@ split (MPI_Comm_split) or a torch.distributed group per part for gloo.
 
     "flat"     one all-to-all over every rank (zerort's data path before issue 30)
     "two_hop"  within the node, then across nodes; an error where the ranks do not form nodes
-    "auto"     two_hop when the ranks span more than one node with more than one rank on each,
-               else flat (said once on rank 0's log when the nodes do not line up)
+    "auto"     where the ranks span more than one node with more than one rank on each, the
+               pattern a bounded probe of the two parts and the traffic model predict faster
+               (zerort.comm.probe, which says why auto never picks hybrid sharding); else flat
+               (said once on rank 0's log when the nodes do not line up)
 
 The nodes come from the launcher: torchrun's and Open MPI's local rank and local world size.
 All ranks agree on them once, here (one all-gather): every node has the same number of ranks
@@ -22,6 +24,7 @@ import zlib
 import torch
 
 from zerort import _C
+from zerort.comm import probe
 from zerort.errors import ConfigError
 
 TOPOLOGIES = ("auto", "flat", "two_hop")
@@ -45,20 +48,21 @@ def layout(comm, env):
     return (comm.size // per_node, per_node), None
 
 
-def two_hop(comm, backend, topology, inter_dtype, timeout_s, debug, env):
-    """The C++ two-hop communicator over the flat communicator comm, or None where the
-    topology stays flat (See the module's text)."""
+def two_hop(comm, backend, topology, inter_dtype, timeout_s, debug, env, bucket_numel=probe.BUCKET_NUMEL):
+    """(the C++ two-hop communicator over the flat communicator comm, or None where the topology
+    stays flat; auto's probe.Decision, or None where nothing was measured). See the module's
+    text; bucket_numel: the gradient elements per reduce bucket that auto's prediction assumes."""
     if topology not in TOPOLOGIES:
         raise ConfigError([f"comm.topology: got {topology!r}; allowed: {', '.join(TOPOLOGIES)}"])
     if inter_dtype not in INTER_DTYPES:
         raise ConfigError([f"comm.inter_node_dtype: got {inter_dtype!r}; allowed: {', '.join(INTER_DTYPES)}"])
     if topology == "flat" or comm.size == 1:
-        return None
+        return None, None
     if backend not in ("mpi", "gloo"):
         if topology == "two_hop":
             raise ConfigError([f"comm.topology: 'two_hop' is built for the mpi and gloo backends, not {backend!r}: "
                                "set comm.topology to 'flat' or 'auto'"])
-        return None
+        return None, None
     shape, why = layout(comm, env)
     if shape is None:
         if topology == "two_hop":
@@ -66,12 +70,17 @@ def two_hop(comm, backend, topology, inter_dtype, timeout_s, debug, env):
                                "launch the same number of ranks on every host, or set comm.topology to 'flat'"])
         if comm.rank == 0:
             log.warning("zerort: comm.topology 'auto' stays flat: %s", why)
-        return None
+        return None, None
     nodes, per_node = shape
     if topology == "auto" and (nodes == 1 or per_node == 1):
-        return None
+        return None, None
     intra, inter = grid_parts(comm, backend, per_node, timeout_s, debug)
-    return _C.make_two_hop_communicator(comm._c, intra, inter, inter_dtype, timeout_s, debug)
+    decision = None
+    if topology == "auto":
+        decision = probe.decide(comm, backend, intra, inter, nodes, per_node, inter_dtype, bucket_numel)
+        if decision.topology == "flat":
+            return None, decision
+    return _C.make_two_hop_communicator(comm._c, intra, inter, inter_dtype, timeout_s, debug), decision
 
 
 def shard_groups(comm, backend, shard_size, timeout_s, debug, env):

@@ -32,6 +32,8 @@ def announce(engine, launch_env):
     sharding = "flat collectives" if s == w else f"state sharded in {w // s} groups of {s} ranks (shard_size)"
     print(f"zerort: ZeRO stage {c.stage}, {c.precision}, W={w} ({shape}, {sharding}), backend "
           f"{engine.comm.backend} on {engine.device}, {describe(c, engine.device)}{nvme_io(engine)}", flush=True)
+    if engine.comm.topology_decision is not None:  # comm.topology auto measured (zerort.comm.probe)
+        print(f"zerort: {engine.comm.topology_decision.line()}", flush=True)
     for line in c.ignored:  # DeepSpeed keys DeepSpeed ignores too: zerort.config.lenient
         print(f"zerort: ignored {line}", flush=True)
 

@@ -1,0 +1,102 @@
+"""comm.topology "auto" decided by measurement. Where the ranks form N > 1 nodes of G > 1 ranks,
+zerort.comm.topology builds the two parts of the flat communicator (within the node, across
+nodes among the ranks of one local index) and this module times them, every rank at once, as
+the two-hop pattern runs them:
+
+- a small round (an all_to_all of one float per peer): the latency of each part;
+- an all_to_all of about 1 MiB per rank within the node, and across nodes of 2 MiB / G per rank,
+  so the node's link carries 1 to 2 MiB each way per round whatever G is: the bytes one rank
+  sends per second while its node's G ranks send together.
+
+Each is the fastest of SMALL_REPS (small) or PROBE_REPS (large) rounds, the slowest rank's
+(an all-reduce of the maxima over the flat communicator). In all a rank sends under 7 MiB, and at 100 Mbit/s between two nodes
+the probe takes about a quarter of a second. zerort.accounting.traffic.predict_seconds then
+predicts, from those rates, the seconds of one step's gradient reduce-scatter and parameter
+all-gather per PAYLOAD_BYTES of gradients in reduce_bucket_numel buckets, for the flat pattern
+and for two-hop at comm.inter_node_dtype. Rank 0 takes the lower and broadcasts its choice over
+the flat communicator, so every rank makes the same one, and its banner says what was measured
+(Decision.line).
+
+auto chooses between the flat and the two-hop patterns only. Hybrid sharding (shard_size) is
+never chosen for the user: it changes what each rank holds (the state sharded within a group,
+replicated across groups: more memory per rank), which a job sized for the flat layout may not
+have; a config that sets shard_size has pinned it. A pinned comm.topology (flat or two_hop)
+runs no probe.
+"""
+import dataclasses
+import time
+
+import torch
+
+from zerort.accounting import traffic
+
+PROBE_REPS = 3             # rounds of the large all_to_all on each part
+SMALL_REPS = 5             # rounds of the small one
+INTRA_BYTES = 1 << 20      # per rank, each round within the node
+LINK_BYTES = 2 << 20       # across nodes: per round, all G ranks' all_to_all inputs together
+MIN_INTER_BYTES = 64 << 10
+PAYLOAD_BYTES = 1 << 30    # the prediction is per GiB of low-precision gradients
+BUCKET_NUMEL = 1 << 24     # the bucket predicted when comm.init is given none (config reduce_bucket_numel's default)
+PATTERNS = ("flat", "two_hop")
+
+
+@dataclasses.dataclass(frozen=True)
+class Decision:
+    """What auto measured and chose; the same on every rank."""
+    topology: str            # "flat" or "two_hop"
+    rates: traffic.LinkRates
+    predicted_s: dict        # pattern -> predicted seconds per PAYLOAD_BYTES of gradients
+    probe_s: float           # this rank's seconds in the probe, the final all-reduce and broadcast included
+    probe_bytes: int         # bytes this rank's all_to_all calls sent to other ranks
+
+    def line(self):
+        """The banner's line (rank 0, zerort.monitoring.progress.announce)."""
+        r, other = self.rates, PATTERNS[1 - PATTERNS.index(self.topology)]
+        return (f"comm.topology auto -> {self.topology} (within nodes {_rate(r.intra_bytes_per_s)}, "
+                f"{r.intra_latency_s * 1e6:.0f} us; across {_rate(r.inter_bytes_per_s)}, "
+                f"{r.inter_latency_s * 1e6:.0f} us; predicted {self.predicted_s[self.topology]:.2f} s vs {other} "
+                f"{self.predicted_s[other]:.2f} s per GiB of gradients; probe {self.probe_s:.2f} s)")
+
+
+def decide(comm, backend, intra, inter, nodes, per_node, inter_dtype, bucket_numel):
+    """A collective over the flat Python Communicator comm and its C++ parts intra and inter
+    (zerort.comm.topology.grid_parts): the Decision every rank gets."""
+    t0 = time.perf_counter()
+    sent = 0
+    times = torch.zeros(4, dtype=torch.float64)
+    inter_bytes = max(MIN_INTER_BYTES, LINK_BYTES // per_node)
+    for i, (part, nbytes) in enumerate(((intra, INTRA_BYTES), (inter, inter_bytes))):
+        times[2 * i], s_small = _fastest(part, part.size, SMALL_REPS)
+        times[2 * i + 1], s_large = _fastest(part, nbytes // 4, PROBE_REPS)
+        sent += s_small + s_large
+    comm.all_reduce(times, "max")  # the slowest rank bounds every collective
+    lat_intra, t_intra, lat_inter, t_inter = times.tolist()
+    per_round = lambda part, nbytes: (part.size - 1) * (nbytes // 4 // part.size) * 4  # bytes a rank sends
+    rates = traffic.LinkRates(per_round(intra, INTRA_BYTES) / t_intra, lat_intra,
+                              per_round(inter, inter_bytes) / t_inter, lat_inter)
+    world, bucket = nodes * per_node, 2 * bucket_numel  # bf16/fp16 gradients
+    gather = "direct" if backend == "mpi" else "ring"
+    predicted = {p: traffic.predict_seconds(p, PAYLOAD_BYTES, bucket, world, per_node, rates, inter_dtype,
+                                            gather=gather) for p in PATTERNS}
+    choice = torch.tensor([PATTERNS.index(min(PATTERNS, key=predicted.get))], dtype=torch.int64)
+    comm.broadcast(choice, 0)  # rank 0's choice is every rank's
+    return Decision(PATTERNS[int(choice)], rates, predicted, time.perf_counter() - t0, sent)
+
+
+def _fastest(part, numel, reps):
+    """(fastest seconds of reps all_to_all rounds of about numel float32 per rank on the C++
+    communicator part, the bytes this rank sent in them)."""
+    n = max(1, numel // part.size)
+    inp = torch.zeros(n * part.size, dtype=torch.float32)
+    out = torch.empty_like(inp)
+    best = float("inf")
+    for _ in range(reps):
+        part.barrier()
+        t = time.perf_counter()
+        part.all_to_all(inp.data_ptr(), out.data_ptr(), n, "f32")
+        best = min(best, time.perf_counter() - t)
+    return best, reps * (part.size - 1) * n * 4
+
+
+def _rate(bytes_per_s):
+    return f"{bytes_per_s / 1e9:.1f} GB/s" if bytes_per_s >= 1e9 else f"{bytes_per_s / 1e6:.0f} MB/s"
