@@ -11,6 +11,7 @@
 #include "comm/communicator.h"
 #include "comm/communicator_factory.h"
 #include "comm/gloo/gloo_communicator.h"
+#include "comm/shm/shm_communicator.h"
 #include "comm/launch_env.h"
 #include "comm/peer_exits.h"
 #include "comm/staged_communicator.h"
@@ -238,6 +239,15 @@ PYBIND11_MODULE(_C, m) {
         return owned_without_gil(make_gloo_communicator(group_name, comm_options(timeout_s, check)));
       },
       py::arg("group_name"), py::arg("timeout_s"), py::arg("debug"));
+  // The ranks of one host through one /dev/shm segment, its name carried once by `bootstrap`
+  // (a communicator of the same ranks; a collective over it).
+  m.def(
+      "make_shm_communicator",
+      [](std::shared_ptr<Communicator> bootstrap, double timeout_s, bool debug) {
+        py::gil_scoped_release release;
+        return owned_without_gil(make_shm_communicator(*bootstrap, comm_options(timeout_s, debug)));
+      },
+      py::arg("bootstrap"), py::arg("timeout_s"), py::arg("debug"));
 
   // A host communicator carrying device buffers (device >= 0: CUDA, pinned staging) or,
   // with device -1, CPU buffers through the same staging code.

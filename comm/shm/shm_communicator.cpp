@@ -58,12 +58,13 @@ class ShmCommunicator final : public Communicator {
       const size_t chunk = d.count * dtype_size(d.dtype);
       for (size_t o = 0; o < chunk; o += segment_->window_bytes()) {
         const size_t p = std::min(segment_->window_bytes(), chunk - o);
-        round(c, [&](char* mine) { std::memcpy(mine, static_cast<const char*>(in) + o, p); },
-              [&](uint32_t s) {
-                for (int r = 0; r < size(); ++r) {
-                  std::memcpy(static_cast<char*>(out) + static_cast<size_t>(r) * chunk + o, segment_->window(r, s), p);
-                }
-              });
+        round(
+            c, [&](char* mine) { std::memcpy(mine, static_cast<const char*>(in) + o, p); },
+            [&](uint32_t s) {
+              for (int r = 0; r < size(); ++r) {
+                std::memcpy(static_cast<char*>(out) + static_cast<size_t>(r) * chunk + o, segment_->window(r, s), p);
+              }
+            });
       }
     });
   }
@@ -84,13 +85,22 @@ class ShmCommunicator final : public Communicator {
       char* data = static_cast<char*>(buf);
       for (size_t o = 0; o < bytes; o += segment_->window_bytes()) {
         const size_t p = std::min(segment_->window_bytes(), bytes - o);
-        round(c, [&](char* mine) { if (rank() == d.root) std::memcpy(mine, data + o, p); },
-              [&](uint32_t s) { if (rank() != d.root) std::memcpy(data + o, segment_->window(d.root, s), p); });
+        round(
+            c,
+            [&](char* mine) {
+              if (rank() == d.root) std::memcpy(mine, data + o, p);
+            },
+            [&](uint32_t s) {
+              if (rank() != d.root) std::memcpy(data + o, segment_->window(d.root, s), p);
+            });
       }
     });
   }
   WorkPtr do_barrier(const CollectiveDesc& d) override {
-    return post(d, [this](const Call& c) { round(c, [](char*) {}, [](uint32_t) {}); });
+    return post(d, [this](const Call& c) {
+      round(
+          c, [](char*) {}, [](uint32_t) {});
+    });
   }
 
  private:
@@ -134,11 +144,12 @@ class ShmCommunicator final : public Communicator {
               " ranks");
     for (size_t o = 0; o < chunk; o += q) {
       const size_t p = std::min(q, chunk - o);
-      round(c,
-            [&](char* mine) {
-              for (size_t j = 0; j < world; ++j) std::memcpy(mine + j * q, in + j * chunk + o, p);
-            },
-            [&](uint32_t s) { read(s, q, o, p); });
+      round(
+          c,
+          [&](char* mine) {
+            for (size_t j = 0; j < world; ++j) std::memcpy(mine + j * q, in + j * chunk + o, p);
+          },
+          [&](uint32_t s) { read(s, q, o, p); });
     }
   }
 
@@ -146,13 +157,14 @@ class ShmCommunicator final : public Communicator {
     const size_t bytes = d.count * dtype_size(d.dtype);
     for (size_t o = 0; o < bytes; o += segment_->window_bytes()) {
       const size_t p = std::min(segment_->window_bytes(), bytes - o);
-      round(c, [&](char* mine) { std::memcpy(mine, buf + o, p); },
-            [&](uint32_t s) {
-              std::memcpy(buf + o, segment_->window(0, s), p);
-              for (int r = 1; r < size(); ++r) {
-                reduce_into(buf + o, segment_->window(r, s), p / dtype_size(d.dtype), d.dtype, d.op);
-              }
-            });
+      round(
+          c, [&](char* mine) { std::memcpy(mine, buf + o, p); },
+          [&](uint32_t s) {
+            std::memcpy(buf + o, segment_->window(0, s), p);
+            for (int r = 1; r < size(); ++r) {
+              reduce_into(buf + o, segment_->window(r, s), p / dtype_size(d.dtype), d.dtype, d.op);
+            }
+          });
     }
   }
 
@@ -163,8 +175,7 @@ class ShmCommunicator final : public Communicator {
 
 }  // namespace
 
-std::unique_ptr<Communicator> make_shm_communicator(Communicator& bootstrap, CommOptions options,
-                                                    size_t window_bytes) {
+std::unique_ptr<Communicator> make_shm_communicator(Communicator& bootstrap, CommOptions options, size_t window_bytes) {
   std::shared_ptr<ShmSegment> segment = ShmSegment::create(bootstrap, window_bytes);
   return std::make_unique<ShmCommunicator>(std::move(segment), options);
 }

@@ -97,9 +97,9 @@ void create_named(Name& name, Mapping& m, size_t bytes, int world, size_t window
 // Ranks 1..W-1: the segment rank 0 created, checked to be that one.
 void open_named(const std::string& name, Mapping& m, size_t bytes, int world, uint64_t nonce) {
   const int fd = shm_open(name.c_str(), O_RDWR, 0600);
-  ZRT_CHECK_AS(CommError, fd >= 0, "shm: could not open ", path_of(name), ", which rank 0 of the group created: ",
-               std::strerror(errno), "; the ranks of this group do not share one /dev/shm (one host, one container)",
-               ": ", kFix);
+  ZRT_CHECK_AS(CommError, fd >= 0, "shm: could not open ", path_of(name),
+               ", which rank 0 of the group created: ", std::strerror(errno),
+               "; the ranks of this group do not share one /dev/shm (one host, one container)", ": ", kFix);
   struct stat st {};
   if (fstat(fd, &st) != 0 || static_cast<size_t>(st.st_size) != bytes) {
     ::close(fd);
@@ -109,8 +109,7 @@ void open_named(const std::string& name, Mapping& m, size_t bytes, int world, ui
   map_fd(fd, bytes, m, path_of(name));
   const auto& h = *static_cast<const ShmSegment::Header*>(m.base);
   ZRT_CHECK_AS(CommError, h.magic == kShmMagic && h.nonce == nonce && h.world == static_cast<uint64_t>(world),
-               "shm: ", path_of(name), " is not the segment rank 0 of the group created (its header differs); ",
-               kFix);
+               "shm: ", path_of(name), " is not the segment rank 0 of the group created (its header differs); ", kFix);
 }
 
 uint64_t fresh_nonce() {

@@ -61,7 +61,7 @@ class ShmSegment {
   Slot& slot(int r) const;
   bool all_arrived(uint32_t round) const;
   std::string missing(uint32_t round) const;  // "rank 2 (pid 1234), rank 3 (pid 1240)"
-  std::string who(int r) const;                // "rank 1 (pid 1234)", with the launch rank when it differs
+  std::string who(int r) const;               // "rank 1 (pid 1234)", with the launch rank when it differs
   void throw_if_aborted(const std::string& call) const;
   void check_peers(uint32_t round, const std::string& call) const;
   void sleep_slice(uint32_t seen, std::chrono::steady_clock::time_point until);

@@ -25,8 +25,8 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 constexpr auto kSlice = std::chrono::milliseconds(50);
-constexpr int kSpins = 200;   // checks before yielding: an oversubscribed host must not burn its cores
-constexpr int kYields = 8;    // then sched_yield between checks, then the futex
+constexpr int kSpins = 200;       // checks before yielding: an oversubscribed host must not burn its cores
+constexpr int kYields = 8;        // then sched_yield between checks, then the futex
 constexpr int kNoticeTries = 30;  // 30 x 50 ms for an exited peer's exit notice (comm/peer_exits.h)
 
 uint32_t* futex_word(std::atomic<uint32_t>& a) { return reinterpret_cast<uint32_t*>(&a); }
@@ -74,7 +74,8 @@ bool ShmSegment::all_arrived(uint32_t round) const {
 std::string ShmSegment::who(int r) const {
   const Slot& s = slot(r);
   const int32_t launch = s.launch_rank.load();
-  if (launch >= 0 && launch != r) return detail::concat("rank ", r, " (launch rank ", launch, ", pid ", s.pid.load(), ")");
+  if (launch >= 0 && launch != r)
+    return detail::concat("rank ", r, " (launch rank ", launch, ", pid ", s.pid.load(), ")");
   return detail::concat("rank ", r, " (pid ", s.pid.load(), ")");
 }
 

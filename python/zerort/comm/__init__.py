@@ -7,6 +7,11 @@
 
 Every call blocks until done (the GIL is released) and raises zerort.CommTimeoutError when
 a peer does not join within timeout_s.
+
+Ranks on one host (comm.intra_node 'shm', the default) talk through one /dev/shm segment
+under torchrun (gloo): the whole job when it runs on one host, and the node-local groups
+otherwise (zerort.comm.topology.grid_parts). Under mpirun MPI stays: Open MPI already moves
+the bytes between ranks of one host through its own shared-memory transport, never a socket.
 """
 import datetime
 import os
@@ -20,6 +25,8 @@ from zerort.comm import topology as topology_mod
 from zerort.comm.tensor_args import buffer, dtype_name
 from zerort.errors import CommError, ConfigError, DeviceError
 
+INTRA_NODE = ("shm", "backend")  # comm.intra_node: See init
+
 
 def detect_launch_env():
     """Rank and world from torchrun, Open MPI or PMI variables, in that order."""
@@ -27,7 +34,7 @@ def detect_launch_env():
 
 
 def init(backend="auto", timeout_s=600.0, debug=False, staged=None, topology="flat", inter_node_dtype="fp32",
-         bucket_numel=topology_mod.probe.BUCKET_NUMEL):
+         bucket_numel=topology_mod.probe.BUCKET_NUMEL, intra_node="shm"):
     """Creates a Communicator. debug (comm.debug): check every collective across ranks as it
     is called (one blocking round-trip each); otherwise the step's decision checks them.
     backend: 'auto', 'mpi', 'gloo', 'nccl' (CUDA tensors on cuda:LOCAL_RANK) or 'inprocess'
@@ -42,22 +49,33 @@ def init(backend="auto", timeout_s=600.0, debug=False, staged=None, topology="fl
     topology ('flat', 'two_hop' or 'auto') and inter_node_dtype ('fp32', 'bf16', 'int8' or 'fp8_e4m3'): the
     gradient reduce-scatter and the all-gather in two hops, within the node and across nodes
     (zerort.comm.topology); bucket_numel: the reduce bucket that auto's prediction assumes
-    (zerort.comm.probe, whose Decision the communicator keeps as topology_decision)."""
+    (zerort.comm.probe, whose Decision the communicator keeps as topology_decision).
+    intra_node ('shm' or 'backend'): under gloo, ranks that share one host exchange through one
+    /dev/shm segment (the shm backend, C++ comm/shm/) where 'shm': every collective of a
+    single-host job, and the node-local parts of two-hop and of hybrid groups; 'backend' keeps
+    gloo's TCP. Under mpi it changes nothing: Open MPI already moves the bytes between ranks of
+    one host through its own shared-memory transport (vader/sm), never a socket."""
+    if intra_node not in INTRA_NODE:
+        raise ConfigError([f"comm.intra_node: got {intra_node!r}; allowed: {', '.join(INTRA_NODE)}"])
     name = _C.resolve_backend(backend)
     if staged is not None:
         return _init_staged(name, timeout_s, debug, staged)
-    flat = _init_nccl(timeout_s, debug) if name == "nccl" else _init_host(name, timeout_s, debug)
+    flat = _init_nccl(timeout_s, debug) if name == "nccl" else _init_host(name, timeout_s, debug, intra_node)
     two_hop, decision = topology_mod.two_hop(flat, name, topology, inter_node_dtype, timeout_s, debug,
                                              detect_launch_env(), bucket_numel)
     comm = flat if two_hop is None else Communicator(two_hop, flat.device)
     comm.topology_decision = decision
+    comm.intra_node = getattr(flat, "intra_node", intra_node)  # topology.grid_parts reads it
     return comm
 
 
-def _init_host(name, timeout_s, debug):
-    """A flat mpi, gloo or in-process communicator."""
+def _init_host(name, timeout_s, debug, intra_node="backend"):
+    """A flat mpi, gloo or in-process communicator; under gloo with intra_node 'shm' and every
+    rank on one host, the shm communicator over the gloo world (which torch.distributed keeps)."""
     if name != "gloo":
-        return Communicator(_C.make_communicator(name, timeout_s, debug))
+        comm = Communicator(_C.make_communicator(name, timeout_s, debug))
+        comm.intra_node = intra_node
+        return comm
     import torch.distributed as dist
 
     if not dist.is_initialized():
@@ -69,7 +87,12 @@ def _init_host(name, timeout_s, debug):
     group = dist.group.WORLD
     comm = Communicator(_C.make_gloo_communicator(group.group_name, timeout_s, debug))
     peers.watch(dist.distributed_c10d._get_default_store(), comm.rank, comm.size)
-    return comm
+    comm.intra_node = intra_node
+    if intra_node != "shm" or comm.size == 1 or topology_mod.layout(comm, detect_launch_env())[0] != (1, comm.size):
+        return comm
+    shm = Communicator(_C.make_shm_communicator(comm._c, timeout_s, debug))
+    shm.intra_node, shm._bootstrap = intra_node, comm
+    return shm
 
 
 def _init_staged(name, timeout_s, debug, staged):

@@ -125,15 +125,18 @@ def _group_size(comm, key, size, env):
 
 def _host_backend(backend, key):
     """Groups of ranks are split off mpi and gloo communicators; a ConfigError naming key otherwise."""
-    if backend not in ("mpi", "gloo"):
+    if backend not in ("mpi", "gloo", "shm"):  # shm: a single-host job's gloo world (grid_parts)
         raise ConfigError([f"{key}: groups of ranks are built for the mpi and gloo backends, not {backend!r}; "
                            f"drop {key} (nccl's groups need ncclCommSplit, not built in this version)"])
 
 
 def grid_parts(comm, backend, per_row, timeout_s, debug):
     """The ranks as rows of per_row consecutive ranks: this rank's (row, column) C++
-    communicators, from an MPI split or a torch.distributed group per part (gloo). Rank r is
-    index r % per_row of row r // per_row; its column holds the rows' ranks of that index."""
+    communicators, from an MPI split or a torch.distributed group per part (gloo, or shm: a
+    single-host job's gloo world). Rank r is index r % per_row of row r // per_row; its column
+    holds the rows' ranks of that index. Under gloo a row whose ranks share one host talks
+    through shared memory (the shm backend over the row's gloo group) where comm.intra_node is
+    'shm' (zerort.comm.init): two-hop's first hop, hybrid groups and hpZ's node part."""
     row, index = divmod(comm.rank, per_row)
     if backend == "mpi":
         return _C.make_mpi_part(row, index, timeout_s, debug), _C.make_mpi_part(index, row, timeout_s, debug)
@@ -143,4 +146,16 @@ def grid_parts(comm, backend, per_row, timeout_s, debug):
     groups = {("row", k): dist.new_group([k * per_row + j for j in range(per_row)]) for k in range(rows)}
     groups.update({("column", j): dist.new_group([k * per_row + j for k in range(rows)]) for j in range(per_row)})
     make = lambda g: _C.make_gloo_communicator(g.group_name, timeout_s, debug)
-    return make(groups["row", row]), make(groups["column", index])
+    row_comm, column_comm = make(groups["row", row]), make(groups["column", index])
+    if getattr(comm, "intra_node", "backend") == "shm" and per_row > 1 and _row_on_one_host(comm, per_row):
+        row_comm = _C.make_shm_communicator(row_comm, timeout_s, debug)  # collective over the row
+    return row_comm, column_comm
+
+
+def _row_on_one_host(comm, per_row):
+    """Whether this rank's row of per_row consecutive ranks shares one host (a collective:
+    every rank learns every rank's host, so the ranks of a row agree)."""
+    host = torch.tensor([zlib.crc32(socket.gethostname().encode())], dtype=torch.int64)
+    hosts = comm.all_gather(host, torch.empty(comm.size, dtype=torch.int64)).tolist()
+    first = comm.rank // per_row * per_row
+    return len(set(hosts[first:first + per_row])) == 1

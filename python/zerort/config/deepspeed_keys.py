@@ -307,7 +307,7 @@ KEYS = [
     i("checkpoint.parallel_write", "DeepSpeed's pipeline engine reads it only (each stage writing its own "
       "layers); zerort has none, and every rank writes its own shard", EMPTY),
     c("zerort", "zerort's own keys: stage3 (prefetch, persistence_threshold, unit_modules, gather_dtype), comm "
-      "(backend, timeout_s, debug, topology, inter_node_dtype), fp32_modules, max_consecutive_skips, "
+      "(backend, timeout_s, debug, topology, inter_node_dtype, intra_node), fp32_modules, max_consecutive_skips, "
       "overlap_param_gather"),
 ]
 

@@ -156,6 +156,7 @@ def runtime_keys(r, cfg, c):
     c.comm.debug = rc.boolean(cm, "debug", c.comm.debug)
     c.comm.topology = rc.choice(cm, "topology", c.comm.topology, ("auto", "flat", "two_hop"))
     c.comm.inter_node_dtype = rc.choice(cm, "inter_node_dtype", c.comm.inter_node_dtype, INTER_DTYPES)
+    c.comm.intra_node = rc.choice(cm, "intra_node", c.comm.intra_node, ("shm", "backend"))
     rc.leftover(cm)
     c.max_consecutive_skips = r.number(cfg, "max_consecutive_skips", c.max_consecutive_skips, integer=True, low=1)
     c.overlap_param_gather = r.boolean(cfg, "overlap_param_gather", c.overlap_param_gather)

@@ -78,6 +78,7 @@ class Comm:
     debug: Optional[bool] = None  # check every collective across ranks first (None: at stage 3 only)
     topology: str = "auto"  # flat, two_hop or auto: reduce-scatter and all-gather in two hops (zerort.comm.topology)
     inter_node_dtype: str = "fp32"  # two_hop: the partial sums' form between the hops (fp32, bf16, int8, fp8_e4m3)
+    intra_node: str = "shm"  # gloo: ranks of one host through /dev/shm ("shm") or the backend's TCP ("backend")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)

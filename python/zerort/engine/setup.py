@@ -43,7 +43,7 @@ def connect(c, device, comm):
     staged = "cuda" if cuda and backend != "nccl" else None
     if comm is None:
         comm = comm_mod.init(backend, c.comm.timeout_s, bool(c.comm.debug), staged, c.comm.topology,
-                             c.comm.inter_node_dtype, c.reduce_bucket_numel)
+                             c.comm.inter_node_dtype, c.reduce_bucket_numel, intra_node=c.comm.intra_node)
     if comm.device != device:
         raise ConfigError([f"comm.backend: the model is on {device} but the '{comm.backend}' "
                            f"communicator moves {comm.device} buffers; use 'nccl' (or 'auto') for CUDA "
