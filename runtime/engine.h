@@ -237,8 +237,15 @@ class Engine {
 
  private:
   const Group& group(size_t g) const;
-  void reduce_bucket(Bucket& b);                    // its grads -> the FP32 gradient (accumulating)
-  void reduce_bucket_into(Bucket& b, float* grad);  // ... at grad, on device_ (this rank's piece)
+  // Its grads -> the FP32 gradient (accumulating); true when the reduce is left in flight
+  // (Note [reduces in flight], engine_reduce.cpp).
+  bool reduce_bucket(Bucket& b);
+  void reduce_bucket_into(Bucket& b, float* grad);  // ... at grad, on device_ (this rank's piece), waited for
+  // Stages 1-3: b's reduce into grad issued (nullptr: nothing to wait for); a packed bucket
+  // keeps its buffer until end_reduce, which waits for it and gives the buffer back.
+  WorkPtr start_reduce(Bucket& b, float* grad);
+  void end_reduce(size_t bucket, const WorkPtr& work);
+  void settle_reduces(size_t keep);  // comm thread: waits the oldest in flight until `keep` are left
   void drain();                                     // queue every bucket not reduced yet; wait for all
   void finish_round();                              // drain() when a backward pass of this micro-step started reducing
   void start_gather_locked(Bucket& b);
@@ -332,6 +339,9 @@ class Engine {
   bool busy_ = false;         // the comm thread is running an op
   size_t next_to_queue_ = 0;  // buckets are queued strictly in order, on every rank alike
   size_t reduced_ = 0;        // buckets the comm thread finished this round
+  // Reduces issued and not waited for yet, oldest first, with their buckets; the comm thread's
+  // alone (read under mu_). See Note [reduces in flight].
+  std::deque<std::pair<WorkPtr, size_t>> in_flight_;
   bool round_open_ = false;   // a backward pass of this micro-step started reducing
   // Per group: parameters whose gradient this round already reported (a second report
   // means a backward pass that did not go through begin_backward()).

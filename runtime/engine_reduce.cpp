@@ -86,21 +86,49 @@ void Engine::enqueue_ready_locked() {
   cv_.notify_all();
 }
 
+// Note [reduces in flight]
+// The comm thread leaves a bucket's reduce in flight instead of waiting for it at once, so the
+// next bucket's reduce is issued while it is still on the wire: under the two-hop pattern
+// bucket k+1's hop 1 runs beside bucket k's hop 2 (Note [pipelined hops], comm/
+// two_hop_communicator.h), and a flat backend has two all-to-alls on the wire.
+// - The window: after each op at most kReducesInFlight - 1 reduces stay in flight (the
+//   oldest are waited for first), so at most kReducesInFlight are issued and unwaited at once.
+//   Two: one to overlap is what the hops need, and stage 2's pool has two pack slots; with
+//   one of them held by the reduce in flight, the other stays free for backward's hooks
+//   to pack the next bucket into (Note [grad packer]).
+// - A bucket's pack buffer (or, unpacked, its part of the flat gradients) is read until its
+//   reduce completes: end_reduce gives the buffer back after the wait, whatever happened.
+// - None is left once the round's reduces are all issued (reduced_ + in flight = buckets) or
+//   the engine stops; drain() waits for reduced_, which counts a reduce once it is waited for,
+//   so nothing reads the FP32 gradient (the step, zero_grad, a drain's rethrow) before.
+// - Only reduces straight into the gradient in memory are left in flight. Stage 0 (a scratch
+//   shard, then an all-gather), hybrid's sum across the groups, and gradients moved from the
+//   host or the file wait at once: something reads each result right after it.
+// - A failed wait lands in comm_error_ as a failed reduce did before (the first failure is
+//   kept), and later reduces are not issued; those in flight are still waited for.
+// - Same bits: each bucket's sum is its own, into its own part of the gradient.
+constexpr size_t kReducesInFlight = 2;
+
 void Engine::comm_loop() {
   std::unique_lock<std::mutex> lock(mu_);
   for (;;) {
     cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
     // Stopping (the engine is dropped) finishes what is queued first: every rank queued the
     // same collectives, so a peer is never left waiting in one this rank skipped.
-    if (stop_ && queue_.empty()) return;
+    if (stop_ && queue_.empty()) {
+      lock.unlock();
+      settle_reduces(0);
+      return;
+    }
     const auto [op, index] = queue_.front();
     queue_.pop_front();
     busy_ = true;
     lock.unlock();
+    bool in_flight = false;
     try {
       if (!comm_error_) {
         if (op == Op::kReduce)
-          reduce_bucket(*buckets_[index]);
+          in_flight = reduce_bucket(*buckets_[index]);
         else
           gather_on_comm_thread(*buckets_[index]);
       }
@@ -111,25 +139,56 @@ void Engine::comm_loop() {
       lock.unlock();
     }
     lock.lock();
-    busy_ = false;
-    if (op == Op::kReduce)
-      ++reduced_;
-    else
+    if (op == Op::kGather)
       units_.end_gather(index);  // gather() rethrows a failure
+    else if (!in_flight)
+      ++reduced_;
+    const bool last = queue_.empty() && (stop_ || reduced_ + in_flight_.size() == buckets_.size());
+    lock.unlock();
+    settle_reduces(last ? 0 : kReducesInFlight - 1);  // See Note [reduces in flight]
+    lock.lock();
+    busy_ = false;
     cv_.notify_all();
   }
 }
 
-void Engine::reduce_bucket(Bucket& b) {
+void Engine::settle_reduces(size_t keep) {
+  while (in_flight_.size() > keep) {
+    auto [work, bucket] = std::move(in_flight_.front());
+    try {
+      end_reduce(bucket, work);
+    }
+    ZRT_RETHROW_FORCED_UNWIND catch (...) {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (!comm_error_) comm_error_ = std::current_exception();
+    }
+    std::lock_guard<std::mutex> lock(mu_);
+    in_flight_.pop_front();
+    ++reduced_;
+  }
+}
+
+bool Engine::reduce_bucket(Bucket& b) {
   const size_t shard = b.layout.shard_numel();
   OptimizerStateStore& state = optimizer_->state();
   if (replicas_ && shard > 0 && next_is_boundary()) {  // hybrid: shard_part keeps the state in memory
     reduce_bucket_across_groups(b, state.grad().data_ptr<float>() + b.opt_offset);
-    return;
+    return false;
   }
   if (shard == 0 || (!host_mover_ && state.gradient_in_memory())) {
-    reduce_bucket_into(b, shard == 0 ? nullptr : state.grad().data_ptr<float>() + b.opt_offset);
-    return;
+    float* grad = shard == 0 ? nullptr : state.grad().data_ptr<float>() + b.opt_offset;
+    if (policy_.replicated && !policy_.packs()) {  // stage 0: waited for at once
+      reduce_bucket_into(b, grad);
+      return false;
+    }
+    WorkPtr work = start_reduce(b, grad);  // See Note [reduces in flight]
+    if (!work) {
+      end_reduce(b.index, nullptr);
+      return false;
+    }
+    std::lock_guard<std::mutex> lock(mu_);
+    in_flight_.emplace_back(std::move(work), b.index);
+    return true;
   }
   // The gradient is where the reduce cannot write: in host memory beside a device model
   // (kHost) or in the file (gradient_in_file). The scratch takes this rank's gradient so far,
@@ -141,11 +200,12 @@ void Engine::reduce_bucket(Bucket& b) {
     host_mover_->from_host(scratch, grad, shard * sizeof(float));
     reduce_bucket_into(b, scratch);
     host_mover_->to_host(grad, scratch, shard * sizeof(float));
-    return;
+    return false;
   }
   state.read_grad(b.opt_offset, shard, scratch);
   reduce_bucket_into(b, scratch);
   state.write_grad(b.opt_offset, shard, scratch);
+  return false;
 }
 
 void Engine::reduce_bucket_across_groups(Bucket& b, float* grad) {
@@ -170,35 +230,50 @@ void Engine::restart_window_sums() {
   for (Bucket* b : buckets_) b->summed_across = false;
 }
 
+WorkPtr Engine::start_reduce(Bucket& b, float* grad) {
+  Group& g = *groups_[b.group];
+  const size_t shard = b.layout.shard_numel();
+  const void* in;
+  if (policy_.packs()) {
+    std::lock_guard<std::mutex> lock(mu_);  // complete: no hook touches it any more
+    packer_->ensure(b.index);
+    for (size_t param : b.params) pack_locked(b, param);
+    in = packer_->data(b.index);
+  } else {
+    in = static_cast<const char*>(g.flat_grads.data_ptr()) + b.flat_offset * dtype_size(g.dtype);
+  }
+  if (shard == 0) return nullptr;
+  try {
+    return shard_.reduce_scatter_accumulate(in, g.dtype, grad, shard, true, static_cast<int64_t>(b.index));
+  } catch (...) {
+    end_reduce(b.index, nullptr);  // the buffer goes back
+    throw;
+  }
+}
+
+void Engine::end_reduce(size_t bucket, const WorkPtr& work) {
+  struct Release {  // the buffer goes back whatever happens
+    Engine& e;
+    size_t bucket;
+    ~Release() {
+      if (!e.policy_.packs()) return;
+      std::lock_guard<std::mutex> lock(e.mu_);
+      e.packer_->release(bucket);
+    }
+  } release{*this, bucket};
+  if (work) work->wait();
+}
+
 void Engine::reduce_bucket_into(Bucket& b, float* grad) {
+  if (policy_.packs() || !policy_.replicated) {  // straight into this rank's FP32 gradient shard
+    end_reduce(b.index, start_reduce(b, grad));
+    return;
+  }
   Group& g = *groups_[b.group];
   const int64_t tag = static_cast<int64_t>(b.index);
   const size_t shard = b.layout.shard_numel();
-  if (policy_.packs()) {
-    void* packed;
-    {
-      std::lock_guard<std::mutex> lock(mu_);  // complete: no hook touches it any more
-      packer_->ensure(b.index);
-      for (size_t param : b.params) pack_locked(b, param);
-      packed = packer_->data(b.index);
-    }
-    struct Release {  // the buffer goes back whatever happens
-      Engine& e;
-      size_t bucket;
-      ~Release() {
-        std::lock_guard<std::mutex> lock(e.mu_);
-        e.packer_->release(bucket);
-      }
-    } release{*this, b.index};
-    if (shard > 0) shard_.reduce_scatter_accumulate(packed, g.dtype, grad, shard, true, tag)->wait();
-    return;
-  }
   if (shard == 0) return;
   const void* in = static_cast<const char*>(g.flat_grads.data_ptr()) + b.flat_offset * dtype_size(g.dtype);
-  if (!policy_.replicated) {  // straight into this rank's FP32 gradient shard
-    shard_.reduce_scatter_accumulate(in, g.dtype, grad, shard, true, tag)->wait();
-    return;
-  }
   // Stage 0: reduce-scatter into a scratch shard, add it to this rank's part of the
   // replicated gradient, then all-gather that part in place so every rank holds the whole
   // sum (a bucket can be reduced more than once per step: one per backward pass).
