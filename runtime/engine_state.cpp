@@ -290,7 +290,9 @@ at::Tensor Engine::grad(size_t g) const {
 
 size_t Engine::grad_shard_bytes() const {
   const OptimizerStateStore& state = optimizer_->state();
-  if (state.master_dtype() == DType::kBFloat16) return static_cast<size_t>(state.grad().numel()) * 2;
+  if (state.master_dtype() == DType::kBFloat16) {  // the bf16 shard and the reduces' FP32 scratch
+    return static_cast<size_t>(state.grad().numel()) * 2 + static_cast<size_t>(reduce_scratch_.numel()) * sizeof(float);
+  }
   const at::Tensor& held = state.gradient_in_memory() ? state.grad() : reduce_scratch_;
   return static_cast<size_t>(held.numel()) * sizeof(float);
 }

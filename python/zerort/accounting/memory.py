@@ -46,7 +46,7 @@ CATEGORIES = [
 # order too; the estimate is then the largest prefetch + 2 consecutive units, an upper bound.
 BOUND_ONLY = {"gathered_units"}
 BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}  # per element of the working copy
-STATE_BYTES = {"fp32": 4, "bf16": 2}  # per element of Adam's m and v (config optimizer.state_dtype)
+STATE_BYTES = {"fp32": 4, "bf16": 2}  # per element of Adam's m and v (optimizer.state_dtype), or the master (master_dtype)
 
 
 def paper_formula(numel, world_size, stage):
@@ -68,7 +68,7 @@ class Group:
 
 
 def exact(groups, world_size, stage, reduce_bucket_numel=1 << 24, prefetch=1, at_rest=False, state_bytes=4,
-          nvme=None, secondary=1):
+          nvme=None, secondary=1, master_bytes=4):
     """Exact bytes per rank in memory of our layout for these parameter groups (stages 0-2:
     one group per dtype, cut into reduce buckets; stage 3: the units in execution order).
     state_bytes: per element of Adam's m and v (4, or 2 with bf16 optimizer states). at_rest:
@@ -78,8 +78,12 @@ def exact(groups, world_size, stage, reduce_bucket_numel=1 << 24, prefetch=1, at
     io/ allocates outside it too. nvme: an NvmeTier when the states are on NVMe (their
     file's bytes: nvme_file_bytes). world_size: the ranks that shard the state (with shard_size,
     its value: C++ Note [hybrid sharding]). secondary: stage 3's secondary groups' size (hpZ),
-    whose pieces of every gathered unit stay (C++ Note [secondary shards])."""
-    out = _in_memory(groups, world_size, stage, reduce_bucket_numel, prefetch, at_rest, state_bytes)
+    whose pieces of every gathered unit stay (C++ Note [secondary shards]). master_bytes: per element
+    of the master and the gradient shard (2: a bf16 master, which adds the reduces' FP32 scratch of
+    the largest bucket's shard to grad_shard: C++ Note [bf16 master])."""
+    out = _in_memory(groups, world_size, stage, reduce_bucket_numel, prefetch, at_rest, state_bytes, master_bytes)
+    if master_bytes == 2:
+        out["grad_shard"] += 4 * _largest_shard(groups, world_size, stage, reduce_bucket_numel)
     if stage == 3 and secondary > 1:
         out["lp_params"] += sum(u // secondary for u in unit_bytes(groups, world_size))
     if nvme is not None:  # master, m and v go to the file; the pool and stage 3's shard copies stay
@@ -120,7 +124,7 @@ def nvme_param_file_bytes(groups, world_size, stage, nvme):
     return sum(nvme.aligned(b) for b in _unit_shard_bytes(groups, world_size)) if on else 0
 
 
-def _in_memory(groups, world_size, stage, reduce_bucket_numel, prefetch, at_rest, state_bytes):
+def _in_memory(groups, world_size, stage, reduce_bucket_numel, prefetch, at_rest, state_bytes, master_bytes=4):
     """exact() with every state in memory."""
     w = world_size
     out = dict.fromkeys((k for k, _ in CATEGORIES), 0)
@@ -138,7 +142,7 @@ def _in_memory(groups, world_size, stage, reduce_bucket_numel, prefetch, at_rest
             if stage < 2:  # stages 0, 1: the whole flat gradient buffer
                 out["lp_grads"] += padded * g.element_bytes
             for k in ("master", "adam_m", "adam_v", "grad_shard"):
-                out[k] += (state_bytes if k.startswith("adam") else 4) * opt
+                out[k] += (state_bytes if k.startswith("adam") else master_bytes) * opt
         if stage == 2:  # two pack buffers of the largest bucket: one filling, one reducing
             out["lp_grads"] = 2 * largest_pack
         # reduce_scatter_accumulate's received chunks for one bucket (none at W = 1, where it
@@ -154,7 +158,7 @@ def _in_memory(groups, world_size, stage, reduce_bucket_numel, prefetch, at_rest
         out["lp_grads"] = max(out["lp_grads"], full)      # the pack buffer of one unit
         out["comm_buffers"] = max(out["comm_buffers"], full if w > 1 else 0)  # its reduce scratch (W > 1)
         for k in ("master", "adam_m", "adam_v", "grad_shard"):
-            out[k] += (state_bytes if k.startswith("adam") else 4) * unit.shard_numel
+            out[k] += (state_bytes if k.startswith("adam") else master_bytes) * unit.shard_numel
         if not g.persistent:
             units.append(full)
     out["gathered_units"] = gathered_window(units, prefetch + 2)
@@ -211,10 +215,11 @@ def count_groups(numel, stage, precision="bf16", reduce_bucket_numel=1 << 24, un
 
 def estimate_memory(model_or_numel, world_size, stage, precision="bf16", *, reduce_bucket_numel=1 << 24,
                     prefetch=1, unit_numel=None, config=None, optimizer_state_dtype="fp32", nvme=None,
-                    shard_size=None, secondary=1):
+                    shard_size=None, secondary=1, master_dtype="fp32"):
     """Bytes of model states per rank, by category: {"paper": {...}, "exact": {...}} with
     a "total" in each. model_or_numel: a torch.nn.Module (shared parameters counted once)
-    or a parameter count. optimizer_state_dtype: "bf16" keeps Adam's m and v in bf16.
+    or a parameter count. optimizer_state_dtype: "bf16" keeps Adam's m and v in bf16; master_dtype:
+    "bf16" the master and the gradient shard (bf16.bf16_master_weights_and_grads).
     nvme: an NvmeTier puts master, m and v on NVMe (a config's offload_optimizer does the
     same when nvme is not given): "exact" is then the RAM, "nvme_file_bytes" each rank's state
     file and "nvme_param_file_bytes" its parameter file (nvme.params, stage 3). shard_size: hybrid
@@ -231,7 +236,7 @@ def estimate_memory(model_or_numel, world_size, stage, precision="bf16", *, redu
     state_bytes = STATE_BYTES[optimizer_state_dtype]
     nvme = nvme or (NvmeTier.of(config) if config is not None else None)
     ours = exact(groups, world_size, stage, reduce_bucket_numel, prefetch, state_bytes=state_bytes, nvme=nvme,
-                 secondary=secondary)
+                 secondary=secondary, master_bytes=STATE_BYTES[master_dtype])
     paper["total"] = sum(paper.values())
     ours["total"] = sum(ours.values())
     out = {"paper": paper, "exact": ours, "numel": numel, "world_size": world_size, "stage": stage,
@@ -318,6 +323,8 @@ def main(argv=None):
     ap.add_argument("--reduce-bucket-numel", type=int, default=1 << 24)
     ap.add_argument("--unit-numel", type=int, help="stage-3 unit size (default: one GPT block, or params/32)")
     ap.add_argument("--optimizer-state-dtype", choices=["fp32", "bf16"], default="fp32")
+    ap.add_argument("--master-dtype", choices=["fp32", "bf16"], default="fp32",
+                    help="the master and the gradient shard (bf16: bf16.bf16_master_weights_and_grads)")
     ap.add_argument("--offload-optimizer", choices=["none", "cpu", "nvme"], default="none",
                     help="where master and Adam's moments live (cpu: host memory, as 'none' on a CPU model; nvme: "
                          "a file per rank, the RAM then holds the I/O pool)")
@@ -353,7 +360,8 @@ def main(argv=None):
                     gradients=a.nvme_gradients) if a.offload_optimizer == "nvme" else None
     results = [estimate_memory(numel, a.world_size, s, a.precision, reduce_bucket_numel=a.reduce_bucket_numel,
                                unit_numel=unit, optimizer_state_dtype=a.optimizer_state_dtype, nvme=nvme,
-                               shard_size=a.shard_size, secondary=a.secondary_shard_size)
+                               shard_size=a.shard_size, secondary=a.secondary_shard_size,
+                               master_dtype=a.master_dtype)
                for s in stages]
     if a.plot:
         _plot(results, a.plot)

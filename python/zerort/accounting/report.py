@@ -172,7 +172,7 @@ def _allocator_figures(engine, mem, groups):
     c = engine.config
     layout = sum(exact(groups, engine.runtime.shard_size, c.stage, c.reduce_bucket_numel, c.stage3.prefetch,
                        at_rest=True, state_bytes=STATE_BYTES[c.optimizer.state_dtype], nvme=NvmeTier.of(c),
-                       secondary=_secondary(engine)).values())
+                       secondary=_secondary(engine), master_bytes=STATE_BYTES[c.optimizer.master_dtype]).values())
     source = ("zerort's counting CPU allocator" if mem.key == "cpu" else
               f"torch.cuda.memory_allocated / max_memory_allocated on {mem.key}")
     out = {"source": source, "device": mem.key,
@@ -212,7 +212,8 @@ def report(engine, mem):
         alloc["phases"][name]["min"], alloc["phases"][name]["max"] = int(lo[n + 1 + i]), int(hi[n + 1 + i])
     state_bytes, nvme = STATE_BYTES[c.optimizer.state_dtype], NvmeTier.of(c)
     est = exact(groups, engine.runtime.shard_size, c.stage, c.reduce_bucket_numel, c.stage3.prefetch,
-                state_bytes=state_bytes, nvme=nvme, secondary=_secondary(engine))
+                state_bytes=state_bytes, nvme=nvme, secondary=_secondary(engine),
+                master_bytes=STATE_BYTES[c.optimizer.master_dtype])
     tier = param_tier = None
     if nvme is not None:
         tier = _file_figures(engine, engine.runtime.state_tier_stats,
