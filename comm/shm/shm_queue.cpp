@@ -13,18 +13,6 @@ constexpr auto kWorkerGrace = std::chrono::milliseconds(500);
 
 }  // namespace
 
-ShmQueue::ShmQueue() : worker_([this] { run(); }) {}
-
-ShmQueue::~ShmQueue() {
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    stop_ = true;
-  }
-  cv_.notify_all();
-  worker_.join();
-  for (auto& op : queue_) finish(*op, false, "the shm communicator was closed before this call ran");
-}
-
 std::shared_ptr<ShmQueue::Op> ShmQueue::post(std::function<void(std::chrono::steady_clock::time_point)> body,
                                              std::chrono::milliseconds timeout) {
   auto op = std::make_shared<Op>();
@@ -34,40 +22,29 @@ std::shared_ptr<ShmQueue::Op> ShmQueue::post(std::function<void(std::chrono::ste
                                 std::chrono::steady_clock::time_point::max() - now)
                      ? std::chrono::steady_clock::time_point::max()
                      : now + timeout;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    queue_.push_back(op);
-  }
-  cv_.notify_one();
+  worker_.push([this, op] { run(*op); });
   return op;
 }
 
-void ShmQueue::run() {
-  for (;;) {
-    std::shared_ptr<Op> op;
-    std::string broken;
-    {
-      std::unique_lock<std::mutex> lock(mu_);
-      cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
-      if (stop_) return;
-      op = queue_.front();
-      queue_.pop_front();
-      broken = broken_;
-    }
-    if (!broken.empty()) {
-      finish(*op, false, "the shm communicator failed at an earlier call: " + broken);
-      continue;
-    }
-    try {
-      op->body(op->deadline);
-      finish(*op, false, "");
-    } catch (const CommTimeoutError& e) {
-      finish(*op, true, e.message());
-    } catch (const Error& e) {
-      finish(*op, false, e.message());
-    } catch (const std::exception& e) {
-      finish(*op, false, e.what());
-    }
+void ShmQueue::run(Op& op) {
+  std::string broken;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    broken = broken_;
+  }
+  if (!broken.empty()) {
+    finish(op, false, "the shm communicator failed at an earlier call: " + broken);
+    return;
+  }
+  try {
+    op.body(op.deadline);
+    finish(op, false, "");
+  } catch (const CommTimeoutError& e) {
+    finish(op, true, e.message());
+  } catch (const Error& e) {
+    finish(op, false, e.message());
+  } catch (const std::exception& e) {
+    finish(op, false, e.what());
   }
 }
 

@@ -5,13 +5,12 @@
 
 #include <chrono>
 #include <condition_variable>
-#include <deque>
 #include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
-#include <thread>
 
+#include "comm/serial_queue.h"
 #include "comm/work.h"
 
 namespace zerort {
@@ -31,8 +30,8 @@ class ShmQueue {
     std::string error;  // set when the body threw
   };
 
-  ShmQueue();
-  ~ShmQueue();  // the calls still queued fail with "closing"; the running one must end first
+  // The calls still queued when it is dropped run then, and fail at once on a closed segment.
+  ShmQueue() = default;
   ShmQueue(const ShmQueue&) = delete;
   ShmQueue& operator=(const ShmQueue&) = delete;
 
@@ -40,15 +39,12 @@ class ShmQueue {
                            std::chrono::milliseconds timeout);
 
  private:
-  void run();
+  void run(Op& op);  // on the worker; never throws
   void finish(Op& op, bool timed_out, const std::string& error);
 
   std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<std::shared_ptr<Op>> queue_;
-  bool stop_ = false;
   std::string broken_;  // the first failure: every later call fails with it
-  std::thread worker_;
+  SerialQueue worker_;  // last: its queued calls run (and end) while the members above exist
 };
 
 class ShmWork final : public Work {
