@@ -14,23 +14,6 @@ namespace {
 // Narrowing of the written parameter, as a compile-time choice.
 enum class Out { kNone, kBf16, kF16, kF32 };
 
-// A value of 2-byte type T is bf16 bits; of 4 bytes, a float.
-template <typename T>
-__attribute__((always_inline)) inline float load(const T* x, size_t i) {
-  if constexpr (sizeof(T) == 2)
-    return bf16_to_f32(x[i]);
-  else
-    return x[i];
-}
-
-template <typename T>
-__attribute__((always_inline)) inline void store(T* x, size_t i, float value) {
-  if constexpr (sizeof(T) == 2)
-    x[i] = f32_to_bf16(value);
-  else
-    x[i] = value;
-}
-
 template <typename G, typename S, Out O, bool FromGrad>
 __attribute__((always_inline)) inline void adamw_loop(const AdamWCoeffs& coeffs, const G* __restrict g,
                                                       float* __restrict p, S* __restrict m, S* __restrict v, void* out,
@@ -39,12 +22,12 @@ __attribute__((always_inline)) inline void adamw_loop(const AdamWCoeffs& coeffs,
   uint16_t* __restrict lp = static_cast<uint16_t*>(out);
   float* __restrict wp = static_cast<float*>(out);
   for (size_t i = 0; i < n; ++i) {
-    const float gi = load(g, i);
-    float pi = p[i], mi = load(m, i), vi = load(v, i);
+    const float gi = load_as_float(g, i);
+    float pi = p[i], mi = load_as_float(m, i), vi = load_as_float(v, i);
     adamw_element<FromGrad>(c, gi, pi, mi, vi);
     p[i] = pi;
-    store(m, i, mi);
-    store(v, i, vi);
+    store_from_float(m, i, mi);
+    store_from_float(v, i, vi);
     if constexpr (O == Out::kBf16) lp[i] = f32_to_bf16(pi);
     if constexpr (O == Out::kF16) lp[i] = f32_to_f16(pi);
     if constexpr (O == Out::kF32) wp[i] = pi;

@@ -8,23 +8,6 @@ namespace zerort {
 
 namespace {
 
-// A value of 2-byte type T is bf16 bits; of 4 bytes, a float.
-template <typename T>
-inline float load(const T* x, size_t i) {
-  if constexpr (sizeof(T) == 2)
-    return bf16_to_f32(x[i]);
-  else
-    return x[i];
-}
-
-template <typename T>
-inline void store(T* x, size_t i, float value) {
-  if constexpr (sizeof(T) == 2)
-    x[i] = f32_to_bf16(value);
-  else
-    x[i] = value;
-}
-
 // out_mode: 0 none, 1 bf16 bits, 2 f32.
 template <typename G, typename S, bool FromGrad>
 void bf16_master_loop(const AdamWCoeffs c, float unscale, const G* __restrict g, uint16_t* __restrict p,
@@ -33,11 +16,11 @@ void bf16_master_loop(const AdamWCoeffs c, float unscale, const G* __restrict g,
   float* __restrict wp = static_cast<float*>(out);
   for (size_t i = 0; i < n; ++i) {
     uint16_t pi = p[i];
-    float mi = load(m, i), vi = load(v, i);
-    adamw_bf16_master_element<FromGrad>(c, unscale, load(g, i), pi, mi, vi);
+    float mi = load_as_float(m, i), vi = load_as_float(v, i);
+    adamw_bf16_master_element<FromGrad>(c, unscale, load_as_float(g, i), pi, mi, vi);
     p[i] = pi;
-    store(m, i, mi);
-    store(v, i, vi);
+    store_from_float(m, i, mi);
+    store_from_float(v, i, vi);
     if (out_mode == 1) lp[i] = pi;
     if (out_mode == 2) wp[i] = bf16_to_f32(pi);
   }
@@ -60,6 +43,20 @@ void bf16_master_run(const AdamWBuffers& b, const AdamWCoeffs& c) {
 }
 
 }  // namespace
+
+AdamWBuffers bf16_master_buffers(const void* grad, DType grad_dtype, uint16_t* master, void* exp_avg,
+                                 void* exp_avg_sq, DType state_dtype, size_t n) {
+  AdamWBuffers b;
+  b.grad = grad;
+  b.grad_dtype = grad_dtype;
+  b.master = nullptr;
+  b.master_bf16 = master;
+  b.exp_avg = exp_avg;
+  b.exp_avg_sq = exp_avg_sq;
+  b.state_dtype = state_dtype;
+  b.n = n;
+  return b;
+}
 
 void check_bf16_master_buffers(const AdamWBuffers& b, const AdamWStep& s, const char* who) {
   ZRT_CHECK(b.grad_dtype == DType::kFloat32 || b.grad_dtype == DType::kBFloat16, who,

@@ -13,22 +13,6 @@ namespace {
 constexpr int kThreads = 256;
 constexpr int kMaxBlocks = 4096;
 
-template <typename T>
-__device__ __forceinline__ float load_any(const T* x, size_t i) {
-  if constexpr (sizeof(T) == 2)
-    return bf16_to_f32(x[i]);
-  else
-    return x[i];
-}
-
-template <typename T>
-__device__ __forceinline__ void store_any(T* x, size_t i, float value) {
-  if constexpr (sizeof(T) == 2)
-    x[i] = f32_to_bf16(value);
-  else
-    x[i] = value;
-}
-
 // out_mode: 0 none, 1 bf16 bits, 2 f32.
 template <typename G, typename S>
 __global__ void adamw_bf16_master_kernel(AdamWCoeffs c, float unscale, const G* __restrict__ g,
@@ -37,14 +21,14 @@ __global__ void adamw_bf16_master_kernel(AdamWCoeffs c, float unscale, const G* 
   const size_t stride = static_cast<size_t>(gridDim.x) * blockDim.x;
   for (size_t i = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
     uint16_t pi = p[i];
-    float mi = load_any(m, i), vi = load_any(v, i);
+    float mi = load_as_float(m, i), vi = load_as_float(v, i);
     if (c.lerp_from_grad)
-      adamw_bf16_master_element<true>(c, unscale, load_any(g, i), pi, mi, vi);
+      adamw_bf16_master_element<true>(c, unscale, load_as_float(g, i), pi, mi, vi);
     else
-      adamw_bf16_master_element<false>(c, unscale, load_any(g, i), pi, mi, vi);
+      adamw_bf16_master_element<false>(c, unscale, load_as_float(g, i), pi, mi, vi);
     p[i] = pi;
-    store_any(m, i, mi);
-    store_any(v, i, vi);
+    store_from_float(m, i, mi);
+    store_from_float(v, i, vi);
     if (out_mode == 1) static_cast<uint16_t*>(out)[i] = pi;
     if (out_mode == 2) static_cast<float*>(out)[i] = bf16_to_f32(pi);
   }

@@ -28,23 +28,6 @@ __device__ __forceinline__ void store_param(void* p, int mode, size_t i, float x
 
 // Four elements per thread per step with 16-byte loads of master, m and v when aligned;
 // 64-bit indices throughout.
-// Adam's moments: float, or bf16 bits (S = uint16_t) read to float and rounded on store.
-template <typename S>
-__device__ __forceinline__ float load_state(const S* x, size_t i) {
-  if constexpr (sizeof(S) == 2)
-    return bf16_to_f32(x[i]);
-  else
-    return x[i];
-}
-
-template <typename S>
-__device__ __forceinline__ void store_state(S* x, size_t i, float value) {
-  if constexpr (sizeof(S) == 2)
-    x[i] = f32_to_bf16(value);
-  else
-    x[i] = value;
-}
-
 template <typename S>
 __global__ void adamw_kernel(AdamWCoeffs c, const void* __restrict__ grad, bool grad_bf16, float* __restrict__ p,
                              S* __restrict__ m, S* __restrict__ v, void* __restrict__ param, int param_mode, size_t n) {
@@ -72,14 +55,14 @@ __global__ void adamw_kernel(AdamWCoeffs c, const void* __restrict__ grad, bool 
     reinterpret_cast<float4*>(v)[q] = vv;
   }
   for (size_t i = vec_n * 4 + first; i < n; i += stride) {
-    float pi = p[i], mi = load_state(m, i), vi = load_state(v, i);
+    float pi = p[i], mi = load_as_float(m, i), vi = load_as_float(v, i);
     if (c.lerp_from_grad)
       adamw_element<true>(c, load_grad(grad, grad_bf16, i), pi, mi, vi);
     else
       adamw_element<false>(c, load_grad(grad, grad_bf16, i), pi, mi, vi);
     p[i] = pi;
-    store_state(m, i, mi);
-    store_state(v, i, vi);
+    store_from_float(m, i, mi);
+    store_from_float(v, i, vi);
     store_param(param, param_mode, i, pi);
   }
 }

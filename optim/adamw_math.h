@@ -14,6 +14,7 @@
 #pragma once
 
 #include <cmath>
+#include <cstddef>
 #include <cstdint>
 
 #include "core/half.h"
@@ -106,6 +107,24 @@ ZRT_HD void adamw_element(const AdamWCoeffs c, float g, float& p, float& m, floa
   v = fma_rn(mul_rn(c.one_minus_b2, g), g, mul_rn(v, c.beta2));  // torch: v.mul_(b2).addcmul_(g, g, 1-b2), fused
   const float denom = add_rn(div_rn(sqrt_rn(v), c.bc2_sqrt), c.eps);
   p = add_rn(p, div_rn(mul_rn(c.neg_step_size, m), denom));
+}
+
+// An element of a 2-byte T is bf16 bits, of a 4-byte T a float: read as float, stored rounded
+// to nearest even (the kernels' master, moments and gradient).
+template <typename T>
+ZRT_HD float load_as_float(const T* x, size_t i) {
+  if constexpr (sizeof(T) == 2)
+    return bf16_to_f32(x[i]);
+  else
+    return x[i];
+}
+
+template <typename T>
+ZRT_HD void store_from_float(T* x, size_t i, float value) {
+  if constexpr (sizeof(T) == 2)
+    x[i] = f32_to_bf16(value);
+  else
+    x[i] = value;
 }
 
 // One element of a bf16 master (optim/adamw_bf16_master.h): g times unscale in float, then

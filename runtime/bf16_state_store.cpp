@@ -8,6 +8,7 @@
 #include <algorithm>
 
 #include "core/error.h"
+#include "optim/adamw_bf16_master.h"
 #include "runtime/kernel_dispatch.h"
 
 namespace zerort {
@@ -74,16 +75,10 @@ void Bf16MasterStateStore::zero_grad() {
 }
 
 void Bf16MasterStateStore::update(const ChunkFn& fn) {
-  AdamWBuffers b;
-  b.grad = grad_.data_ptr();
-  b.grad_dtype = DType::kBFloat16;
-  b.master = nullptr;
-  b.master_bf16 = static_cast<uint16_t*>(master_.data_ptr());
+  AdamWBuffers b = bf16_master_buffers(grad_.data_ptr(), DType::kBFloat16, static_cast<uint16_t*>(master_.data_ptr()),
+                                       exp_avg_.data_ptr(), exp_avg_sq_.data_ptr(), state_dtype_,
+                                       static_cast<size_t>(master_.numel()));
   b.grad_unscale = grad_unscale_;
-  b.exp_avg = exp_avg_.data_ptr();
-  b.exp_avg_sq = exp_avg_sq_.data_ptr();
-  b.state_dtype = state_dtype_;
-  b.n = static_cast<size_t>(master_.numel());
   fn(0, b);
 }
 

@@ -56,16 +56,9 @@ TEST_P(AdamWBf16Master, OneStepIsTheDoubleUpdateRoundedOnceWithinOneBf16Step) {
   for (size_t i = 0; i < n; ++i) v[i] = f32_to_bf16(std::fabs(bf16_to_f32(random_bf16(1, 4 + i, 1.0f)[0])));
   const std::vector<uint16_t> p0 = p, m0 = m, v0 = v;
   std::vector<uint16_t> out(n, 0);
-  AdamWBuffers b;
-  b.grad = g.data();
-  b.grad_dtype = DType::kBFloat16;
-  b.master_bf16 = p.data();
-  b.exp_avg = m.data();
-  b.exp_avg_sq = v.data();
-  b.state_dtype = DType::kBFloat16;
+  AdamWBuffers b = bf16_master_buffers(g.data(), DType::kBFloat16, p.data(), m.data(), v.data(), DType::kBFloat16, n);
   b.param = out.data();
   b.grad_unscale = 0.25f;
-  b.n = n;
   const AdamWStep s = step_of(3);
   adamw_step_bf16_master(b, s);
   size_t off_by_one = 0;
@@ -91,15 +84,10 @@ TEST_P(AdamWBf16Master, EqualsTheFp32KernelWithEveryStoreRoundedBitForBit) {
     for (int64_t k = 1; k <= 5; ++k) {
       const std::vector<uint16_t> g = random_bf16(n, 10 + static_cast<uint32_t>(k), k == 4 ? 1e-6f : 1.0f);
       const AdamWStep s = step_of(k);
-      AdamWBuffers b;
-      b.grad = g.data();
-      b.grad_dtype = DType::kBFloat16;
-      b.master_bf16 = p.data();
-      b.exp_avg = states == DType::kBFloat16 ? static_cast<void*>(m16.data()) : m32.data();
-      b.exp_avg_sq = states == DType::kBFloat16 ? static_cast<void*>(v16.data()) : v32.data();
-      b.state_dtype = states;
+      const bool s16 = states == DType::kBFloat16;
+      AdamWBuffers b = bf16_master_buffers(g.data(), DType::kBFloat16, p.data(), s16 ? static_cast<void*>(m16.data()) : m32.data(),
+                                           s16 ? static_cast<void*>(v16.data()) : v32.data(), states, n);
       b.grad_unscale = 0.5f;
-      b.n = n;
       adamw_step_bf16_master(b, s);
       std::vector<float> g32(n);
       for (size_t i = 0; i < n; ++i) g32[i] = bf16_to_f32(g[i]) * 0.5f;  // the unscale, in float
@@ -127,15 +115,8 @@ INSTANTIATE_TEST_SUITE_P(Sizes, AdamWBf16Master, ::testing::Values(0, 1, 7, 1000
 TEST(AdamWBf16MasterArgs, AnFp32MasterBesideTheBf16OneIsRefused) {
   uint16_t p = 0, g = 0, m = 0, v = 0;
   float fp = 0;
-  AdamWBuffers b;
-  b.grad = &g;
-  b.grad_dtype = DType::kBFloat16;
-  b.master_bf16 = &p;
+  AdamWBuffers b = bf16_master_buffers(&g, DType::kBFloat16, &p, &m, &v, DType::kBFloat16, 1);
   b.master = &fp;
-  b.exp_avg = &m;
-  b.exp_avg_sq = &v;
-  b.state_dtype = DType::kBFloat16;
-  b.n = 1;
   EXPECT_THROW(adamw_step_bf16_master(b, step_of(1)), Error);
   b.master = nullptr;
   b.param = &fp;

@@ -150,16 +150,9 @@ TEST(AdamWCuda, Bf16MasterEqualsCpuBitForBitOver5Steps) {
       s.hyper.lr = 1e-2;
       s.hyper.weight_decay = 0.1;
       s.grad_multiplier = step % 2 ? 1.0f : 0.37f;
-      AdamWBuffers b;
-      b.grad = g.data();
-      b.grad_dtype = DType::kBFloat16;
-      b.master_bf16 = p.data();
-      b.exp_avg = m.data();
-      b.exp_avg_sq = v.data();
-      b.state_dtype = DType::kBFloat16;
+      AdamWBuffers b = bf16_master_buffers(g.data(), DType::kBFloat16, p.data(), m.data(), v.data(), DType::kBFloat16, n);
       b.param = lp.data();
       b.grad_unscale = 0.5f;
-      b.n = n;
       adamw_step_bf16_master(b, s);
       b.grad = dg;
       b.master_bf16 = dp;
