@@ -37,9 +37,9 @@ def ranks(tmp_path_factory, worker):
 
 
 def bf16_reference(worker):
-    """Plain torch: the bf16 model (its LayerNorms in FP32, as zerort keeps them), torch.optim.AdamW on FP32 copies of its parameters, every
-    parameter and moment rounded to bf16 after each step. Returns (losses per step per rank,
-    {name: (master, m, v)})."""
+    """Plain torch: the bf16 model (its LayerNorms in FP32, as zerort keeps them), torch.optim.AdamW
+    on FP32 copies of its parameters, every parameter and moment rounded to bf16 after each step.
+    Returns (losses per step per rank, {name: (master, m, v)})."""
     model = worker.gpt2().to(torch.bfloat16)
     for m in model.modules():  # zerort's rule (zerort.layout.precision): norms keep FP32 and compute in it
         if isinstance(m, torch.nn.LayerNorm):

@@ -46,7 +46,7 @@ CATEGORIES = [
 # order too; the estimate is then the largest prefetch + 2 consecutive units, an upper bound.
 BOUND_ONLY = {"gathered_units"}
 BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}  # per element of the working copy
-STATE_BYTES = {"fp32": 4, "bf16": 2}  # per element of Adam's m and v (optimizer.state_dtype), or the master (master_dtype)
+STATE_BYTES = {"fp32": 4, "bf16": 2}  # per element of Adam's m and v (state_dtype), or of the master (master_dtype)
 
 
 def paper_formula(numel, world_size, stage):
