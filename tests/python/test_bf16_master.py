@@ -148,9 +148,8 @@ def test_a_checkpoint_of_a_bf16_master_loads_into_an_fp32_master_run(tmp_path, w
 
 def test_micro_steps_accumulate_into_the_bf16_shard_rounding_once_each(worker):
     """Gradient accumulation 2 at W = 1: each micro-step stores bf16(float(old) + gradient), then the
-    step averages in FP32 (Adam's moments FP32 here: a bf16 master alone). The reference does that with
-    plain torch; the masters agree within one
-    bf16 step of each element (measured: equal bits)."""
+    step averages in FP32 (Adam's moments FP32 here: a bf16 master alone). The reference does that
+    with plain torch; the masters agree within one bf16 step of each element (measured: equal bits)."""
     base = worker.gpt2()
     e = zerort.initialize(copy.deepcopy(base), {"stage": 2, "precision": "bf16", "comm": {"backend": "inprocess"},
                                                 "gradient_accumulation_steps": 2,
