@@ -36,16 +36,23 @@ def ranks(tmp_path_factory, worker):
     return torch.load(str(d / "out.pt"))
 
 
-def bf16_reference(worker):
-    """Plain torch: the bf16 model (its LayerNorms in FP32, as zerort keeps them), torch.optim.AdamW
-    on FP32 copies of its parameters, every parameter and moment rounded to bf16 after each step.
-    Returns (losses per step per rank, {name: (master, m, v)})."""
-    model = worker.gpt2().to(torch.bfloat16)
-    for m in model.modules():  # zerort's rule (zerort.layout.precision): norms keep FP32 and compute in it
+def bf16_model(model):
+    """model in bf16 but its LayerNorms, which keep FP32 and compute in it: zerort's rule
+    (zerort.layout.precision)."""
+    model.to(torch.bfloat16)
+    for m in model.modules():
         if isinstance(m, torch.nn.LayerNorm):
             m.float()
             m.register_forward_pre_hook(lambda mod, args: tuple(a.float() for a in args))
             m.register_forward_hook(lambda mod, args, out: out.to(torch.bfloat16))
+    return model
+
+
+def bf16_reference(worker):
+    """Plain torch: the bf16 model (its LayerNorms in FP32, as zerort keeps them), torch.optim.AdamW
+    on FP32 copies of its parameters, every parameter and moment rounded to bf16 after each step.
+    Returns (losses per step per rank, {name: (master, m, v)})."""
+    model = bf16_model(worker.gpt2())
     params = dict(model.named_parameters())
     shadow = {n: p.detach().float().clone().requires_grad_(False) for n, p in params.items()}
     hyper = worker.config(2)["optimizer"]["params"]
@@ -154,12 +161,7 @@ def test_micro_steps_accumulate_into_the_bf16_shard_rounding_once_each(worker):
     e = zerort.initialize(copy.deepcopy(base), {"stage": 2, "precision": "bf16", "comm": {"backend": "inprocess"},
                                                 "gradient_accumulation_steps": 2,
                                                 "optimizer": {"lr": 3e-3, "master_dtype": "bf16"}})
-    model = copy.deepcopy(base).to(torch.bfloat16)
-    for m in model.modules():
-        if isinstance(m, torch.nn.LayerNorm):
-            m.float()
-            m.register_forward_pre_hook(lambda mod, args: tuple(a.float() for a in args))
-            m.register_forward_hook(lambda mod, args, out: out.to(torch.bfloat16))
+    model = bf16_model(copy.deepcopy(base))
     params = dict(model.named_parameters())
     shadow = {n: p.detach().float().clone() for n, p in params.items()}
     opt = torch.optim.AdamW(list(shadow.values()), lr=3e-3, weight_decay=e.config.optimizer.weight_decay,
