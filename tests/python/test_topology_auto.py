@@ -85,7 +85,7 @@ def test_every_rank_makes_rank_0s_choice_within_the_bound(launcher, tmp_path):
     for r in got:
         assert r["choice"] == choice and r["predicted_s"] == got[0]["predicted_s"], got
         assert r["backend"].endswith("+two-hop") == (choice == "two_hop"), r
-        assert r["probe_bytes"] < 7 << 20 and r["probe_s"] < 5, r  # bounded: a few MiB, about a second at most
+        assert r["probe_bytes"] < 10 << 20 and r["probe_s"] < 5, r  # bounded: a few MiB, about a second at most
     banner = [line for line in p.stdout.splitlines() if line.startswith("zerort: comm.topology auto -> ")]
     assert banner == [f"zerort: {got[0]['line']}"], p.stdout[-3000:]
     print(f"[topology auto {launcher}] {got[0]['line']}")
@@ -118,4 +118,4 @@ def test_auto_picks_the_faster_pattern_at_100mbit():
     auto, line = bench_row("zerort2-auto", "100mbit", 4)
     print(f"[topology auto 100mbit] demo GPT, median step: flat {flat:.2f} s, two-hop fp32 {two:.2f} s, "
           f"auto {auto:.2f} s; {line}")
-    assert f"-> {'flat' if flat < two else 'two_hop'} " in line, line
+    assert line.startswith(f"{'flat' if flat < two else 'two_hop'} ("), line

@@ -130,16 +130,23 @@ def predict_seconds(pattern, payload_bytes, bucket_bytes, world_size, gpus_per_n
     latency, the phases one after another. pattern: "flat" (an all-to-all, then gather's
     all-gather: "ring", gloo's, or "direct", MPI's exchange) or "two_hop" (Note [two hops]: the
     partial sums between the hops in inter_dtype, and the all-gather across nodes, then within)."""
-    if pattern == "flat":
-        gather_split = {"ring": flat_ring_split, "direct": all_to_all_split}[gather]
-        phases = [all_to_all_split(bucket_bytes, world_size, gpus_per_node),
-                  gather_split(bucket_bytes, world_size, gpus_per_node)]
-    elif pattern == "two_hop":
-        phases = [two_hop_split(bucket_bytes, world_size, gpus_per_node, element_bytes, WIRE_BYTES[inter_dtype]),
-                  ring_phases(bucket_bytes, world_size, gpus_per_node)]
-    else:
-        raise ConfigError(f"comm.topology: no prediction for {pattern!r}; allowed: 'flat', 'two_hop'")
     r = rates
     per_bucket = sum(intra / r.intra_bytes_per_s + inter / r.inter_bytes_per_s + s_intra * r.intra_latency_s
-                     + s_inter * r.inter_latency_s for intra, inter, s_intra, s_inter in phases)
+                     + s_inter * r.inter_latency_s
+                     for intra, inter, s_intra, s_inter in bucket_phases(pattern, bucket_bytes, world_size, gpus_per_node,
+                                                                         inter_dtype, element_bytes, gather))
     return payload_bytes / bucket_bytes * per_bucket
+
+
+def bucket_phases(pattern, bucket_bytes, world_size, gpus_per_node, inter_dtype="fp32", element_bytes=2,
+                  gather="ring"):
+    """One bucket's reduce-scatter and all-gather in pattern (See predict_seconds): their
+    (intra bytes, inter bytes, intra steps, inter steps) per rank."""
+    if pattern == "flat":
+        gather_split = {"ring": flat_ring_split, "direct": all_to_all_split}[gather]
+        return [all_to_all_split(bucket_bytes, world_size, gpus_per_node),
+                gather_split(bucket_bytes, world_size, gpus_per_node)]
+    if pattern == "two_hop":
+        return [two_hop_split(bucket_bytes, world_size, gpus_per_node, element_bytes, WIRE_BYTES[inter_dtype]),
+                ring_phases(bucket_bytes, world_size, gpus_per_node)]
+    raise ConfigError(f"comm.topology: no prediction for {pattern!r}; allowed: 'flat', 'two_hop'")

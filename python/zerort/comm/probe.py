@@ -1,21 +1,25 @@
 """comm.topology "auto" decided by measurement. Where the ranks form N > 1 nodes of G > 1 ranks,
 zerort.comm.topology builds the two parts of the flat communicator (within the node, across
-nodes among the ranks of one local index) and this module times them, every rank at once, as
-the two-hop pattern runs them:
+nodes among the ranks of one local index) and the two-hop communicator over them, and this
+module times them, every rank at once, as training runs them:
 
 - a small round (an all_to_all of one float per peer): the latency of each part;
 - an all_to_all of about 1 MiB per rank within the node, and across nodes of 2 MiB / G per rank,
   so the node's link carries 1 to 2 MiB each way per round whatever G is: the bytes one rank
-  sends per second while its node's G ranks send together.
+  sends per second while its node's G ranks send together;
+- a 1 MiB bf16 bucket's reduce-scatter and all-gather on the flat and on the two-hop
+  communicator: what each pattern costs beyond what its bytes and steps predict at those rates
+  (its hops one after another, the sums and casts between them, the transport's own ways).
 
-Each is the fastest of SMALL_REPS (small) or PROBE_REPS (large) rounds, the slowest rank's
-(an all-reduce of the maxima over the flat communicator). In all a rank sends under 7 MiB, and at 100 Mbit/s between two nodes
-the probe takes about a quarter of a second. zerort.accounting.traffic.predict_seconds then
-predicts, from those rates, the seconds of one step's gradient reduce-scatter and parameter
-all-gather per PAYLOAD_BYTES of gradients in reduce_bucket_numel buckets, for the flat pattern
-and for two-hop at comm.inter_node_dtype. Rank 0 takes the lower and broadcasts its choice over
-the flat communicator, so every rank makes the same one, and its banner says what was measured
-(Decision.line).
+Each is the fastest of a few rounds (SMALL_REPS, PROBE_REPS, PATTERN_REPS), the slowest rank's
+(an all-reduce of the maxima over the flat communicator). In all a rank sends under 10 MiB; at
+100 Mbit/s between two nodes the probe takes under a second. zerort.accounting.traffic.
+predict_seconds then predicts, from the rates, the seconds of the gradient reduce-scatter and
+parameter all-gather per PAYLOAD_BYTES of gradients in reduce_bucket_numel buckets, for the flat
+pattern and for two-hop at comm.inter_node_dtype, and adds each pattern's measured cost beyond
+its prediction at the 1 MiB bucket, per byte. Rank 0 takes the lower and broadcasts its choice
+over the flat communicator, so every rank makes the same one, and its banner says what was
+measured (Decision.line).
 
 auto chooses between the flat and the two-hop patterns only. Hybrid sharding (shard_size) is
 never chosen for the user: it changes what each rank holds (the state sharded within a group,
@@ -30,8 +34,10 @@ import torch
 
 from zerort.accounting import traffic
 
-PROBE_REPS = 3             # rounds of the large all_to_all on each part
+PROBE_REPS = 2             # rounds of the large all_to_all on each part
 SMALL_REPS = 5             # rounds of the small one
+PATTERN_REPS = 2           # rounds of a bucket's reduce-scatter and all-gather, flat and two-hop
+PATTERN_BYTES = 1 << 20    # that bucket's bf16 gradients
 INTRA_BYTES = 1 << 20      # per rank, each round within the node
 LINK_BYTES = 2 << 20       # across nodes: per round, all G ranks' all_to_all inputs together
 MIN_INTER_BYTES = 64 << 10
@@ -58,29 +64,33 @@ class Decision:
                 f"{self.predicted_s[other]:.2f} s per GiB of gradients; probe {self.probe_s:.2f} s)")
 
 
-def decide(comm, backend, intra, inter, nodes, per_node, inter_dtype, bucket_numel):
-    """A collective over the flat Python Communicator comm and its C++ parts intra and inter
-    (zerort.comm.topology.grid_parts): the Decision every rank gets."""
+def decide(comm, backend, parts, nodes, per_node, inter_dtype, bucket_numel):
+    """A collective over the flat Python Communicator comm and parts: its C++ (intra, inter) parts
+    (zerort.comm.topology.grid_parts) and the two-hop communicator over them. The Decision every
+    rank gets."""
     t0 = time.perf_counter()
-    sent = 0
-    times = torch.zeros(4, dtype=torch.float64)
+    intra, inter, hops = parts
     inter_bytes = max(MIN_INTER_BYTES, LINK_BYTES // per_node)
-    for i, (part, nbytes) in enumerate(((intra, INTRA_BYTES), (inter, inter_bytes))):
-        times[2 * i], s_small = _fastest(part, part.size, SMALL_REPS)
-        times[2 * i + 1], s_large = _fastest(part, nbytes // 4, PROBE_REPS)
-        sent += s_small + s_large
+    rounds = [_fastest(intra, intra.size, SMALL_REPS), _fastest(intra, INTRA_BYTES // 4, PROBE_REPS),
+              _fastest(inter, inter.size, SMALL_REPS), _fastest(inter, inter_bytes // 4, PROBE_REPS),
+              _pattern(comm._c, comm.size, "flat", per_node, inter_dtype),
+              _pattern(hops, comm.size, "two_hop", per_node, inter_dtype)]
+    times = torch.tensor([t for t, _ in rounds], dtype=torch.float64)
     comm.all_reduce(times, "max")  # the slowest rank bounds every collective
-    lat_intra, t_intra, lat_inter, t_inter = times.tolist()
+    lat_intra, t_intra, lat_inter, t_inter, t_flat, t_hops = times.tolist()
     per_round = lambda part, nbytes: (part.size - 1) * (nbytes // 4 // part.size) * 4  # bytes a rank sends
     rates = traffic.LinkRates(per_round(intra, INTRA_BYTES) / t_intra, lat_intra,
                               per_round(inter, inter_bytes) / t_inter, lat_inter)
-    world, bucket = nodes * per_node, 2 * bucket_numel  # bf16/fp16 gradients
-    gather = "direct" if backend == "mpi" else "ring"
-    predicted = {p: traffic.predict_seconds(p, PAYLOAD_BYTES, bucket, world, per_node, rates, inter_dtype,
-                                            gather=gather) for p in PATTERNS}
+    shape = dict(world_size=nodes * per_node, gpus_per_node=per_node, rates=rates, inter_dtype=inter_dtype,
+                 gather="direct" if backend == "mpi" else "ring")
+    predicted = {}
+    for p, measured in zip(PATTERNS, (t_flat, t_hops)):
+        beyond = max(0.0, measured - traffic.predict_seconds(p, PATTERN_BYTES, PATTERN_BYTES, **shape))
+        predicted[p] = (traffic.predict_seconds(p, PAYLOAD_BYTES, 2 * bucket_numel, **shape)  # bf16/fp16 grads
+                        + beyond * PAYLOAD_BYTES / PATTERN_BYTES)
     choice = torch.tensor([PATTERNS.index(min(PATTERNS, key=predicted.get))], dtype=torch.int64)
     comm.broadcast(choice, 0)  # rank 0's choice is every rank's
-    return Decision(PATTERNS[int(choice)], rates, predicted, time.perf_counter() - t0, sent)
+    return Decision(PATTERNS[int(choice)], rates, predicted, time.perf_counter() - t0, sum(b for _, b in rounds))
 
 
 def _fastest(part, numel, reps):
@@ -96,6 +106,24 @@ def _fastest(part, numel, reps):
         part.all_to_all(inp.data_ptr(), out.data_ptr(), n, "f32")
         best = min(best, time.perf_counter() - t)
     return best, reps * (part.size - 1) * n * 4
+
+
+def _pattern(c, world, pattern, per_node, inter_dtype):
+    """(fastest seconds of PATTERN_REPS rounds of a PATTERN_BYTES bf16 gradient bucket's
+    reduce-scatter and all-gather on the C++ communicator c, flat or two-hop as pattern says,
+    the bytes this rank sent in them, as zerort.accounting.traffic counts them)."""
+    n = PATTERN_BYTES // 2 // world
+    grads, shard = torch.zeros(n * world, dtype=torch.bfloat16), torch.zeros(n, dtype=torch.float32)
+    params, full = torch.zeros(n, dtype=torch.bfloat16), torch.empty(n * world, dtype=torch.bfloat16)
+    best = float("inf")
+    for _ in range(PATTERN_REPS):
+        c.barrier()
+        t = time.perf_counter()
+        c.reduce_scatter_accumulate(grads.data_ptr(), "bf16", shard.data_ptr(), n, False)
+        c.all_gather(params.data_ptr(), full.data_ptr(), n, "bf16")
+        best = min(best, time.perf_counter() - t)
+    phases = traffic.bucket_phases(pattern, PATTERN_BYTES, world, per_node, inter_dtype)
+    return best, PATTERN_REPS * int(sum(intra + inter for intra, inter, _, _ in phases))
 
 
 def _rate(bytes_per_s):

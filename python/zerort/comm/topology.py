@@ -75,12 +75,11 @@ def two_hop(comm, backend, topology, inter_dtype, timeout_s, debug, env, bucket_
     if topology == "auto" and (nodes == 1 or per_node == 1):
         return None, None
     intra, inter = grid_parts(comm, backend, per_node, timeout_s, debug)
-    decision = None
-    if topology == "auto":
-        decision = probe.decide(comm, backend, intra, inter, nodes, per_node, inter_dtype, bucket_numel)
-        if decision.topology == "flat":
-            return None, decision
-    return _C.make_two_hop_communicator(comm._c, intra, inter, inter_dtype, timeout_s, debug), decision
+    hops = _C.make_two_hop_communicator(comm._c, intra, inter, inter_dtype, timeout_s, debug)
+    if topology == "two_hop":
+        return hops, None
+    decision = probe.decide(comm, backend, (intra, inter, hops), nodes, per_node, inter_dtype, bucket_numel)
+    return (None if decision.topology == "flat" else hops), decision
 
 
 def shard_groups(comm, backend, shard_size, timeout_s, debug, env):
