@@ -95,7 +95,9 @@ void Engine::enqueue_ready_locked() {
 //   oldest are waited for first), so at most kReducesInFlight are issued and unwaited at once.
 //   Two: one to overlap is what the hops need, and stage 2's pool has two pack slots; with
 //   one of them held by the reduce in flight, the other stays free for backward's hooks
-//   to pack the next bucket into (Note [grad packer]).
+//   to pack the next bucket into (Note [grad packer]). When backward's gradients came out of
+//   bucket order and a later bucket holds that slot, the bucket about to be reduced waits for
+//   those in flight instead of taking a buffer beside the pool: the memory stays the pool's.
 // - A bucket's pack buffer (or, unpacked, its part of the flat gradients) is read until its
 //   reduce completes: end_reduce gives the buffer back after the wait, whatever happened.
 // - None is left once the round's reduces are all issued (reduced_ + in flight = buckets) or
@@ -234,6 +236,14 @@ WorkPtr Engine::start_reduce(Bucket& b, float* grad) {
   Group& g = *groups_[b.group];
   const size_t shard = b.layout.shard_numel();
   const void* in;
+  if (policy_.pack == ReducePolicy::Pack::kPooled) {
+    bool starved;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      starved = !packer_->holds(b.index) && !packer_->slot_free();
+    }
+    if (starved) settle_reduces(0);  // a pool slot back, rather than a buffer beside the pool
+  }
   if (policy_.packs()) {
     std::lock_guard<std::mutex> lock(mu_);  // complete: no hook touches it any more
     packer_->ensure(b.index);

@@ -44,6 +44,7 @@ class GradPacker {
   // The pool's bytes plus the largest one-off buffer so far (the memory report).
   size_t buffer_bytes() const;
   bool holds(size_t b) const { return slot_[b] >= 0 || overflow_[b].defined(); }
+  bool slot_free() const { return pool_[0].defined() && (owner_[0] < 0 || owner_[1] < 0); }  // acquire() would succeed
   bool packed(size_t b, size_t j) const { return packed_[b][j]; }
 
  private:
