@@ -175,7 +175,13 @@ class ShmCommunicator final : public Communicator {
 
 }  // namespace
 
+size_t shm_window_bytes(int world) {
+  const size_t share = kShmSegmentBudget / (2 * static_cast<size_t>(world > 0 ? world : 1));
+  return std::min(kShmWindowBytes, std::max<size_t>(share / 4096 * 4096, 4096));
+}
+
 std::unique_ptr<Communicator> make_shm_communicator(Communicator& bootstrap, CommOptions options, size_t window_bytes) {
+  if (window_bytes == 0) window_bytes = shm_window_bytes(bootstrap.size());
   std::shared_ptr<ShmSegment> segment = ShmSegment::create(bootstrap, window_bytes);
   return std::make_unique<ShmCommunicator>(std::move(segment), options);
 }

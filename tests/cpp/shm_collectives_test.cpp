@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <filesystem>
@@ -46,6 +47,19 @@ TEST(Shm, ManyRoundsWithASmallWindow) {
   auto small = make_shm_communicator(mpi_comm(), o, 4096);
   for (size_t count : {size_t{1000}, size_t{65539}}) {
     for (const auto& f : check_all_collectives(*small, count)) ADD_FAILURE() << "count " << count << ": " << f;
+  }
+}
+
+// The default window shrinks as the group grows: the segment stays within its budget (half
+// of Docker's default /dev/shm) at any ranks per host, and no window is under a page.
+TEST(Shm, DefaultWindowKeepsTheSegmentWithinItsBudget) {
+  EXPECT_EQ(shm_window_bytes(2), kShmWindowBytes);
+  EXPECT_EQ(shm_window_bytes(4), kShmWindowBytes);
+  EXPECT_EQ(shm_window_bytes(8), size_t{2} << 20);
+  EXPECT_EQ(shm_window_bytes(64), size_t{256} << 10);
+  for (int w = 1; w <= 4096; ++w) {
+    EXPECT_LE(2 * static_cast<size_t>(w) * shm_window_bytes(w), std::max(kShmSegmentBudget, size_t{8192} * w)) << w;
+    EXPECT_EQ(shm_window_bytes(w) % 4096, 0u) << w;
   }
 }
 
