@@ -338,6 +338,7 @@ class Engine {
   std::deque<std::pair<Op, size_t>> queue_;
   bool busy_ = false;         // the comm thread is running an op
   size_t next_to_queue_ = 0;  // buckets are queued strictly in order, on every rank alike
+  size_t next_to_issue_ = 0;  // stages 0-2: the bucket whose reduce the comm thread takes next
   size_t reduced_ = 0;        // buckets the comm thread finished this round
   // Reduces issued and not waited for yet, oldest first, with their buckets; the comm thread's
   // alone (read under mu_). See Note [reduces in flight].
