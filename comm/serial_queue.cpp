@@ -31,7 +31,7 @@ void SerialQueue::loop() {
     std::function<void()> task = std::move(tasks_.front());
     tasks_.pop_front();
     lock.unlock();
-    task();  // noexcept by contract: see push()
+    task();          // noexcept by contract: see push()
     task = nullptr;  // what it captured goes before the next task runs
     lock.lock();
   }

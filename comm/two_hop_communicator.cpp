@@ -105,7 +105,8 @@ class TwoHopCommunicator final : public Communicator {
     };
     // Hop 2, across nodes: partial k to node k on the wire, summed in node order.
     auto hop2 = [this, pair, partial, out, accumulate, n] {
-      pair->run_second("hop 2 (across nodes)", [&] { sum_over_wire(*inter_, partial->data(), n, wire_, out, accumulate); });
+      pair->run_second("hop 2 (across nodes)",
+                       [&] { sum_over_wire(*inter_, partial->data(), n, wire_, out, accumulate); });
     };
     reserve(intra_hops_, std::move(hop1), inter_hops_, std::move(hop2));
     return pair->work();

@@ -246,8 +246,8 @@ class Engine {
   WorkPtr start_reduce(Bucket& b, float* grad);
   void end_reduce(size_t bucket, const WorkPtr& work);
   void settle_reduces(size_t keep);  // comm thread: waits the oldest in flight until `keep` are left
-  void drain();                                     // queue every bucket not reduced yet; wait for all
-  void finish_round();                              // drain() when a backward pass of this micro-step started reducing
+  void drain();                      // queue every bucket not reduced yet; wait for all
+  void finish_round();               // drain() when a backward pass of this micro-step started reducing
   void start_gather_locked(Bucket& b);
   void release_locked(std::unique_lock<std::mutex>& lock, Bucket& b, bool hand_off = false);
   void gather_on_comm_thread(Bucket& b);
@@ -276,7 +276,7 @@ class Engine {
   // copies', into shard_copies_), or a ConfigError on every rank naming each rank's failure,
   // before any state is written. See Note [state tiers].
   std::unique_ptr<NvmeStateStore> open_tier_files(size_t numel);
-  void make_shard_copies();    // open_tier_files' second file (or the copies in memory)
+  void make_shard_copies();  // open_tier_files' second file (or the copies in memory)
   // The in-memory master's dtype: f32, or bf16 (options_.optimizer.master_dtype, checked
   // against what a bf16 master works with; Note [bf16 master]).
   at::ScalarType master_type() const;
@@ -343,7 +343,7 @@ class Engine {
   // Reduces issued and not waited for yet, oldest first, with their buckets; the comm thread's
   // alone (read under mu_). See Note [reduces in flight].
   std::deque<std::pair<WorkPtr, size_t>> in_flight_;
-  bool round_open_ = false;   // a backward pass of this micro-step started reducing
+  bool round_open_ = false;  // a backward pass of this micro-step started reducing
   // Per group: parameters whose gradient this round already reported (a second report
   // means a backward pass that did not go through begin_backward()).
   std::vector<std::vector<bool>> reported_;

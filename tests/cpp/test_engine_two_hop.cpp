@@ -31,9 +31,8 @@ std::vector<EngineRun> run_two_hop(const RunConfig& config, bool slowed) {
     };
   }
   std::vector<EngineRun> runs(4);
-  auto errors = run_nodes(shape, [&](Communicator& two, Communicator&, int r) {
-    runs[static_cast<size_t>(r)] = run_engine(two, config);
-  });
+  auto errors = run_nodes(
+      shape, [&](Communicator& two, Communicator&, int r) { runs[static_cast<size_t>(r)] = run_engine(two, config); });
   for (size_t r = 0; r < errors.size(); ++r) EXPECT_EQ(errors[r], "") << "rank " << r;
   return runs;
 }

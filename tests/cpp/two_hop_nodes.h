@@ -55,8 +55,8 @@ class SlowAllToAll final : public Communicator {
 struct Nodes {
   int nodes = 2, per_node = 2;
   InterNodeWire wire = InterNodeWire::kFp32;
-  bool abort_inter = false;    // every inter-node group fails its collectives from the start
-  CommOptions inter_options;   // the inter-node groups' (their timeout bounds hop 2 and all_gather's hop 1)
+  bool abort_inter = false;   // every inter-node group fails its collectives from the start
+  CommOptions inter_options;  // the inter-node groups' (their timeout bounds hop 2 and all_gather's hop 1)
   // Rank r's inter-node part, before the two-hop communicator takes it: may wrap or slow it.
   std::function<std::shared_ptr<Communicator>(std::shared_ptr<Communicator> inter, int rank)> inter_part;
 };
