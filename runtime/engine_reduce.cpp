@@ -50,11 +50,11 @@ void Engine::report_locked(size_t g, size_t i) {
 void Engine::take_gradient_locked(Bucket& b, size_t param) {
   if (policy_.pack == ReducePolicy::Pack::kPooled) {
     // Move the gradient into the bucket's pack buffer now, so autograd's copy is freed
-    // during backward. With no free buffer it stays put and is packed later. A later bucket
-    // leaves the last free slot to the next one to reduce (Note [reduces in flight]).
-    const size_t next = next_to_issue_;
-    const bool may_take = b.index <= next || next >= buckets_.size() || packer_->holds(next);
-    if (may_take && packer_->acquire(b.index)) pack_locked(b, param);
+    // during backward. With no free buffer it stays put and is packed later. A bucket takes a
+    // slot only when every bucket to reduce before it holds a buffer (Note [reduces in flight]).
+    size_t first_without = next_to_issue_;  // at most a few steps: two slots, few one-off buffers
+    while (first_without < b.index && packer_->holds(first_without)) ++first_without;
+    if (first_without >= b.index && packer_->acquire(b.index)) pack_locked(b, param);
   } else if (policy_.pack == ReducePolicy::Pack::kOwnBuffer) {  // until its reduce is done
     packer_->ensure(b.index);
     pack_locked(b, param);
@@ -98,10 +98,11 @@ void Engine::enqueue_ready_locked() {
 //   oldest are waited for first), so at most kReducesInFlight are issued and unwaited at once.
 //   Two: one to overlap is what the hops need, and stage 2's pool has two pack slots; with
 //   one of them held by the reduce in flight, the other stays free for backward's hooks
-//   to pack the next bucket into (Note [grad packer]). A hook packs a later bucket into it
-//   only while the next bucket to reduce holds a buffer, so the reduce after the one in flight
-//   finds its slot; should it find none (a gradient of the next bucket came late), it waits
-//   for those in flight rather than take a buffer beside the pool: the memory stays the pool's.
+//   to pack the next bucket into (Note [grad packer]). A hook packs a bucket into a slot only
+//   when every bucket to be reduced before it holds a buffer, so the reduce after the one in
+//   flight finds its slot; should it find none (its gradients came while none was free), it
+//   waits for those in flight rather than take a buffer beside the pool: the memory stays
+//   the pool's.
 // - A bucket's pack buffer (or, unpacked, its part of the flat gradients) is read until its
 //   reduce completes: end_reduce gives the buffer back after the wait, whatever happened.
 // - None is left once the round's reduces are all issued (reduced_ + in flight = buckets) or
