@@ -44,8 +44,7 @@ CATEGORIES = [
 ]
 # Bytes that follow from the layout alone. Stage 3's gathered units depend on execution
 # order too; the estimate is then the largest prefetch + 2 consecutive units, an upper bound.
-# So does the reduce scratch: two consecutive buckets' or units' while a reduce is left in
-# flight, one's when backward's order made the next wait for it (C++ Note [reduces in flight]).
+# So does the reduce scratch (two consecutive buckets' or units' at most: _received).
 BOUND_ONLY = {"gathered_units", "comm_buffers"}
 BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}  # per element of the working copy
 STATE_BYTES = {"fp32": 4, "bf16": 2}  # per element of Adam's m and v (state_dtype), or of the master (master_dtype)
@@ -83,8 +82,7 @@ def exact(groups, world_size, stage, reduce_bucket_numel=1 << 24, prefetch=1, at
     whose pieces of every gathered unit stay (C++ Note [secondary shards]). master_bytes: per element
     of the master and the gradient shard (2: a bf16 master, which adds the reduces' FP32 scratch of
     the largest bucket's shard to grad_shard: C++ Note [bf16 master])."""
-    # A gradient reached by ranges (in the file, or beside a bf16 master) waits for each reduce at once.
-    in_flight = (nvme is None or not nvme.gradients) and master_bytes == 4
+    in_flight = (nvme is None or not nvme.gradients) and master_bytes == 4  # else reached by ranges: waited at once
     out = _in_memory(groups, world_size, stage, reduce_bucket_numel, prefetch, at_rest, state_bytes, master_bytes,
                      in_flight)
     if master_bytes == 2:
@@ -130,21 +128,18 @@ def nvme_param_file_bytes(groups, world_size, stage, nvme):
 
 
 def _received(packs):
-    """The most reduce scratch alive at once for these reduces in issue order, a bound: the
-    engine leaves a reduce in flight while it issues the next (C++ Note [reduces in flight]), so
-    two consecutive ones may hold theirs together."""
+    """Reduce scratch (packs: in issue order), a bound: two consecutive reduces may hold theirs at once
+    while one is left in flight (C++ Note [reduces in flight])."""
     return max([sum(packs[i:i + 2]) for i in range(len(packs))], default=0)
 
 
 def _in_memory(groups, world_size, stage, reduce_bucket_numel, prefetch, at_rest, state_bytes, master_bytes=4,
                in_flight=True):
-    """exact() with every state in memory; in_flight: reduces are left in flight (the FP32
-    gradient in memory)."""
+    """exact() with every state in memory; in_flight: reduces are left in flight (FP32 gradient in memory)."""
     w = world_size
     out = dict.fromkeys((k for k, _ in CATEGORIES), 0)
     if stage < 3:
-        largest_pack = largest_shard = 0
-        packs = []  # every bucket's packed bytes, in reduce order
+        largest_pack, largest_shard, packs = 0, 0, []  # packs: every bucket's packed bytes, in reduce order
         for g in groups:
             padded = shard = 0
             for _, b_padded, b_shard in _C.plan_buckets(g.numels, w, reduce_bucket_numel, _C.SHARD_ALIGNMENT):
@@ -161,9 +156,8 @@ def _in_memory(groups, world_size, stage, reduce_bucket_numel, prefetch, at_rest
                 out[k] += (state_bytes if k.startswith("adam") else master_bytes) * opt
         if stage == 2:  # two pack buffers of the largest bucket: one filling, one reducing
             out["lp_grads"] = 2 * largest_pack
-        # reduce_scatter_accumulate's received chunks (none at W = 1, where it is a local
-        # conversion): two consecutive buckets' while reduces are in flight, else one bucket's;
-        # stage 0 waits at once and also keeps an FP32 scratch shard for the all-gather.
+        # reduce_scatter_accumulate's received chunks (none at W = 1: a local conversion); stage 0
+        # waits at once, and also keeps an FP32 scratch shard for the all-gather.
         received = 0 if at_rest or w == 1 else _received(packs if stage > 0 and in_flight else [largest_pack])
         out["comm_buffers"] = received + (4 * largest_shard if stage == 0 else 0)
         return out
@@ -175,11 +169,9 @@ def _in_memory(groups, world_size, stage, reduce_bucket_numel, prefetch, at_rest
         out["lp_grads"] = max(out["lp_grads"], full)      # the pack buffer of one unit
         for k in ("master", "adam_m", "adam_v", "grad_shard"):
             out[k] += (state_bytes if k.startswith("adam") else master_bytes) * unit.shard_numel
-        if not g.persistent:
-            units.append(full)
+        units += [] if g.persistent else [full]
         every.append(full)
-    # The reduce scratch (W > 1): of one unit, or of two consecutive ones in flight.
-    out["comm_buffers"] = _received(every if in_flight else [max(every, default=0)]) if w > 1 else 0
+    out["comm_buffers"] = _received(every if in_flight else [max(every, default=0)]) if w > 1 else 0  # W > 1
     out["gathered_units"] = gathered_window(units, prefetch + 2)
     if at_rest:
         out["lp_grads"] = out["comm_buffers"] = out["gathered_units"] = 0
