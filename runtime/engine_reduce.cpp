@@ -113,6 +113,9 @@ void Engine::enqueue_ready_locked() {
 //   host or the file wait at once: something reads each result right after it.
 // - A failed wait lands in comm_error_ as a failed reduce did before (the first failure is
 //   kept), and later reduces are not issued; those in flight are still waited for.
+// - Progress: a backend that moves data only inside its own calls (MPI without a progress
+//   thread) may finish a reduce left in flight late, at this rank's next collective or wait;
+//   the round's last reduce and drain() wait for all, so none is left pending for good.
 // - Same bits: each bucket's sum is its own, into its own part of the gradient.
 constexpr size_t kReducesInFlight = 2;
 
