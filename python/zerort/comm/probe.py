@@ -9,7 +9,8 @@ module times them, every rank at once, as training runs them:
   sends per second while its node's G ranks send together;
 - a 1 MiB bf16 bucket's reduce-scatter and all-gather on the flat and on the two-hop
   communicator: what each pattern costs beyond what its bytes and steps predict at those rates
-  (its hops one after another, the sums and casts between them, the transport's own ways).
+  (its hops one after another, the sums and casts between them, the transport's own ways), and
+  the CPU seconds the process spent in it (every thread's: the transport's, the hops' workers).
 
 Each is the fastest of a few rounds (SMALL_REPS, PROBE_REPS, PATTERN_REPS), the slowest rank's
 (an all-reduce of the maxima over the flat communicator). In all a rank sends under 10 MiB; at
@@ -17,7 +18,11 @@ Each is the fastest of a few rounds (SMALL_REPS, PROBE_REPS, PATTERN_REPS), the 
 predict_seconds then predicts, from the rates, the seconds of the gradient reduce-scatter and
 parameter all-gather per PAYLOAD_BYTES of gradients in reduce_bucket_numel buckets, for the flat
 pattern and for two-hop at comm.inter_node_dtype, and adds each pattern's measured cost beyond
-its prediction at the 1 MiB bucket, per byte. Rank 0 takes the lower and broadcasts its choice
+its prediction at the 1 MiB bucket, per byte, and its CPU seconds, per byte: the host backends
+(the only ones with two patterns) train on the same cores, whose compute keeps them busy, so a
+pattern's CPU second is a second of compute lost. The probe runs on idle cores and cannot see
+that contention otherwise: without this term it took two-hop at stage 3 where flat ran 6%
+faster (docs/BENCHMARKS.md, issue 44). Rank 0 takes the lower and broadcasts its choice
 over the flat communicator, so every rank makes the same one, and its banner says what was
 measured (Decision.line).
 
@@ -52,6 +57,7 @@ class Decision:
     topology: str            # "flat" or "two_hop"
     rates: traffic.LinkRates
     predicted_s: dict        # pattern -> predicted seconds per PAYLOAD_BYTES of gradients
+    cpu_s: dict              # pattern -> the slowest rank's CPU seconds per PAYLOAD_BYTES (in predicted_s)
     probe_s: float           # this rank's seconds in the probe, the final all-reduce and broadcast included
     probe_bytes: int         # bytes this rank's all_to_all calls sent to other ranks
 
@@ -61,7 +67,8 @@ class Decision:
         return (f"comm.topology auto -> {self.topology} (within nodes {_rate(r.intra_bytes_per_s)}, "
                 f"{r.intra_latency_s * 1e6:.0f} us; across {_rate(r.inter_bytes_per_s)}, "
                 f"{r.inter_latency_s * 1e6:.0f} us; predicted {self.predicted_s[self.topology]:.2f} s vs {other} "
-                f"{self.predicted_s[other]:.2f} s per GiB of gradients; probe {self.probe_s:.2f} s)")
+                f"{self.predicted_s[other]:.2f} s per GiB of gradients, CPU {self.cpu_s[self.topology]:.2f} s vs "
+                f"{self.cpu_s[other]:.2f} s of it; probe {self.probe_s:.2f} s)")
 
 
 def decide(comm, backend, parts, nodes, per_node, inter_dtype, bucket_numel):
@@ -75,22 +82,24 @@ def decide(comm, backend, parts, nodes, per_node, inter_dtype, bucket_numel):
               _fastest(inter, inter.size, SMALL_REPS), _fastest(inter, inter_bytes // 4, PROBE_REPS),
               _pattern(comm._c, comm.size, "flat", per_node, inter_dtype),
               _pattern(hops, comm.size, "two_hop", per_node, inter_dtype)]
-    times = torch.tensor([t for t, _ in rounds], dtype=torch.float64)
+    times = torch.tensor([r[0] for r in rounds] + [r[2] for r in rounds[4:]], dtype=torch.float64)
     comm.all_reduce(times, "max")  # the slowest rank bounds every collective
-    lat_intra, t_intra, lat_inter, t_inter, t_flat, t_hops = times.tolist()
+    lat_intra, t_intra, lat_inter, t_inter, t_flat, t_hops, cpu_flat, cpu_hops = times.tolist()
     per_round = lambda part, nbytes: (part.size - 1) * (nbytes // 4 // part.size) * 4  # bytes a rank sends
     rates = traffic.LinkRates(per_round(intra, INTRA_BYTES) / t_intra, lat_intra,
                               per_round(inter, inter_bytes) / t_inter, lat_inter)
     shape = dict(world_size=nodes * per_node, gpus_per_node=per_node, rates=rates, inter_dtype=inter_dtype,
                  gather="direct" if backend == "mpi" else "ring")
-    predicted = {}
-    for p, measured in zip(PATTERNS, (t_flat, t_hops)):
+    predicted, cpu = {}, {}
+    for p, measured, cpu_one in zip(PATTERNS, (t_flat, t_hops), (cpu_flat, cpu_hops)):
         beyond = max(0.0, measured - traffic.predict_seconds(p, PATTERN_BYTES, PATTERN_BYTES, **shape))
+        cpu[p] = cpu_one * PAYLOAD_BYTES / PATTERN_BYTES
         predicted[p] = (traffic.predict_seconds(p, PAYLOAD_BYTES, 2 * bucket_numel, **shape)  # bf16/fp16 grads
-                        + beyond * PAYLOAD_BYTES / PATTERN_BYTES)
+                        + beyond * PAYLOAD_BYTES / PATTERN_BYTES + cpu[p])
     choice = torch.tensor([PATTERNS.index(min(PATTERNS, key=predicted.get))], dtype=torch.int64)
     comm.broadcast(choice, 0)  # rank 0's choice is every rank's
-    return Decision(PATTERNS[int(choice)], rates, predicted, time.perf_counter() - t0, sum(b for _, b in rounds))
+    return Decision(PATTERNS[int(choice)], rates, predicted, cpu, time.perf_counter() - t0,
+                    sum(r[1] for r in rounds))
 
 
 def _fastest(part, numel, reps):
@@ -111,19 +120,20 @@ def _fastest(part, numel, reps):
 def _pattern(c, world, pattern, per_node, inter_dtype):
     """(fastest seconds of PATTERN_REPS rounds of a PATTERN_BYTES bf16 gradient bucket's
     reduce-scatter and all-gather on the C++ communicator c, flat or two-hop as pattern says,
-    the bytes this rank sent in them, as zerort.accounting.traffic counts them)."""
+    the bytes this rank sent in them, as zerort.accounting.traffic counts them, the process's
+    CPU seconds in the round of fewest)."""
     n = PATTERN_BYTES // 2 // world
     grads, shard = torch.zeros(n * world, dtype=torch.bfloat16), torch.zeros(n, dtype=torch.float32)
     params, full = torch.zeros(n, dtype=torch.bfloat16), torch.empty(n * world, dtype=torch.bfloat16)
-    best = float("inf")
+    best = cpu = float("inf")
     for _ in range(PATTERN_REPS):
         c.barrier()
-        t = time.perf_counter()
+        t, p = time.perf_counter(), time.process_time()
         c.reduce_scatter_accumulate(grads.data_ptr(), "bf16", shard.data_ptr(), n, False)
         c.all_gather(params.data_ptr(), full.data_ptr(), n, "bf16")
-        best = min(best, time.perf_counter() - t)
+        best, cpu = min(best, time.perf_counter() - t), min(cpu, time.process_time() - p)
     phases = traffic.bucket_phases(pattern, PATTERN_BYTES, world, per_node, inter_dtype)
-    return best, PATTERN_REPS * int(sum(intra + inter for intra, inter, _, _ in phases))
+    return best, PATTERN_REPS * int(sum(intra + inter for intra, inter, _, _ in phases)), cpu
 
 
 def _rate(bytes_per_s):
