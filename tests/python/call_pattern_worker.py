@@ -87,7 +87,7 @@ def runs_backward(micro, rank):
 def case_comm(launcher_comm, timeout_s=CASE_TIMEOUT_S, debug=True):
     """A communicator of this case's own, on every rank (a collective): mpi, a new MPI
     communicator; gloo, a new process group. These cases run with comm.debug by default."""
-    if launcher_comm.backend == "gloo":
+    if launcher_comm.backend in ("gloo", "shm"):  # torchrun: shm is the flat gloo world's on one host
         import torch.distributed as dist
 
         group = dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=timeout_s))

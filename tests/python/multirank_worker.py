@@ -1,5 +1,6 @@
 """One rank of the Python-level multi-rank test. Launched by test_multirank.py under
-torchrun (backend gloo) or mpirun (backend mpi). References are computed with plain torch
+torchrun (backend gloo, its own TCP path: comm.intra_node "backend"; tests/python/
+test_shm_transport.py has the shm backend's) or mpirun (backend mpi). References are computed with plain torch
 from every rank's inputs, which each rank regenerates from the rank's seed."""
 import os
 import sys
@@ -80,7 +81,8 @@ def accuracy(comm, n=4099):
 
 def bad_input(backend, comm):
     me = comm.rank
-    checked = zerort.comm.init(backend, timeout_s=60, debug=True)  # comm.debug: checked at the call
+    # comm.debug: checked at the call
+    checked = zerort.comm.init(backend, timeout_s=60, debug=True, intra_node="backend")
     try:
         checked.all_reduce(torch.ones(5 if me == 1 else 4))
         raise AssertionError("count mismatch not detected")
@@ -93,7 +95,7 @@ def bad_input(backend, comm):
         assert "not supported" in str(e)
     # Timeout: rank 0 waits 0.3 s; the others join after 1 s (waiting up to 10 s) and
     # still complete. Timeouts are per-rank settings.
-    late = zerort.comm.init(backend, timeout_s=0.3 if me == 0 else 10, debug=False)
+    late = zerort.comm.init(backend, timeout_s=0.3 if me == 0 else 10, debug=False, intra_node="backend")
     x = torch.ones(1)
     if me == 0:
         t0 = time.time()
@@ -111,7 +113,7 @@ def bad_input(backend, comm):
 
 def main():
     backend = sys.argv[1]
-    comm = zerort.comm.init(backend, timeout_s=60)
+    comm = zerort.comm.init(backend, timeout_s=60, intra_node="backend")  # gloo's own path, not shm
     assert comm.backend == backend, comm.backend
     for n in (0, 1, 7, 1000):
         conformance(comm, n)

@@ -23,9 +23,10 @@ OURS = {"stage": 3, "precision": "fp16", "reduce_bucket_numel": 999, "gradient_a
                     "aio": {"block_size": 1 << 16, "queue_depth": 4, "io_backend": "threads"}}}
 # C++ fields no config key sets: the Engine sets replicated (stage 0) and alignment itself;
 # DeepSpeed's scaler has no factor key. dynamic is at its default in OURS (see the static test),
-# param_host follows offload_param "cpu" and the model's device (see the tier test).
+# param_host follows offload_param "cpu" and the model's device (see the tier test). master_dtype
+# bf16 needs precision bf16, and OURS is fp16 (tests/python/test_bf16_master.py sets it).
 UNSET = {"OptimizerOptions.owner_ranks", "EngineOptions.alignment", "LossScalerOptions.factor",
-         "LossScalerOptions.dynamic", "EngineOptions.param_host"}
+         "LossScalerOptions.dynamic", "EngineOptions.param_host", "OptimizerOptions.master_dtype"}
 
 
 def fields(o):

@@ -28,6 +28,7 @@ OURS = {
     "optimizer.weight_decay": (0.1, [-0.1, NAN, False, FP32_SUBNORMAL, FP32_INF]),
     "optimizer.bias_correction": (False, [0, "false", None]),
     "optimizer.state_dtype": ("bf16", ["fp16", 2, None]),
+    "optimizer.master_dtype": ("fp32", ["fp16", 2, None]),
     "autocast": ("bf16", ["fp16", 1, "BF16"]),
     "loss_scale.initial_scale_power": (8, [61, -1, 8.0, True]),
     "loss_scale.window": (10, [0, 2 ** 63, 2 ** 31, 1.5, "10"]),
@@ -48,6 +49,7 @@ OURS = {
     "comm.debug": (True, [1, "true", None]),
     "comm.topology": ("two_hop", ["hierarchical", 2, None]),
     "comm.inter_node_dtype": ("int8", ["fp16", "fp8", None]),
+    "comm.intra_node": ("backend", ["tcp", 1, None]),
     "fp32_modules": (["MyGate", "-BatchNorm2d"], ["LayerNorm", None, [None], [""], ["-"], ["--X"],
                                                   ["torch.nn.LayerNorm"], ["LayerNorm", "-LayerNorm"]]),
     "max_consecutive_skips": (10, [0, True, 1.5, "10", 2 ** 31]),
@@ -90,7 +92,8 @@ OURS.update({"offload": ({}, SECTION_OR_NULL_BAD),
 RUNTIME = ("stage3", "stage3.prefetch", "stage3.persistence_threshold", "stage3.unit_modules", "stage3.gather_dtype",
            "stage3.secondary_shard_size",
            "comm", "comm.backend",
-           "comm.timeout_s", "comm.debug", "comm.topology", "comm.inter_node_dtype", "fp32_modules",
+           "comm.timeout_s", "comm.debug", "comm.topology", "comm.inter_node_dtype", "comm.intra_node",
+           "fp32_modules",
            "max_consecutive_skips", "overlap_param_gather", "lr_schedule")
 
 DEEPSPEED = {
@@ -101,6 +104,7 @@ DEEPSPEED = {
     "bf16": ({}, SECTION_BAD + [True]),
     "bf16.enabled": (True, [1, "true", None]),
     "bf16.bf16_optimizer_states": (True, [1, "yes"]),
+    "bf16.bf16_master_weights_and_grads": (False, [1, "yes"]),
     "torch_autocast": ({}, SECTION_BAD + [True]),
     "torch_autocast.enabled": (True, [1, "yes", None]),
     "torch_autocast.dtype": ("bfloat16", ["fp8", 1, "BF16"]),

@@ -124,7 +124,7 @@ def test_without_a_launcher_the_other_rank_fails_its_collective(stage, phase):
     (rc0, out0, t0), (rc1, out1, _) = no_launcher("fault", stage, phase, SHORT)
     assert rc1 != 0 and f"injected fault in {phase} on rank 1" in out1, out1[-3000:]
     assert rc0 != 0 and t0 < BOUND, (t0, out0[-3000:])
-    assert re.search(COLLECTIVE + r"[^)]*\) on rank 0 of 2 \[gloo\]", out0), out0[-3000:]
+    assert re.search(COLLECTIVE + r"[^)]*\) on rank 0 of 2 \[shm\]", out0), out0[-3000:]
     assert "zerort: rank 0 of 2: uncaught" in out0 and "WORKER FINISHED" not in out0 + out1
 
 
@@ -251,5 +251,5 @@ def test_sigkill_without_a_launcher_the_survivor_fails_within_the_timeout(tmp_pa
     (rc0, out0, t0), (rc1, out1, _) = no_launcher("kill", 1, tmp_path, SHORT)
     assert rc1 == -9 and "rank 1 kills itself" in out1, out1[-3000:]
     assert rc0 != 0 and t0 < BOUND, (t0, out0[-3000:])
-    assert re.search(COLLECTIVE + r"[^)]*\) on rank 0 of 2 \[gloo\]", out0), out0[-3000:]
+    assert re.search(COLLECTIVE + r"[^)]*\) on rank 0 of 2 \[shm\]", out0), out0[-3000:]
     check_checkpoint_survived(tmp_path, 1)

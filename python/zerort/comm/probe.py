@@ -22,9 +22,14 @@ its prediction at the 1 MiB bucket, per byte, and its CPU seconds, per byte: the
 (the only ones with two patterns) train on the same cores, whose compute keeps them busy, so a
 pattern's CPU second is a second of compute lost. The probe runs on idle cores and cannot see
 that contention otherwise: without this term it took two-hop at stage 3 where flat ran 6%
-faster (docs/BENCHMARKS.md, issue 44). Rank 0 takes the lower and broadcasts its choice
-over the flat communicator, so every rank makes the same one, and its banner says what was
-measured (Decision.line).
+faster (docs/BENCHMARKS.md, issue 44). Two-hop is taken only where its prediction is below
+flat's by TWO_HOP_MARGIN: on two hosts of 2 ranks at 1 Gbit/s and 300 Mbit/s the probe
+predicted the two within 3-13% of each other while flat trained 6-25% faster at fp32 between
+the hops (two-hop's scratch, its sums between the hops and its workers share the cores with
+backward, which a probe on idle cores does not see), and where two-hop pays, with many ranks a
+node or a slow link, its prediction is below flat's by far more. Rank 0 decides and broadcasts
+its choice over the flat communicator, so every rank makes the same one, and its banner says
+what was measured (Decision.line).
 
 auto chooses between the flat and the two-hop patterns only. Hybrid sharding (shard_size) is
 never chosen for the user: it changes what each rank holds (the state sharded within a group,
@@ -49,6 +54,7 @@ MIN_INTER_BYTES = 64 << 10
 PAYLOAD_BYTES = 1 << 30    # the prediction is per GiB of low-precision gradients
 BUCKET_NUMEL = 1 << 24     # the bucket predicted when comm.init is given none (config reduce_bucket_numel's default)
 PATTERNS = ("flat", "two_hop")
+TWO_HOP_MARGIN = 1.15      # two-hop is chosen where flat's prediction exceeds its own by this factor (docstring)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -96,7 +102,8 @@ def decide(comm, backend, parts, nodes, per_node, inter_dtype, bucket_numel):
         cpu[p] = cpu_one * PAYLOAD_BYTES / PATTERN_BYTES
         predicted[p] = (traffic.predict_seconds(p, PAYLOAD_BYTES, 2 * bucket_numel, **shape)  # bf16/fp16 grads
                         + beyond * PAYLOAD_BYTES / PATTERN_BYTES + cpu[p])
-    choice = torch.tensor([PATTERNS.index(min(PATTERNS, key=predicted.get))], dtype=torch.int64)
+    pick = "two_hop" if predicted["flat"] > TWO_HOP_MARGIN * predicted["two_hop"] else "flat"
+    choice = torch.tensor([PATTERNS.index(pick)], dtype=torch.int64)
     comm.broadcast(choice, 0)  # rank 0's choice is every rank's
     return Decision(PATTERNS[int(choice)], rates, predicted, cpu, time.perf_counter() - t0,
                     sum(r[1] for r in rounds))
