@@ -4,19 +4,18 @@
 - under torchrun and mpirun, 4 ranks pretending to be 2 nodes of 2 on this host: every rank
   makes rank 0's choice, the engine runs on it, the probe stays bounded (bytes counted, a
   generous time bound) and rank 0's banner prints it; pinned flat and two_hop run no probe;
-- on two hosts (scripts/two_hosts.sh, root only) with a 100 Mbit/s link: auto picks the pattern
-  that a step of the 50M GPT runs faster, each pattern timed here as bench/two_hosts.py times it.
+- the decision rule: two-hop only where its prediction beats flat's by a clear margin. Whether
+  auto picked the faster pattern is bench/two_hosts.py's to measure (its auto rows).
 """
 import json
 import os
-import shutil
-import sys
 
 import pytest
 
 import zerort
 from zerort._testing.launch import launch
 from zerort.accounting import traffic
+from zerort.comm import probe
 from zerort.errors import ConfigError
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -98,24 +97,13 @@ def test_a_pinned_topology_runs_no_probe(topology, tmp_path):
         assert r["choice"] is None and r["backend"].endswith("+two-hop") == (topology == "two_hop"), r
 
 
-def bench_row(row, rate, steps):
-    """bench/two_hosts.py's figures of one row of the demo GPT: (median step s, auto's banner line or None)."""
-    sys.path.insert(0, os.path.join(ROOT, "bench"))
-    import two_hosts
-
-    try:
-        return two_hosts.one_row(row, rate, "demo", steps, per_host=2, timeout=600)
-    except SystemExit as e:  # scripts/two_hosts.sh's 77: the reason namespaces cannot be made here
-        pytest.skip(str(e))
-
-
-def test_auto_picks_the_faster_pattern_at_100mbit():
-    """The demo GPT is link-bound at 100 Mbit/s, as the 50M one is (same bytes per parameter)."""
-    if os.geteuid() != 0 or not shutil.which("ip"):
-        pytest.skip("two hosts need root and ip (iproute2) to make network namespaces")
-    flat, _ = bench_row("zerort2", "100mbit", 4)
-    two, _ = bench_row("zerort2-two-hop-fp32", "100mbit", 4)
-    auto, line = bench_row("zerort2-auto", "100mbit", 4)
-    print(f"[topology auto 100mbit] demo GPT, median step: flat {flat:.2f} s, two-hop fp32 {two:.2f} s, "
-          f"auto {auto:.2f} s; {line}")
-    assert line.startswith(f"{'flat' if flat < two else 'two_hop'} ("), line
+def test_two_hop_needs_a_clear_margin():
+    # The decision rule on its own (zerort.comm.probe.choose): flat unless two-hop's prediction
+    # is below flat's by TWO_HOP_MARGIN. Whether auto's choice was the faster one is measured by
+    # bench/two_hosts.py's auto rows beside the pinned ones (docs/BENCHMARKS.md), not asserted
+    # here: a timing never goes in a test.
+    m = probe.TWO_HOP_MARGIN
+    assert probe.choose({"flat": 1.0, "two_hop": 0.95}) == "flat"
+    assert probe.choose({"flat": 1.0, "two_hop": 1.0 / m}) == "flat"
+    assert probe.choose({"flat": 1.0, "two_hop": 0.99 / m}) == "two_hop"
+    assert probe.choose({"flat": 1.0, "two_hop": 2.0}) == "flat"

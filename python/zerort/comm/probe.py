@@ -102,11 +102,16 @@ def decide(comm, backend, parts, nodes, per_node, inter_dtype, bucket_numel):
         cpu[p] = cpu_one * PAYLOAD_BYTES / PATTERN_BYTES
         predicted[p] = (traffic.predict_seconds(p, PAYLOAD_BYTES, 2 * bucket_numel, **shape)  # bf16/fp16 grads
                         + beyond * PAYLOAD_BYTES / PATTERN_BYTES + cpu[p])
-    pick = "two_hop" if predicted["flat"] > TWO_HOP_MARGIN * predicted["two_hop"] else "flat"
-    choice = torch.tensor([PATTERNS.index(pick)], dtype=torch.int64)
+    choice = torch.tensor([PATTERNS.index(choose(predicted))], dtype=torch.int64)
     comm.broadcast(choice, 0)  # rank 0's choice is every rank's
     return Decision(PATTERNS[int(choice)], rates, predicted, cpu, time.perf_counter() - t0,
                     sum(r[1] for r in rounds))
+
+
+def choose(predicted):
+    """The pattern auto takes from the predicted seconds of each: two-hop only where flat's
+    exceed its own by TWO_HOP_MARGIN (the module's text says why)."""
+    return "two_hop" if predicted["flat"] > TWO_HOP_MARGIN * predicted["two_hop"] else "flat"
 
 
 def _fastest(part, numel, reps):
