@@ -44,8 +44,8 @@ void bf16_master_run(const AdamWBuffers& b, const AdamWCoeffs& c) {
 
 }  // namespace
 
-AdamWBuffers bf16_master_buffers(const void* grad, DType grad_dtype, uint16_t* master, void* exp_avg,
-                                 void* exp_avg_sq, DType state_dtype, size_t n) {
+AdamWBuffers bf16_master_buffers(const void* grad, DType grad_dtype, uint16_t* master, void* exp_avg, void* exp_avg_sq,
+                                 DType state_dtype, size_t n) {
   AdamWBuffers b;
   b.grad = grad;
   b.grad_dtype = grad_dtype;

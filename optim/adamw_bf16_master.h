@@ -11,8 +11,8 @@ namespace zerort {
 
 // The buffers of a step over a bf16 master: n elements of grad (grad_dtype), master, and m and v
 // (state_dtype); no parameter output (set param and param_dtype for one), grad_unscale 1.
-AdamWBuffers bf16_master_buffers(const void* grad, DType grad_dtype, uint16_t* master, void* exp_avg,
-                                 void* exp_avg_sq, DType state_dtype, size_t n);
+AdamWBuffers bf16_master_buffers(const void* grad, DType grad_dtype, uint16_t* master, void* exp_avg, void* exp_avg_sq,
+                                 DType state_dtype, size_t n);
 
 // Checks the arguments (errors name the bad one), then runs the pass on all CPU threads.
 // The parameter output (param, nullable) takes the new master: bf16 bits as they are, or f32

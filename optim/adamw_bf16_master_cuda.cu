@@ -39,8 +39,8 @@ void launch(const AdamWBuffers& b, const AdamWStep& s, int out_mode, cudaStream_
   size_t blocks = (b.n + kThreads - 1) / kThreads;
   blocks = blocks < 1 ? 1 : blocks > kMaxBlocks ? kMaxBlocks : blocks;
   adamw_bf16_master_kernel<G, S><<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(
-      AdamWCoeffs::from(s), b.grad_unscale, static_cast<const G*>(b.grad), b.master_bf16,
-      static_cast<S*>(b.exp_avg), static_cast<S*>(b.exp_avg_sq), b.param, out_mode, b.n);
+      AdamWCoeffs::from(s), b.grad_unscale, static_cast<const G*>(b.grad), b.master_bf16, static_cast<S*>(b.exp_avg),
+      static_cast<S*>(b.exp_avg_sq), b.param, out_mode, b.n);
 }
 
 }  // namespace

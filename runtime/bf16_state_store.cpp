@@ -28,8 +28,7 @@ at::Tensor range_of(const at::Tensor& whole, size_t offset, size_t n) {
 
 // n values of `type` at p, in memory on `device`.
 at::Tensor blob(const void* p, size_t n, at::ScalarType type, const c10::Device& device) {
-  return at::from_blob(const_cast<void*>(p), {static_cast<int64_t>(n)},
-                       at::TensorOptions().dtype(type).device(device));
+  return at::from_blob(const_cast<void*>(p), {static_cast<int64_t>(n)}, at::TensorOptions().dtype(type).device(device));
 }
 
 at::ScalarType type_of(DType states) { return states == DType::kBFloat16 ? at::kBFloat16 : at::kFloat; }
@@ -38,9 +37,9 @@ at::ScalarType type_of(DType states) { return states == DType::kBFloat16 ? at::k
 
 Bf16MasterStateStore::Bf16MasterStateStore(at::Tensor master, DType state_dtype)
     : state_dtype_(state_dtype), master_(std::move(master)) {
-  ZRT_CHECK(master_.defined() && master_.scalar_type() == at::kBFloat16 && master_.dim() == 1 &&
-                master_.is_contiguous(),
-            "Bf16MasterStateStore: master must be a contiguous 1-D bfloat16 tensor");
+  ZRT_CHECK(
+      master_.defined() && master_.scalar_type() == at::kBFloat16 && master_.dim() == 1 && master_.is_contiguous(),
+      "Bf16MasterStateStore: master must be a contiguous 1-D bfloat16 tensor");
   check_device_supported(master_.device(), "Bf16MasterStateStore's master");
   const auto bf16 = at::TensorOptions().dtype(at::kBFloat16).device(master_.device());
   exp_avg_ = at::zeros({master_.numel()}, bf16.dtype(type_of(state_dtype_)));

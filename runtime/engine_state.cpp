@@ -316,7 +316,7 @@ at::Tensor Engine::gather_master(size_t g) const {
                                  ? optimizer_->state().master().narrow(0, static_cast<int64_t>(b.opt_offset), n)
                                  : read_state(StateArray::kMaster, b.opt_offset, b.opt_numel))
                                 .to(device_, at::kFloat);  // kHost: from host memory; a bf16 master widened
-    if (policy_.replicated) {                  // every rank holds it all
+    if (policy_.replicated) {                              // every rank holds it all
       out.narrow(0, static_cast<int64_t>(b.flat_offset), n).copy_(mine);
     } else {
       shard_

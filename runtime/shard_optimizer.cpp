@@ -40,11 +40,12 @@ const OptimizerOptions& validated(const OptimizerOptions& o) {
                "gradient_clipping must be >= 0 (0 disables), got ", o.gradient_clipping);
   ZRT_CHECK_AS(ConfigError, o.state_dtype == DType::kFloat32 || o.state_dtype == DType::kBFloat16,
                "optimizer state dtype must be fp32 or bf16, got ", dtype_name(o.state_dtype));
-  ZRT_CHECK_AS(ConfigError,
-               o.master_dtype == DType::kFloat32 || (o.master_dtype == DType::kBFloat16 && o.precision == DType::kBFloat16),
-               "optimizer master dtype must be fp32, or bf16 with bf16 precision (bf16.bf16_master_weights_and_grads "
-               "needs bf16.enabled); got ",
-               dtype_name(o.master_dtype), " with ", dtype_name(o.precision), " precision");
+  ZRT_CHECK_AS(
+      ConfigError,
+      o.master_dtype == DType::kFloat32 || (o.master_dtype == DType::kBFloat16 && o.precision == DType::kBFloat16),
+      "optimizer master dtype must be fp32, or bf16 with bf16 precision (bf16.bf16_master_weights_and_grads "
+      "needs bf16.enabled); got ",
+      dtype_name(o.master_dtype), " with ", dtype_name(o.precision), " precision");
   check_adamw_hyper(o.adamw, "optimizer options (AdamWHyper)");  // at construction, not at the first step
   return o;
 }

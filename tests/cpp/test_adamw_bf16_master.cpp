@@ -85,15 +85,16 @@ TEST_P(AdamWBf16Master, EqualsTheFp32KernelWithEveryStoreRoundedBitForBit) {
       const std::vector<uint16_t> g = random_bf16(n, 10 + static_cast<uint32_t>(k), k == 4 ? 1e-6f : 1.0f);
       const AdamWStep s = step_of(k);
       const bool s16 = states == DType::kBFloat16;
-      AdamWBuffers b = bf16_master_buffers(g.data(), DType::kBFloat16, p.data(), s16 ? static_cast<void*>(m16.data()) : m32.data(),
-                                           s16 ? static_cast<void*>(v16.data()) : v32.data(), states, n);
+      AdamWBuffers b =
+          bf16_master_buffers(g.data(), DType::kBFloat16, p.data(), s16 ? static_cast<void*>(m16.data()) : m32.data(),
+                              s16 ? static_cast<void*>(v16.data()) : v32.data(), states, n);
       b.grad_unscale = 0.5f;
       adamw_step_bf16_master(b, s);
       std::vector<float> g32(n);
       for (size_t i = 0; i < n; ++i) g32[i] = bf16_to_f32(g[i]) * 0.5f;  // the unscale, in float
-      adamw_step({g32.data(), DType::kFloat32, rp.data(), rm.data(), rv.data(), nullptr, DType::kBFloat16, n,
-                  DType::kFloat32},
-                 s);
+      adamw_step(
+          {g32.data(), DType::kFloat32, rp.data(), rm.data(), rv.data(), nullptr, DType::kBFloat16, n, DType::kFloat32},
+          s);
       for (size_t i = 0; i < n; ++i) {
         rp[i] = bf16_to_f32(f32_to_bf16(rp[i]));
         if (states == DType::kBFloat16) rm[i] = bf16_to_f32(f32_to_bf16(rm[i]));

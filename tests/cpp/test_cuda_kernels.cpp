@@ -150,7 +150,8 @@ TEST(AdamWCuda, Bf16MasterEqualsCpuBitForBitOver5Steps) {
       s.hyper.lr = 1e-2;
       s.hyper.weight_decay = 0.1;
       s.grad_multiplier = step % 2 ? 1.0f : 0.37f;
-      AdamWBuffers b = bf16_master_buffers(g.data(), DType::kBFloat16, p.data(), m.data(), v.data(), DType::kBFloat16, n);
+      AdamWBuffers b =
+          bf16_master_buffers(g.data(), DType::kBFloat16, p.data(), m.data(), v.data(), DType::kBFloat16, n);
       b.param = lp.data();
       b.grad_unscale = 0.5f;
       adamw_step_bf16_master(b, s);

@@ -131,10 +131,9 @@ def predict_seconds(pattern, payload_bytes, bucket_bytes, world_size, gpus_per_n
     all-gather: "ring", gloo's, or "direct", MPI's exchange) or "two_hop" (Note [two hops]: the
     partial sums between the hops in inter_dtype, and the all-gather across nodes, then within)."""
     r = rates
+    phases = bucket_phases(pattern, bucket_bytes, world_size, gpus_per_node, inter_dtype, element_bytes, gather)
     per_bucket = sum(intra / r.intra_bytes_per_s + inter / r.inter_bytes_per_s + s_intra * r.intra_latency_s
-                     + s_inter * r.inter_latency_s
-                     for intra, inter, s_intra, s_inter in bucket_phases(pattern, bucket_bytes, world_size, gpus_per_node,
-                                                                         inter_dtype, element_bytes, gather))
+                     + s_inter * r.inter_latency_s for intra, inter, s_intra, s_inter in phases)
     return payload_bytes / bucket_bytes * per_bucket
 
 
