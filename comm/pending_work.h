@@ -1,5 +1,6 @@
 // PendingWork: a Work that another thread completes (finish), for collectives a backend runs
-// on threads of its own: the two-hop communicator's hops (Note [pipelined hops]).
+// on threads of its own: the two-hop communicator's hops (Note [pipelined hops]) and the shm
+// communicator's worker (ShmWork adds its timeout rules).
 #pragma once
 
 #include <condition_variable>
@@ -10,7 +11,7 @@
 
 namespace zerort {
 
-class PendingWork final : public Work {
+class PendingWork : public Work {
  public:
   using Work::Work;
 

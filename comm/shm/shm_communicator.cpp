@@ -109,17 +109,17 @@ class ShmCommunicator final : public Communicator {
     if (d.count == 0 && d.kind != Collective::kBarrier) return std::make_shared<CompletedWork>(d, options().timeout);
     const std::string name = d.to_string();
     const auto timeout = options().timeout;
-    auto op = queue_->post(
-        [segment = segment_, name, timeout, body = std::forward<Body>(body)](Clock::time_point deadline) {
-          try {
-            body(Call{name, deadline, timeout});
-          } catch (const Error& e) {
-            segment->abort(e.message());  // the peers fail within a wait slice, naming this rank
-            throw;
-          }
-        },
-        timeout);
-    return std::make_shared<ShmWork>(d, timeout, std::move(op), segment_);
+    auto work = std::make_shared<ShmWork>(d, timeout, segment_);
+    queue_->post(work,
+                 [segment = segment_, name, timeout, body = std::forward<Body>(body)](Clock::time_point deadline) {
+                   try {
+                     body(Call{name, deadline, timeout});
+                   } catch (const Error& e) {
+                     segment->abort(e.message());  // the peers fail within a wait slice, naming this rank
+                     throw;
+                   }
+                 });
+    return work;
   }
 
   // One round (on the worker thread): fill this rank's window, meet every rank, read.
