@@ -85,7 +85,7 @@ AIO = {"": ({}, SECTION_OR_NULL_BAD), ".block_size": (1048576, [0, 1.5, "4096", 
        ".queue_depth": (32, [0, 32769, "8"]), ".intra_op_parallelism": (2, [0, -1]),
        ".single_submit": (True, [1]), ".overlap_events": (False, ["yes"]), ".use_gds": (False, [True, 1, "false"]),
        ".io_backend": ("threads", ["uring", "io-uring", 1, None])}
-OURS.update({"offload": ({}, SECTION_OR_NULL_BAD),
+OURS.update({"offload": ({}, SECTION_OR_NULL_BAD), "offload.placement": ("auto", ["Auto", "cpu", 1, None]),
              **{f"offload.optimizer{k}": v for k, v in OFFLOAD_OPTIMIZER.items()},
              **{f"offload.param{k}": v for k, v in OFFLOAD_PARAM.items()},
              **{f"offload.aio{k}": v for k, v in AIO.items()}})
@@ -146,7 +146,7 @@ DEEPSPEED = {
     "dataloader_drop_last": (False, [1]),
     "scheduler": ({}, SECTION_BAD),
     "zerort": ({}, SECTION_BAD),
-    **{f"zerort.{k}": OURS[k] for k in RUNTIME},
+    **{f"zerort.{k}": OURS[k] for k in RUNTIME}, "zerort.offload_placement": OURS["offload.placement"],
     **{f"{m}{k}": v for m in ("csv_monitor", "tensorboard") for k, v in
        (("", ({}, SECTION_BAD)), (".enabled", (False, [1])), (".output_path", ("runs", [1])),
         (".job_name", ("j", [None])))},

@@ -36,6 +36,7 @@ def parse_deepspeed(cfg, problems):
     c.monitor.csv, c.monitor.tensorboard = _monitor(r, cfg, "csv_monitor"), _monitor(r, cfg, "tensorboard")
     ours, ro = r.child(cfg, "zerort")
     runtime_keys(ro, ours, c)
+    c.offload.placement = ro.choice(ours, "offload_placement", c.offload.placement, offload.PLACEMENTS)
     ro.leftover(ours, "unknown zerort key")
     _table(r, cfg, "", c.stage)
     r.leftover(cfg, "unknown or unsupported DeepSpeed key")

@@ -104,9 +104,16 @@ def read_aio(r, d):
     return out
 
 
+PLACEMENTS = ("manual", "auto")
+
+
 def read_ours(r, cfg, c):
-    """Our form's offload section {"optimizer": {...}, "param": {...}, "aio": {...}} into the Draft c."""
+    """Our form's offload section {"optimizer": {...}, "param": {...}, "aio": {...}, "placement": ...}
+    into the Draft c; "offload": "auto" is short for {"placement": "auto"}."""
+    if cfg.get("offload") == "auto":
+        cfg["offload"] = {"placement": "auto"}
     off, rf = section(r, cfg, "offload")
+    c.offload.placement = rf.choice(off, "placement", c.offload.placement, PLACEMENTS)
     for name, read in (("optimizer", read_optimizer), ("param", read_param), ("aio", read_aio)):
         d, rd = section(rf, off, name)
         setattr(c.offload, name, read(rd, d))
@@ -135,6 +142,14 @@ def rules(c, problems, keys):
         problems.lines.append(f"{opt_key}.gradient_in_file: true with device {opt.device!r}; it puts the FP32 "
                               "gradient shard in the NVMe state file, so it needs device 'nvme' (remove the key, or "
                               "set device to 'nvme')")
+    if c.offload.placement == "auto":
+        given = [f"{opt_key}.device {opt.device!r}"] * (opt.device != "none") + \
+            [f"{par_key}.device {par.device!r}"] * (par.device != "none") + \
+            [f"{opt_key}.gradient_in_file true"] * opt.gradient_in_file
+        if given:
+            problems.lines.append(f"offload placement 'auto': given with {', '.join(given)}; auto chooses these "
+                                  "itself (Note [auto placement]): remove them (keep nvme_path, where auto may put "
+                                  "files), or leave the placement 'manual'")
     for key, section in ((opt_key, opt), (par_key, par)):
         if section.device == "nvme" and not section.nvme_path:
             problems.lines.append(f"{key}.nvme_path: missing; device 'nvme' needs the folder for its files")
@@ -200,8 +215,9 @@ def describe(config, device):
     on = [f"{_WHAT[name]} on {tier}" for name, tier in tiers if tier != "none"]
     if config.offload.optimizer.gradient_in_file:
         on.insert(1, "the FP32 gradient shard on nvme")
+    auto = "placement auto: " if config.offload.placement == "auto" else ""
     if not on:
-        return "offload none"
+        return auto + "offload none"
     host = " (a CPU model: host memory is where they already are)" if device.type == "cpu" and \
         any(tier == "cpu" for _, tier in tiers) else ""
-    return f"offload {', '.join(on)}{host}"
+    return f"{auto}offload {', '.join(on)}{host}"

@@ -139,6 +139,9 @@ class OffloadConfig:
     optimizer: OffloadOptimizer = dataclasses.field(default_factory=OffloadOptimizer)
     param: OffloadParam = dataclasses.field(default_factory=OffloadParam)
     aio: Aio = dataclasses.field(default_factory=Aio)
+    # "manual": the devices above; "auto": zerort places the states at initialize from the free memory
+    # and disk it measures (zerort.accounting.placement_auto; Note [auto placement])
+    placement: str = "manual"
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)

@@ -33,7 +33,7 @@ import torch
 
 from zerort import _C, lifecycle
 from zerort import comm as comm_mod
-from zerort.accounting import phases
+from zerort.accounting import phases, placement_auto
 from zerort.config import native, offload, replace, resolve_batch
 from zerort.engine import failfast, nonfinite, same_model, setup, stage3
 from zerort.engine.alive import alive
@@ -59,6 +59,7 @@ class Engine(StateMethods, DeepSpeedMethods):
         self._declare(model, config)
         self.comm = setup.connect(config, self.device, comm)
         self.config = resolve_batch(config, self.comm.size)  # DeepSpeed's batch rule, at this world size
+        self.config, self.placement = placement_auto.resolve(self.config, model, self.device, self.comm)
         self._join_job()
         grouping = precision.group_params(model, self.config.precision, self.config.fp32_modules)
         plan = grouping.fp32_plan
@@ -98,6 +99,7 @@ class Engine(StateMethods, DeepSpeedMethods):
         self._frozen_fp32 = {}          # id(frozen param) -> its FP32 value (engine.frozen_masters)
         self._replaced = {}             # meta model: id(meta param) -> the real one
         self._memory = None             # phases.EngineMemory: the allocator's view (memory_report)
+        self.placement = None           # offload.placement auto: its placement.Placement (memory_report)
         self.stats = {}
         self.training_dataloader = None  # deepspeed.initialize's training_data loader, when it made one
         self.tput_timer = progress.ThroughputTimer()

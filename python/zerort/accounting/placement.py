@@ -1,0 +1,258 @@
+"""offload.placement "auto": where the FP32 master, Adam's m and v, the FP32 gradient shard and
+stage 3's low-precision parameter shards go, across the model's device, host RAM and NVMe.
+
+choose() is the decision, a pure function of the model's layout (its Groups: sizes per unit or
+bucket and element bytes), the stage, the world size, the state dtypes and the Budgets, so it is
+tested with made-up budgets (tests/python/test_offload_auto.py). zerort.accounting.placement_auto
+measures the budgets on a machine, turns the choice into the concrete offload settings before
+anything is allocated, and prints the table for a machine given by flags:
+
+    python -m zerort.accounting.placement_auto --params 13e9 --stage 3 --gpu-gb 139 --ram-gb 120 --disk-gib 64
+
+Note [auto placement]: the candidates are the tiers zerort builds, each a whole set of offload
+settings (offload_optimizer device, gradient_in_file, offload_param device), in order of speed:
+every later one moves more bytes per step over a slower link to free a faster tier.
+
+    device       everything on the model's device (offload none)
+    cpu          master, m, v and the FP32 gradient in host RAM, the step on the CPU (a CUDA model)
+    cpu+params   and stage 3's shards in host RAM, copied in by each gather (stage 3, a CUDA model)
+    nvme         master, m and v in a file per rank under nvme_path, the gradient in RAM
+    nvme+grad    and the FP32 gradient shard in that file (gradient_in_file)
+    nvme+params  and stage 3's shards in a second file (offload_param nvme; stage 3)
+
+On a CPU model the device is host RAM, so "cpu" and "cpu+params" are "device" and are not
+tried. The first candidate that zerort builds for this model (zerort.config.offload.check_tier
+accepts it; the built argument) and that fits every budget, less the margin, is the choice;
+when none fits, ConfigError names every candidate's need beside each budget and how to fix it.
+Kinds are placed whole: the runtime builds no split of one kind between RAM and NVMe
+(check_tier refuses offload_optimizer.ratio < 1 with nvme), so neither does this. A split is
+what lets a state bigger than both RAM and disk alone train (the H200 example in docs/CONFIG.md);
+when the runtime builds one it joins the candidates here.
+
+The margin: of each budget 90% less 1 GiB is usable (MARGIN_FRACTION, MARGIN_BYTES). The rest
+is for what zerort cannot count before the model runs: activations and autograd's buffers,
+the CUDA context and the allocator's caching, the page cache. RAM and disk are the host's, shared
+by the ranks on it (ranks_per_host); the device budget is one rank's.
+"""
+import dataclasses
+
+from zerort.accounting.memory import _in_memory, _largest_shard, _unit_shard_bytes
+from zerort.accounting.nvme_tier import NvmeTier
+from zerort.errors import ConfigError
+
+MARGIN_FRACTION = 0.10
+MARGIN_BYTES = 1 << 30
+TIERS = ("device", "ram", "nvme")
+# What a tier holds: working: the low-precision parameters and gradient buffers, the reduce scratch and
+# the gathered stage-3 units (always on the device); params: stage 3's low-precision shard copies (off
+# memory only: Note [state tiers]); io: the NVMe tier's pool and staging buffers.
+KINDS = (("working", "working"), ("params", "s3 shards"), ("master", "master"), ("adam_m", "adam_m"),
+         ("adam_v", "adam_v"), ("grad_shard", "fp32 grad"), ("io", "nvme i/o"))
+GB = 1e9
+
+
+@dataclasses.dataclass(frozen=True)
+class Candidate:
+    """One concrete placement: the offload settings it resolves to (Note [auto placement])."""
+    name: str
+    optimizer: str = "none"       # offload.optimizer.device
+    param: str = "none"           # offload.param.device
+    gradient_in_file: bool = False
+
+    def settings(self):
+        return {"optimizer": self.optimizer, "param": self.param, "gradient_in_file": self.gradient_in_file}
+
+
+CANDIDATES = (Candidate("device"), Candidate("cpu", "cpu"), Candidate("cpu+params", "cpu", "cpu"),
+              Candidate("nvme", "nvme"), Candidate("nvme+grad", "nvme", gradient_in_file=True),
+              Candidate("nvme+params", "nvme", "nvme", gradient_in_file=True))
+
+
+@dataclasses.dataclass(frozen=True)
+class Budgets:
+    """Free bytes per tier. device: this rank's GPU (torch.cuda.mem_get_info), None for a CPU model,
+    whose device is host RAM; ram: the host's MemAvailable; disk: free at nvme_path (0 without one);
+    ranks_per_host: the ranks that share the RAM and the disk."""
+    device: int | None
+    ram: int
+    disk: int
+    ranks_per_host: int = 1
+
+    def usable(self, tier):
+        total = {"device": self.device, "ram": self.ram, "nvme": self.disk}[tier]
+        return max(0, int(total * (1 - MARGIN_FRACTION)) - MARGIN_BYTES) if total else 0
+
+
+@dataclasses.dataclass(frozen=True)
+class Shape:
+    """What the bytes follow from: the layout's Groups (zerort.accounting.memory), the ranks the
+    state is sharded over, the stage, bytes per element of m and v (state_bytes) and of the
+    master and gradient (master_bytes), the NVMe tier's pool settings (an NvmeTier) and the
+    Config's bucket and prefetch sizes."""
+    groups: list
+    world_size: int
+    stage: int
+    state_bytes: int = 4
+    master_bytes: int = 4
+    nvme: NvmeTier = NvmeTier()
+    reduce_bucket_numel: int = 1 << 24
+    prefetch: int = 1
+
+    @property
+    def numel(self):
+        return sum(sum(g.numels) for g in self.groups)
+
+
+def tier_bytes(shape, cand, cuda=True):
+    """{tier: {kind: bytes}} per rank for the Candidate cand (a CPU model's device is its RAM)."""
+    s, out = shape, {t: {k: 0 for k, _ in KINDS} for t in TIERS}
+    mem = _in_memory(s.groups, s.world_size, s.stage, s.reduce_bucket_numel, s.prefetch, False, s.state_bytes,
+                     s.master_bytes)
+    dev = "device" if cuda else "ram"
+    out[dev]["working"] = sum(mem[k] for k in ("lp_params", "lp_grads", "comm_buffers", "gathered_units"))
+    opt_numel = mem["grad_shard"] // s.master_bytes
+    shards = sum(_unit_shard_bytes(s.groups, s.world_size)) if s.stage == 3 else 0
+    largest = 4 * _largest_shard(s.groups, s.world_size, s.stage, s.reduce_bucket_numel)
+    if cand.optimizer in ("none", "cpu"):
+        where = dev if cand.optimizer == "none" else "ram"
+        for k in ("master", "adam_m", "adam_v", "grad_shard"):
+            out[where][k] = mem[k]
+        if cand.optimizer == "cpu":  # Note [state tiers]: each reduce's scratch on the device; the shard copies
+            out[dev]["working"] += largest
+            out["ram" if cand.param == "cpu" else dev]["params"] = shards
+        return out
+    nv = dataclasses.replace(s.nvme, params=cand.param == "nvme", gradients=cand.gradient_in_file)
+    chunk = nv.aligned(nv.chunk_numel)
+    padded = -(-opt_numel // chunk) * chunk  # the file's records: every chunk whole
+    out["nvme"].update(master=4 * padded, adam_m=s.state_bytes * padded, adam_v=s.state_bytes * padded)
+    out["ram"]["io"] = nv.pool_bytes(s.state_bytes)
+    if cand.gradient_in_file:
+        out["nvme"]["grad_shard"], out["ram"]["grad_shard"] = nv.aligned(4 * opt_numel), largest
+    else:
+        out["ram"]["grad_shard"] = 4 * opt_numel
+    if cand.param == "nvme":
+        out["nvme"]["params"] = sum(nv.aligned(b) for b in _unit_shard_bytes(s.groups, s.world_size))
+        out["ram"]["io"] += 2 * nv.aligned(max(_unit_shard_bytes(s.groups, s.world_size), default=0) or 1)
+    else:
+        out[dev]["params"] = shards  # Note [state tiers]: the shard copies stay with the model
+    return out
+
+
+def candidates(stage, cuda):
+    """The Candidates worth trying for this stage on this kind of device, fastest first."""
+    if stage == 0:  # offload works at stages 1-3 (zerort.config.offload.rules)
+        return [CANDIDATES[0]]
+    out = [c for c in CANDIDATES if stage == 3 or c.param == "none"]
+    return [c for c in out if cuda or c.optimizer != "cpu"]
+
+
+@dataclasses.dataclass
+class Placement:
+    """One candidate's bytes per tier (per rank), the budgets, and why it was passed over
+    (refused: check_tier's words; short: {tier: bytes missing on the host}); chosen: whether it is
+    the placement taken."""
+    candidate: Candidate
+    bytes: dict
+    budgets: Budgets
+    refused: str = ""
+    short: dict = dataclasses.field(default_factory=dict)
+    chosen: bool = False
+
+    def host_need(self, tier):
+        """Bytes needed of a tier's budget: a rank's on the device, the host's ranks' on RAM and disk."""
+        per_rank = sum(self.bytes[tier].values())
+        return per_rank if tier == "device" else per_rank * self.budgets.ranks_per_host
+
+    def fits(self):
+        return not self.refused and not self.short
+
+    def total(self):
+        """Bytes per rank across every tier."""
+        return sum(sum(kinds.values()) for kinds in self.bytes.values())
+
+
+def evaluate(shape, budgets, built=lambda cand: "", cuda=None):
+    """Every candidate's Placement, in order; the first that is built and fits is chosen.
+    built(cand): "" when zerort builds it for this model, else why not. cuda: whether the
+    model is on a GPU (default: budgets.device is not None)."""
+    cuda = budgets.device is not None if cuda is None else cuda
+    out, taken = [], False
+    for cand in candidates(shape.stage, cuda):
+        p = Placement(cand, tier_bytes(shape, cand, cuda), budgets, refused=built(cand))
+        for tier in TIERS:
+            need = p.host_need(tier)
+            if need > budgets.usable(tier):
+                p.short[tier] = need - budgets.usable(tier)
+        if p.fits() and not taken:
+            p.chosen = taken = True
+        out.append(p)
+    return out
+
+
+def choose(shape, budgets, built=lambda cand: "", cuda=None):
+    """The chosen Placement (See evaluate), or ConfigError with every candidate's numbers."""
+    placements = evaluate(shape, budgets, built, cuda)
+    for p in placements:
+        if p.chosen:
+            return p
+    raise ConfigError(refusal(shape, placements))
+
+
+def _gb(n):
+    return f"{n / GB:.1f} GB"
+
+
+def refusal(shape, placements):
+    """ConfigError lines: what each candidate needs beside each budget, and how to fix it."""
+    b = placements[0].budgets
+    budget = ", ".join(f"{t} {_gb(b.usable(t))}" for t in TIERS if t != "device" or b.device is not None)
+    lines = [f"offload.placement: got 'auto', and no placement zerort builds fits {shape.numel:,} parameters at "
+             f"stage {shape.stage}, W={shape.world_size}, {b.ranks_per_host} rank(s) a host. Usable budgets "
+             f"(Note [auto placement]: 90% of the free bytes less 1 GiB): {budget}"]
+    for p in placements:
+        need = ", ".join(f"{t} {_gb(p.host_need(t))}" for t in TIERS if p.host_need(t))
+        why = p.refused or "short of " + ", ".join(f"{t} by {_gb(n)}" for t, n in p.short.items())
+        lines.append(f"  {p.candidate.name}: needs {need}; {why}")
+    usable = [p for p in placements if not p.refused]
+    best = min(usable, key=lambda p: sum(p.short.values()), default=None)
+    fix = "; fix: free or add memory or disk, train on more ranks (the state is sharded over W)"
+    if best is not None:
+        fix += (f"; the nearest is {best.candidate.name}, short by "
+                + ", ".join(f"{_gb(n)} of {t}" for t, n in best.short.items()))
+    if b.disk == 0:
+        fix += "; give offload.optimizer.nvme_path (a folder on a fast disk) to let auto use NVMe"
+    lines.append("  " + fix.removeprefix("; ") + ", or use optimizer.state_dtype bf16 (4 bytes a parameter less)")
+    lines.append("  " + split_line(placements))
+    return lines
+
+
+def split_line(placements):
+    """Whether the budgets together would hold the thriftiest candidate's bytes, had one kind been split
+    across tiers (Note [auto placement]: not built)."""
+    b, need = placements[0].budgets, min(p.host_need("device") + p.host_need("ram") + p.host_need("nvme")
+                                         for p in placements)
+    room = sum(b.usable(t) for t in TIERS if t != "device" or b.device is not None)
+    verdict = "would fit only if one kind were split across tiers, which this version does not build" \
+        if need <= room else "would not fit even split across tiers"
+    return f"the tiers together: {_gb(room)} usable for {_gb(need)} at the least: it {verdict}"
+
+
+def table(placements, title=""):
+    """Every candidate's bytes per tier and kind, the budgets, and which one is chosen (GB = 1e9)."""
+    b = placements[0].budgets
+    lines = [title] if title else []
+    lines.append(f"budgets (usable after the margin, Note [auto placement]): device "
+                 f"{'= ram (a CPU model)' if b.device is None else _gb(b.usable('device'))}, ram {_gb(b.usable('ram'))}"
+                 f", nvme {_gb(b.usable('nvme'))}; {b.ranks_per_host} rank(s) share the host's ram and disk")
+    lines.append(f"{'placement':14s}{'tier':>7s}" + "".join(f"{label:>10s}" for _, label in KINDS)
+                 + f"{'total':>10s}{'budget':>10s}  verdict")
+    tiers = [t for t in TIERS if t != "device" or b.device is not None]
+    for p in placements:
+        verdict = "CHOSEN" if p.chosen else "not built" if p.refused else "fits" if not p.short else \
+            "short of " + ", ".join(p.short)
+        for i, tier in enumerate(tiers):
+            cells = "".join(f"{p.bytes[tier][k] / GB:10.2f}" for k, _ in KINDS)
+            lines.append(f"{p.candidate.name if i == 0 else '':14s}{tier:>7s}{cells}{p.host_need(tier) / GB:10.1f}"
+                         f"{b.usable(tier) / GB:10.1f}  {verdict if i == 0 else ''}".rstrip())
+    lines.append("per rank per kind; total and budget per host for ram and nvme; GB = 1e9 bytes")
+    return "\n".join(lines)
