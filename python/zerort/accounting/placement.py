@@ -122,6 +122,8 @@ def tier_bytes(shape, cand, cuda=True):
             out["ram" if cand.param == "cpu" else dev]["params"] = shards
         return out
     nv = dataclasses.replace(s.nvme, params=cand.param == "nvme", gradients=cand.gradient_in_file)
+    if cuda:  # the reduce's scratch on the device, whose sums the mover takes to the host
+        out[dev]["working"] += largest
     chunk = nv.aligned(nv.chunk_numel)
     padded = -(-opt_numel // chunk) * chunk  # the file's records: every chunk whole
     out["nvme"].update(master=4 * padded, adam_m=s.state_bytes * padded, adam_v=s.state_bytes * padded)

@@ -64,11 +64,32 @@ def _ranks_per_host(comm):
     return max(1, env["local_world_size"]) if env["launcher"] != "none" else comm.size
 
 
+CAPS_ENV = "ZERORT_OFFLOAD_BUDGETS"
+
+
+def caps(text):
+    """ZERORT_OFFLOAD_BUDGETS, e.g. "ram=8e9,disk=2e11,device=4e10": the most bytes auto may count of each
+    budget (to leave room for other jobs on the machine), as {"device"|"ram"|"disk": bytes}."""
+    out = {}
+    for item in filter(None, (text or "").replace(" ", "").split(",")):
+        key, _, value = item.partition("=")
+        try:
+            out[key] = int(float(value))
+        except ValueError:
+            out[key] = -1
+        if key not in ("device", "ram", "disk") or out[key] < 0:
+            raise ConfigError([f"{CAPS_ENV}: got {item!r}; allowed: comma-separated device=BYTES, ram=BYTES, "
+                               "disk=BYTES with BYTES a number >= 0 (such as ram=8e9): fix or unset it"])
+    return out
+
+
 def measure(device, nvme_path, comm=None):
-    """The Budgets of this machine: the least over comm's ranks when comm is given (a collective)."""
+    """The Budgets of this machine, each at most its cap in ZERORT_OFFLOAD_BUDGETS (caps): the least over
+    comm's ranks when comm is given (a collective)."""
     ranks = _ranks_per_host(comm) if comm is not None else 1
-    dev = device_free(device, ranks)
-    vals = [-1 if dev is None else dev, mem_available(), disk_free(nvme_path)]
+    dev, cap = device_free(device, ranks), caps(os.environ.get(CAPS_ENV))
+    vals = [-1 if dev is None else min(dev, cap.get("device", dev)), min(mem_available(), cap.get("ram", 1 << 62)),
+            min(disk_free(nvme_path), cap.get("disk", 1 << 62))]
     if comm is not None and comm.size > 1:
         t = torch.tensor(vals, dtype=torch.int64, device=comm.device)
         comm.all_reduce(t, "min")

@@ -1,0 +1,228 @@
+"""offload.placement "auto" (Note [auto placement], zerort.accounting.placement): the decision with
+made-up budgets (fits on the device, spills to RAM, to NVMe, refused with the numbers; stages 1-3;
+sizes 0 and odd, W not dividing them), the bytes it counts against the memory estimator's exact
+layout, the H200 example's arithmetic, the budgets read from the machine, the config keys, and
+end to end on a CPU model at W = 1 and 2: auto gives the bits of the concrete placement it
+resolves to (offload_auto_worker.py)."""
+import json
+import os
+import sys
+
+import pytest
+
+from zerort.accounting import placement, placement_auto
+from zerort.accounting.memory import count_groups, estimate_memory
+from zerort.accounting.nvme_tier import NvmeTier
+from zerort.accounting.placement import Budgets, Shape
+from zerort.config import parse
+from zerort.config.offload import check_tier
+from zerort.errors import ConfigError
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+GB, GIB = 10 ** 9, 1 << 30
+BIG = 1 << 50
+
+
+def shape(numel, stage, world=1, unit=None):
+    """Small NVMe chunks (offload.optimizer.chunk_numel) and buckets, so the pool and the reduce scratch are
+    small beside the state."""
+    bucket = 1 << 18
+    return Shape(count_groups(numel, stage, reduce_bucket_numel=bucket, unit_numel=unit), world, stage,
+                 nvme=NvmeTier(3, 4096), reduce_bucket_numel=bucket)
+
+
+def usable_to_budget(n):
+    """The free bytes whose usable part (after the margin) is at least n."""
+    return int((n + placement.MARGIN_BYTES) / (1 - placement.MARGIN_FRACTION)) + 2
+
+
+def needs(s, cuda):
+    """{candidate: {tier: bytes needed}} with unlimited budgets."""
+    b = Budgets(BIG if cuda else None, BIG, BIG)
+    return {p.candidate.name: {t: p.host_need(t) for t in placement.TIERS} for p in placement.evaluate(s, b)}
+
+
+def test_the_margin_is_ten_percent_and_a_gib_of_each_budget():
+    b = Budgets(100 * GB, 50 * GB, 0)
+    assert b.usable("device") == int(90 * GB) - GIB and b.usable("ram") == int(45 * GB) - GIB
+    assert b.usable("nvme") == 0 and Budgets(GIB, GIB, GIB).usable("ram") == 0
+
+
+@pytest.mark.parametrize("stage", [1, 2, 3])
+def test_each_budget_picks_the_fastest_candidate_that_fits(stage):
+    s = shape(3_000_017, stage, world=3, unit=400_009)  # odd sizes, W not dividing them
+    n = needs(s, cuda=True)
+    device_fits = Budgets(usable_to_budget(n["device"]["device"]), 0, 0)
+    assert placement.choose(s, device_fits).candidate.name == "device"
+    # One byte less of the device: the states spill to host RAM (the step on the CPU).
+    short = Budgets(usable_to_budget(n["device"]["device"]) - 10, usable_to_budget(n["cpu"]["ram"]), 0)
+    assert placement.choose(s, short).candidate.name == "cpu"
+    if stage == 3:  # a device that holds only the working buffers: the shards go to RAM too
+        tight = Budgets(usable_to_budget(n["cpu+params"]["device"]), usable_to_budget(n["cpu+params"]["ram"]), 0)
+        assert placement.choose(s, tight).candidate.name == "cpu+params"
+    # RAM short as well, a disk: NVMe, where zerort builds it for the model (assumed here).
+    disk = Budgets(usable_to_budget(n["nvme"]["device"]), usable_to_budget(n["nvme"]["ram"]),
+                   usable_to_budget(n["nvme"]["nvme"]))
+    assert placement.choose(s, disk).candidate.name == "nvme"
+    lean = Budgets(disk.device, usable_to_budget(n["nvme+grad"]["ram"]), usable_to_budget(n["nvme+grad"]["nvme"]))
+    assert placement.choose(s, lean).candidate.name == "nvme+grad"
+
+
+def test_a_cpu_model_has_one_memory_tier_and_spills_to_nvme():
+    s = shape(1_000_003, 3, world=2, unit=99_991)
+    n = needs(s, cuda=False)
+    assert list(n) == ["device", "nvme", "nvme+grad", "nvme+params"]  # device = host RAM: no "cpu" tiers
+    assert all(n[c]["device"] == 0 for c in n)
+    assert placement.choose(s, Budgets(None, usable_to_budget(n["device"]["ram"]), 0)).candidate.name == "device"
+    ram = usable_to_budget(n["nvme+params"]["ram"])
+    assert ram < usable_to_budget(n["nvme+grad"]["ram"])
+    chosen = placement.choose(s, Budgets(None, ram, BIG))
+    assert chosen.candidate.name == "nvme+params"
+    assert chosen.candidate.settings() == {"optimizer": "nvme", "param": "nvme", "gradient_in_file": True}
+
+
+def test_stage_0_keeps_its_states_with_the_model():
+    s = shape(5_001, 0)
+    assert [c.name for c in placement.candidates(0, True)] == ["device"]
+    with pytest.raises(ConfigError):
+        placement.choose(s, Budgets(0, BIG, BIG))
+
+
+@pytest.mark.parametrize("stage,world", [(1, 1), (2, 4), (3, 3)])
+@pytest.mark.parametrize("numel", [0, 7, 1_000_001])
+def test_the_bytes_are_the_exact_layouts(stage, world, numel):
+    """On the device, every kind is the memory estimator's exact figure; off it, whole kinds move."""
+    est = estimate_memory(numel, world, stage, unit_numel=max(1, numel // 5) if stage == 3 else None)["exact"]
+    s = Shape(count_groups(numel, stage, unit_numel=max(1, numel // 5) if stage == 3 else None), world, stage)
+    on = placement.tier_bytes(s, placement.CANDIDATES[0])
+    for k in ("master", "adam_m", "adam_v", "grad_shard"):
+        assert on["device"][k] == est[k]
+    assert sum(on["device"].values()) == est["total"] and not any(on["ram"].values()) and not any(on["nvme"].values())
+    cpu = placement.tier_bytes(s, placement.CANDIDATES[1])
+    assert [cpu["ram"][k] for k in ("master", "adam_m", "adam_v", "grad_shard")] == \
+        [est[k] for k in ("master", "adam_m", "adam_v", "grad_shard")]
+    nvme = placement.tier_bytes(s, placement.CANDIDATES[4])  # nvme+grad: the file holds whole chunk records
+    chunk = s.nvme.aligned(s.nvme.chunk_numel)
+    records = -(-est["master"] // 4 // chunk) * chunk
+    assert (nvme["nvme"]["master"], nvme["nvme"]["adam_m"]) == (4 * records, 4 * records)
+    assert nvme["nvme"]["grad_shard"] == s.nvme.aligned(est["grad_shard"])
+
+
+def test_no_kind_is_split_because_the_runtime_builds_no_split():
+    """The split (one kind across RAM and NVMe) waits for the runtime: a partial NVMe offload is refused."""
+    c = parse({"stage": 3, "offload": {"optimizer": {"device": "nvme", "nvme_path": "/tmp", "ratio": 0.5}}})
+    import torch
+
+    with pytest.raises(ConfigError, match="partial NVMe offload is not built"):
+        check_tier(c, torch.device("cpu"))
+    s = shape(2_000_003, 3, world=2, unit=300_007)
+    for cand in placement.CANDIDATES:
+        where = placement.tier_bytes(s, cand)
+        for kind in ("master", "adam_m", "adam_v", "params"):
+            assert sum(1 for t in placement.TIERS if where[t][kind]) <= 1, (cand.name, kind)
+
+
+def test_a_placement_that_cannot_fit_is_refused_with_the_numbers():
+    s = shape(10 ** 9, 2)
+    with pytest.raises(ConfigError) as e:
+        placement.choose(s, Budgets(8 * GB, 16 * GB, 0), built=lambda c: "no nvme_path" if c.optimizer == "nvme"
+                         else "")
+    text = str(e.value)
+    assert "no placement zerort builds fits 1,000,000,000 parameters at stage 2" in text
+    assert "device 6.1 GB, ram 13.3 GB" in text  # 0.9 x budget - 1 GiB
+    # 16 bytes a parameter of states and 2 of bf16 parameters; 18.0 - 6.1 = 11.9, 16.0 - 13.3 = 2.7
+    assert "device: needs device 18.0 GB; short of device by 11.9 GB" in text
+    assert "cpu: needs device 2.0 GB, ram 16.0 GB; short of ram by 2.7 GB" in text
+    assert "nvme: needs" in text and "no nvme_path" in text
+    assert "give offload.optimizer.nvme_path" in text and "the nearest is cpu, short by 2.7 GB of ram" in text
+
+
+def test_ranks_on_one_host_share_its_ram_and_disk():
+    s = shape(50_000_017, 2, world=4)
+    n = needs(s, cuda=True)["cpu"]  # one rank's
+    fits = Budgets(usable_to_budget(n["device"]), usable_to_budget(4 * n["ram"]), 0, ranks_per_host=4)
+    assert placement.choose(s, fits).candidate.name == "cpu"
+    with pytest.raises(ConfigError, match="short of ram"):
+        placement.choose(s, Budgets(fits.device, fits.ram - 10, 0, ranks_per_host=4))
+
+
+def test_the_h200_example(capsys):
+    """13B Llama-shaped (40 x 5120, SwiGLU 13824, vocab 32000) on one H200 (139 GB), 120 GB of RAM and
+    64 GiB of disk: about 18 bytes a parameter off the device; no whole-kind placement fits, though the
+    tiers together would hold it split (the CLI's table, docs/CONFIG.md)."""
+    numel = placement_auto.llama_numel(40, 5120, 13824, 32000)
+    assert numel == 13_015_864_320
+    unit = 4 * 5120 ** 2 + 3 * 5120 * 13824 + 2 * 5120
+    s = Shape(count_groups(numel, 3, unit_numel=unit), 1, 3)
+    b = Budgets(139 * GB, 120 * GB, 64 * GIB)
+    ps = {p.candidate.name: p for p in placement.evaluate(s, b)}
+    assert b.usable("device") == int(0.9 * 139 * GB) - GIB and b.usable("nvme") == int(0.9 * 64 * GIB) - GIB
+    off = ps["cpu+params"]  # 2 + 4 x 4 bytes a parameter in RAM
+    assert abs(off.host_need("ram") / numel - 18) < 0.01
+    assert abs(ps["device"].bytes["device"]["master"] - 4 * numel) < 16 * 41
+    assert ps["device"].short == {"device": ps["device"].host_need("device") - b.usable("device")}
+    assert ps["cpu"].short.keys() == {"ram"} and ps["nvme"].short.keys() == {"nvme"}
+    assert not any(p.chosen for p in ps.values())
+    room = b.usable("device") + b.usable("ram") + b.usable("nvme")
+    assert min(p.total() for p in ps.values()) < room  # a split would fit; whole kinds do not
+    assert placement_auto.main(["--llama", "40,5120,13824,32000", "--stage", "3", "--gpu-gb", "139", "--ram-gb",
+                                "120", "--disk-gib", "64"]) == 1
+    out = capsys.readouterr().out
+    assert "13,015,864,320 parameters" in out and "up to 18." in out
+    assert "would fit only if one kind were split across tiers" in out
+    assert "nvme+params: needs device 3.8 GB, ram 2.6 GB, nvme 234.3 GB; short of nvme by 173.5 GB" in out
+    assert placement_auto.main(["--params", "1e9", "--stage", "2", "--gpu-gb", "139", "--ram-gb", "120"]) == 0
+    assert "placement auto: device" in capsys.readouterr().out
+
+
+def test_budgets_read_from_the_machine(tmp_path, monkeypatch):
+    meminfo = tmp_path / "meminfo"
+    meminfo.write_text("MemTotal:       1000 kB\nMemFree:  10 kB\nMemAvailable:     123456 kB\n")
+    assert placement_auto.mem_available(str(meminfo)) == 123456 * 1024
+    st = os.statvfs(tmp_path)
+    assert placement_auto.disk_free(str(tmp_path / "not" / "yet")) > 0
+    assert abs(placement_auto.disk_free(str(tmp_path)) - st.f_bavail * st.f_frsize) < 1 << 26
+    assert placement_auto.disk_free(None) == 0
+    import torch
+
+    monkeypatch.setenv(placement_auto.CAPS_ENV, "ram=5e6, disk=1000")
+    b = placement_auto.measure(torch.device("cpu"), str(tmp_path))
+    assert (b.device, b.ram, b.disk) == (None, 5_000_000, 1000)
+    monkeypatch.setenv(placement_auto.CAPS_ENV, "rams=5")
+    with pytest.raises(ConfigError, match=placement_auto.CAPS_ENV):
+        placement_auto.measure(torch.device("cpu"), None)
+
+
+def test_the_config_keys():
+    assert parse({"offload": "auto"}).offload.placement == "auto"
+    assert parse({"offload": {"placement": "auto", "optimizer": {"nvme_path": "/x"}}}).offload.placement == "auto"
+    ds = parse({"zero_optimization": {"stage": 3}, "zerort": {"offload_placement": "auto"}})
+    assert ds.offload.placement == "auto"
+    with pytest.raises(ConfigError, match=r"offload placement 'auto': given with offload.optimizer.device 'cpu'"):
+        parse({"offload": {"placement": "auto", "optimizer": {"device": "cpu"}}})
+    with pytest.raises(ConfigError, match="offload.placement"):
+        parse({"offload": {"placement": "fast"}})
+
+
+@pytest.mark.parametrize("world,stage,target", [(1, 1, "nvme"), (2, 2, "nvme+grad"), (2, 3, "nvme+params"),
+                                                (2, 3, "nvme")])
+def test_auto_gives_the_bits_of_the_placement_it_resolves_to(tmp_path, world, stage, target):
+    from zerort._testing.launch import launch
+
+    nvme = tmp_path / "nvme"
+    nvme.mkdir()
+    launch("torchrun" if world > 1 else "alone", world, os.path.join(HERE, "offload_auto_worker.py"),
+           tmp_path / "out", nvme, stage, target, timeout=600)
+    with open(tmp_path / "out.json") as f:
+        r = json.load(f)
+    assert r["chosen"] == target, r["need"]
+    settings = {c.name: c.settings() for c in placement.CANDIDATES}[target]
+    assert r["resolved"] == [settings["optimizer"], settings["param"], settings["gradient_in_file"]]
+    assert r["auto_losses"] == r["concrete_losses"] and r["same_states"]
+    assert f"placement auto: {target} (offload optimizer nvme" in r["report"]
+    held = {line.split(":")[0].strip(): line for line in r["report"].splitlines() if line.startswith("  ")}
+    assert "master" in held["nvme"] and ("s3 shards" in held["nvme"]) == (target == "nvme+params")
+
+
+if __name__ == "__main__":
+    sys.exit(pytest.main([__file__, "-q"]))
