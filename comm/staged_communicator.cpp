@@ -1,6 +1,9 @@
 #include "comm/staged_communicator.h"
 
 #include <cstring>
+#include <iterator>
+#include <mutex>
+#include <unordered_map>
 
 #include "comm/local_reduce.h"
 #include "core/error.h"
@@ -66,27 +69,17 @@ class StagedCommunicator final : public Communicator {
   }
   WorkPtr do_barrier(const CollectiveDesc&) override { return inner_->barrier(); }
   // The W received chunks and the FP32 sum stay on the host; the FP32 shard goes back.
-  // accumulate: `out` is read when the sum is done, not when the call is made, as on the
-  // other backends (the sum of this call is added to what `out` holds then).
+  // accumulate: Note [staged accumulate] in comm/staged_communicator.h.
   WorkPtr do_reduce_scatter_accumulate(const void* in, float* out, bool accumulate, const CollectiveDesc& d) override {
     auto h_in = stage_in(in, bytes(d, d.count * world()));
     const size_t out_bytes = d.count * sizeof(float);
-    auto h_sum = mover_->host_buffer(out_bytes);
+    if (accumulate) settle_pending(out);
+    auto h_sum = accumulate ? stage_in(out, out_bytes) : mover_->host_buffer(out_bytes);
     WorkPtr w = inner_->reduce_scatter_accumulate(h_in.get(), d.dtype, reinterpret_cast<float*>(h_sum.get()), d.count,
-                                                  false, d.tag);
+                                                  accumulate, d.tag);
     w->keep_alive(h_in);
-    if (!accumulate) return back(w, h_sum, out, out_bytes);
-    w->keep_alive(h_sum);
-    std::shared_ptr<Mover> mover = mover_;
-    const size_t n = d.count;
-    w->then([mover, h_sum, out, n, out_bytes] {
-      auto acc = mover->host_buffer(out_bytes);
-      mover->to_host(acc.get(), out, out_bytes);
-      float* a = reinterpret_cast<float*>(acc.get());
-      const float* s = reinterpret_cast<const float*>(h_sum.get());
-      for (size_t i = 0; i < n; ++i) a[i] += s[i];
-      mover->from_host(out, acc.get(), out_bytes);
-    });
+    back(w, h_sum, out, out_bytes);
+    remember_pending(out, w);
     return w;
   }
   // The reduce scratch is the inner communicator's (the staging buffers are not counted).
@@ -124,8 +117,29 @@ class StagedCommunicator final : public Communicator {
     return w;
   }
 
+  // An earlier reduce_scatter_accumulate into `out` still in flight is finished first, so its
+  // sum is in `out` when this call stages it (Note [staged accumulate]).
+  void settle_pending(const float* out) {
+    WorkPtr earlier;
+    {
+      std::lock_guard<std::mutex> lock(pending_mu_);
+      auto it = pending_.find(out);
+      if (it != pending_.end()) earlier = it->second.lock();
+    }
+    if (earlier) earlier->wait();
+  }
+  void remember_pending(const float* out, const WorkPtr& w) {
+    std::lock_guard<std::mutex> lock(pending_mu_);
+    for (auto it = pending_.begin(); it != pending_.end();) {  // the finished ones' Works are gone
+      it = it->second.expired() ? pending_.erase(it) : std::next(it);
+    }
+    pending_[out] = w;
+  }
+
   std::shared_ptr<Communicator> inner_;
   std::shared_ptr<Mover> mover_;
+  std::mutex pending_mu_;
+  std::unordered_map<const float*, std::weak_ptr<Work>> pending_;
   std::string name_;
 };
 

@@ -15,6 +15,28 @@
 
 namespace zerort {
 
+// Note [staged accumulate]
+// reduce_scatter_accumulate(accumulate=true) stages `out` in with the input and asks the host
+// communicator to accumulate into that copy: the FP64 sum that includes `out`, rounded once,
+// as the direct host path rounds it, so the bits are the mpi/gloo path's (adding the rounded
+// sum to `out` afterwards would round twice). `out` is read when the call is made; an earlier
+// call into the same `out` that is still in flight is waited for first, so a chain of
+// accumulates into one shard sums as on the other backends. Copies: `out` in and out once each.
+
+// Note [staging once]
+// The multi-node patterns over a staged communicator (zerort.comm.init(staged=...); the Python
+// side, zerort.comm.topology, builds them) copy each buffer between the device and the host
+// once per collective the engine makes, never once per hop:
+// - two-hop (comm.topology) and its int8/fp8 wire: the staged communicator wraps the host
+//   two-hop communicator, whose hops, partial sums and codes all work on host memory. Wrapping
+//   each hop's part instead would copy the chunks out and back at both hops.
+// - hybrid sharding (shard_size): the shard group, which the engine hands its device buffers,
+//   is staged; the replicas stay a host communicator, because sum_across_replicas
+//   (runtime/shard_groups.h) copies the FP32 shard into host scratch once and sums there.
+// - hpZ (stage3.secondary_shard_size): the node part gathers device pieces into device units,
+//   so it is staged.
+// The bits are the host path's: the same host collectives on the same values.
+
 class Mover {
  public:
   virtual ~Mover() = default;

@@ -114,10 +114,13 @@ Communicator& shard_part(Communicator& world, const ShardGroups& groups, const E
                "shard_size: hybrid sharding keeps the state in memory in this version, and the config offloads it "
                "(offload_optimizer / offload_param '",
                tier_name(o.state_tier), "'); drop shard_size, or the offload sections");
-  ZRT_CHECK_AS(ConfigError, !world.device_memory() && !shard.device_memory(),
-               "shard_size: hybrid sharding is built for host backends (mpi, gloo) in this version, and this "
-               "communicator is '",
-               world.backend_name(), "'; drop shard_size for nccl");
+  // A CUDA model's world staged over mpi/gloo has a staged shard group and host replicas
+  // (Note [staging once], comm/staged_communicator.h): the sum across groups runs on the host.
+  ZRT_CHECK_AS(ConfigError, shard.device_memory() == world.device_memory() && !replicas.device_memory(),
+               "shard_size: the shard group must move the world's memory and the replicas host memory; here the "
+               "world is '",
+               world.backend_name(), "', the group '", shard.backend_name(), "' and the replicas '",
+               replicas.backend_name(), "' (nccl's groups are not built in this version: drop shard_size for nccl)");
   join_world(shard, world);
   join_world(*groups.replicas, world);
   return shard;

@@ -224,7 +224,7 @@ void Engine::reduce_bucket_across_groups(Bucket& b, float* grad) {
   const auto tag = static_cast<int64_t>(b.index);
   if (!b.summed_across) {  // the window's gradient so far, this reduce added, then summed
     reduce_bucket_into(b, grad);
-    sum_across_replicas(*replicas_, grad, shard, replica_wire_, tag);
+    sum_across_replicas(*replicas_, grad, shard, device_, replica_wire_, tag);
     b.summed_across = true;
     return;
   }
@@ -232,7 +232,7 @@ void Engine::reduce_bucket_across_groups(Bucket& b, float* grad) {
   // across the groups and added, so the sum stays linear (a buffer of its own, for this rare case).
   at::Tensor part = at::zeros({static_cast<int64_t>(shard)}, at::TensorOptions().dtype(at::kFloat).device(device_));
   reduce_bucket_into(b, part.data_ptr<float>());
-  sum_across_replicas(*replicas_, part.data_ptr<float>(), shard, replica_wire_, tag);
+  sum_across_replicas(*replicas_, part.data_ptr<float>(), shard, device_, replica_wire_, tag);
   at::Tensor mine = at::from_blob(grad, {static_cast<int64_t>(shard)}, part.options());
   mine.add_(part);
 }

@@ -2,6 +2,8 @@
 // shard_size / DeepSpeed's mics_shard_size), and the sum of a gradient shard across them.
 #pragma once
 
+#include <c10/core/Device.h>
+
 #include <cstddef>
 
 #include "comm/communicator.h"
@@ -44,7 +46,9 @@ struct ShardGroups {
 // grad (n FP32 values, this rank's shard of a bucket) becomes its sum over `replicas`, the
 // same bits on each of them: split into replicas.size() pieces (the last zero-padded), piece k
 // summed on rank k (sum_over_wire) and all-gathered on the wire (gather_over_wire). tag: the
-// bucket, for the checks.
-void sum_across_replicas(Communicator& replicas, float* grad, size_t n, InterNodeWire wire, int64_t tag);
+// bucket, for the checks. grad lives on `device` (a CUDA model's, staged: one copy into host
+// scratch and one back, Note [staging once]); replicas is a host communicator.
+void sum_across_replicas(Communicator& replicas, float* grad, size_t n, const c10::Device& device, InterNodeWire wire,
+                         int64_t tag);
 
 }  // namespace zerort

@@ -59,7 +59,7 @@ def init(backend="auto", timeout_s=600.0, debug=False, staged=None, topology="fl
         raise ConfigError([f"comm.intra_node: got {intra_node!r}; allowed: {', '.join(INTRA_NODE)}"])
     name = _C.resolve_backend(backend)
     if staged is not None:
-        return _init_staged(name, timeout_s, debug, staged)
+        return _init_staged(name, timeout_s, debug, staged, topology, inter_node_dtype, bucket_numel, intra_node)
     flat = _init_nccl(timeout_s, debug) if name == "nccl" else _init_host(name, timeout_s, debug, intra_node)
     two_hop, decision = topology_mod.two_hop(flat, name, topology, inter_node_dtype, timeout_s, debug,
                                              detect_launch_env(), bucket_numel)
@@ -95,19 +95,37 @@ def _init_host(name, timeout_s, debug, intra_node="backend"):
     return shm
 
 
-def _init_staged(name, timeout_s, debug, staged):
+def _init_staged(name, timeout_s, debug, staged, topology, inter_node_dtype, bucket_numel, intra_node):
+    """The host communicator of backend `name` (two-hop too, where topology asks) with every
+    buffer staged through host memory once per collective (C++ Note [staging once] in
+    comm/staged_communicator.h). Keeps the host one as .host, which staged_part reads."""
     if name not in ("mpi", "gloo", "inprocess"):
         raise ConfigError(f"comm: staged={staged!r} carries buffers over a host backend (mpi, gloo), not {name!r}")
-    inner = init(name, timeout_s)  # the staged communicator checks the calls under debug
-    if staged == "cpu":
-        return Communicator(_C.make_staged_communicator(inner._c, -1, timeout_s, debug))
-    if staged != "cuda":
+    if staged not in ("cpu", "cuda"):
         raise ConfigError(f"comm: staged must be None, 'cuda' or 'cpu', got {staged!r}")
-    if not torch.cuda.is_available():
-        raise CommError("comm: staged='cuda' needs a CUDA device, and torch sees none")
-    device = detect_launch_env()["local_rank"] % torch.cuda.device_count()
-    torch.cuda.set_device(device)
-    return Communicator(_C.make_staged_communicator(inner._c, device, timeout_s, debug), f"cuda:{device}")
+    device = -1
+    if staged == "cuda":
+        if not torch.cuda.is_available():
+            raise CommError("comm: staged='cuda' needs a CUDA device, and torch sees none")
+        device = detect_launch_env()["local_rank"] % torch.cuda.device_count()
+        torch.cuda.set_device(device)
+    # The staged communicator checks the calls under debug: the host one is made without.
+    host = init(name, timeout_s, False, None, topology, inter_node_dtype, bucket_numel, intra_node)
+    comm = Communicator(_C.make_staged_communicator(host._c, device, timeout_s, debug),
+                        "cpu" if device < 0 else f"cuda:{device}")
+    comm.host, comm.topology_decision, comm.intra_node = host, host.topology_decision, host.intra_node
+    comm._staging = device, timeout_s, debug
+    return comm
+
+
+def staged_part(comm, part):
+    """part, a C++ host communicator of some of comm's ranks made without comm.debug
+    (zerort.comm.topology), moving comm's buffers: staged as comm is where comm is staged
+    (Note [staging once]), else part itself."""
+    if getattr(comm, "host", None) is None:
+        return part
+    device, timeout_s, debug = comm._staging
+    return _C.make_staged_communicator(part, device, timeout_s, debug)
 
 
 def _init_nccl(timeout_s, debug):
@@ -147,6 +165,7 @@ class Communicator:
         self._c = impl
         self.device = torch.device(device)  # where this backend's buffers live
         self.topology_decision = None  # comm.topology auto's zerort.comm.probe.Decision, where it measured
+        self.host = None  # staged: the host communicator under the staging (zerort.comm.init(staged=...))
         lifecycle.track_comm(self)  # closed at exit if still alive
 
     def _close(self):

@@ -58,12 +58,21 @@ def shard_groups(c, comm):
     """Config c's groups (zerort.comm.topology): this rank's (group, replicas, secondary)
     communicators; None for each that is not there. Hybrid sharding (shard_size) makes the
     first two, stage 3's secondary shards (stage3.secondary_shard_size, hpZ) the third."""
-    backend = comm.backend.split("+")[0]  # a two-hop communicator's flat backend
+    backend = comm.backend.split("+")[0]  # a two-hop or staged communicator's flat backend
     env = comm_mod.detect_launch_env()
     timeout_s, debug = c.comm.timeout_s, bool(c.comm.debug)
-    parts = topology.shard_groups(comm, backend, c.shard_size, timeout_s, debug, env)
-    secondary = topology.node_part(comm, backend, c.stage3.secondary_shard_size, timeout_s, debug, env)
-    return tuple(None if p is None else comm_mod.Communicator(p, comm.device) for p in (*parts, secondary))
+    host = comm.host or comm  # staged (a CUDA model over mpi/gloo): the parts are split off the host one
+    part_debug = debug and comm.host is None  # a staged part checks its calls itself (comm.staged_part)
+    shard, replicas = topology.shard_groups(host, backend, c.shard_size, timeout_s, part_debug, env)
+    secondary = topology.node_part(host, backend, c.stage3.secondary_shard_size, timeout_s, part_debug, env)
+    # C++ Note [staging once]: the group and hpZ's part move the engine's buffers, staged as the
+    # world is; the replicas sum on host scratch (runtime/shard_groups.h), so they stay host ones.
+    made = [(shard, comm.device, True), (replicas, host.device, False), (secondary, comm.device, True)]
+    groups = tuple(None if p is None else comm_mod.Communicator(comm_mod.staged_part(comm, p) if staged else p, device)
+                   for p, device, staged in made)
+    if groups[1] is not None and comm.host is not None and debug:
+        groups[1].check_each_call()  # every rank makes it here, at the same point
+    return groups
 
 
 def masters_to_fp32(model, names):
