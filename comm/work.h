@@ -45,7 +45,7 @@ struct CollectiveDesc {
   std::string to_string() const;
 };
 
-class Work {
+class Work : public std::enable_shared_from_this<Work> {
  public:
   Work(CollectiveDesc desc, std::chrono::milliseconds default_timeout);
   virtual ~Work() = default;
@@ -70,7 +70,17 @@ class Work {
 
   const CollectiveDesc& desc() const { return desc_; }
 
+  // Device backends: the compute stream (Note [stream order], comm/stream_order.h) waits for
+  // the transfer instead of the host, and the backend's watchdog keeps the deadline (Note
+  // [stream-waited work], comm/nccl/nccl_watchdog.h). False when it cannot (host backends, a
+  // result that then() finishes on the host): call wait() instead.
+  virtual bool join_compute_stream() { return false; }
+
  protected:
+  bool has_then() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return static_cast<bool>(then_);
+  }
   // True once the transfer finished by `deadline`; false on timeout. Throws on failure.
   virtual bool wait_until(std::chrono::steady_clock::time_point deadline) = 0;
   // Called once when a wait expires, before the CommTimeoutError is thrown.
@@ -94,6 +104,12 @@ class Work {
 };
 
 using WorkPtr = std::shared_ptr<Work>;
+
+// The engine's wait for a transfer that only its later device work reads: a stream wait where
+// the backend has one (Note [stream order], comm/stream_order.h), else the host's wait().
+inline void wait_in_stream_order(const WorkPtr& w) {
+  if (w && !w->join_compute_stream()) w->wait();
+}
 
 // A Work that is done when created: count-0 and single-rank collectives.
 class CompletedWork final : public Work {

@@ -285,7 +285,10 @@ void bind_engine(py::module_& m) {
       .def_property_readonly("micro_step_in_window", &Engine::micro_step_in_window)
       .def("is_boundary", &Engine::next_is_boundary)
       .def_property_readonly("num_groups", &Engine::num_groups)
-      .def("grad_ready", &Engine::grad_ready)  // from post-accumulate-grad hooks
+      // from post-accumulate-grad hooks; at W = 1 it runs the reduce itself (Note [W = 1 is local])
+      .def("grad_ready", &Engine::grad_ready, py::call_guard<py::gil_scoped_release>())
+      .def("set_compute_stream", &Engine::set_compute_stream)  // Note [stream order]
+      .def_property_readonly("local_only", &Engine::local_only)
       .def("begin_backward", &Engine::begin_backward, py::call_guard<py::gil_scoped_release>())
       .def("reduce_now", &Engine::reduce_now, py::call_guard<py::gil_scoped_release>())
       .def("grad", &Engine::grad)

@@ -51,6 +51,7 @@
 #include "core/error.h"
 #include "optim/adamw.h"
 #include "partition/shard_layout.h"
+#include "runtime/compute_stream.h"
 #include "runtime/grad_packer.h"
 #include "runtime/loss_scaler.h"
 #include "runtime/nvme_state_store.h"
@@ -128,6 +129,11 @@ class Engine {
   ~Engine();
   Engine(const Engine&) = delete;
   Engine& operator=(const Engine&) = delete;
+
+  // torch's current stream at forward, backward and step (its packed c10::Stream and handle),
+  // which the engine's device work follows and leads: Note [stream order] (comm/stream_order.h).
+  void set_compute_stream(int64_t stream_id, int device_index, int device_type, uintptr_t cuda_stream);
+  bool local_only() const;  // Note [W = 1 is local] (engine_local.cpp)
 
   double loss_scale() const { return optimizer_->loss_scale(); }
   double grad_denominator() const { return optimizer_->grad_denominator(); }  // See ShardOptimizer
@@ -257,6 +263,8 @@ class Engine {
   void wait_gathered_locked(std::unique_lock<std::mutex>& lock, Bucket& b);
   void enqueue_ready_locked();
   void comm_loop();
+  void run_next_locked(std::unique_lock<std::mutex>& lock);  // the queue's next op (mu_ held)
+  void run_here_locked(std::unique_lock<std::mutex>& lock);  // W = 1: the queue on this thread
   bool reducing_now() const;                // does this micro-step reduce (stage 2, or a boundary)?
   at::TensorOptions bytes_options() const;  // uint8 on the model's device
   // grad_ready's steps (mu_ held): the first report of (g, i) in this round, else a
@@ -348,6 +356,7 @@ class Engine {
   // means a backward pass that did not go through begin_backward()).
   std::vector<std::vector<bool>> reported_;
   bool stop_ = false;
+  std::optional<c10::Stream> compute_stream_;  // set_compute_stream's (mu_): Note [stream order]
   std::exception_ptr comm_error_;
   std::thread comm_thread_;
 };

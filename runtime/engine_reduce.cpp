@@ -11,6 +11,7 @@
 
 #include "core/error.h"
 #include "runtime/engine_parts.h"
+#include "runtime/kernel_dispatch.h"
 
 namespace zerort {
 
@@ -31,6 +32,7 @@ void Engine::grad_ready(size_t g, size_t i) {
   // A unit whose gradients are all in is not needed by this backward any more.
   if (policy_.units && b.waiting == 0) release_locked(lock, b);
   enqueue_ready_locked();
+  if (local_only()) run_here_locked(lock);  // Note [W = 1 is local]
 }
 
 void Engine::report_locked(size_t g, size_t i) {
@@ -122,45 +124,51 @@ constexpr size_t kReducesInFlight = 2;
 void Engine::comm_loop() {
   std::unique_lock<std::mutex> lock(mu_);
   for (;;) {
-    cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
+    // W = 1: the callers run the queue themselves (Note [W = 1 is local], engine_local.cpp).
+    cv_.wait(lock, [&] { return stop_ || (!queue_.empty() && !local_only()); });
     // Stopping (the engine is dropped) finishes what is queued first: every rank queued the
     // same collectives, so a peer is never left waiting in one this rank skipped.
-    if (stop_ && queue_.empty()) {
+    if (stop_ && (queue_.empty() || local_only())) {
       lock.unlock();
       settle_reduces(0);
       return;
     }
-    const auto [op, index] = queue_.front();
-    queue_.pop_front();
-    if (op == Op::kReduce && !policy_.units) next_to_issue_ = index + 1;
-    busy_ = true;
-    lock.unlock();
-    bool in_flight = false;
-    try {
-      if (!comm_error_) {
-        if (op == Op::kReduce)
-          in_flight = reduce_bucket(*buckets_[index]);
-        else
-          gather_on_comm_thread(*buckets_[index]);
-      }
-    }
-    ZRT_RETHROW_FORCED_UNWIND catch (...) {
-      lock.lock();
-      if (!comm_error_) comm_error_ = std::current_exception();
-      lock.unlock();
-    }
-    lock.lock();
-    if (op == Op::kGather)
-      units_.end_gather(index);  // gather() rethrows a failure
-    else if (!in_flight)
-      ++reduced_;
-    const bool last = queue_.empty() && (stop_ || reduced_ + in_flight_.size() == buckets_.size());
-    lock.unlock();
-    settle_reduces(last ? 0 : kReducesInFlight - 1);  // See Note [reduces in flight]
-    lock.lock();
-    busy_ = false;
-    cv_.notify_all();
+    run_next_locked(lock);
   }
+}
+
+void Engine::run_next_locked(std::unique_lock<std::mutex>& lock) {
+  const auto [op, index] = queue_.front();
+  queue_.pop_front();
+  if (op == Op::kReduce && !policy_.units) next_to_issue_ = index + 1;
+  busy_ = true;
+  lock.unlock();
+  bool in_flight = false;
+  try {
+    const OnComputeStream on_compute(compute_stream_);  // Note [stream order]
+    if (!comm_error_) {
+      if (op == Op::kReduce)
+        in_flight = reduce_bucket(*buckets_[index]);
+      else
+        gather_on_comm_thread(*buckets_[index]);
+    }
+  }
+  ZRT_RETHROW_FORCED_UNWIND catch (...) {
+    lock.lock();
+    if (!comm_error_) comm_error_ = std::current_exception();
+    lock.unlock();
+  }
+  lock.lock();
+  if (op == Op::kGather)
+    units_.end_gather(index);  // gather() rethrows a failure
+  else if (!in_flight)
+    ++reduced_;
+  const bool last = queue_.empty() && (stop_ || reduced_ + in_flight_.size() == buckets_.size());
+  lock.unlock();
+  settle_reduces(last ? 0 : kReducesInFlight - 1);  // See Note [reduces in flight]
+  lock.lock();
+  busy_ = false;
+  cv_.notify_all();
 }
 
 void Engine::settle_reduces(size_t keep) {
@@ -262,6 +270,10 @@ WorkPtr Engine::start_reduce(Bucket& b, float* grad) {
     in = static_cast<const char*>(g.flat_grads.data_ptr()) + b.flat_offset * dtype_size(g.dtype);
   }
   if (shard == 0) return nullptr;
+  if (local_only()) {  // Note [W = 1 is local]: the accumulate alone, on the compute stream
+    sum_chunks_to_f32_on(device_, in, g.dtype, 1, shard, grad, true);
+    return nullptr;
+  }
   try {
     return shard_.reduce_scatter_accumulate(in, g.dtype, grad, shard, true, static_cast<int64_t>(b.index));
   } catch (...) {
@@ -280,7 +292,7 @@ void Engine::end_reduce(size_t bucket, const WorkPtr& work) {
       e.packer_->release(bucket);
     }
   } release{*this, bucket};
-  if (work) work->wait();
+  wait_in_stream_order(work);  // Note [stream order]: the compute stream waits, not the host
 }
 
 void Engine::reduce_bucket_into(Bucket& b, float* grad) {
@@ -293,6 +305,10 @@ void Engine::reduce_bucket_into(Bucket& b, float* grad) {
   const size_t shard = b.layout.shard_numel();
   if (shard == 0) return;
   const void* in = static_cast<const char*>(g.flat_grads.data_ptr()) + b.flat_offset * dtype_size(g.dtype);
+  if (local_only()) {  // Note [W = 1 is local]: the scratch's sum and its add are one accumulate
+    sum_chunks_to_f32_on(device_, in, g.dtype, 1, shard, grad, true);
+    return;
+  }
   // Stage 0: reduce-scatter into a scratch shard, add it to this rank's part of the
   // replicated gradient, then all-gather that part in place so every rank holds the whole
   // sum (a bucket can be reduced more than once per step: one per backward pass).
@@ -307,6 +323,7 @@ void Engine::drain() {
   std::unique_lock<std::mutex> lock(mu_);
   for (Bucket* b : buckets_) b->waiting = 0;  // parameters that got no gradient this micro-step
   enqueue_ready_locked();
+  if (local_only()) run_here_locked(lock);  // Note [W = 1 is local]
   cv_.wait(lock, [&] { return reduced_ == buckets_.size() && queue_.empty() && !busy_; });
   std::exception_ptr error = comm_error_;
   comm_error_ = nullptr;

@@ -31,7 +31,7 @@ void Engine::gather_on_comm_thread(Bucket& b) {
     return;
   }
   fill_own_chunk(b);
-  if (shard_.size() > 1) gather_working_copy(b)->wait();
+  if (shard_.size() > 1) wait_in_stream_order(gather_working_copy(b));  // Note [stream order]
   if (secondary_ && !units_.persistent(b.index)) secondary_->keep(b.index, full);
 }
 
@@ -53,8 +53,9 @@ void Engine::release_locked(std::unique_lock<std::mutex>& lock, Bucket& b, bool 
 void Engine::prefetch(size_t index) {
   Bucket& b = unit(index, "prefetch");
   naming_units([&] {
-    std::lock_guard<std::mutex> lock(mu_);
+    std::unique_lock<std::mutex> lock(mu_);
     start_gather_locked(b);
+    if (local_only()) run_here_locked(lock);  // Note [W = 1 is local]
   });
 }
 
@@ -63,6 +64,7 @@ void Engine::gather(size_t index) {
   naming_units([&] {
     std::unique_lock<std::mutex> lock(mu_);
     start_gather_locked(b);
+    if (local_only()) run_here_locked(lock);  // Note [W = 1 is local]
     wait_gathered_locked(lock, b);
   });
 }
@@ -79,6 +81,7 @@ void Engine::hold_gathered(bool hold) {
   if (hold) {
     units_.hold();
     for (Bucket* b : buckets_) start_gather_locked(*b);
+    if (local_only()) run_here_locked(lock);  // Note [W = 1 is local]
     for (Bucket* b : buckets_) wait_gathered_locked(lock, *b);
     return;
   }

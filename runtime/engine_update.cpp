@@ -66,6 +66,7 @@ void Engine::update(StepStats& stats) {
 }
 
 void Engine::start_param_gather(Bucket& b) {
+  if (local_only()) return;  // the update wrote the whole working copy: Note [W = 1 is local]
   param_gathers_.start(b.index, gather_working_copy(b), overlaps_param_gather());
 }
 

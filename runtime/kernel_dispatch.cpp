@@ -5,6 +5,7 @@
 #include "optim/cast.h"
 #include "zerort/config.h"
 #if ZERORT_WITH_CUDA
+#include "comm/cuda_streams.h"
 #include "comm/local_reduce_cuda.h"
 #include "core/cuda_check.h"
 #include "optim/adamw_cuda.h"
@@ -16,9 +17,10 @@ namespace zerort {
 namespace {
 
 #if ZERORT_WITH_CUDA
-constexpr cudaStream_t kDefaultStream = nullptr;  // the legacy default stream: PyTorch's default stream
-
 int index_of(const c10::Device& device) { return device.index() < 0 ? 0 : device.index(); }
+
+// The stream the user's work is on (Note [stream order], comm/stream_order.h).
+cudaStream_t compute_stream(const c10::Device& device) { return cuda_stream_order(index_of(device)).compute(); }
 #endif
 
 }  // namespace
@@ -34,7 +36,7 @@ void cast_from_f32_on(const c10::Device& device, const float* in, void* out, DTy
   if (device.is_cpu()) return cast_from_f32(in, out, out_dtype, n);
 #if ZERORT_WITH_CUDA
   CudaDeviceGuard guard(index_of(device));
-  const cudaStream_t stream = kDefaultStream;
+  const cudaStream_t stream = compute_stream(device);
   if (out_dtype == DType::kFloat32) {  // FP32 modules: a plain copy
     if (n > 0 && in != out) {
       ZRT_CHECK_CUDA(cudaMemcpyAsync(out, in, n * sizeof(float), cudaMemcpyDeviceToDevice, stream));
@@ -51,7 +53,7 @@ void cast_to_f32_on(const c10::Device& device, const void* in, DType in_dtype, f
   if (device.is_cpu()) return cast_to_f32(in, in_dtype, out, n);
 #if ZERORT_WITH_CUDA
   CudaDeviceGuard guard(index_of(device));
-  cast_to_f32_cuda(in, in_dtype, out, n, kDefaultStream);
+  cast_to_f32_cuda(in, in_dtype, out, n, compute_stream(device));
 #else
   check_device_supported(device, "cast_to_f32's buffer");
 #endif
@@ -62,7 +64,7 @@ void sum_chunks_to_f32_on(const c10::Device& device, const void* chunks, DType d
   if (device.is_cpu()) return sum_chunks_to_f32(chunks, dtype, world, n, out, accumulate);
 #if ZERORT_WITH_CUDA
   CudaDeviceGuard guard(index_of(device));
-  sum_chunks_to_f32_cuda(chunks, dtype, world, n, out, accumulate, kDefaultStream);
+  sum_chunks_to_f32_cuda(chunks, dtype, world, n, out, accumulate, compute_stream(device));
 #else
   check_device_supported(device, "sum_chunks_to_f32's buffer");
 #endif
@@ -75,11 +77,11 @@ void adamw_step_on(const c10::Device& device, const AdamWBuffers& buffers, const
   CudaDeviceGuard guard(index_of(device));
   if (bf16_master) {
     check_bf16_master_buffers(buffers, step, "adamw_step_bf16_master_cuda");  // the CPU kernel's checks
-    adamw_step_bf16_master_cuda(buffers, step, kDefaultStream);
+    adamw_step_bf16_master_cuda(buffers, step, compute_stream(device));
     return;
   }
   check_adamw_hyper(step.hyper, "adamw_step_cuda");  // adamw_step checks them on the CPU
-  adamw_step_cuda(buffers, step, kDefaultStream);
+  adamw_step_cuda(buffers, step, compute_stream(device));
 #else
   check_device_supported(device, "the AdamW shard");
 #endif
@@ -89,7 +91,10 @@ GradStats unscale_and_check_on(const c10::Device& device, float* grad, size_t n,
   if (device.is_cpu()) return unscale_and_check(grad, n, inv_scale);
 #if ZERORT_WITH_CUDA
   CudaDeviceGuard guard(index_of(device));
-  return unscale_and_check_cuda(grad, n, inv_scale, kDefaultStream);
+  // The step's decision needs these values on the host: Note [allowed host waits].
+  CudaStreamOrder& order = cuda_stream_order(index_of(device));
+  order.count_host_wait(HostWait::kStepDecision);
+  return unscale_and_check_cuda(grad, n, inv_scale, order.compute());
 #else
   check_device_supported(device, "the gradient shard");
   return {};

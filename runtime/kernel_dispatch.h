@@ -1,5 +1,6 @@
 // The optim/ kernels on the device a tensor lives on: the CPU kernels for CPU memory, the
-// CUDA kernels (on the default stream, PyTorch's) for CUDA memory. One place decides, so
+// CUDA kernels for CUDA memory, on the compute stream (the stream the user's work is on: Note
+// [stream order], comm/stream_order.h). One place decides, so
 // the Engine and ShardOptimizer code is the same for both.
 #pragma once
 

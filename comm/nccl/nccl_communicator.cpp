@@ -6,6 +6,7 @@
 #include <functional>
 #include <vector>
 
+#include "comm/cuda_streams.h"
 #include "comm/launch_env.h"
 #include "comm/local_reduce_cuda.h"
 #include "comm/nccl/nccl_work.h"
@@ -90,7 +91,6 @@ class NcclCommunicator final : public Communicator {
     int lo = 0, hi = 0;
     ZRT_CHECK_CUDA(cudaDeviceGetStreamPriorityRange(&lo, &hi));
     ZRT_CHECK_CUDA(cudaStreamCreateWithPriority(&state_->stream, cudaStreamNonBlocking, hi));
-    ZRT_CHECK_CUDA(cudaEventCreateWithFlags(&state_->input_ready, cudaEventDisableTiming));
     ncclUniqueId uid;
     std::memcpy(&uid, id.data(), sizeof(uid));
     ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
@@ -99,14 +99,15 @@ class NcclCommunicator final : public Communicator {
     if (!state_->settle(deadline_after(options.timeout), "ncclCommInitRankConfig")) {
       // NCCL's own thread is still waiting for the missing peer. ncclCommAbort on a
       // communicator in that state crashed the process (SIGSEGV, H200, scripts/gpu_check.sh),
-      // so the half-made communicator, its stream and event are left to the process's exit.
+      // so the half-made communicator and its stream are left to the process's exit.
       state_->comm = nullptr;
       state_->stream = nullptr;
-      state_->input_ready = nullptr;
       ZRT_THROW_AS(CommTimeoutError, "NCCL: rank ", rank, " of ", size, " could not create the communicator within ",
                    options.timeout.count(), " ms; a peer rank is missing or got a different unique id");
     }
   }
+
+  ~NcclCommunicator() override { state_->watchdog.stop(); }  // Note [stream-waited work]
 
   const char* backend_name() const override { return "nccl"; }
   bool device_memory() const override { return true; }
@@ -195,7 +196,7 @@ class NcclCommunicator final : public Communicator {
   }
 
  private:
-  // The one path to the device: order after the input stream, the CUDA work before, the
+  // The one path to the device: order after the compute stream, the CUDA work before, the
   // NCCL calls, settle the nonblocking communicator, the CUDA work after, the completion
   // event.
   WorkPtr enqueue(const CollectiveDesc& d, const Phases& phases) {
@@ -203,8 +204,7 @@ class NcclCommunicator final : public Communicator {
     std::lock_guard<std::mutex> lock(st.mu);
     st.check_usable();
     CudaDeviceGuard guard(st.device);
-    ZRT_CHECK_CUDA(cudaEventRecord(st.input_ready, cudaStreamLegacy));  // PyTorch's default stream
-    ZRT_CHECK_CUDA(cudaStreamWaitEvent(st.stream, st.input_ready, 0));
+    cuda_stream_order(st.device).side_after_compute(st.stream);  // Note [stream order]
     if (phases.before) phases.before(st.stream);
     if (phases.nccl) {
       std::lock_guard<std::mutex> calls(st.call_mu);

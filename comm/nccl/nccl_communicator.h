@@ -7,9 +7,10 @@
 // zerort.comm.init(backend="nccl") exchanges it through c10d's TCPStore.
 //
 // Collectives run on the communicator's own high-priority stream, after the work already
-// queued on the legacy default stream (PyTorch's default stream, where the engine works),
-// and their Work waits on an event with the communicator's timeout: on timeout the
-// communicator is aborted and every later call throws, so nothing hangs. Buffers are
+// queued on the compute stream (Note [stream order], comm/stream_order.h: the stream the
+// user's work is on). Their Work is joined to the compute stream by a stream wait, or waited
+// for by the host, with the communicator's timeout either way (Note [stream-waited work]): on
+// timeout the communicator is aborted and every later call throws, so nothing hangs. Buffers are
 // device memory on `device`; all_reduce and broadcast also take small host buffers
 // (control values such as the optimizer's decision), staged through pinned memory.
 #pragma once

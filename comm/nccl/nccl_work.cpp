@@ -2,6 +2,7 @@
 
 #include <thread>
 
+#include "comm/cuda_streams.h"
 #include "core/cuda_check.h"
 #include "core/error.h"
 
@@ -58,7 +59,6 @@ NcclState::~NcclState() {
     else
       ncclCommAbort(comm);
   }
-  if (input_ready) cudaEventDestroy(input_ready);
   if (stream) cudaStreamDestroy(stream);
 }
 
@@ -103,7 +103,7 @@ void NcclState::check_usable() const {
 
 NcclWork::NcclWork(CollectiveDesc desc, std::chrono::milliseconds timeout, std::shared_ptr<NcclState> state,
                    cudaEvent_t done)
-    : Work(std::move(desc), timeout), state_(std::move(state)), done_(done) {}
+    : Work(std::move(desc), timeout), state_(std::move(state)), done_(done), timeout_(timeout) {}
 
 NcclWork::~NcclWork() {
   // Dropped before its transfer finished (never waited, or it failed): the device may still
@@ -112,23 +112,52 @@ NcclWork::~NcclWork() {
   if (done_) cudaEventDestroy(done_);  // CUDA releases an unfinished event once it completes
 }
 
+bool NcclWork::query() {
+  state_->check_usable();
+  const cudaError_t q = cudaEventQuery(done_);
+  if (q == cudaSuccess) return true;
+  ZRT_CHECK(q == cudaErrorNotReady, desc().to_string(), ": cudaEventQuery failed: ", cudaGetErrorName(q), " (",
+            cudaGetErrorString(q), ")");
+  const ncclResult_t async = state_->async_error();
+  if (async != ncclSuccess && async != ncclInProgress) {
+    const std::string what = detail::concat(desc().to_string(), ": NCCL reported an asynchronous error");
+    state_->abort(what);
+    retire_buffers();
+    check_nccl(async, what.c_str(), nullptr, __FILE__, __LINE__);
+  }
+  return false;
+}
+
 bool NcclWork::wait_until(std::chrono::steady_clock::time_point deadline) {
+  // A host that needs the result (Note [allowed host waits], comm/stream_order.h): a bounded
+  // poll, so a missing peer times out instead of blocking in cudaEventSynchronize.
   for (;;) {
-    state_->check_usable();
-    const cudaError_t q = cudaEventQuery(done_);
-    if (q == cudaSuccess) return true;
-    ZRT_CHECK(q == cudaErrorNotReady, desc().to_string(), ": cudaEventQuery failed: ", cudaGetErrorName(q), " (",
-              cudaGetErrorString(q), ")");
-    const ncclResult_t async = state_->async_error();
-    if (async != ncclSuccess && async != ncclInProgress) {
-      const std::string what = detail::concat(desc().to_string(), ": NCCL reported an asynchronous error");
-      state_->abort(what);
-      retire_buffers();
-      check_nccl(async, what.c_str(), nullptr, __FILE__, __LINE__);
-    }
+    if (query()) return true;
     if (std::chrono::steady_clock::now() >= deadline) return false;
     std::this_thread::sleep_for(std::chrono::microseconds(20));
   }
+}
+
+bool NcclWork::join_compute_stream() {
+  if (has_then()) return false;  // its result is finished on the host
+  state_->check_usable();
+  cuda_stream_order(state_->device).compute_after(done_);
+  auto self = std::static_pointer_cast<NcclWork>(shared_from_this());
+  if (!state_->watchdog.watch(std::move(self), std::chrono::steady_clock::now() + timeout_)) {
+    wait();  // the communicator is closing: nothing watches the deadline but this wait
+  }
+  return true;
+}
+
+bool NcclWork::poll(std::chrono::steady_clock::time_point deadline) {
+  try {
+    if (query()) return true;
+  } catch (const std::exception&) {
+    return true;  // aborted: the reason is the communicator's, every later call throws it
+  }
+  if (std::chrono::steady_clock::now() < deadline) return false;
+  on_timeout();
+  return true;
 }
 
 void NcclWork::on_timeout() {

@@ -1,7 +1,9 @@
 // The NCCL backend's shared state and Work. A collective is enqueued on the communicator's
-// own stream and ends with an event; NcclWork::wait() polls that event and the
-// communicator's async error against the deadline, and aborts the communicator on timeout,
-// so a missing peer never hangs the host.
+// own stream and ends with an event. The engine joins it to the compute stream
+// (join_compute_stream: a stream wait, its deadline kept by the watchdog, Note [stream-waited
+// work]); NcclWork::wait(), for a host that needs the result, polls that event and the
+// communicator's async error against the deadline. Either way the communicator is aborted on
+// timeout, so a missing peer never hangs the host.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -14,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "comm/nccl/nccl_watchdog.h"
 #include "comm/work.h"
 
 namespace zerort {
@@ -26,12 +29,12 @@ void check_nccl(ncclResult_t result, const char* call, ncclComm_t comm, const ch
 struct NcclState {
   ncclComm_t comm = nullptr;
   cudaStream_t stream = nullptr;      // the communicator's own stream
-  cudaEvent_t input_ready = nullptr;  // recorded on the legacy default stream before each collective
   int device = 0;
   std::mutex mu;       // one enqueue at a time (held while it settles)
   std::mutex call_mu;  // every NCCL call, and abort: never held while sleeping
   std::atomic<bool> aborted{false};
   std::string abort_reason;  // written under call_mu before `aborted` is set
+  NcclWatchdog watchdog;     // Note [stream-waited work]; stopped by the communicator's destructor
 
   // Pinned host slots for staged control values (<= kPinnedSlot bytes): allocating and
   // freeing pinned memory per call would synchronise the device every time.
@@ -59,13 +62,23 @@ class NcclWork final : public Work {
   NcclWork(CollectiveDesc desc, std::chrono::milliseconds timeout, std::shared_ptr<NcclState> state, cudaEvent_t done);
   ~NcclWork() override;
 
+  // The compute stream waits for `done`; the watchdog holds this Work until then.
+  bool join_compute_stream() override;
+  // The watchdog's check (Note [stream-waited work]): true once done, or once failed or past
+  // `deadline`, when the communicator has been aborted and the buffers parked.
+  bool poll(std::chrono::steady_clock::time_point deadline);
+
  protected:
   bool wait_until(std::chrono::steady_clock::time_point deadline) override;
   void on_timeout() override;
 
  private:
+  // Done, pending (false), or an NCCL async error that aborted the communicator (throws).
+  bool query();
+
   std::shared_ptr<NcclState> state_;
   cudaEvent_t done_;
+  std::chrono::milliseconds timeout_;
 };
 
 }  // namespace zerort

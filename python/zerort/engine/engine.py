@@ -35,7 +35,7 @@ from zerort import _C, lifecycle
 from zerort import comm as comm_mod
 from zerort.accounting import phases, placement_auto
 from zerort.config import native, offload, replace, resolve_batch
-from zerort.engine import failfast, nonfinite, same_model, setup, stage3
+from zerort.engine import failfast, nonfinite, same_model, setup, stage3, streams
 from zerort.engine.alive import alive
 from zerort.engine.deepspeed_methods import DeepSpeedMethods
 from zerort.engine.optimizer import ZeroOptimizer
@@ -294,6 +294,7 @@ class Engine(StateMethods, DeepSpeedMethods):
     def _phase(self, name):
         """The allocator's peak over one phase (zerort.accounting.phases.EngineMemory), for the memory
         report."""
+        streams.follow_current_stream(self._impl, self.device)  # the caller's stream: C++ Note [stream order]
         mem = self._memory
         mem.begin(name, self._impl)
         try:
