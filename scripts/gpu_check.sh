@@ -131,7 +131,7 @@ else
   BUILD_DIR=$BUILD/main
 fi
 targets=(_C)
-[[ ${gtest_args[0]} == -DZERORT_BUILD_TESTS=ON ]] && targets+=(zerort_cuda_tests)
+[[ ${gtest_args[0]} == -DZERORT_BUILD_TESTS=ON ]] && targets+=(zerort_cuda_tests zerort_cuda_comm_tests)
 # _C's link is checked after it is built: libstdc++.so in NEEDED, no copy of its own.
 step build cmake --build "$BUILD_DIR" -j "$(nproc)" --target "${targets[@]}"
 # Each run is bounded, so one stuck step cannot eat the others' time.
@@ -142,6 +142,18 @@ elif [[ ${gtest_args[0]} == -DZERORT_BUILD_TESTS=OFF ]]; then
 else
   step cpp_cuda_kernels false  # the build failed to produce it
 fi
+# Issue 47: the two-hop communicator's hops on CUDA buffers against the host hops, at W = 4 on
+# one GPU (in-process ranks staged for CUDA), every inter-node wire.
+if [[ -x $BUILD_DIR/tests/zerort_cuda_comm_tests ]]; then
+  step cpp_cuda_two_hop timeout 120 "$BUILD_DIR/tests/zerort_cuda_comm_tests"
+elif [[ ${gtest_args[0]} == -DZERORT_BUILD_TESTS=OFF ]]; then
+  skip cpp_cuda_two_hop "no GoogleTest (set GTEST_SOURCE)"
+else
+  step cpp_cuda_two_hop false
+fi
+# The int8/fp8_e4m3 block kernels against the CPU codes, byte for byte; the NCCL split at W = 1.
+step int8_fp8_kernels timeout 120 "$PY" -m pytest -q -rs tests/gpu/test_gpu_int8_wire.py
+step nccl_split_w1 timeout 120 "$PY" -m pytest -q -rs tests/gpu/test_gpu_nccl_parts.py
 step engine_smoke timeout 120 "$PY" -X faulthandler tests/gpu/gpu_engine_worker.py "$BUILD/smoke" mlp:1:bf16:1:3 \
   mlp:2:fp16:1:3 mlp:3:bf16:1:3
 step py_cuda_kernels timeout 180 "$PY" -m pytest -q -rs tests/gpu/test_gpu_kernels.py
@@ -151,6 +163,13 @@ if command -v mpirun >/dev/null; then
   step offload_cpu timeout 200 "$PY" -m pytest -q -rs tests/gpu/test_gpu_engine.py -k host_memory
 else
   skip offload_cpu "no mpirun (the W = 2 staged runs need Open MPI)"
+fi
+# The multi-node features at W = 4 on this one GPU (2 x 2 fake nodes, mpi with staged CUDA buffers):
+# two_hop, shard_size and hpZ against torch, the int8 wires, hpZ's bits (Note [staging once]).
+if command -v mpirun >/dev/null; then
+  step staged_grid timeout 300 "$PY" -m pytest -q -rs -s tests/gpu/test_staged_grid_gpu.py
+else
+  skip staged_grid "no mpirun (the W = 4 staged grid runs under Open MPI)"
 fi
 step bench_kernels timeout 120 "$PY" bench/gpu_kernels.py
 step bench_gpt350m timeout 240 "$PY" bench/gpu_gpt.py
@@ -163,6 +182,7 @@ for f in bench_kernels bench_gpt350m; do
   echo
 done
 grep -h "gpu parity" "$LOGS/cuda_engine_nccl.log" 2>/dev/null | sed 's/^.*\[gpu parity/[gpu parity/' | sort -u
+grep -h "gpu staged grid" "$LOGS/staged_grid.log" 2>/dev/null | sed 's/^.*\[gpu staged grid/[gpu staged grid/' | sort -u
 echo
 printf '| %-18s | %-9s | %7s |\n' step result seconds
 printf '|%s|%s|%s|\n' "--------------------" "-----------" "---------"

@@ -51,10 +51,10 @@ def same_bits(got, want, what):
         assert torch.equal(g["own_master"], w["own_master"]), (what, case)
 
 
-def check_parts(ranks, staged):
+def check_parts(ranks, staged, cases=CASES):
     """The communicators each case ran on: [world, shard group, replicas, hpZ's part]."""
     suffix = "+staged-" + {"cpu": "host", "cuda": "cuda"}[staged]
-    for case in CASES:
+    for case in cases:
         world, shard, replicas, secondary = ranks[0][case]["backends"]
         assert world.endswith(suffix) and ("+two-hop" in world) == case.startswith("two_hop@"), (case, world)
         assert (shard is not None) == ("shard@" in case) and (secondary is not None) == ("hpz@" in case), case
