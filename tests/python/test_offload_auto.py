@@ -204,6 +204,26 @@ def test_the_config_keys():
         parse({"offload": {"placement": "fast"}})
 
 
+def test_the_benchmark_runs_on_a_cpu_at_a_tiny_size(tmp_path):
+    """bench/gpu_offload.py's smoke run: each zerort row trains, the same model and data give the same
+    losses in every placement, and the table has every column."""
+    import subprocess
+
+    bench = os.path.join(HERE, "..", "..", "bench", "gpu_offload.py")
+    p = subprocess.run([sys.executable, bench, "--device", "cpu", "--tiny", "--steps", "2", "--stage", "3", "--rows",
+                        "gpu,nvme,auto,ds2", "--nvme-path", str(tmp_path), "--expect-decreasing"],
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    rows = {line.split(" | ")[0].strip("| "): line for line in p.stdout.splitlines() if line.startswith("| ")}
+    assert "step s median" in rows["row"] and "disk written GB" in rows["row"] and "GPU idle" in rows["row"]
+    losses = {r: rows[r].split(" | ")[-1] for r in ("zerort, states on the GPU", "zerort, offload nvme")}
+    assert len(set(losses.values())) == 1, losses
+    assert rows["zerort, placement auto (device)"].endswith(losses["zerort, offload nvme"])
+    assert " | n/a | n/a | " in rows["zerort, offload nvme"]  # no GPU: no idle figure, no GPU memory
+    assert "skipped" not in p.stdout or "DeepSpeed's offload rows run on a CUDA device" in p.stdout
+    assert not os.listdir(tmp_path) or all(not os.listdir(tmp_path / d) for d in os.listdir(tmp_path))
+
+
 @pytest.mark.parametrize("world,stage,target", [(1, 1, "nvme"), (2, 2, "nvme+grad"), (2, 3, "nvme+params"),
                                                 (2, 3, "nvme")])
 def test_auto_gives_the_bits_of_the_placement_it_resolves_to(tmp_path, world, stage, target):
