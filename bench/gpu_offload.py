@@ -309,7 +309,7 @@ def fmt(v, scale=1.0, digits=2, unit=""):
 def table(results, a, s):
     n = numel_of(s)
     dev = torch.cuda.get_device_name() if a.device == "cuda" and torch.cuda.is_available() else "CPU"
-    print(f"\n{dev}, torch {torch.__version__}: Llama-shaped {n / 1e9:.2f}B parameters ({s['layers']} layers, hidden "
+    print(f"\n{'GPU: ' if dev != 'CPU' else ''}{dev}, torch {torch.__version__}: Llama-shaped {n / 1e9:.2f}B parameters ({s['layers']} layers, hidden "
           f"{s['hidden']}, intermediate {s['intermediate']}, vocab {s['vocab']}), micro-batch {s['batch']}x{s['seq']}, "
           f"bf16 compute, FP32 master and Adam, W = 1, zerort stage {a.stage}; {a.steps} timed steps after 1")
     print("| row | step s median | p90 | tokens/s | GPU idle | peak GPU GB | peak RSS GB | disk read GB | "

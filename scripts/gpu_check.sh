@@ -173,11 +173,44 @@ else
 fi
 step bench_kernels timeout 120 "$PY" bench/gpu_kernels.py
 step bench_gpt350m timeout 240 "$PY" bench/gpu_gpt.py
+# Issue 46, offload at size (bench/gpu_offload.py, a Llama-shaped model built on the meta device). Capacity:
+# the estimator's placement table for this machine (13B, stage 3), then 13B trained with offload.placement
+# auto for 3 steps whose losses must fall (it fails, with the numbers, where no placement fits). Speed: one
+# table in one run at GPU_CHECK_OFFLOAD_PARAMS (default 3e9, sized to keep the check within 10 minutes; the
+# issue's 6-7B comparison: GPU_CHECK_OFFLOAD_PARAMS=6.5e9): zerort offload cpu and auto, and DeepSpeed
+# ZeRO-2 and ZeRO-3 with CPU offload when its wheels travel in DS_WHEELS (default deps/ds-wheels: deepspeed
+# 0.19.8, hjson, pydantic and its dependencies; nothing downloads here), installed into a venv over this
+# Python's torch. DeepSpeed builds its CPU Adam on first use with /usr/bin/gcc and g++ (the preset compilers
+# link libstdc++ statically: docs GPU_MACHINE.md).
+OFFLOAD_NVME=${GPU_CHECK_NVME:-$BUILD/nvme}
+mkdir -p "$OFFLOAD_NVME"
+step offload_capacity bash -c "PYTHONPATH=python '$PY' -m zerort.accounting.placement_auto --llama \
+  40,5120,13824,32000 --stage 3 --here --nvme-path '$OFFLOAD_NVME'; timeout 200 '$PY' bench/gpu_offload.py \
+  --params 13e9 --stage 3 --rows auto --steps 3 --batch 1 --nvme-path '$OFFLOAD_NVME' --timeout 180 \
+  --expect-decreasing"
+DS_WHEELS=${DS_WHEELS:-deps/ds-wheels}
+offload_rows=cpu,auto
+ds_args=()
+if compgen -G "$DS_WHEELS/deepspeed-0.19.8*" >/dev/null; then
+  step ds_install bash -c "'$PY' -m venv --system-site-packages '$BUILD/ds-venv' && '$BUILD/ds-venv/bin/python' \
+    -m pip install -q --no-index --find-links '$DS_WHEELS' deepspeed==0.19.8 && \
+    '$BUILD/ds-venv/bin/python' -c 'import deepspeed; print(\"deepspeed\", deepspeed.__version__)'"
+  if passed ds_install; then
+    offload_rows=cpu,auto,ds2,ds3
+    ds_args=(--ds-python "$BUILD/ds-venv/bin/python")
+  fi
+else
+  skip ds_rows "no DeepSpeed wheels in $DS_WHEELS (pip wheel deepspeed==0.19.8 and its dependencies there)"
+fi
+step offload_speed env CC=/usr/bin/gcc CXX=/usr/bin/g++ CUDA_HOME=${CUDA_HOME:-/usr/local/cuda} \
+  TORCH_EXTENSIONS_DIR="$BUILD/torch-extensions" timeout 420 "$PY" bench/gpu_offload.py \
+  --params "${GPU_CHECK_OFFLOAD_PARAMS:-3e9}" --stage 2 --rows "$offload_rows" --steps 4 --batch 1 \
+  --nvme-path "$OFFLOAD_NVME" --timeout 150 "${ds_args[@]}"
 
 echo
 echo "=================== gpu_check summary ($(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)," \
   "commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown), $(date -u +%Y-%m-%d), $((SECONDS - t_start)) s)"
-for f in bench_kernels bench_gpt350m; do
+for f in bench_kernels bench_gpt350m offload_capacity offload_speed; do
   grep -h -E '^(\||GPU:)' "$LOGS/$f.log" 2>/dev/null
   echo
 done
