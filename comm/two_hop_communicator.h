@@ -1,6 +1,6 @@
 // TwoHopCommunicator: the gradient reduce-scatter and the parameter all-gather in two hops,
 // within a node and across nodes, over a flat communicator and its two sub-communicators
-// (issue 30). Host backends (in-process, MPI, gloo); a device backend is refused.
+// (issue 30). Host backends (in-process, MPI, gloo) and CUDA buffers over nccl parts (issue 47).
 #pragma once
 
 #include <memory>
@@ -66,9 +66,24 @@ namespace zerort {
 // - Destruction runs what is queued, then joins the workers.
 // Same bits as running the hops in turn: each call's sums, and their order, are unchanged.
 
+// Note [two hops on the device]
+// Over communicators that move device memory (nccl and its parts, Note [nccl parts]) the hops
+// take CUDA buffers: `device` is their GPU (-1: host memory). Each hop worker then has a CUDA
+// stream of its own (HopMemory, comm/hop_memory.h): scratch from the stream-ordered allocator,
+// the regrouping copies, the FP64 local sums (sum_chunks_to_f32_cuda) and the inter-node wire
+// (bf16 rounding, and the 8-bit codes of comm/int8_blocks_cuda.h) as kernels on it.
+// - Order. A hop's work on the caller's buffers waits for the caller's compute stream (Note
+//   [stream order]); before a sub-communicator reads what the hop queued, the hop waits for
+//   its stream (the sub-communicators order after the compute stream, not the hop's), and a
+//   hop ends only when its stream has finished, so a completed Work's output is there.
+// - Bits. The same operations in the same order as on the host: the kernels' sums and codes are
+//   the host's bit for bit (Note [one 8-bit arithmetic]), so the result is the host path's.
 std::unique_ptr<Communicator> make_two_hop_communicator(std::shared_ptr<Communicator> flat,
                                                         std::shared_ptr<Communicator> intra,
                                                         std::shared_ptr<Communicator> inter, InterNodeWire wire,
-                                                        CommOptions options);
+                                                        CommOptions options, int device = -1);
+
+// The flat communicator of a two-hop one (what its parts are split from); nullptr otherwise.
+Communicator* two_hop_flat(Communicator& comm);
 
 }  // namespace zerort

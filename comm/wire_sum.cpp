@@ -44,12 +44,14 @@ void decode(InterNodeWire wire, const char* from, size_t n, float* to) {
   }
 }
 
-// A collective moves n values on the wire as `wire_count` elements of `wire_type` (8-bit:
-// opaque 32-bit words, int8_wire_bytes being a multiple of 4).
-size_t wire_count(InterNodeWire wire, size_t n) { return eight_bit(wire) ? int8_wire_bytes(n) / 4 : n; }
-DType wire_type(InterNodeWire wire) { return eight_bit(wire) ? DType::kInt32 : wire_dtype(wire); }
+size_t wire_count(InterNodeWire wire, size_t n) { return inter_node_wire_count(wire, n); }
+DType wire_type(InterNodeWire wire) { return inter_node_wire_type(wire); }
 
 }  // namespace
+
+size_t inter_node_wire_count(InterNodeWire wire, size_t n) { return eight_bit(wire) ? int8_wire_bytes(n) / 4 : n; }
+DType inter_node_wire_type(InterNodeWire wire) { return eight_bit(wire) ? DType::kInt32 : wire_dtype(wire); }
+bool is_eight_bit(InterNodeWire wire) { return eight_bit(wire); }
 
 InterNodeWire parse_inter_node_wire(const std::string& name) {
   if (name == "fp32") return InterNodeWire::kFp32;

@@ -17,6 +17,11 @@ enum class InterNodeWire { kFp32, kBf16, kInt8, kFp8 };
 // "fp32", "bf16", "int8" or "fp8_e4m3"; a ConfigError naming the key otherwise.
 InterNodeWire parse_inter_node_wire(const std::string& name);
 size_t inter_node_wire_bytes(InterNodeWire wire, size_t n);  // one partial of n elements on it
+// A collective moves one partial of n values as inter_node_wire_count elements of
+// inter_node_wire_type: 8-bit wires as opaque 32-bit words (int8_wire_bytes is a multiple of 4).
+size_t inter_node_wire_count(InterNodeWire wire, size_t n);
+DType inter_node_wire_type(InterNodeWire wire);
+bool is_eight_bit(InterNodeWire wire);
 
 // parts: comm.size() partials of n FP32 values, partial k for rank k. Each travels on `wire`
 // (an all-to-all, waited for on this thread); out (n values) becomes the sum of the partials

@@ -21,6 +21,7 @@
 #include "optim/adamw.h"
 #include "partition/bucket_plan.h"
 #include "partition/shard_layout.h"
+#include "python/comm_options.h"
 #include "python/without_gil.h"
 #include "runtime/kernel_dispatch.h"
 #include "zerort/config.h"
@@ -36,6 +37,7 @@ using namespace zerort;
 
 void bind_engine(py::module_& m);     // engine_bindings.cpp
 void bind_allocator(py::module_& m);  // allocator_bindings.cpp
+void bind_comm_gpu(py::module_& m);   // comm_gpu_bindings.cpp
 
 namespace {
 
@@ -44,17 +46,6 @@ void* ptr(uintptr_t address) { return reinterpret_cast<void*>(address); }
 // Kernels take the tensor's device index: -1 for CPU memory, else the CUDA device.
 c10::Device device_of(int index) {
   return index < 0 ? c10::Device(c10::kCPU) : c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(index));
-}
-
-CommOptions comm_options(double timeout_s, bool debug) {
-  ZRT_CHECK_AS(ConfigError, timeout_s >= 1e-3 && timeout_s <= 1e9,
-               "comm.timeout_s must be between 0.001 and 1e9 "
-               "seconds, got ",
-               timeout_s);
-  CommOptions o;
-  o.timeout = std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000.0));
-  o.debug = debug;
-  return o;
 }
 
 ReduceOp parse_op(const std::string& op) {
@@ -119,6 +110,7 @@ PYBIND11_MODULE(_C, m) {
   m.attr("__version__") = ZERORT_VERSION;
   bind_engine(m);
   bind_allocator(m);
+  bind_comm_gpu(m);
   m.attr("with_mpi") = static_cast<bool>(ZERORT_WITH_MPI);
   m.attr("with_cuda") = static_cast<bool>(ZERORT_WITH_CUDA);
   m.attr("with_nccl") = static_cast<bool>(ZERORT_WITH_NCCL);
@@ -217,13 +209,13 @@ PYBIND11_MODULE(_C, m) {
   m.def(
       "make_two_hop_communicator",
       [](std::shared_ptr<Communicator> flat, std::shared_ptr<Communicator> intra, std::shared_ptr<Communicator> inter,
-         const std::string& inter_dtype, double timeout_s, bool debug) {
+         const std::string& inter_dtype, double timeout_s, bool debug, int device) {
         return owned_without_gil(make_two_hop_communicator(std::move(flat), std::move(intra), std::move(inter),
                                                            parse_inter_node_wire(inter_dtype),
-                                                           comm_options(timeout_s, debug)));
+                                                           comm_options(timeout_s, debug), device));
       },
       py::arg("flat"), py::arg("intra"), py::arg("inter"), py::arg("inter_dtype"), py::arg("timeout_s"),
-      py::arg("debug"));
+      py::arg("debug"), py::arg("device") = -1);  // device: the CUDA device of nccl parts, -1: host
 #if ZERORT_WITH_MPI
   m.def(
       "make_mpi_part",

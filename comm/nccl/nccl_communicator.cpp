@@ -9,6 +9,7 @@
 #include "comm/cuda_streams.h"
 #include "comm/launch_env.h"
 #include "comm/local_reduce_cuda.h"
+#include "comm/nccl/nccl_split.h"
 #include "comm/nccl/nccl_work.h"
 #include "core/cuda_check.h"
 #include "core/error.h"
@@ -277,6 +278,22 @@ class NcclCommunicator final : public Communicator {
   }
 
   std::shared_ptr<NcclState> state_;
+
+ public:
+  // A part of this communicator (Note [nccl parts]): a communicator of its own, with its stream.
+  std::unique_ptr<Communicator> split(int color, int key, const std::string& group, CommOptions options) {
+    NcclSplit part = split_nccl_state(*state_, rank(), size(), color, key, group, options.timeout);
+    return std::unique_ptr<Communicator>(new NcclCommunicator(part, options));
+  }
+
+ private:
+  NcclCommunicator(NcclSplit& part, CommOptions options)
+      : Communicator(part.rank, part.size, options), state_(std::move(part.state)) {
+    CudaDeviceGuard guard(state_->device);
+    int lo = 0, hi = 0;
+    ZRT_CHECK_CUDA(cudaDeviceGetStreamPriorityRange(&lo, &hi));
+    ZRT_CHECK_CUDA(cudaStreamCreateWithPriority(&state_->stream, cudaStreamNonBlocking, hi));
+  }
 };
 
 }  // namespace
@@ -290,6 +307,14 @@ std::string nccl_unique_id() {
 std::unique_ptr<Communicator> make_nccl_communicator(int rank, int size, int device, const std::string& unique_id,
                                                      CommOptions options) {
   return std::make_unique<NcclCommunicator>(rank, size, device, unique_id, options);
+}
+
+std::unique_ptr<Communicator> make_nccl_part(Communicator& parent, int color, int key, const std::string& group,
+                                             CommOptions options) {
+  auto* nccl = dynamic_cast<NcclCommunicator*>(&parent);
+  ZRT_CHECK(nccl != nullptr, "make_nccl_part: ", group, ": the parent communicator is '", parent.backend_name(),
+            "', not nccl (split the flat nccl communicator)");
+  return nccl->split(color, key, group, options);
 }
 
 std::unique_ptr<Communicator> make_nccl_communicator_mpi(int device, CommOptions options) {

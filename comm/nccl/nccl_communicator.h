@@ -29,6 +29,12 @@ std::string nccl_unique_id();  // ncclGetUniqueId, as 128 raw bytes
 std::unique_ptr<Communicator> make_nccl_communicator(int rank, int size, int device, const std::string& unique_id,
                                                      CommOptions options = {});
 
+// This rank's part of `parent` (an nccl communicator): the ranks of the same color, numbered
+// by key, through ncclCommSplit; a collective over parent, bounded by options.timeout. group
+// names the part in errors ("row 1 of 2 (ranks 2,3)"). See Note [nccl parts] (nccl_split.h).
+std::unique_ptr<Communicator> make_nccl_part(Communicator& parent, int color, int key, const std::string& group,
+                                             CommOptions options = {});
+
 // Rank and world from MPI (mpi_communicator); rank 0's id reaches the others by MPI_Bcast.
 // device < 0 picks the local rank modulo the visible devices.
 std::unique_ptr<Communicator> make_nccl_communicator_mpi(int device, CommOptions options = {});

@@ -207,16 +207,16 @@ def test_refusals_name_the_key(tmp_path):
         assert "groups of 2 ranks do not fit within the groups of 1" in got["hpz_beyond_the_group"][1]
 
 
-def test_groups_need_a_host_backend():
-    """shard_size and stage3.secondary_shard_size split mpi and gloo communicators; nccl is
-    refused by name where groups would be made (its groups need ncclCommSplit), and a group of
+def test_groups_need_a_group_backend():
+    """shard_size and stage3.secondary_shard_size split mpi, gloo and nccl communicators (nccl's:
+    test_nccl_parts.py); in-process is refused by name where groups would be made, and a group of
     the whole world (shard_size) or of one rank (hpZ off) makes none."""
     from zerort.comm import topology
 
     comm = types.SimpleNamespace(size=4, rank=1)
-    for call in (lambda: topology.shard_groups(comm, "nccl", 2, 10, False, {}),
-                 lambda: topology.node_part(comm, "nccl", 2, 10, False, {})):
-        with pytest.raises(zerort.ConfigError, match="built for the mpi and gloo backends, not 'nccl'"):
+    for call in (lambda: topology.shard_groups(comm, "inprocess", 2, 10, False, {}),
+                 lambda: topology.node_part(comm, "inprocess", 2, 10, False, {})):
+        with pytest.raises(zerort.ConfigError, match="built for the mpi, gloo, nccl backends, not 'inprocess'"):
             call()
     assert topology.shard_groups(comm, "nccl", 4, 10, False, {}) == (None, None)
     assert topology.node_part(comm, "inprocess", 1, 10, False, {}) is None

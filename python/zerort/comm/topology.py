@@ -28,6 +28,7 @@ from zerort.comm import probe
 from zerort.errors import ConfigError
 
 TOPOLOGIES = ("auto", "flat", "two_hop")
+GROUP_BACKENDS = ("mpi", "gloo", "nccl")  # the backends whose communicators grid_parts splits
 INTER_DTYPES = ("fp32", "bf16", "int8", "fp8_e4m3")
 log = logging.getLogger("zerort.comm")
 
@@ -58,10 +59,15 @@ def two_hop(comm, backend, topology, inter_dtype, timeout_s, debug, env, bucket_
         raise ConfigError([f"comm.inter_node_dtype: got {inter_dtype!r}; allowed: {', '.join(INTER_DTYPES)}"])
     if topology == "flat" or comm.size == 1:
         return None, None
-    if backend not in ("mpi", "gloo"):
+    if backend not in GROUP_BACKENDS:
         if topology == "two_hop":
-            raise ConfigError([f"comm.topology: 'two_hop' is built for the mpi and gloo backends, not {backend!r}: "
-                               "set comm.topology to 'flat' or 'auto'"])
+            raise ConfigError([f"comm.topology: 'two_hop' is built for the {', '.join(GROUP_BACKENDS)} backends, "
+                               f"not {backend!r}: set comm.topology to 'flat' or 'auto'"])
+        return None, None
+    if backend == "nccl" and topology == "auto":  # the probe times host buffers (zerort.comm.probe)
+        if comm.rank == 0:
+            log.info("zerort: comm.topology 'auto' stays flat under nccl (its probe times host buffers); "
+                     "set 'two_hop' to run the two hops on NCCL parts")
         return None, None
     shape, why = layout(comm, env)
     if shape is None:
@@ -75,7 +81,8 @@ def two_hop(comm, backend, topology, inter_dtype, timeout_s, debug, env, bucket_
     if topology == "auto" and (nodes == 1 or per_node == 1):
         return None, None
     intra, inter = grid_parts(comm, backend, per_node, timeout_s, debug)
-    hops = _C.make_two_hop_communicator(comm._c, intra, inter, inter_dtype, timeout_s, debug)
+    device = comm.device.index if backend == "nccl" else -1  # nccl parts: the hops work on that GPU
+    hops = _C.make_two_hop_communicator(comm._c, intra, inter, inter_dtype, timeout_s, debug, device)
     if topology == "two_hop":
         return hops, None
     decision = probe.decide(comm, backend, (intra, inter, hops), nodes, per_node, inter_dtype, bucket_numel)
@@ -123,10 +130,10 @@ def _group_size(comm, key, size, env):
 
 
 def _host_backend(backend, key):
-    """Groups of ranks are split off mpi and gloo communicators; a ConfigError naming key otherwise."""
-    if backend not in ("mpi", "gloo", "shm"):  # shm: a single-host job's gloo world (grid_parts)
-        raise ConfigError([f"{key}: groups of ranks are built for the mpi and gloo backends, not {backend!r}; "
-                           f"drop {key} (nccl's groups need ncclCommSplit, not built in this version)"])
+    """Groups of ranks are split off mpi, gloo and nccl communicators; a ConfigError naming key otherwise."""
+    if backend not in GROUP_BACKENDS + ("shm",):  # shm: a single-host job's gloo world (grid_parts)
+        raise ConfigError([f"{key}: groups of ranks are built for the {', '.join(GROUP_BACKENDS)} backends, not "
+                           f"{backend!r}; drop {key}, or use one of those"])
 
 
 def grid_parts(comm, backend, per_row, timeout_s, debug):
@@ -137,6 +144,8 @@ def grid_parts(comm, backend, per_row, timeout_s, debug):
     through shared memory (the shm backend over the row's gloo group) where comm.intra_node is
     'shm' (zerort.comm.init): two-hop's first hop, hybrid groups and hpZ's node part."""
     row, index = divmod(comm.rank, per_row)
+    if backend == "nccl":
+        return nccl_parts(comm, per_row, timeout_s, debug)
     if backend == "mpi":
         return _C.make_mpi_part(row, index, timeout_s, debug), _C.make_mpi_part(index, row, timeout_s, debug)
     import torch.distributed as dist
@@ -158,3 +167,21 @@ def _row_on_one_host(comm, per_row):
     hosts = comm.all_gather(host, torch.empty(comm.size, dtype=torch.int64)).tolist()
     first = comm.rank // per_row * per_row
     return len(set(hosts[first:first + per_row])) == 1
+
+
+def nccl_parts(comm, per_row, timeout_s, debug):
+    """grid_parts under nccl: this rank's (row, column) parts of the flat nccl communicator (a
+    two-hop one's flat one), each by ncclCommSplit (C++ Note [nccl parts]): the row by color
+    row and key index, the column by color index and key row; every rank splits the rows first,
+    then the columns. A failed or timed-out split names its group, as "row 1 of 2 (ranks 2,3)"."""
+    row, index = divmod(comm.rank, per_row)
+    rows = comm.size // per_row
+    row_name = group_name("row", row, rows, [row * per_row + j for j in range(per_row)])
+    column_name = group_name("column", index, per_row, [k * per_row + index for k in range(rows)])
+    return (_C.make_nccl_part(comm._c, row, index, row_name, timeout_s, debug),
+            _C.make_nccl_part(comm._c, index, row, column_name, timeout_s, debug))
+
+
+def group_name(kind, number, count, ranks):
+    """How errors name a part: 'row 1 of 2 (ranks 2,3)'."""
+    return f"{kind} {number} of {count} (ranks {','.join(str(r) for r in ranks)})"
