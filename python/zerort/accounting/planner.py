@@ -38,6 +38,7 @@ import math
 import sys
 
 from zerort.config import Config
+from zerort.accounting import cluster_rows
 from zerort.accounting.memory import BYTES, estimate_memory, gpt_numel
 from zerort.accounting.traffic import WIRE_BYTES, collectives, nodes_and_local  # noqa: F401  (tests use these)
 from zerort.errors import ConfigError
@@ -324,11 +325,14 @@ def main(argv=None):
     ap.add_argument("--seq", type=int, default=2048, help="sequence length")
     ap.add_argument("--micro-batch", type=int, default=1, help="sequences per rank per step")
     ap.add_argument("--gpus", type=int, required=True, help="world size W")
-    ap.add_argument("--gpus-per-node", type=int, default=8)
+    ap.add_argument("--gpus-per-node", type=int, help="default 8, or --cluster's")
     ap.add_argument("--gpu-mem", type=float, default=80.0, help="GB per GPU")
     ap.add_argument("--reserve", type=float, default=2.0, help="GB per GPU not available to the run")
-    ap.add_argument("--intra-bw", type=float, default=300.0, help="GB/s per GPU within a node, one direction")
-    ap.add_argument("--inter-bw", type=float, default=25.0, help="GB/s per GPU across nodes, one direction")
+    ap.add_argument("--intra-bw", type=float, help="GB/s per GPU within a node, one direction (default 300)")
+    ap.add_argument("--inter-bw", type=float, help="GB/s per GPU across nodes, one direction (default 25)")
+    ap.add_argument("--cluster", choices=list(cluster_rows.PRESETS), help="a GPU cluster's links and node size, "
+                    "and the multi-node rows (zerort.accounting.cluster_rows)")
+    ap.add_argument("--multi-node-rows", action="store_true", help="stage 3 with each multi-node feature")
     ap.add_argument("--intra-lat", type=float, default=5.0, help="us per ring step within a node")
     ap.add_argument("--inter-lat", type=float, default=10.0, help="us per ring step across nodes")
     ap.add_argument("--peak-tflops", type=float, default=312.0, help="dense TFLOP/s per GPU in the compute dtype")
@@ -343,6 +347,7 @@ def main(argv=None):
     ap.add_argument("--secondary-shard-size", help="stage 3's hpZ groups (a number, or 'node')")
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args(argv)
+    cluster_rows.apply_preset(a)
     shape = None
     if a.layers or a.hidden:
         if not (a.layers and a.hidden):
@@ -374,7 +379,10 @@ def main(argv=None):
                  WIRE_BYTES[a.inter_node_dtype] if a.topology == "two_hop" else None, groups)
     except ValueError as e:
         ap.error(str(e))
-    print(json.dumps(p, indent=2) if a.json else render(p))
+    if a.cluster or a.multi_node_rows:
+        p["multi_node_rows"] = cluster_rows.rows(numel, cluster, a.precision)
+    extra = cluster_rows.render(p["multi_node_rows"], cluster) if "multi_node_rows" in p else ""
+    print(json.dumps(p, indent=2) if a.json else render(p) + extra)
     return 0
 
 

@@ -51,17 +51,20 @@ def two_hop_split(nbytes, world_size, gpus_per_node, element_bytes, inter_bytes)
 
 
 def collectives(numel, world_size, gpus_per_node, stage, param_bytes=2, grad_bytes=2, inter_bytes=None,
-                shard_size=None, replica_bytes=4, secondary=None):
+                shard_size=None, replica_bytes=4, secondary=None, gather_bytes=None):
     """The collectives of one step per rank: a list of dicts with the collective's name,
     what it moves, the bytes sent per rank within the node and across nodes, and latency
     steps (summed over both phases, for one call). Stage 0 is DDP's ring all-reduce. inter_bytes:
     the two-hop reduce-scatter with partial sums of that size (None: flat). shard_size: hybrid
     sharding's groups, whose sum across groups sends replica_bytes per element (the module's
-    text); secondary: stage 3's hpZ groups."""
+    text); secondary: stage 3's hpZ groups; gather_bytes: stage 3's all-gathers at that many bytes
+    per element (stage3.gather_dtype int8: BLOCKS_8BIT), but hpZ's re-gather, which moves the
+    decoded pieces the secondary shards keep (param_bytes)."""
     if shard_size and shard_size < world_size:
         if stage == 0 or inter_bytes:
             raise ConfigError(["shard_size: hybrid sharding applies to stages 1-3 over a flat group"])
-        return (collectives(numel, shard_size, gpus_per_node, stage, param_bytes, grad_bytes, secondary=secondary)
+        return (collectives(numel, shard_size, gpus_per_node, stage, param_bytes, grad_bytes, secondary=secondary,
+                            gather_bytes=gather_bytes)
                 + replica_sum(numel, world_size, gpus_per_node, shard_size, replica_bytes))
     psi = float(numel)
     if stage == 0:
@@ -69,8 +72,9 @@ def collectives(numel, world_size, gpus_per_node, stage, param_bytes=2, grad_byt
     elif stage in (1, 2):
         plan = [("reduce-scatter", "gradients", grad_bytes, 1), ("all-gather", "parameters", param_bytes, 1)]
     elif stage == 3:
-        plan = [("all-gather", "parameters (forward)", param_bytes, 1),
-                ("all-gather", "parameters (backward)", param_bytes, 1),
+        gathered = gather_bytes or param_bytes
+        plan = [("all-gather", "parameters (forward)", gathered, 1),
+                ("all-gather", "parameters (backward)", gathered, 1),
                 ("reduce-scatter", "gradients", grad_bytes, 1)]
         if secondary:  # the backward's re-gather from the secondary shards, within their group
             plan[1] = ("all-gather", "parameters (bwd, hpZ)", param_bytes, 1)
