@@ -120,7 +120,7 @@ Communicator& shard_part(Communicator& world, const ShardGroups& groups, const E
                "shard_size: the shard group must move the world's memory and the replicas host memory; here the "
                "world is '",
                world.backend_name(), "', the group '", shard.backend_name(), "' and the replicas '",
-               replicas.backend_name(), "' (nccl's groups are not built in this version: drop shard_size for nccl)");
+               replicas.backend_name(), "' (the sum across groups runs on host scratch: nccl replicas are refused)");
   join_world(shard, world);
   join_world(*groups.replicas, world);
   return shard;
