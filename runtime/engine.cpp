@@ -114,13 +114,15 @@ Communicator& shard_part(Communicator& world, const ShardGroups& groups, const E
                "shard_size: hybrid sharding keeps the state in memory in this version, and the config offloads it "
                "(offload_optimizer / offload_param '",
                tier_name(o.state_tier), "'); drop shard_size, or the offload sections");
-  // A CUDA model's world staged over mpi/gloo has a staged shard group and host replicas
-  // (Note [staging once], comm/staged_communicator.h): the sum across groups runs on the host.
-  ZRT_CHECK_AS(ConfigError, shard.device_memory() == world.device_memory() && !replicas.device_memory(),
-               "shard_size: the shard group must move the world's memory and the replicas host memory; here the "
-               "world is '",
+  // Staged worlds: a staged group, host replicas (Note [staging once], comm/staged_communicator.h).
+  // Under nccl all three move device memory (Note [nccl parts]) and the sum across groups runs on the
+  // device; a staged world's replicas are host communicators.
+  ZRT_CHECK_AS(ConfigError,
+               shard.device_memory() == world.device_memory() && (!replicas.device_memory() || world.device_memory()),
+               "shard_size: the shard group must move the world's memory, and the replicas the world's or host "
+               "memory; here the world is '",
                world.backend_name(), "', the group '", shard.backend_name(), "' and the replicas '",
-               replicas.backend_name(), "' (the sum across groups runs on host scratch: nccl replicas are refused)");
+               replicas.backend_name(), "' (zerort.comm.topology.grid_parts makes them for the world's backend)");
   join_world(shard, world);
   join_world(*groups.replicas, world);
   return shard;
