@@ -1,7 +1,11 @@
-// The CUDA Mover of StagedCommunicator: pinned host staging and synchronous copies on the
-// legacy default stream, so a copy out of a device buffer orders after the work that wrote it.
+// The CUDA Mover of StagedCommunicator (and of the host tier beside a CUDA model): pinned host
+// staging, and copies on a stream of its own that first waits for the compute stream, so a copy
+// out of a device buffer orders after the work that wrote it on whatever stream the user's work
+// is on (Note [stream order], comm/stream_order.h). The host backend then needs the bytes: each
+// copy ends with a host wait, HostWait::kStagedCopy of Note [allowed host waits].
 #include <cuda_runtime_api.h>
 
+#include "comm/cuda_streams.h"
 #include "comm/staged_communicator.h"
 #include "core/cuda_check.h"
 
@@ -11,7 +15,15 @@ namespace {
 
 class CudaMover final : public Mover {
  public:
-  explicit CudaMover(int device) : device_(device) {}
+  explicit CudaMover(int device) : device_(device) {
+    CudaDeviceGuard guard(device_);
+    ZRT_CHECK_CUDA(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+    ZRT_CHECK_CUDA(cudaEventCreateWithFlags(&copied_, cudaEventDisableTiming));
+  }
+  ~CudaMover() override {
+    if (copied_) cudaEventDestroy(copied_);
+    if (stream_) cudaStreamDestroy(stream_);
+  }
   std::shared_ptr<char> host_buffer(size_t bytes) override {
     void* p = nullptr;
     CudaDeviceGuard guard(device_);  // the comm thread's current device is 0
@@ -27,9 +39,15 @@ class CudaMover final : public Mover {
   void copy(void* dst, const void* src, size_t bytes) {
     if (bytes == 0 || dst == src) return;
     CudaDeviceGuard guard(device_);
-    ZRT_CHECK_CUDA(cudaMemcpy(dst, src, bytes, cudaMemcpyDefault));  // host or device, either way
+    CudaStreamOrder& order = cuda_stream_order(device_);
+    order.side_after_compute(stream_);
+    ZRT_CHECK_CUDA(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, stream_));  // host or device, either way
+    order.record(copied_, stream_);
+    order.host_wait(copied_, HostWait::kStagedCopy);
   }
   int device_;
+  cudaStream_t stream_ = nullptr;
+  cudaEvent_t copied_ = nullptr;
 };
 
 }  // namespace

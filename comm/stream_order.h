@@ -23,10 +23,13 @@
 //   step); until then the legacy default stream, PyTorch's default stream.
 //
 // Note [allowed host waits]: host_wait() is the only host wait of the engine's device path, and
-// each reason is one of these, counted per reason (tests/gpu/test_gpu_syncs.py counts them):
+// each reason is one of these, counted per reason (tests/gpu/test_gpu_streams.py counts them):
 // - kStepDecision: the step's decision needs the non-finite count, the squared norm and the
 //   loss scale on the host (a few bytes, once per accumulation boundary);
-// - kUserCall: a value a user asked for (state_dict, checkpoints, GatheredParameters, grad()).
+// - kUserCall: a value a user asked for (state_dict, checkpoints, GatheredParameters, grad());
+// - kStagedCopy: a host backend (mpi, gloo, shm) staged for CUDA buffers, or the host tier
+//   beside a CUDA model, moves host memory: each copy between the device and its pinned
+//   staging waits for the copy (comm/staged_cuda.cpp). The nccl backend makes none.
 #pragma once
 
 #include <array>
@@ -37,8 +40,8 @@
 
 namespace zerort {
 
-enum class HostWait : int { kStepDecision = 0, kUserCall = 1 };
-inline constexpr int kHostWaitReasons = 2;
+enum class HostWait : int { kStepDecision = 0, kUserCall = 1, kStagedCopy = 2 };
+inline constexpr int kHostWaitReasons = 3;
 
 template <typename Streams>
 class StreamOrder {

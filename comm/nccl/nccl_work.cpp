@@ -130,7 +130,13 @@ bool NcclWork::query() {
 
 bool NcclWork::wait_until(std::chrono::steady_clock::time_point deadline) {
   // A host that needs the result (Note [allowed host waits], comm/stream_order.h): a bounded
-  // poll, so a missing peer times out instead of blocking in cudaEventSynchronize.
+  // poll, so a missing peer times out instead of blocking in cudaEventSynchronize. Counted once:
+  // a result finished on the host (then(): the control values of the step's decision, a
+  // barrier) as kStepDecision, a device buffer (state dicts, checkpoints) as kUserCall.
+  if (!host_wait_counted_) {
+    host_wait_counted_ = true;
+    cuda_stream_order(state_->device).count_host_wait(has_then() ? HostWait::kStepDecision : HostWait::kUserCall);
+  }
   for (;;) {
     if (query()) return true;
     if (std::chrono::steady_clock::now() >= deadline) return false;

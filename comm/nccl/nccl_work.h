@@ -79,6 +79,7 @@ class NcclWork final : public Work {
   std::shared_ptr<NcclState> state_;
   cudaEvent_t done_;
   std::chrono::milliseconds timeout_;
+  bool host_wait_counted_ = false;  // wait_until's first call (Note [allowed host waits])
 };
 
 }  // namespace zerort
