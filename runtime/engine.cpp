@@ -114,9 +114,7 @@ Communicator& shard_part(Communicator& world, const ShardGroups& groups, const E
                "shard_size: hybrid sharding keeps the state in memory in this version, and the config offloads it "
                "(offload_optimizer / offload_param '",
                tier_name(o.state_tier), "'); drop shard_size, or the offload sections");
-  // Staged worlds: a staged group, host replicas (Note [staging once], comm/staged_communicator.h).
-  // Under nccl all three move device memory (Note [nccl parts]) and the sum across groups runs on the
-  // device; a staged world's replicas are host communicators.
+  // nccl: all three on the device (Note [nccl parts]); staged: host replicas (Note [staging once]).
   ZRT_CHECK_AS(ConfigError,
                shard.device_memory() == world.device_memory() && (!replicas.device_memory() || world.device_memory()),
                "shard_size: the shard group must move the world's memory, and the replicas the world's or host "
