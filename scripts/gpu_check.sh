@@ -200,7 +200,7 @@ if compgen -G "$DS_WHEELS/deepspeed-0.19.8*" >/dev/null; then
     ds_args=(--ds-python "$BUILD/ds-venv/bin/python")
   fi
 else
-  skip ds_rows "no DeepSpeed wheels in $DS_WHEELS (pip wheel deepspeed==0.19.8 and its dependencies there)"
+  skip ds_rows "no DeepSpeed wheels in $DS_WHEELS (bash scripts/ds_wheels.sh makes them, on a machine with network)"
 fi
 step offload_speed env CC=/usr/bin/gcc CXX=/usr/bin/g++ CUDA_HOME=${CUDA_HOME:-/usr/local/cuda} \
   TORCH_EXTENSIONS_DIR="$BUILD/torch-extensions" timeout 420 "$PY" bench/gpu_offload.py \
