@@ -151,10 +151,6 @@ Engine::Engine(std::vector<at::Tensor> params, Communicator& comm, EngineOptions
       options_(validated(options)), policy_(ReducePolicy::for_stage(options_.stage)),
       device_(common_device(params, fp32_params, comm)) {
   ZRT_CHECK(policy_.units || units.empty(), "Engine: units are for stage 3; stages 0-2 plan their buckets by size");
-  ZRT_CHECK_AS(ConfigError, !(options_.gather_int8 && device_.is_cuda()),
-               "stage3.gather_dtype 'int8' (zero_quantized_weights): built for CPU models in this version, and the "
-               "model is on ",
-               device_.str(), "; set it to 'compute' (or zero_quantized_weights to false)");
   const auto f32 = at::TensorOptions().dtype(at::kFloat).device(device_);
   size_t opt_total = 0, bucket_count = 0;
   auto add_group = [&](std::vector<at::Tensor> ps, DType dtype, const char* what, const std::vector<UnitSpec>& plan) {

@@ -10,6 +10,7 @@
 #include "core/error.h"
 #include "optim/cast.h"
 #include "runtime/engine_parts.h"
+#include "runtime/int8_gather.h"
 
 namespace zerort {
 
@@ -78,22 +79,8 @@ WorkPtr Engine::gather_working_copy(Bucket& b) {
   if (!(options_.gather_int8 && policy_.units && is_low_precision(dtype))) {
     return shard_.all_gather(own_chunk(b), full, n, dtype, tag);
   }
-  // Note [int8 blocks]: this rank's chunk encoded, every chunk decoded from the wire.
-  const size_t wire = int8_wire_bytes(n), world = static_cast<size_t>(shard_.size());
-  std::shared_ptr<char[]> mine(new char[wire + 1]), all(new char[world * wire + 1]);
-  auto values = std::make_shared<std::vector<float>>(n);
-  cast_to_f32(own_chunk(b), dtype, values->data(), n);
-  encode_int8_blocks(values->data(), n, mine.get());
-  WorkPtr w = shard_.all_gather(mine.get(), all.get(), wire / 4, DType::kInt32, tag);  // opaque 32-bit words
-  w->keep_alive(mine);
-  w->keep_alive(all);
-  w->then([all, values, full, n, wire, world, dtype] {
-    for (size_t r = 0; r < world; ++r) {
-      decode_int8_blocks(all.get() + r * wire, n, values->data());
-      cast_from_f32(values->data(), full + r * n * dtype_size(dtype), dtype, n);
-    }
-  });
-  return w;
+  // Note [int8 blocks]: this rank's chunk encoded, every chunk decoded from the wire, on the model's device.
+  return gather_int8_blocks(shard_, own_chunk(b), dtype, n, full, tag, device_);
 }
 
 bool Engine::overlaps_param_gather() const {

@@ -47,7 +47,8 @@ struct ShardGroups {
 // same bits on each of them: split into replicas.size() pieces (the last zero-padded), piece k
 // summed on rank k (sum_over_wire) and all-gathered on the wire (gather_over_wire). tag: the
 // bucket, for the checks. grad lives on `device` (a CUDA model's, staged: one copy into host
-// scratch and one back, Note [staging once]); replicas is a host communicator.
+// scratch and one back, Note [staging once]). Replicas that move device memory (nccl parts)
+// sum on the device, in device scratch on the compute stream, with the host's bits.
 void sum_across_replicas(Communicator& replicas, float* grad, size_t n, const c10::Device& device, InterNodeWire wire,
                          int64_t tag);
 
