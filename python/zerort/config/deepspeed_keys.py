@@ -239,7 +239,7 @@ KEYS = [
     b("zero_optimization.zero_quantized_weights", "at stage 3 (below it ignored, as in DeepSpeed) "
       "stage3.gather_dtype int8: each stage-3 weight gather as blocks of "
       "256 int8 codes with an FP32 scale, decoded into every rank's chunk, its own too (the FP32 master is never "
-      "quantized); CPU models in this version"),
+      "quantized); CPU and CUDA models (the same codes as kernels on the GPU)"),
     d("zero_optimization.zero_quantized_nontrainable_weights", "quantized weights (ZeRO++)", ignored_below=3,
       ignored_why="DeepSpeed passes it to its stage-3 optimizer only; at stage {stage} the frozen weights stay as "
       "they are"),
@@ -255,9 +255,10 @@ KEYS = [
     d("zero_optimization.zeropp_loco_param", "ZeRO++ LoCo", EMPTY),
     b("zero_optimization.mics_shard_size", "shard_size: the state sharded within groups of this many consecutive "
       "ranks and replicated across them, gradients summed within the group, then across the groups once per "
-      "window (-1 or 0: off); at stages 1-3, state in memory, mpi or gloo"),
-    d("zero_optimization.mics_hierarchical_params_gather", "MiCS's two-hop gather inside a group that spans nodes; "
-      "zerort's groups gather flat within the group (a node's, with shard_size 'node')"),
+      "window (-1 or 0: off); at stages 1-3, state in memory, mpi, gloo or nccl"),
+    d("zero_optimization.mics_hierarchical_params_gather", "MiCS's two-hop gather inside a group that spans nodes "
+      "(refused until a test can form groups over 4 nodes); zerort's groups gather flat within the group (a "
+      "node's, with shard_size 'node'); comm.topology two_hop splits the world's gathers"),
     d("zero_optimization.legacy_stage1", "legacy stage 1"),
     d("zero_optimization.pipeline_loading_checkpoint", "pipeline checkpoint loading"),
     d("zero_optimization.zenflow", "ZenFlow", EMPTY),
