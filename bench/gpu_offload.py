@@ -13,7 +13,8 @@ Each row is its own process (this script with --row), so peak RSS, peak GPU memo
 meta device: zerort makes it real unit by unit inside initialize (zerort.engine.meta_init), DeepSpeed's
 rows take it to the GPU with to_empty and initialise it in place, so 13B builds in seconds. Columns:
 step time median and p90 over --steps steps after one warm-up, tokens/s (micro-batch x sequence / median),
-the GPU's idle fraction (the engine's figure when it reports one, update_wait_ms; else NVML's
+the GPU's idle fraction (the engine's figure when it reports one, update_wait_ms; else one more step
+under the CUDA profiler, 1 - the union of its device events / the step's time; else NVML's
 utilisation sampled through the steps, torch.cuda.utilization; n/a on a CPU), peak GPU memory
 (torch.cuda.max_memory_allocated), peak RSS, and the disk bytes read and written. Every row prints its
 losses, and the auto row the placement chosen.
@@ -35,6 +36,8 @@ import torch.nn.functional as F
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, os.path.join(ROOT, "python"))
+sys.path.insert(0, HERE)
+from llama_meta import Llama, init_in_place  # noqa: E402
 ROWS = ("gpu", "cpu", "nvme", "auto", "ds2", "ds3")
 LABELS = {"gpu": "zerort, states on the GPU", "cpu": "zerort, offload cpu", "nvme": "zerort, offload nvme",
           "auto": "zerort, placement auto", "ds2": "DeepSpeed ZeRO-2, offload_optimizer cpu",
@@ -44,73 +47,6 @@ SHAPES = {1024: (16, 2816), 2048: (16, 5632), 3072: (24, 8192), 4096: (32, 11008
           6656: (52, 17920), 8192: (64, 28672)}
 TINY = dict(layers=2, hidden=64, heads=4, intermediate=176, vocab=256, seq=32, batch=2)
 GB = 1e9
-
-
-class RMSNorm(torch.nn.Module):
-    def __init__(self, d):
-        super().__init__()
-        self.weight = torch.nn.Parameter(torch.empty(d))
-        self.reset_parameters()
-
-    def reset_parameters(self):
-        torch.nn.init.ones_(self.weight)
-
-    def forward(self, x):
-        xf = x.float()
-        return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + 1e-5)).to(x.dtype) * self.weight
-
-
-def rotary(x, base=10000.0):
-    """x (batch, heads, seq, dim) rotated by its position (no buffers: a meta model has none to fill)."""
-    seq, dim = x.shape[-2], x.shape[-1]
-    inv = 1.0 / base ** (torch.arange(0, dim, 2, device=x.device, dtype=torch.float32) / dim)
-    angles = torch.outer(torch.arange(seq, device=x.device, dtype=torch.float32), inv)
-    cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)
-    a, b = x[..., 0::2], x[..., 1::2]
-    return torch.stack((a * cos - b * sin, a * sin + b * cos), -1).flatten(-2)
-
-
-class Block(torch.nn.Module):
-    """Attention (no bias, rotary, causal) and a SwiGLU MLP, each after an RMSNorm: a Llama block."""
-
-    def __init__(self, hidden, heads, intermediate):
-        super().__init__()
-        self.heads = heads
-        self.norm1, self.norm2 = RMSNorm(hidden), RMSNorm(hidden)
-        self.qkv = torch.nn.Linear(hidden, 3 * hidden, bias=False)
-        self.proj = torch.nn.Linear(hidden, hidden, bias=False)
-        self.gate_up = torch.nn.Linear(hidden, 2 * intermediate, bias=False)
-        self.down = torch.nn.Linear(intermediate, hidden, bias=False)
-
-    def forward(self, x):
-        b, s, h = x.shape
-        q, k, v = self.qkv(self.norm1(x)).view(b, s, 3, self.heads, h // self.heads).permute(2, 0, 3, 1, 4)
-        a = F.scaled_dot_product_attention(rotary(q), rotary(k), v, is_causal=True)
-        x = x + self.proj(a.transpose(1, 2).reshape(b, s, h))
-        gate, up = self.gate_up(self.norm2(x)).chunk(2, -1)
-        return x + self.down(F.silu(gate) * up)
-
-
-class Llama(torch.nn.Module):
-    def __init__(self, layers, hidden, heads, intermediate, vocab, **_):
-        super().__init__()
-        self.embed = torch.nn.Embedding(vocab, hidden)
-        self.blocks = torch.nn.ModuleList(Block(hidden, heads, intermediate) for _ in range(layers))
-        self.norm, self.head = RMSNorm(hidden), torch.nn.Linear(hidden, vocab, bias=False)
-
-    def forward(self, idx):
-        x = self.embed(idx)
-        for blk in self.blocks:
-            x = blk(x)
-        return self.head(self.norm(x))
-
-
-def init_in_place(model):
-    """Values for a model taken off the meta device with to_empty: each module's own reset_parameters."""
-    with torch.no_grad():
-        for m in model.modules():
-            if hasattr(m, "reset_parameters"):
-                m.reset_parameters()
 
 
 def shape_of(a):
@@ -170,6 +106,31 @@ class Utilisation:
 
     def idle(self):
         return 1 - statistics.mean(self.samples) / 100 if self.samples else None
+
+
+def profiled_idle(step, sync):
+    """The GPU's idle fraction over one more step: 1 - (the union of its kernels' and copies' intervals, from
+    the CUDA profiler's events) / the step's wall time; None where the profiler gives no device events."""
+    from torch.profiler import ProfilerActivity, profile
+
+    try:
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            sync()
+            t = time.perf_counter()
+            step()
+            sync()
+            wall = time.perf_counter() - t
+        spans = sorted((e.time_range.start, e.time_range.end) for e in prof.events()
+                       if e.device_type == torch.autograd.DeviceType.CUDA)
+    except Exception as e:  # no kineto / CUPTI here
+        print(f"profiler: no device events ({type(e).__name__}: {e})", flush=True)
+        return None
+    busy, end = 0.0, float("-inf")
+    for a, b in spans:  # microseconds; overlapping streams count once
+        if b > end:
+            busy += b - max(a, end)
+            end = b
+    return max(0.0, 1 - busy / 1e6 / wall) if spans else None
 
 
 def zerort_config(row, a, nvme_dir):
@@ -281,6 +242,8 @@ def run_row(row, a):
                gpu_peak=torch.cuda.max_memory_allocated() if device.type == "cuda" else None)
     if waits and device.type == "cuda":  # the forward's wait for the overlapped update: the GPU idle
         out["idle"], out["idle_source"] = sum(waits) / sum(times), "engine"
+    elif device.type == "cuda" and (idle := profiled_idle(step, sync)) is not None:
+        out["idle"], out["idle_source"] = idle, "cuda events"
     elif util.idle() is not None:
         out["idle"], out["idle_source"] = util.idle(), "nvml"
     return out
@@ -309,7 +272,8 @@ def fmt(v, scale=1.0, digits=2, unit=""):
 def table(results, a, s):
     n = numel_of(s)
     dev = torch.cuda.get_device_name() if a.device == "cuda" and torch.cuda.is_available() else "CPU"
-    print(f"\n{'GPU: ' if dev != 'CPU' else ''}{dev}, torch {torch.__version__}: Llama-shaped {n / 1e9:.2f}B parameters ({s['layers']} layers, hidden "
+    print(f"\n{'GPU: ' if dev != 'CPU' else ''}{dev}, torch {torch.__version__}: Llama-shaped {n / 1e9:.2f}B "
+          f"parameters ({s['layers']} layers, hidden "
           f"{s['hidden']}, intermediate {s['intermediate']}, vocab {s['vocab']}), micro-batch {s['batch']}x{s['seq']}, "
           f"bf16 compute, FP32 master and Adam, W = 1, zerort stage {a.stage}; {a.steps} timed steps after 1")
     print("| row | step s median | p90 | tokens/s | GPU idle | peak GPU GB | peak RSS GB | disk read GB | "

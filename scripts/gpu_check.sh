@@ -176,9 +176,10 @@ step bench_gpt350m timeout 240 "$PY" bench/gpu_gpt.py
 # Issue 46, offload at size (bench/gpu_offload.py, a Llama-shaped model built on the meta device). Capacity:
 # the estimator's placement table for this machine (13B, stage 3), then 13B trained with offload.placement
 # auto for 3 steps whose losses must fall (it fails, with the numbers, where no placement fits). Speed: one
-# table in one run at GPU_CHECK_OFFLOAD_PARAMS (default 3e9, sized to keep the check within 10 minutes; the
-# issue's 6-7B comparison: GPU_CHECK_OFFLOAD_PARAMS=6.5e9): zerort offload cpu and auto, and DeepSpeed
-# ZeRO-2 and ZeRO-3 with CPU offload when its wheels travel in DS_WHEELS (default deps/ds-wheels: deepspeed
+# table in one run at GPU_CHECK_OFFLOAD_PARAMS (default 3e9, sized to keep the check within 10 minutes
+# without DeepSpeed's rows; the issue's 6-7B comparison: GPU_CHECK_OFFLOAD_PARAMS=6.5e9): zerort GPU-resident,
+# offload cpu and auto, and DeepSpeed ZeRO-2 and ZeRO-3 with CPU offload when its wheels travel in DS_WHEELS
+# (default deps/ds-wheels, made by scripts/ds_wheels.sh: deepspeed
 # 0.19.8, hjson, pydantic and its dependencies; nothing downloads here), installed into a venv over this
 # Python's torch. DeepSpeed builds its CPU Adam on first use with /usr/bin/gcc and g++ (the preset compilers
 # link libstdc++ statically: docs GPU_MACHINE.md).
@@ -189,23 +190,23 @@ step offload_capacity bash -c "PYTHONPATH=python '$PY' -m zerort.accounting.plac
   --params 13e9 --stage 3 --rows auto --steps 3 --batch 1 --nvme-path '$OFFLOAD_NVME' --timeout 180 \
   --expect-decreasing"
 DS_WHEELS=${DS_WHEELS:-deps/ds-wheels}
-offload_rows=cpu,auto
+offload_rows=gpu,cpu,auto
 ds_args=()
 if compgen -G "$DS_WHEELS/deepspeed-0.19.8*" >/dev/null; then
   step ds_install bash -c "'$PY' -m venv --system-site-packages '$BUILD/ds-venv' && '$BUILD/ds-venv/bin/python' \
     -m pip install -q --no-index --find-links '$DS_WHEELS' deepspeed==0.19.8 && \
     '$BUILD/ds-venv/bin/python' -c 'import deepspeed; print(\"deepspeed\", deepspeed.__version__)'"
   if passed ds_install; then
-    offload_rows=cpu,auto,ds2,ds3
+    offload_rows=gpu,cpu,auto,ds2,ds3
     ds_args=(--ds-python "$BUILD/ds-venv/bin/python")
   fi
 else
   skip ds_rows "no DeepSpeed wheels in $DS_WHEELS (bash scripts/ds_wheels.sh makes them, on a machine with network)"
 fi
 step offload_speed env CC=/usr/bin/gcc CXX=/usr/bin/g++ CUDA_HOME=${CUDA_HOME:-/usr/local/cuda} \
-  TORCH_EXTENSIONS_DIR="$BUILD/torch-extensions" timeout 420 "$PY" bench/gpu_offload.py \
+  TORCH_EXTENSIONS_DIR="$BUILD/torch-extensions" timeout 540 "$PY" bench/gpu_offload.py \
   --params "${GPU_CHECK_OFFLOAD_PARAMS:-3e9}" --stage 2 --rows "$offload_rows" --steps 4 --batch 1 \
-  --nvme-path "$OFFLOAD_NVME" --timeout 150 "${ds_args[@]}"
+  --nvme-path "$OFFLOAD_NVME" --timeout 120 "${ds_args[@]}"
 
 echo
 echo "=================== gpu_check summary ($(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)," \
