@@ -204,6 +204,33 @@ def test_the_config_keys():
         parse({"offload": {"placement": "fast"}})
 
 
+@pytest.mark.parametrize("stage", [2, 3])
+def test_the_memory_report_shows_a_manual_placement_per_tier(tmp_path, stage):
+    """A config's own tiers (placement manual) in the report: the file's bytes per kind add up to the memory
+    estimator's file size, and the gradient and I/O buffers in RAM are its counters'."""
+    import torch
+
+    import zerort
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(37, 301), torch.nn.Tanh(), torch.nn.Linear(301, 5))
+    engine = zerort.initialize(model, {"stage": stage, "reduce_bucket_numel": 5000, "offload": {"optimizer": {
+        "device": "nvme", "nvme_path": str(tmp_path), "chunk_numel": 4096, "buffer_count": 3,
+        "gradient_in_file": True}}})
+    try:
+        engine.backward(engine(torch.randn(4, 37)).float().pow(2).mean())
+        engine.step()
+        report = engine.memory_report()
+        table, d = report.table(), report.to_dict()["placement"]
+    finally:
+        engine.destroy()
+    assert "placement manual: nvme+grad (offload optimizer nvme, param none, gradient_in_file true)" in table
+    assert d["name"] == "nvme+grad" and not d["auto"]
+    assert sum(d["bytes"]["nvme"].values()) == report.tier["file_estimate"]
+    assert d["bytes"]["ram"]["io"] == report.measured["state_pool"]
+    assert d["bytes"]["ram"]["grad_shard"] == report.measured["grad_shard"]
+
+
 def test_the_benchmark_runs_on_a_cpu_at_a_tiny_size(tmp_path):
     """bench/gpu_offload.py's smoke run: each zerort row trains, the same model and data give the same
     losses in every placement, and the table has every column."""

@@ -149,10 +149,24 @@ def resolve(c, model, device, comm):
     return settle(c, chosen.candidate), chosen
 
 
-def summary(p):
+def concrete(c, groups, device, world_size):
+    """The Placement of the Config c's own offload settings (placement 'manual'), for the memory report, with
+    this rank's budgets; None when the settings are none of the candidates (Note [auto placement])."""
+    cuda = device.type == "cuda"
+    host = lambda tier: "none" if tier == "cpu" and not cuda else tier  # a CPU model's states are in RAM already
+    key = (host(c.offload.optimizer.device), host(c.offload.param.device), c.offload.optimizer.gradient_in_file)
+    for cand in placement.candidates(c.stage, cuda):
+        if (cand.optimizer, cand.param, cand.gradient_in_file) == key:
+            return placement.Placement(cand, placement.tier_bytes(shape_of(groups, c, world_size), cand, cuda),
+                                       measure(device, c.offload.optimizer.nvme_path))
+    return None
+
+
+def summary(p, auto=True):
     """One placement as the memory report's lines: what each tier holds, per rank."""
-    lines = [f"placement auto: {p.candidate.name} (offload optimizer {p.candidate.optimizer}, param "
-             f"{p.candidate.param}, gradient_in_file {str(p.candidate.gradient_in_file).lower()})"]
+    cand = p.candidate
+    lines = [f"placement {'auto' if auto else 'manual'}: {cand.name} (offload optimizer {cand.optimizer}, param "
+             f"{cand.param}, gradient_in_file {str(cand.gradient_in_file).lower()})"]
     for tier in placement.TIERS:
         held = [f"{label} {p.bytes[tier][k] / (1 << 20):.3f}" for k, label in placement.KINDS if p.bytes[tier][k]]
         if held:

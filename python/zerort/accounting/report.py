@@ -11,6 +11,7 @@ import torch
 
 from zerort.accounting.memory import (BOUND_ONLY, BYTES, CATEGORIES, STATE_BYTES, NvmeTier, _layout_groups, exact,
                                       nvme_file_bytes, nvme_param_file_bytes, phase_estimates)
+from zerort.accounting import placement_auto
 from zerort.accounting.phases import PHASES
 from zerort.config.offload import describe
 
@@ -38,7 +39,7 @@ class MemoryReport:
     made, beside the exact estimate of the same layout (estimate_memory)."""
 
     def __init__(self, measured, across, estimate, peak_rss, cuda_peak, stage, world_size, allocator=None,
-                 offload="offload none", tier=None, param_tier=None, shard_size=None, placement=None):
+                 offload="offload none", tier=None, param_tier=None, shard_size=None, placement=None, auto=False):
         self.measured, self.across, self.estimate = measured, across, estimate
         self.shard_size = shard_size or world_size  # shard_size: the ranks the estimates shard over
         self.peak_rss, self.cuda_peak, self.stage, self.world_size = peak_rss, cuda_peak, stage, world_size
@@ -48,7 +49,8 @@ class MemoryReport:
         # "file_bytes_sum" across ranks for nvme); None: in memory. param_tier: the same for
         # stage 3's parameter file (the engine's param_tier_stats); None: in memory.
         self.tier, self.param_tier = tier, param_tier
-        self.placement = placement  # offload.placement auto: its zerort.accounting.placement.Placement, else None
+        # The zerort.accounting.placement.Placement: auto's choice, or the config's own tiers (None: not a candidate)
+        self.placement, self.auto = placement, auto
 
     def to_dict(self):
         rows = {}
@@ -59,7 +61,8 @@ class MemoryReport:
         return {"stage": self.stage, "world_size": self.world_size, "shard_size": self.shard_size, "categories": rows,
                 "total_measured": sum(self.measured.values()), "peak_rss_bytes": self.peak_rss,
                 "cuda_max_allocated_bytes": self.cuda_peak, "allocator": self.allocator, "offload": self.offload,
-                "state_tier": self.tier, "param_tier": self.param_tier, "placement": _placement_dict(self.placement)}
+                "state_tier": self.tier, "param_tier": self.param_tier,
+                "placement": _placement_dict(self.placement, self.auto)}
 
     def table(self):
         mib, w = 1 << 20, 46
@@ -67,9 +70,7 @@ class MemoryReport:
         groups = f" in groups of {self.shard_size}" if self.shard_size != self.world_size else ""
         lines = [f"memory report: ZeRO stage {self.stage}, W={self.world_size}{groups}, per rank (MiB)", self.offload]
         if self.placement is not None:
-            from zerort.accounting.placement_auto import summary
-
-            lines += summary(self.placement)
+            lines += placement_auto.summary(self.placement, self.auto)
         head = lambda first: lines.append(f"{first:{w}s}{'this rank':>11s}{'min':>10s}{'max':>10s}"
                                           f"{'estimate':>10s}{'diff':>10s}")
         row = lambda label, m=None, lo=None, hi=None, e=None, d=None: lines.append(
@@ -227,17 +228,19 @@ def report(engine, mem):
         if nvme.params:
             param_tier = _file_figures(engine, engine.runtime.param_tier_stats,
                                        nvme_param_file_bytes(groups, engine.runtime.shard_size, c.stage, nvme))
+    placement = engine.placement or placement_auto.concrete(c, groups, engine.device, engine.runtime.shard_size)
     peak_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     cuda_peak = torch.cuda.max_memory_allocated() if torch.cuda.is_available() else None
     return MemoryReport(measured, across, est, peak_rss, cuda_peak, c.stage, engine.world_size, alloc,
-                        describe(c, engine.device), tier, param_tier, engine.runtime.shard_size, engine.placement)
+                        describe(c, engine.device), tier, param_tier, engine.runtime.shard_size, placement,
+                        engine.placement is not None)
 
 
-def _placement_dict(p):
+def _placement_dict(p, auto):
     """A Placement as the report's dict: the candidate's name and settings, bytes per tier per kind."""
     if p is None:
         return None
-    return {"name": p.candidate.name, "settings": p.candidate.settings(), "bytes": p.bytes,
+    return {"name": p.candidate.name, "auto": auto, "settings": p.candidate.settings(), "bytes": p.bytes,
             "usable": {t: p.budgets.usable(t) for t in p.bytes}, "ranks_per_host": p.budgets.ranks_per_host}
 
 
