@@ -312,11 +312,13 @@ void Engine::reduce_bucket_into(Bucket& b, float* grad) {
   // Stage 0: reduce-scatter into a scratch shard, add it to this rank's part of the
   // replicated gradient, then all-gather that part in place so every rank holds the whole
   // sum (a bucket can be reduced more than once per step: one per backward pass).
-  shard_.reduce_scatter_accumulate(in, g.dtype, stage0_scratch_.data_ptr<float>(), shard, false, tag)->wait();
+  // On a device backend both waits are the compute stream's, and the add runs on it (Note [stream order]).
+  wait_in_stream_order(
+      shard_.reduce_scatter_accumulate(in, g.dtype, stage0_scratch_.data_ptr<float>(), shard, false, tag));
   const int64_t mine = static_cast<int64_t>(b.opt_offset + static_cast<size_t>(shard_.rank()) * shard);
   at::Tensor part = optimizer_->state().grad().narrow(0, mine, static_cast<int64_t>(shard));
   part.add_(stage0_scratch_.narrow(0, 0, static_cast<int64_t>(shard)));
-  shard_.all_gather(part.data_ptr<float>(), grad, shard, DType::kFloat32, tag)->wait();
+  wait_in_stream_order(shard_.all_gather(part.data_ptr<float>(), grad, shard, DType::kFloat32, tag));
 }
 
 void Engine::drain() {

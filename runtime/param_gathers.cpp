@@ -15,7 +15,7 @@ void ParamGathers::start(size_t bucket, WorkPtr w, bool overlapped) {
         in_flight_.pop_front();
       }
     }
-    if (oldest) oldest->wait();
+    wait_in_stream_order(oldest);
   }
   std::lock_guard<std::mutex> lock(mu_);
   in_flight_.emplace_back(bucket, std::move(w));
@@ -34,7 +34,7 @@ WorkPtr ParamGathers::take(size_t bucket) {
 }
 
 void ParamGathers::wait(size_t bucket) {
-  if (WorkPtr w = take(bucket)) w->wait();
+  wait_in_stream_order(take(bucket));
 }
 
 void ParamGathers::wait_all() {
@@ -46,7 +46,7 @@ void ParamGathers::wait_all() {
   std::exception_ptr first;  // every Work is waited for (none left writing), then the first error
   for (auto& [bucket, w] : all) {
     try {
-      w->wait();
+      wait_in_stream_order(w);
     } catch (...) {
       if (!first) first = std::current_exception();
     }

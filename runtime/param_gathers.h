@@ -11,7 +11,9 @@
 // waited for, so the bits are those of the waiting run. Until then a bucket's working copy
 // holds other ranks' chunks of the previous step: anything that reads or writes working
 // copies outside a forward waits first (Engine::wait_param_gathers: step(), refresh_params(),
-// the destructor; in Python the state methods and the modules' state_dict()).
+// the destructor; in Python the state methods and the modules' state_dict()). On a device
+// backend each wait is the compute stream's (Note [stream order], comm/stream_order.h), not
+// the host's: what reads or writes a working copy after it is device work on that stream.
 #pragma once
 
 #include <cstddef>

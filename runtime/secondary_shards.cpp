@@ -32,7 +32,9 @@ void SecondaryShards::gather(size_t unit, const at::Tensor& full, DType dtype, i
     ZRT_CHECK(current_.at(unit), "SecondaryShards: unit ", unit, " has no current piece");
     mine = pieces_[unit];
   }
-  part_->all_gather(mine.data_ptr(), full.data_ptr(), static_cast<size_t>(mine.numel()), dtype, tag)->wait();
+  // The unit's forward reads it on the compute stream: a device backend's wait is that stream's.
+  wait_in_stream_order(
+      part_->all_gather(mine.data_ptr(), full.data_ptr(), static_cast<size_t>(mine.numel()), dtype, tag));
 }
 
 void SecondaryShards::forget() {
