@@ -9,31 +9,19 @@
 #include <cstdint>
 
 #include "core/half.h"  // ZRT_HD, f32_from_bits
+#include "core/rounded_ops.h"
 
 namespace zerort {
 namespace eight_bit {
 
 // Note [one 8-bit arithmetic]
 // Every operation here is one IEEE operation rounded to nearest even, written so that nvcc
-// neither contracts nor approximates it: the division and product as __fdiv_rn / __fmul_rn on
-// the device (the host's / and * are already correctly rounded), rint for the int8 code (ties
+// neither contracts nor approximates it: the division and product as div_rn / mul_rn
+// (core/rounded_ops.h: __fdiv_rn / __fmul_rn on the device, the host's own / and *), rint for the int8 code (ties
 // to even on both), and the e4m3 table computed from its bits (exact). The one difference left
 // is the bits of a NaN that a block with a NaN or an infinity decodes to: the host keeps the
 // NaN operand's payload, the device gives its canonical NaN; both are NaN in every place.
-ZRT_HD float div_rn(float a, float b) {
-#if defined(__CUDA_ARCH__)
-  return __fdiv_rn(a, b);
-#else
-  return a / b;
-#endif
-}
-ZRT_HD float mul_rn(float a, float b) {
-#if defined(__CUDA_ARCH__)
-  return __fmul_rn(a, b);
-#else
-  return a * b;
-#endif
-}
+// (div_rn and mul_rn: core/rounded_ops.h.)
 
 // Sign, magnitude and finiteness from the bits (what std::fabs, std::signbit, std::isfinite
 // compute), and rint: the same calls on host and device.

@@ -18,6 +18,7 @@
 #include <cstdint>
 
 #include "core/half.h"
+#include "core/rounded_ops.h"
 #include "optim/adamw.h"
 
 namespace zerort {
@@ -52,50 +53,6 @@ struct AdamWCoeffs {
     return c;
   }
 };
-
-// IEEE single operations, each rounded to nearest even on its own, never fused with another.
-ZRT_HD float mul_rn(float a, float b) {
-#if defined(__CUDA_ARCH__)
-  return __fmul_rn(a, b);
-#else
-  return a * b;
-#endif
-}
-ZRT_HD float add_rn(float a, float b) {
-#if defined(__CUDA_ARCH__)
-  return __fadd_rn(a, b);
-#else
-  return a + b;
-#endif
-}
-ZRT_HD float sub_rn(float a, float b) {
-#if defined(__CUDA_ARCH__)
-  return __fsub_rn(a, b);
-#else
-  return a - b;
-#endif
-}
-ZRT_HD float div_rn(float a, float b) {
-#if defined(__CUDA_ARCH__)
-  return __fdiv_rn(a, b);
-#else
-  return a / b;
-#endif
-}
-ZRT_HD float sqrt_rn(float a) {
-#if defined(__CUDA_ARCH__)
-  return __fsqrt_rn(a);
-#else
-  return sqrtf(a);
-#endif
-}
-ZRT_HD float fma_rn(float a, float b, float c) {  // a*b + c, rounded once
-#if defined(__CUDA_ARCH__)
-  return __fmaf_rn(a, b, c);
-#else
-  return fmaf(a, b, c);
-#endif
-}
 
 // One element: updates p, m, v in place from gradient g (already a float). FromGrad is
 // c.lerp_from_grad, hoisted out of the loop so that the loop has no select to vectorise.
