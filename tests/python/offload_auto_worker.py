@@ -3,7 +3,9 @@ on an MLP of about a million parameters in six units (big enough that the state 
 tier's buffers), once with placement auto and once with the offload
 settings auto chose written out by hand. The host RAM auto may count is capped
 (ZERORT_OFFLOAD_BUDGETS) just at what the TARGET candidate needs, so auto must pass over every
-faster one and take it (Note [auto placement]); small chunks make each rank's state many chunks.
+faster one and take it (Note [auto placement]); at W > 1 rank 0's cap is 64 times that, so the
+ranks agree only if each takes the least budget over them. Small chunks make each rank's state
+many chunks.
 
     torchrun --nproc_per_node W offload_auto_worker.py OUT NVME_DIR STAGE TARGET
 
@@ -74,6 +76,8 @@ def cap_ram_at(stage, nvme_dir, target, world):
     budgets = placement.Budgets(None, 1 << 50, 1 << 50, world)
     need = {p.candidate.name: p.host_need("ram") for p in placement.evaluate(shape, budgets)}
     ram = math.ceil((need[target] + placement.MARGIN_BYTES) / (1 - placement.MARGIN_FRACTION)) + 1
+    if int(os.environ.get("RANK", 0)) == 0 and world > 1:  # alone it would keep the states in RAM: the ranks
+        ram *= 64                                          # must agree on the least budget, the last rank's
     os.environ[placement_auto.CAPS_ENV] = f"ram={ram}"
     return need
 
