@@ -108,6 +108,16 @@ def test_the_bytes_are_the_exact_layouts(stage, world, numel):
     assert nvme["nvme"]["grad_shard"] == s.nvme.aligned(est["grad_shard"])
 
 
+def test_a_bf16_master_and_bf16_moments_count_as_the_estimator_does():
+    groups = count_groups(3_000_001, 2, reduce_bucket_numel=1 << 20)
+    est = estimate_memory(3_000_001, 3, 2, reduce_bucket_numel=1 << 20, optimizer_state_dtype="bf16",
+                          master_dtype="bf16")["exact"]
+    on = placement.tier_bytes(Shape(groups, 3, 2, state_bytes=2, master_bytes=2, reduce_bucket_numel=1 << 20),
+                              placement.CANDIDATES[0])["device"]
+    assert [on[k] for k in ("master", "adam_m", "adam_v", "grad_shard")] == \
+        [est[k] for k in ("master", "adam_m", "adam_v", "grad_shard")]
+
+
 def test_no_kind_is_split_because_the_runtime_builds_no_split():
     """The split (one kind across RAM and NVMe) waits for the runtime: a partial NVMe offload is refused."""
     c = parse({"stage": 3, "offload": {"optimizer": {"device": "nvme", "nvme_path": "/tmp", "ratio": 0.5}}})

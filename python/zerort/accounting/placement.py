@@ -117,6 +117,8 @@ def tier_bytes(shape, cand, cuda=True):
         where = dev if cand.optimizer == "none" else "ram"
         for k in ("master", "adam_m", "adam_v", "grad_shard"):
             out[where][k] = mem[k]
+        if s.master_bytes == 2:  # a bf16 master's reduces sum in an FP32 scratch (memory.exact)
+            out[where]["grad_shard"] += largest
         if cand.optimizer == "cpu":  # Note [state tiers]: each reduce's scratch on the device; the shard copies
             out[dev]["working"] += largest
             out["ram" if cand.param == "cpu" else dev]["params"] = shards
