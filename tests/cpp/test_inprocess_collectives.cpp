@@ -2,11 +2,15 @@
 // {0, 1, 7, 1000, 2^16+3} (and 2^20+3 at W = 2), against the exact reference in collective_cases.cpp.
 #include <gtest/gtest.h>
 
+#include <cmath>
+#include <cstring>
 #include <iostream>
 #include <mutex>
+#include <thread>
 
 #include "collective_cases.h"
 #include "comm/staged_communicator.h"
+#include "core/half.h"
 #include "run_ranks.h"
 
 namespace zerort::testing {
@@ -75,6 +79,53 @@ INSTANTIATE_TEST_SUITE_P(WorldsAndCounts, StagedCollectives,
                          ::testing::Combine(::testing::Values(1, 2, 3, 4),
                                             ::testing::Values(size_t{0}, size_t{1}, size_t{7}, size_t{1000})),
                          world_and_count);
+
+// Note [staged accumulate]: two accumulating reduce-scatters into one shard, the second issued
+// before the first is waited for, give the direct path's bits. Element 0 of every shard sums
+// 1 + 2^-24 + 2^-50: rounded once it is 1 + 2^-23, where rounding the sum before adding it to the
+// shard (2^-24, a tie with 1) would leave 1; after the second call 1 + 2^-22.
+TEST(StagedAccumulate, ChainedIntoOneShardGivesTheDirectBits) {
+  constexpr int kWorld = 2;
+  constexpr size_t kCount = 5;
+  auto direct_group = InProcessGroup::create(kWorld, {});
+  auto staged_group = InProcessGroup::create(kWorld, {});
+  std::vector<std::vector<float>> direct(kWorld), staged(kWorld);
+  std::vector<std::thread> threads;
+  std::vector<std::string> errors(kWorld);
+  for (int r = 0; r < kWorld; ++r) {
+    threads.emplace_back([&, r] {
+      try {
+        std::vector<uint16_t> in(kWorld * kCount);
+        for (size_t i = 0; i < in.size(); ++i) in[i] = f32_to_bf16(0.001f * static_cast<float>(i * 7 + r * 3 + 1));
+        for (int j = 0; j < kWorld; ++j)
+          in[j * kCount] = f32_to_bf16(r == 0 ? std::ldexp(1.0f, -24) : std::ldexp(1.0f, -50));
+        auto run = [&](Communicator& comm, std::vector<float>& out) {
+          out.assign(kCount, 1.0f);
+          for (size_t i = 1; i < kCount; ++i) out[i] = 0.3f * static_cast<float>(i);
+          WorkPtr first = comm.reduce_scatter_accumulate(in.data(), DType::kBFloat16, out.data(), kCount, true, 0);
+          WorkPtr second = comm.reduce_scatter_accumulate(in.data(), DType::kBFloat16, out.data(), kCount, true, 0);
+          first->wait();
+          second->wait();
+        };
+        run(*direct_group->communicator(r), direct[r]);
+        auto stage = make_staged_communicator(std::shared_ptr<Communicator>(staged_group->communicator(r)),
+                                              make_host_mover(), CommOptions{});
+        run(*stage, staged[r]);
+      } catch (const std::exception& e) {
+        errors[static_cast<size_t>(r)] = e.what();
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int r = 0; r < kWorld; ++r) {
+    ASSERT_EQ(errors[r], "") << "rank " << r;
+    EXPECT_EQ(direct[r][0], 1.0f + std::ldexp(1.0f, -22)) << "rank " << r;
+    for (size_t i = 0; i < kCount; ++i) {
+      EXPECT_EQ(std::memcmp(&staged[r][i], &direct[r][i], sizeof(float)), 0)
+          << "rank " << r << " element " << i << ": staged " << staged[r][i] << ", direct " << direct[r][i];
+    }
+  }
+}
 
 // At W = 8 the FP32-accumulating reduce-scatter equals the fp64 sum rounded once, and a
 // plain bf16 reduce-scatter of the same data is measurably worse.
