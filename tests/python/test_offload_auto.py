@@ -118,6 +118,17 @@ def test_a_bf16_master_and_bf16_moments_count_as_the_estimator_does():
         [est[k] for k in ("master", "adam_m", "adam_v", "grad_shard")]
 
 
+def test_what_zerort_does_not_build_is_passed_over():
+    import torch
+
+    c = parse({"stage": 3, "offload": {"placement": "auto", "optimizer": {"nvme_path": "/tmp"}},
+               "optimizer": {"master_dtype": "bf16"}})
+    built = placement_auto.builder(c, torch.device("cpu"))
+    assert built(placement.CANDIDATES[0]) == "" and "bf16 master" in built(placement.CANDIDATES[3])
+    without_path = placement_auto.builder(parse({"stage": 3, "offload": "auto"}), torch.device("cpu"))
+    assert without_path(placement.CANDIDATES[5]) == "no nvme_path"
+
+
 def test_no_kind_is_split_because_the_runtime_builds_no_split():
     """The split (one kind across RAM and NVMe) waits for the runtime: a partial NVMe offload is refused."""
     c = parse({"stage": 3, "offload": {"optimizer": {"device": "nvme", "nvme_path": "/tmp", "ratio": 0.5}}})

@@ -120,6 +120,8 @@ def builder(c, device):
     def built(cand):
         if cand.optimizer == "nvme" and not c.offload.optimizer.nvme_path:
             return "no nvme_path"
+        if cand.optimizer == "nvme" and c.optimizer.master_dtype == "bf16":  # parser's _bf16_master_rule
+            return "a bf16 master has no NVMe tier (optimizer.master_dtype)"
         try:
             offload.check_tier(settle(c, cand), device)
         except ConfigError as e:
