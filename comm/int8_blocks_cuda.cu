@@ -91,10 +91,19 @@ __global__ void sum_kernel(const uint8_t* __restrict__ wires, size_t wire_bytes,
   }
 }
 
-void check_wire(const void* wire, size_t block, const char* what) {
+// The checks every entry makes: a block size, a 4-byte aligned wire, values where n > 0.
+void check_args(const void* wire, size_t block, const void* values, size_t n, const char* what) {
   ZRT_CHECK(block > 0, what, ": a block holds at least one element");
   ZRT_CHECK(reinterpret_cast<uintptr_t>(wire) % 4 == 0, what,
             ": the wire must start 4-byte aligned (its scales are FP32 words)");
+  ZRT_CHECK(n == 0 || values != nullptr, what, ": a null values buffer for ", n, " values");
+}
+
+// fn(Code{}) with the code's arithmetic type.
+template <typename Fn>
+void with_code(EightBitCode code, Fn&& fn) {
+  if (code == EightBitCode::kInt8) return fn(eight_bit::Int8Code{});
+  fn(eight_bit::Fp8Code{});
 }
 
 template <typename Code>
@@ -131,27 +140,21 @@ void sum(const void* wires, size_t world, size_t n, size_t block, float* out, bo
 
 void encode_8bit_blocks_cuda(EightBitCode code, const float* x, size_t n, void* wire, size_t block,
                              cudaStream_t stream) {
-  check_wire(wire, block, "encode_8bit_blocks_cuda");
-  ZRT_CHECK(n == 0 || x != nullptr, "encode_8bit_blocks_cuda: null input for ", n, " values");
-  if (code == EightBitCode::kInt8) return encode<eight_bit::Int8Code>(x, n, wire, block, stream);
-  encode<eight_bit::Fp8Code>(x, n, wire, block, stream);
+  check_args(wire, block, x, n, "encode_8bit_blocks_cuda");
+  with_code(code, [&](auto c) { encode<decltype(c)>(x, n, wire, block, stream); });
 }
 
 void decode_8bit_blocks_cuda(EightBitCode code, const void* wire, size_t n, float* x, size_t block,
                              cudaStream_t stream) {
-  check_wire(wire, block, "decode_8bit_blocks_cuda");
-  ZRT_CHECK(n == 0 || x != nullptr, "decode_8bit_blocks_cuda: null output for ", n, " values");
-  if (code == EightBitCode::kInt8) return decode<eight_bit::Int8Code>(wire, n, x, block, stream);
-  decode<eight_bit::Fp8Code>(wire, n, x, block, stream);
+  check_args(wire, block, x, n, "decode_8bit_blocks_cuda");
+  with_code(code, [&](auto c) { decode<decltype(c)>(wire, n, x, block, stream); });
 }
 
 void sum_8bit_wires_to_f32_cuda(EightBitCode code, const void* wires, size_t world, size_t n, size_t block, float* out,
                                 bool accumulate, cudaStream_t stream) {
-  check_wire(wires, block, "sum_8bit_wires_to_f32_cuda");
+  check_args(wires, block, out, n, "sum_8bit_wires_to_f32_cuda");
   ZRT_CHECK(world >= 1, "sum_8bit_wires_to_f32_cuda: world must be >= 1, got ", world);
-  ZRT_CHECK(n == 0 || out != nullptr, "sum_8bit_wires_to_f32_cuda: null output for ", n, " values");
-  if (code == EightBitCode::kInt8) return sum<eight_bit::Int8Code>(wires, world, n, block, out, accumulate, stream);
-  sum<eight_bit::Fp8Code>(wires, world, n, block, out, accumulate, stream);
+  with_code(code, [&](auto c) { sum<decltype(c)>(wires, world, n, block, out, accumulate, stream); });
 }
 
 }  // namespace zerort
