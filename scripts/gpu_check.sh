@@ -185,6 +185,9 @@ step bench_gpt350m timeout 240 "$PY" bench/gpu_gpt.py
 # link libstdc++ statically: docs GPU_MACHINE.md).
 OFFLOAD_NVME=${GPU_CHECK_NVME:-$BUILD/nvme}
 mkdir -p "$OFFLOAD_NVME"
+# auto on a CUDA model: the device budget measured, auto spilling to cpu, cpu+params and nvme under capped
+# budgets, each bit for bit the concrete placement it resolves to
+step offload_auto_gpu timeout 180 "$PY" -m pytest -q -rs -s tests/gpu/test_gpu_offload_auto.py
 step offload_capacity bash -c "PYTHONPATH=python '$PY' -m zerort.accounting.placement_auto --llama \
   40,5120,13824,32000 --stage 3 --here --nvme-path '$OFFLOAD_NVME'; timeout 200 '$PY' bench/gpu_offload.py \
   --params 13e9 --stage 3 --rows auto --steps 3 --batch 1 --nvme-path '$OFFLOAD_NVME' --timeout 180 \

@@ -7,7 +7,10 @@ faster one and take it (Note [auto placement]); at W > 1 rank 0's cap is 64 time
 ranks agree only if each takes the least budget over them. Small chunks make each rank's state
 many chunks.
 
-    torchrun --nproc_per_node W offload_auto_worker.py OUT NVME_DIR STAGE TARGET
+    torchrun --nproc_per_node W offload_auto_worker.py OUT NVME_DIR STAGE TARGET [cuda]
+
+With "cuda" the model is on the GPU (W = 1, NCCL; tests/gpu/test_gpu_offload_auto.py) and the
+device's budget is capped too, at what TARGET needs of it.
 
 Rank 0 writes OUT.json: the chosen placement, both runs' losses, whether the masters and
 moments are equal bit for bit, and the auto run's memory report."""
@@ -69,23 +72,31 @@ def config(stage, nvme_dir, offload):
             "stage3": {"unit_modules": ["Block"]}}
 
 
-def cap_ram_at(stage, nvme_dir, target, world):
-    """Sets ZERORT_OFFLOAD_BUDGETS so that auto's usable RAM is what target needs (the disk uncapped)."""
+def budget_for(need):
+    """The free bytes whose usable part (Note [auto placement]) is need."""
+    return math.ceil((need + placement.MARGIN_BYTES) / (1 - placement.MARGIN_FRACTION)) + 1
+
+
+def cap_at(stage, nvme_dir, target, world, cuda):
+    """Sets ZERORT_OFFLOAD_BUDGETS so that auto's usable RAM (and on a GPU its device) is what target needs,
+    the disk uncapped: every faster candidate needs more of one of them."""
     c = parse(config(stage, nvme_dir, {"placement": "auto"}))
     shape = placement_auto.shape_of(model_groups(make_model(), stage, "bf16", c), c, world)
-    budgets = placement.Budgets(None, 1 << 50, 1 << 50, world)
-    need = {p.candidate.name: p.host_need("ram") for p in placement.evaluate(shape, budgets)}
-    ram = math.ceil((need[target] + placement.MARGIN_BYTES) / (1 - placement.MARGIN_FRACTION)) + 1
+    budgets = placement.Budgets(1 << 50 if cuda else None, 1 << 50, 1 << 50, world)
+    need = {p.candidate.name: {t: p.host_need(t) for t in ("device", "ram")}
+            for p in placement.evaluate(shape, budgets)}
+    ram = budget_for(need[target]["ram"])
     if int(os.environ.get("RANK", 0)) == 0 and world > 1:  # alone it would keep the states in RAM: the ranks
         ram *= 64                                          # must agree on the least budget, the last rank's
-    os.environ[placement_auto.CAPS_ENV] = f"ram={ram}"
+    os.environ[placement_auto.CAPS_ENV] = f"ram={ram}" + (f",device={budget_for(need[target]['device'])}" if cuda
+                                                          else "")
     return need
 
 
 def train(engine):
     losses = []
     for step in range(STEPS):
-        x, y = batch("mlp", step, engine.rank, 0)
+        x, y = (t.to(engine.device) for t in batch("mlp", step, engine.rank, 0))
         loss = loss_fn("mlp", engine(x), y)
         engine.backward(loss)
         engine.step()
@@ -93,8 +104,8 @@ def train(engine):
     return losses
 
 
-def run(cfg):
-    engine = zerort.initialize(make_model(), cfg)
+def run(cfg, device):
+    engine = zerort.initialize(make_model().to(device), cfg)
     out = {"losses": train(engine)}
     out["states"] = states(engine)
     out["report"] = engine.memory_report().table()
@@ -106,16 +117,16 @@ def run(cfg):
     return out
 
 
-def main(out, nvme_dir, stage, target):
+def main(out, nvme_dir, stage, target, device="cpu"):
     stage = int(stage)
     world = int(os.environ.get("WORLD_SIZE", 1))
-    need = cap_ram_at(stage, nvme_dir, target, world)
-    auto = run(config(stage, nvme_dir, {"placement": "auto"}))
+    need = cap_at(stage, nvme_dir, target, world, device == "cuda")
+    auto = run(config(stage, nvme_dir, {"placement": "auto"}), device)
     cand = auto["placement"].candidate
     par = {"device": cand.param, "nvme_path": nvme_dir} if cand.param == "nvme" else {"device": cand.param}
     os.environ.pop(placement_auto.CAPS_ENV)
     concrete = run(config(stage, nvme_dir, {"optimizer": {"device": cand.optimizer, "gradient_in_file":
-                                                                      cand.gradient_in_file}, "param": par}))
+                                                                      cand.gradient_in_file}, "param": par}), device)
     same = auto["states"].keys() == concrete["states"].keys() and all(
         torch.equal(auto["states"][k], concrete["states"][k]) for k in auto["states"])
     if int(os.environ.get("RANK", 0)) == 0:
@@ -127,4 +138,4 @@ def main(out, nvme_dir, stage, target):
 
 
 if __name__ == "__main__":
-    main(*sys.argv[1:5])
+    main(*sys.argv[1:6])
