@@ -45,7 +45,9 @@ def init(backend="auto", timeout_s=600.0, debug=False, staged=None, topology="fl
     only the process group's timeout, so when you initialise torch.distributed yourself,
     pass it the same timeout. staged: 'cuda' carries CUDA buffers (on cuda:LOCAL_RANK) through
     pinned host memory over an mpi or gloo communicator, so ranks that share one GPU train
-    together (NCCL refuses them); 'cpu' pushes CPU buffers through the same staging code.
+    together (NCCL refuses them); 'cpu' pushes CPU buffers through the same staging code. The
+    topology applies to the host communicator under the staging (C++ Note [staging once]), and
+    staged_part stages the groups that zerort.comm.topology splits off it.
     topology ('flat', 'two_hop' or 'auto') and inter_node_dtype ('fp32', 'bf16', 'int8' or 'fp8_e4m3'): the
     gradient reduce-scatter and the all-gather in two hops, within the node and across nodes
     (zerort.comm.topology); bucket_numel: the reduce bucket that auto's prediction assumes
