@@ -172,7 +172,18 @@ else
   skip staged_grid "no mpirun (the W = 4 staged grid runs under Open MPI)"
 fi
 step bench_kernels timeout 120 "$PY" bench/gpu_kernels.py
-step bench_gpt350m timeout 240 "$PY" bench/gpu_gpt.py
+# Issue 45, stream order: no synchronizing torch call and only the named host waits in a steady
+# step (Note [allowed syncs in a step]), and a model on a side stream gives the default stream's
+# bits, at stages 0-3, W = 1 over NCCL and staged W = 2 (mpirun, both ranks on this GPU).
+if command -v mpirun >/dev/null; then
+  step streams timeout 240 "$PY" -m pytest -q -rs -s tests/gpu/test_gpu_streams.py
+else
+  step streams timeout 120 "$PY" -m pytest -q -rs -s tests/gpu/test_gpu_streams.py -k "not staged"
+fi
+# The 355M GPT table (torch, zerort stages 0-3, FSDP2, staged W = 2; median and p90 of 16 steps),
+# with a torch.profiler trace of one more step per row in $BUILD/profile (where the time goes).
+step bench_gpt350m timeout 330 "$PY" bench/gpu_gpt.py --steps 16 --warmup 2 --staged-steps 4 \
+  --profile "$BUILD/profile" --profile-steps 1
 # Issue 46, offload at size (bench/gpu_offload.py, a Llama-shaped model built on the meta device). Capacity:
 # the estimator's placement table for this machine (13B, stage 3), then 13B trained with offload.placement
 # auto for 3 steps whose losses must fall (it fails, with the numbers, where no placement fits). Speed: one
