@@ -159,8 +159,12 @@ def concrete(c, groups, device, world_size):
     key = (host(c.offload.optimizer.device), host(c.offload.param.device), c.offload.optimizer.gradient_in_file)
     for cand in placement.candidates(c.stage, cuda):
         if (cand.optimizer, cand.param, cand.gradient_in_file) == key:
+            try:
+                budgets = measure(device, c.offload.optimizer.nvme_path)
+            except (OSError, ConfigError):  # no /proc/meminfo, a bad ZERORT_OFFLOAD_BUDGETS: no budgets to show
+                budgets = placement.Budgets(None, 0, 0)
             return placement.Placement(cand, placement.tier_bytes(shape_of(groups, c, world_size), cand, cuda),
-                                       measure(device, c.offload.optimizer.nvme_path))
+                                       budgets)
     return None
 
 
