@@ -20,8 +20,9 @@ every later one moves more bytes per step over a slower link to free a faster ti
     nvme+grad    and the FP32 gradient shard in that file (gradient_in_file)
     nvme+params  and stage 3's shards in a second file (offload_param nvme; stage 3)
 
-On a CPU model the device is host RAM, so "cpu" and "cpu+params" are "device" and are not
-tried. The first candidate that zerort builds for this model (zerort.config.offload.check_tier
+Off memory, stage 3 keeps each unit's low-precision shard apart (Note [state tiers]): counted on the
+model's device unless offload_param moves it (host RAM, or the parameter file). On a CPU model the
+device is host RAM, so "cpu" and "cpu+params" are "device" and are not tried. The first candidate that zerort builds for this model (zerort.config.offload.check_tier
 accepts it; the built argument) and that fits every budget, less the margin, is the choice;
 when none fits, ConfigError names every candidate's need beside each budget and how to fix it.
 Kinds are placed whole: the runtime builds no split of one kind between RAM and NVMe
@@ -31,8 +32,9 @@ when the runtime builds one it joins the candidates here.
 
 The margin: of each budget 90% less 1 GiB is usable (MARGIN_FRACTION, MARGIN_BYTES). The rest
 is for what zerort cannot count before the model runs: activations and autograd's buffers,
-the CUDA context and the allocator's caching, the page cache. RAM and disk are the host's, shared
-by the ranks on it (ranks_per_host); the device budget is one rank's.
+the CUDA context and the allocator's caching, the page cache (ZERORT_OFFLOAD_BUDGETS caps a budget
+where they need more). RAM and disk are the host's, shared by the ranks on it (ranks_per_host); the
+device budget is one rank's.
 """
 import dataclasses
 
