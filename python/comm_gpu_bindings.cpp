@@ -12,6 +12,7 @@
 #include "core/error.h"
 #include "python/comm_options.h"
 #include "python/without_gil.h"
+#include "runtime/int8_gather.h"
 #include "zerort/config.h"
 #if ZERORT_WITH_NCCL
 #include <cuda_runtime_api.h>
@@ -86,6 +87,17 @@ void bind_comm_gpu(py::module_& m) {
       },
       py::arg("code"), py::arg("wires"), py::arg("world"), py::arg("n"), py::arg("out"), py::arg("accumulate"),
       py::arg("block") = kInt8Block);
+  // Stage 3's int8 gather (runtime/int8_gather.h) on cuda:device, waited for (tests).
+  m.def(
+      "gather_int8_blocks",
+      [](std::shared_ptr<Communicator> comm, uintptr_t own, const std::string& dtype, size_t n, uintptr_t full,
+         int device) {
+        py::gil_scoped_release release;
+        const c10::Device on(c10::kCUDA, static_cast<c10::DeviceIndex>(device));
+        gather_int8_blocks(*comm, ptr(own), parse_dtype(dtype), n, ptr(full), 0, on)->wait();
+        ZRT_CHECK_CUDA(cudaDeviceSynchronize());
+      },
+      py::arg("comm"), py::arg("own"), py::arg("dtype"), py::arg("n"), py::arg("full"), py::arg("device"));
 #else
   (void)m;
 #endif

@@ -89,3 +89,19 @@ def test_the_sum_of_decoded_wires_equals_the_cpu_sum(code, world, n, accumulate)
     got = start.cuda()
     _C.sum_8bit_wires_cuda(code, wires.cuda().data_ptr(), world, n, got.data_ptr(), accumulate)
     assert same_bits(got, want)
+
+
+@pytest.mark.parametrize("n", [0, 1, 1001, 5000])
+def test_stage3_int8_gather_on_the_gpu_equals_the_cpu_codes(n):
+    """runtime/int8_gather.h on cuda:0 over an nccl communicator of one rank: the bf16 chunk cast
+    to FP32, coded, gathered and decoded into bf16, against the CPU's casts and codes."""
+    comm = _C.make_nccl_communicator(0, 1, 0, _C.nccl_unique_id(), 20.0, False)
+    own = (gradient_like(n, n + 3) * 100).to(torch.bfloat16)
+    x = torch.empty(n, dtype=torch.float32)
+    _C.cast_to_f32(own.data_ptr(), "bfloat16", x.data_ptr(), n)
+    _, decoded = int8_blocks(x, _C.INT8_BLOCK, "int8")
+    want = torch.empty(n, dtype=torch.bfloat16)
+    _C.cast_from_f32(decoded.data_ptr(), want.data_ptr(), "bfloat16", n)
+    full = torch.empty(n, dtype=torch.bfloat16, device="cuda")
+    _C.gather_int8_blocks(comm, own.cuda().data_ptr(), "bfloat16", n, full.data_ptr(), 0)
+    assert torch.equal(full.cpu().view(torch.int16), want.view(torch.int16))
