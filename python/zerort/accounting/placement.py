@@ -22,8 +22,9 @@ every later one moves more bytes per step over a slower link to free a faster ti
 
 Off memory, stage 3 keeps each unit's low-precision shard apart (Note [state tiers]): counted on the
 model's device unless offload_param moves it (host RAM, or the parameter file). On a CPU model the
-device is host RAM, so "cpu" and "cpu+params" are "device" and are not tried. The first candidate that zerort builds for this model (zerort.config.offload.check_tier
-accepts it; the built argument) and that fits every budget, less the margin, is the choice;
+device is host RAM, so "cpu" and "cpu+params" are "device" and are not tried. The first candidate
+that zerort builds for this model (zerort.config.offload.check_tier accepts it; the built argument)
+and that fits every budget, less the margin, is the choice;
 when none fits, ConfigError names every candidate's need beside each budget and how to fix it.
 Kinds are placed whole: the runtime builds no split of one kind between RAM and NVMe
 (check_tier refuses offload_optimizer.ratio < 1 with nvme), so neither does this. A split is
