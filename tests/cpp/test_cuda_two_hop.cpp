@@ -3,7 +3,8 @@
 // an in-process group staged for CUDA (comm/staged_communicator.h), so the device hops run at
 // W = 4 on one GPU: the CUDA scratch, regrouping copies, FP64 local sums and the fp32, bf16,
 // int8 and fp8_e4m3 wires as kernels. Sizes 0, 1, 257 and 1001, accumulate on and off, and the
-// all-gather. Skipped without a CUDA device (scripts/gpu_check.sh runs it on the H200).
+// all-gather; and sum_over_wire_cuda / gather_over_wire_cuda (hybrid sharding's sum across nccl
+// replicas) against the host functions at W = 3. Skipped without a CUDA device (scripts/gpu_check.sh runs it on the H200).
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
@@ -16,6 +17,7 @@
 #include "comm/inprocess_communicator.h"
 #include "comm/staged_communicator.h"
 #include "comm/two_hop_communicator.h"
+#include "comm/wire_sum_cuda.h"
 #include "core/cuda_check.h"
 #include "two_hop_nodes.h"
 
@@ -107,6 +109,60 @@ TEST_P(CudaTwoHop, DeviceHopsGiveTheHostBits) {
     EXPECT_EQ(std::memcmp(device[r].reduced.data(), host[r].reduced.data(), n * 4), 0) << "rank " << r << " reduce";
     EXPECT_EQ(device[r].gathered, host[r].gathered) << "rank " << r << " all-gather";
   }
+}
+
+// Rank r's partials (W x n) and, after the device or host functions, its sum and gather.
+std::vector<float> wire_sums(InterNodeWire wire, size_t n, bool device) {
+  constexpr int kRanks = 3;
+  auto group = InProcessGroup::create(kRanks);
+  std::vector<std::vector<float>> out(kRanks, std::vector<float>((kRanks + 1) * n));
+  std::vector<std::thread> threads;
+  std::vector<std::string> errors(kRanks);
+  for (int r = 0; r < kRanks; ++r) {
+    threads.emplace_back([&, r] {
+      try {
+        CudaDeviceGuard guard(0);
+        std::shared_ptr<Communicator> comm = group->communicator(r);
+        if (device) comm = on_device(group->communicator(r));
+        std::vector<float> parts(kRanks * n);
+        for (size_t i = 0; i < parts.size(); ++i) parts[i] = testing::value(r, 7, i) * (i % 5 == 0 ? 1e3f : 1.0f);
+        float* sum = out[r].data();
+        float* gathered = out[r].data() + n;
+        if (!device) {
+          sum_over_wire(*comm, parts.data(), n, wire, sum, false);
+          gather_over_wire(*comm, sum, n, wire, gathered, 4);
+          return;
+        }
+        void *d_parts = nullptr, *d_out = nullptr;
+        ZRT_CHECK_CUDA(cudaMalloc(&d_parts, parts.size() * 4 + 4));
+        ZRT_CHECK_CUDA(cudaMalloc(&d_out, out[r].size() * 4 + 4));
+        ZRT_CHECK_CUDA(cudaMemcpy(d_parts, parts.data(), parts.size() * 4, cudaMemcpyHostToDevice));
+        auto* d_sum = static_cast<float*>(d_out);
+        sum_over_wire_cuda(*comm, static_cast<float*>(d_parts), n, wire, d_sum, false, cudaStreamLegacy);
+        ZRT_CHECK_CUDA(cudaStreamSynchronize(cudaStreamLegacy));
+        gather_over_wire_cuda(*comm, d_sum, n, wire, d_sum + n, 4, cudaStreamLegacy);
+        ZRT_CHECK_CUDA(cudaMemcpy(out[r].data(), d_out, out[r].size() * 4, cudaMemcpyDeviceToHost));
+        cudaFree(d_parts), cudaFree(d_out);
+      } catch (const std::exception& e) {
+        errors[r] = e.what();
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  std::vector<float> all;
+  for (int r = 0; r < kRanks; ++r) {
+    EXPECT_EQ(errors[r], "") << "rank " << r;
+    all.insert(all.end(), out[r].begin(), out[r].end());
+  }
+  return all;
+}
+
+TEST_P(CudaTwoHop, WireSumAndGatherOnTheDeviceGiveTheHostBits) {
+  if (device_count() == 0) GTEST_SKIP() << "no CUDA device visible; the device wire-sum test skipped";
+  const auto [wire, n] = GetParam();
+  const std::vector<float> host = wire_sums(wire, n, false), device = wire_sums(wire, n, true);
+  ASSERT_EQ(host.size(), device.size());
+  EXPECT_EQ(std::memcmp(host.data(), device.data(), host.size() * 4), 0);
 }
 
 INSTANTIATE_TEST_SUITE_P(Wires, CudaTwoHop,
