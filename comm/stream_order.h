@@ -18,7 +18,7 @@
 //   event later than the hook that queued the work, never earlier.
 // - The user's later work follows the engine's by compute_after (cudaStreamWaitEvent): the
 //   host does not wait for a reduce or a gather. A transfer's deadline is then watched off the
-//   step (Note [stream-waited work], comm/nccl/nccl_watchdog.h).
+//   step (Note [stream-waited work], comm/deadline_watchdog.h).
 // - The compute stream is whatever the engine was last told at an entry (forward, backward,
 //   step); until then the legacy default stream, PyTorch's default stream.
 //

@@ -72,7 +72,7 @@ class Work : public std::enable_shared_from_this<Work> {
 
   // Device backends: the compute stream (Note [stream order], comm/stream_order.h) waits for
   // the transfer instead of the host, and the backend's watchdog keeps the deadline (Note
-  // [stream-waited work], comm/nccl/nccl_watchdog.h). False when it cannot (host backends, a
+  // [stream-waited work], comm/deadline_watchdog.h). False when it cannot (host backends, a
   // result that then() finishes on the host): call wait() instead.
   virtual bool join_compute_stream() { return false; }
 

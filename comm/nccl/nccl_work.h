@@ -16,7 +16,7 @@
 #include <string>
 #include <vector>
 
-#include "comm/nccl/nccl_watchdog.h"
+#include "comm/deadline_watchdog.h"
 #include "comm/work.h"
 
 namespace zerort {
@@ -26,6 +26,8 @@ namespace zerort {
 void check_nccl(ncclResult_t result, const char* call, ncclComm_t comm, const char* file, int line);
 #define ZRT_CHECK_NCCL(call, comm) ::zerort::check_nccl((call), #call, (comm), __FILE__, __LINE__)
 
+class NcclWork;
+
 struct NcclState {
   ncclComm_t comm = nullptr;
   cudaStream_t stream = nullptr;      // the communicator's own stream
@@ -34,7 +36,7 @@ struct NcclState {
   std::mutex call_mu;  // every NCCL call, and abort: never held while sleeping
   std::atomic<bool> aborted{false};
   std::string abort_reason;  // written under call_mu before `aborted` is set
-  NcclWatchdog watchdog;     // Note [stream-waited work]; stopped by the communicator's destructor
+  DeadlineWatchdog<NcclWork> watchdog;  // Note [stream-waited work]; stopped by the communicator's destructor
 
   // Pinned host slots for staged control values (<= kPinnedSlot bytes): allocating and
   // freeing pinned memory per call would synchronise the device every time.
@@ -64,8 +66,9 @@ class NcclWork final : public Work {
 
   // The compute stream waits for `done`; the watchdog holds this Work until then.
   bool join_compute_stream() override;
-  // The watchdog's check (Note [stream-waited work]): true once done, or once failed or past
-  // `deadline`, when the communicator has been aborted and the buffers parked.
+  // The watchdog's check (Note [stream-waited work], comm/deadline_watchdog.h): true once done,
+  // or once failed or past `deadline`, when the communicator has been aborted and the buffers
+  // parked. Never throws.
   bool poll(std::chrono::steady_clock::time_point deadline);
 
  protected:
