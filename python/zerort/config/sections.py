@@ -60,7 +60,7 @@ class Batch:
 class Stage3:
     """Stage 3's units (zerort.layout.units) and how far ahead they are gathered."""
     prefetch: int = 1  # units gathered ahead of the one running
-    gather_dtype: str = "compute"  # "int8": each unit gather as int8 blocks (C++ Note [int8 blocks]); CPU models
+    gather_dtype: str = "compute"  # "int8": each unit gather as int8 blocks (C++ Note [int8 blocks]); CPU and CUDA
     # hpZ: each rank keeps its node-local piece of a gathered unit and re-gathers from those
     # within the node until the next update (C++ Note [secondary shards]); an int or "node"; None: off
     secondary_shard_size: Optional[object] = None
