@@ -5,7 +5,8 @@ the direct mpi path's with CPU buffers through the same staging code; here the C
 
 - comm.topology two_hop (2 x 2), shard_size 2 and stage3.secondary_shard_size 2 against plain PyTorch on
   the same GPU at W = 4 (test_engine_parity.reference, its bounds);
-- int8 between the hops and on the sum across groups: the last loss within 1% of the fp32 run's;
+- int8 between the hops and on the sum across groups, and ZeRO++'s three together (int8 gathers by the
+  CUDA kernels, hpZ, int8 between the hops): the last loss within 1% of the exact run's;
 - hpZ gives the bits of the stage-3 run without it, and the replicas of one shard hold the same bits;
 - the parts are the Note's: the world and the shard group and hpZ's pair staged, the replicas host.
 """
@@ -26,7 +27,8 @@ from zerort._testing.launch import launch  # noqa: E402
 WORKER = os.path.join(HERE, "..", "python", "staged_grid_worker.py")
 EXACT = ["two_hop@fp32/mlp:2:bf16:1:20", "mlp:2:bf16:1:20:shard@2", "two_hop@fp32/transformer:3:bf16:1:1",
          "transformer:3:bf16:1:1", "mlp:3:bf16:1:20:shard@2"]
-INT8 = {"two_hop@int8/mlp:2:bf16:1:20": EXACT[0], "mlp:2:bf16:1:20:shard@2:wire@int8": EXACT[1]}
+INT8 = {"two_hop@int8/mlp:2:bf16:1:20": EXACT[0], "mlp:2:bf16:1:20:shard@2:wire@int8": EXACT[1],
+        "two_hop@int8/transformer:3:bf16:1:1:hpz@2:int8gather": EXACT[2]}  # ZeRO++'s three on the GPU
 HPZ = {"transformer:3:bf16:1:1:hpz@2": "transformer:3:bf16:1:1", "mlp:3:bf16:1:20:shard@2:hpz@2": EXACT[4]}
 CASES = EXACT + list(INT8) + list(HPZ)
 

@@ -50,6 +50,7 @@ def split(case):
 
 def main(out_prefix, staged, per_node, *cases):
     fake_nodes(int(per_node))
+    os.environ["ENGINE_WORKER_DIR"] = os.path.dirname(os.path.abspath(out_prefix))  # int8gather's 16-bit export
     staged = None if staged == "none" else staged
     zerort.initialize = recording_initialize(zerort.initialize)
     comms, results = {}, {}
@@ -66,7 +67,7 @@ def main(out_prefix, staged, per_node, *cases):
         got["backends"] = [comm.backend] + [c.backend if c else None for c in engine.shard_comms]
         got["master"] = {k: v.cpu() for k, v in got["master"].items()}
         got["own_master"] = got["own_master"].cpu()
-        got.pop("params")
+        got.pop("params"), got.pop("saved16")
         results[case] = got
         engine.destroy()
         print(f"case {case} on {got['backends']}: loss {got['losses'][0]:.5f} -> {got['losses'][-1]:.5f}", flush=True)

@@ -7,7 +7,8 @@ host (the launcher's local rank and size rewritten, as tests/python/topology_aut
   the staged accumulate of Note [staged accumulate]; stage 3: the two-hop all-gather too);
 - hybrid sharding, shard_size 2 and "node" (the launcher's nodes: 2), summed across groups on an fp32
   and an int8 wire, with buckets of 61 elements (shards that do not divide into the groups' pieces);
-- hpZ, stage3.secondary_shard_size 2, alone and within shard_size 2.
+- hpZ, stage3.secondary_shard_size 2, alone and within shard_size 2;
+- ZeRO++'s three together: stage3.gather_dtype int8, hpZ and int8 between the hops.
 
 Every loss and master bit equals the direct (unstaged) mpi path's, under mpirun and under torchrun
 (gloo; its two-hop and hybrid sums are the mpi ones, bit for bit). The parts are what the Note says:
@@ -31,7 +32,8 @@ W, PER_NODE = 4, 2
 CASES = ["two_hop@fp32/mlp:2:bf16:2:4", "two_hop@fp32/transformer:3:bf16:1:2", "two_hop@int8/mlp:3:fp16:1:4",
          "two_hop@int8/mlp:1:bf16:2:3:bucket@61",
          "mlp:2:bf16:2:4:shard@2", "mlp:3:bf16:1:4:shard@node:wire@int8:bucket@61",
-         "transformer:3:bf16:1:2", "transformer:3:bf16:1:2:hpz@2", "mlp:3:bf16:2:3:shard@2:hpz@2"]
+         "transformer:3:bf16:1:2", "transformer:3:bf16:1:2:hpz@2", "mlp:3:bf16:2:3:shard@2:hpz@2",
+         "two_hop@int8/transformer:3:bf16:1:2:hpz@2:int8gather"]  # ZeRO++'s three: int8 gathers, hpZ, int8 sums
 
 
 def launch(launcher, staged, tmp_path, cases=CASES):
