@@ -30,8 +30,8 @@ void CudaStreams::synchronize(Event e) { ZRT_CHECK_CUDA(cudaEventSynchronize(e))
 
 CudaStreamOrder& cuda_stream_order(int device) {
   constexpr int kMaxDevices = 64;
-  ZRT_CHECK(device >= 0 && device < kMaxDevices, "cuda_stream_order: device ", device, " is outside [0, ",
-            kMaxDevices, ")");
+  ZRT_CHECK(device >= 0 && device < kMaxDevices, "cuda_stream_order: device ", device, " is outside [0, ", kMaxDevices,
+            ")");
   static std::array<std::unique_ptr<CudaStreamOrder>, kMaxDevices> orders;
   static std::mutex mu;
   std::lock_guard<std::mutex> lock(mu);

@@ -263,8 +263,9 @@ class Engine {
   void wait_gathered_locked(std::unique_lock<std::mutex>& lock, Bucket& b);
   void enqueue_ready_locked();
   void comm_loop();
-  void run_next_locked(std::unique_lock<std::mutex>& lock);  // the queue's next op (mu_ held)
-  void run_here_locked(std::unique_lock<std::mutex>& lock);  // W = 1: the queue on this thread
+  // The queue's next op, and (W = 1) the whole queue on this thread; mu_ held.
+  void run_next_locked(std::unique_lock<std::mutex>& lock);
+  void run_here_locked(std::unique_lock<std::mutex>& lock);
   bool reducing_now() const;                // does this micro-step reduce (stage 2, or a boundary)?
   at::TensorOptions bytes_options() const;  // uint8 on the model's device
   // grad_ready's steps (mu_ held): the first report of (g, i) in this round, else a

@@ -33,9 +33,7 @@ WorkPtr ParamGathers::take(size_t bucket) {
   return nullptr;
 }
 
-void ParamGathers::wait(size_t bucket) {
-  wait_in_stream_order(take(bucket));
-}
+void ParamGathers::wait(size_t bucket) { wait_in_stream_order(take(bucket)); }
 
 void ParamGathers::wait_all() {
   std::deque<std::pair<size_t, WorkPtr>> all;

@@ -30,12 +30,12 @@ class NcclWork;
 
 struct NcclState {
   ncclComm_t comm = nullptr;
-  cudaStream_t stream = nullptr;      // the communicator's own stream
+  cudaStream_t stream = nullptr;  // the communicator's own stream
   int device = 0;
   std::mutex mu;       // one enqueue at a time (held while it settles)
   std::mutex call_mu;  // every NCCL call, and abort: never held while sleeping
   std::atomic<bool> aborted{false};
-  std::string abort_reason;  // written under call_mu before `aborted` is set
+  std::string abort_reason;             // written under call_mu before `aborted` is set
   DeadlineWatchdog<NcclWork> watchdog;  // Note [stream-waited work]; stopped by the communicator's destructor
 
   // Pinned host slots for staged control values (<= kPinnedSlot bytes): allocating and

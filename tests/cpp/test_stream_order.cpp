@@ -74,8 +74,8 @@ TEST(StreamOrder, SideStreamWaitsForTheComputeStreamThroughOneEvent) {
   EXPECT_EQ(order.compute(), kLegacy);
   order.side_after_compute(kComm);
   order.side_after_compute(kComm);
-  EXPECT_EQ(dev.log, (std::vector<std::string>{"record e100 on s0", "s3 waits e100", "record e100 on s0",
-                                                "s3 waits e100"}));
+  EXPECT_EQ(dev.log,
+            (std::vector<std::string>{"record e100 on s0", "s3 waits e100", "record e100 on s0", "s3 waits e100"}));
   EXPECT_EQ(dev.host_syncs, 0);
 }
 
@@ -95,8 +95,8 @@ TEST(StreamOrder, FollowsTheUsersSideStreamNotTheLegacyOne) {
   const int done = dev.next_event++;
   order.record(done, kComm);
   order.compute_after(done);
-  EXPECT_EQ(dev.log, (std::vector<std::string>{"record e100 on s7", "s3 waits e100", "record e101 on s3",
-                                                "s7 waits e101"}));
+  EXPECT_EQ(dev.log,
+            (std::vector<std::string>{"record e100 on s7", "s3 waits e100", "record e101 on s3", "s7 waits e101"}));
   for (const auto& line : dev.log) EXPECT_EQ(line.find("s0"), std::string::npos) << line;
 }
 
