@@ -5,13 +5,15 @@ that the grid of consecutive ranks gives (worked out here from the ranks, not fr
 shard_size, stage3.secondary_shard_size and comm.topology two_hop are accepted under nccl and
 build their parts that way, the two-hop communicator on the flat communicator's GPU; auto stays
 flat under nccl without a split (its probe times host buffers); in-process is still refused by
-name. The splits themselves run on a GPU: tests/gpu/test_gpu_nccl_parts.py (scripts/gpu_check.sh)."""
+name; and the two-hop factory takes a CUDA device only for device parts, its W = 1 reduce being the flat
+one's. The splits themselves run on a GPU: tests/gpu/test_gpu_nccl_parts.py (scripts/gpu_check.sh)."""
 import types
 
 import pytest
 import torch
 
 import zerort
+from zerort import _C
 from zerort.comm import topology
 
 
@@ -111,3 +113,20 @@ def test_inprocess_is_still_refused_by_name(fake_c):
                  lambda: topology.node_part(comm, "inprocess", 2, 10, False, {})):
         with pytest.raises(zerort.ConfigError, match="built for the mpi, gloo, nccl backends, not 'inprocess'"):
             call()
+
+
+def test_the_two_hop_factory_takes_a_device_only_for_device_parts():
+    """make_two_hop_communicator's device: -1 for host parts (here in-process ones of one rank), a
+    refusal naming the backend otherwise; at W = 1 the two-hop communicator's reduce is its flat
+    one's, bit for bit the FP64 sum."""
+    make = lambda: _C.make_communicator("inprocess", 10.0, False)
+    with pytest.raises(zerort.Error, match="'inprocess' moves host memory: pass device -1, got device 0"):
+        _C.make_two_hop_communicator(make(), make(), make(), "int8", 10.0, False, 0)
+    hops = _C.make_two_hop_communicator(make(), make(), make(), "int8", 10.0, False)
+    assert hops.backend == "inprocess+two-hop" and not hops.device_memory
+    x = (torch.randn(1001, generator=torch.Generator().manual_seed(1)) * 3).to(torch.bfloat16)
+    got = torch.randn(1001, generator=torch.Generator().manual_seed(2))
+    want = got.clone()
+    _C.sum_chunks_to_f32(x.data_ptr(), "bfloat16", 1, 1001, want.data_ptr(), True)
+    hops.reduce_scatter_accumulate(x.data_ptr(), "bfloat16", got.data_ptr(), 1001, True)
+    assert torch.equal(got.view(torch.int32), want.view(torch.int32))
