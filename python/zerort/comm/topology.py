@@ -1,7 +1,8 @@
 """comm.topology: the gradient reduce-scatter and the parameter all-gather in two hops, within
 the node and across nodes (Note [two hops], comm/two_hop_communicator.h), over a flat
 communicator and the two parts of it this module makes with the backend's own means: an MPI
-split (MPI_Comm_split) or a torch.distributed group per part for gloo.
+split (MPI_Comm_split), a torch.distributed group per part for gloo, or an ncclCommSplit for
+nccl (C++ Note [nccl parts]; the hops then run on the GPU: Note [two hops on the device]).
 
     "flat"     one all-to-all over every rank (zerort's data path before issue 30)
     "two_hop"  within the node, then across nodes; an error where the ranks do not form nodes
@@ -138,11 +139,12 @@ def _host_backend(backend, key):
 
 def grid_parts(comm, backend, per_row, timeout_s, debug):
     """The ranks as rows of per_row consecutive ranks: this rank's (row, column) C++
-    communicators, from an MPI split or a torch.distributed group per part (gloo, or shm: a
-    single-host job's gloo world). Rank r is index r % per_row of row r // per_row; its column
-    holds the rows' ranks of that index. Under gloo a row whose ranks share one host talks
-    through shared memory (the shm backend over the row's gloo group) where comm.intra_node is
-    'shm' (zerort.comm.init): two-hop's first hop, hybrid groups and hpZ's node part."""
+    communicators, from an MPI split, a torch.distributed group per part (gloo, or shm: a
+    single-host job's gloo world) or an ncclCommSplit (nccl_parts). Rank r is index r % per_row
+    of row r // per_row; its column holds the rows' ranks of that index. Under gloo a row whose
+    ranks share one host talks through shared memory (the shm backend over the row's gloo group)
+    where comm.intra_node is 'shm' (zerort.comm.init): two-hop's first hop, hybrid groups and
+    hpZ's node part."""
     row, index = divmod(comm.rank, per_row)
     if backend == "nccl":
         return nccl_parts(comm, per_row, timeout_s, debug)
