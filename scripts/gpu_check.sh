@@ -154,6 +154,7 @@ fi
 # The int8/fp8_e4m3 block kernels against the CPU codes, byte for byte; the NCCL split at W = 1.
 step int8_fp8_kernels timeout 120 "$PY" -m pytest -q -rs tests/gpu/test_gpu_int8_wire.py
 step nccl_split_w1 timeout 120 "$PY" -m pytest -q -rs tests/gpu/test_gpu_nccl_parts.py
+step nccl_split_timeout timeout 60 "$PY" -m pytest -q -rs tests/gpu/test_gpu_nccl_split_timeout.py
 step engine_smoke timeout 120 "$PY" -X faulthandler tests/gpu/gpu_engine_worker.py "$BUILD/smoke" mlp:1:bf16:1:3 \
   mlp:2:fp16:1:3 mlp:3:bf16:1:3
 step py_cuda_kernels timeout 180 "$PY" -m pytest -q -rs tests/gpu/test_gpu_kernels.py

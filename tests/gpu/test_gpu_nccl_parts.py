@@ -3,8 +3,7 @@ world of 1 still goes through ncclCommSplit. Its parts form (rank 0 of 1, their 
 communicators), reduce CUDA buffers (the FP64 local sum: the CPU's bits), carry the two-hop
 communicator on the GPU (Note [two hops on the device]), and are destroyed with their owners
 while the parent keeps working, 20 times over. Bad splits are refused naming the group and the
-rank: a negative color, a parent that is not nccl, and a split past its deadline (made shorter
-than a split takes: a W = 1 job has no rank to keep away), which also retires the parent."""
+rank: a negative color and a parent that is not nccl (a late split: test_gpu_nccl_split_timeout.py)."""
 import gc
 
 import pytest
@@ -81,19 +80,3 @@ def test_bad_splits_name_the_group_and_the_rank(world):
     got, want = reduce_bits(world._c)  # a refused split leaves the parent as it was
     assert torch.equal(got.view(torch.int32), want.view(torch.int32))
 
-
-def test_a_split_past_its_timeout_names_the_group_and_retires_the_parent():
-    """At W = 1 no rank can stay away, so the deadline is made shorter than a split takes (1 ms):
-    the timeout names the group and the rank, and the parent refuses every later split, saying
-    why. A split that finishes within 1 ms never reaches the path: the test then skips."""
-    parent = _C.make_nccl_communicator(0, 1, 0, _C.nccl_unique_id(), TIMEOUT_S, False)
-    try:
-        _C.make_nccl_part(parent, 0, 0, "row 0 of 1 (ranks 0)", 0.001, False)
-    except zerort.CommTimeoutError as e:
-        assert "splitting off row 0 of 1 (ranks 0) on rank 0 of 1 (color 0, key 0): the group did not form " \
-               "within 1 ms" in str(e)
-    else:
-        pytest.skip("the split finished within 1 ms: the timeout path was not reached")
-    with pytest.raises(zerort.Error, match=r"aborted after an earlier failure \(NCCL: splitting off row 0 of 1 "
-                                           r"\(ranks 0\) on rank 0 of 1 \(color 0, key 0\) timed out\)"):
-        _C.make_nccl_part(parent, 0, 0, "row 0 of 1 (ranks 0)", TIMEOUT_S, False)
