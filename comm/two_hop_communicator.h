@@ -78,6 +78,10 @@ namespace zerort {
 //   hop ends only when its stream has finished, so a completed Work's output is there.
 // - Bits. The same operations in the same order as on the host: the kernels' sums and codes are
 //   the host's bit for bit (Note [one 8-bit arithmetic]), so the result is the host path's.
+// - Concurrency. Under Note [pipelined hops] the intra and inter parts' NCCL kernels of two calls
+//   run at once, and ranks may launch them in different orders across the two parts: NCCL's
+//   kernels of separate communicators then have to be resident together, which holds for the two
+//   parts of one GPU's ranks (each takes its own channels); not yet run at W > 1 on NCCL.
 std::unique_ptr<Communicator> make_two_hop_communicator(std::shared_ptr<Communicator> flat,
                                                         std::shared_ptr<Communicator> intra,
                                                         std::shared_ptr<Communicator> inter, InterNodeWire wire,
