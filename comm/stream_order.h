@@ -19,8 +19,10 @@
 // - The user's later work follows the engine's by compute_after (cudaStreamWaitEvent): the
 //   host does not wait for a reduce or a gather. A transfer's deadline is then watched off the
 //   step (Note [stream-waited work], comm/deadline_watchdog.h).
-// - The compute stream is whatever the engine was last told at an entry (forward, backward,
-//   step); until then the legacy default stream, PyTorch's default stream.
+// - The compute stream, one per device for the process, is whatever an engine was last told at
+//   an entry (construction, forward, backward, step, the state calls: python/zerort/engine/
+//   streams.py); until then the legacy default stream, PyTorch's default stream. A micro-step's
+//   forward, backward and step run on one stream (autograd packs the gradients on the forward's).
 //
 // Note [allowed host waits]: host_wait() is the only host wait of the engine's device path, and
 // each reason is one of these, counted per reason (tests/gpu/test_gpu_streams.py counts them):

@@ -15,10 +15,6 @@
 #include "runtime/engine.h"
 #include "runtime/loss_scaler.h"
 #include "runtime/shard_optimizer.h"
-#include "zerort/config.h"
-#if ZERORT_WITH_CUDA
-#include "comm/cuda_streams.h"
-#endif
 
 namespace py = pybind11;
 using namespace zerort;
@@ -195,23 +191,12 @@ std::function<std::vector<at::Tensor>(size_t, const std::vector<size_t>&)> mater
 
 }  // namespace
 
+void bind_streams(py::module_& m);  // stream_bindings.cpp
+
 void bind_engine(py::module_& m) {
   bind_options(m);                              // See Note [options by name]
   m.attr("SHARD_ALIGNMENT") = kShardAlignment;  // elements: an Engine's shards are multiples of it
-  // Note [allowed host waits] (comm/stream_order.h): the host waits of the engine's device work on
-  // CUDA device `device` so far, per reason (tests/gpu/test_gpu_streams.py counts a step's).
-  m.def("host_waits", [](int device) {
-    py::dict d;
-#if ZERORT_WITH_CUDA
-    const CudaStreamOrder& order = cuda_stream_order(device);
-    d["step_decision"] = order.host_waits(HostWait::kStepDecision);
-    d["user_call"] = order.host_waits(HostWait::kUserCall);
-    d["staged_copy"] = order.host_waits(HostWait::kStagedCopy);
-#else
-    (void)device;
-#endif
-    return d;
-  });
+  bind_streams(m);  // stream_bindings.cpp: Note [stream order]
 
   py::class_<ShardOptimizer>(m, "ShardOptimizer")
       .def(py::init([](at::Tensor master, Communicator& comm, const OptimizerOptions& options) {

@@ -7,7 +7,7 @@ import torch
 from zerort import comm as comm_mod
 from zerort.comm import topology
 from zerort import lifecycle
-from zerort.engine import lr_schedules, meta_init
+from zerort.engine import lr_schedules, meta_init, streams
 from zerort.errors import ConfigError, DeviceError, UsageError
 
 
@@ -51,6 +51,7 @@ def connect(c, device, comm):
                            "models"])
     if c.stage == 3 and c.comm.debug is None:
         comm.check_each_call()  # Note [checked calls]: ranks that diverge at stage 3 differ in size
+    streams.follow_current_stream(None, device)  # the Engine's constructor follows the caller's stream
     return comm
 
 

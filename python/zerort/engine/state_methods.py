@@ -8,7 +8,7 @@ import math
 
 import torch
 
-from zerort.engine import stage3
+from zerort.engine import stage3, streams
 from zerort.errors import ConfigError
 
 
@@ -16,6 +16,7 @@ class StateMethods:
     def full_state_dict(self, master=False):
         """The full parameters on every rank, at every stage: the low-precision working
         copy, or with master=True the FP32 master weights gathered from every shard."""
+        streams.follow_current_stream(self._impl, self.device)  # C++ Note [stream order]
         if not master and self._units:
             with self.gathered_parameters():  # stage 3: whole while inside
                 return {k: t.detach().clone() for k, t in self.module.state_dict(keep_vars=True).items()}
@@ -52,6 +53,7 @@ class StateMethods:
         if exclude_frozen_parameters:
             raise ConfigError("save_checkpoint: exclude_frozen_parameters=True is not supported; zerort's checkpoints "
                              "hold the frozen parameters (a load restores the whole model); leave it False")
+        streams.follow_current_stream(self._impl, self.device)
         return checkpoint.save(self, save_dir, tag, client_state, save_latest)
 
     def load_checkpoint(self, load_dir, tag=None, load_module_strict=True, load_optimizer_states=True,
@@ -64,6 +66,7 @@ class StateMethods:
         if not load_module_strict or custom_load_fn is not None:
             raise ConfigError("load_checkpoint: zerort loads every parameter strictly, by its own loader; "
                              "load_module_strict=False and custom_load_fn are not supported")
+        streams.follow_current_stream(self._impl, self.device)
         return checkpoint.load(self, load_dir, tag, load_optimizer_states, load_lr_scheduler_states,
                                load_module_only)
 
@@ -114,6 +117,7 @@ class StateMethods:
     def gathered_parameters(self):
         """Inside, every parameter of engine.module is whole (stage 3 gathers them; stages
         1 and 2 always hold them whole). For evaluation and export."""
+        streams.follow_current_stream(self._impl, self.device)
         self._params_whole()  # overlap_param_gather's gathers in flight
         if self._units:
             with stage3.gathered(self._impl):

@@ -5,10 +5,17 @@ model run under ``with torch.cuda.stream(s):`` is thus ordered on s, with the de
 bits."""
 import torch
 
+from zerort import _C
+
 
 def follow_current_stream(impl, device):
-    """Tells the Engine the stream the caller's work is on now (CUDA models only)."""
+    """Tells the Engine (impl; None: the one about to be built) the stream the caller's work is
+    on now: at forward, backward, step and the user's calls into its state (CUDA models only)."""
     if device.type != "cuda":
         return
     s = torch.cuda.current_stream(device)
-    impl.set_compute_stream(s.stream_id, s.device_index, s.device_type, s.cuda_stream)
+    if impl is None:  # before the Engine exists: its constructor's kernels
+        _C.set_compute_stream(s.device_index, s.cuda_stream)
+    else:
+        impl.set_compute_stream(s.stream_id, s.device_index, s.device_type, s.cuda_stream)
+
