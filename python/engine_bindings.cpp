@@ -163,7 +163,8 @@ void bind_options(py::module_& m) {
       .def_readwrite("param_nvme_path", &EngineOptions::param_nvme_path)
       .def_readwrite("param_host", &EngineOptions::param_host)
       .def_readwrite("overlap_param_gather", &EngineOptions::overlap_param_gather)
-      .def_readwrite("gather_int8", &EngineOptions::gather_int8);
+      .def_readwrite("gather_int8", &EngineOptions::gather_int8)
+      .def_readwrite("overlap_step", &EngineOptions::overlap_step);
 }
 
 // "master", "exp_avg" or "exp_avg_sq": the optimizer state's arrays, by Python's names.
@@ -196,7 +197,7 @@ void bind_streams(py::module_& m);  // stream_bindings.cpp
 void bind_engine(py::module_& m) {
   bind_options(m);                              // See Note [options by name]
   m.attr("SHARD_ALIGNMENT") = kShardAlignment;  // elements: an Engine's shards are multiples of it
-  bind_streams(m);  // stream_bindings.cpp: Note [stream order]
+  bind_streams(m);                              // stream_bindings.cpp: Note [stream order]
 
   py::class_<ShardOptimizer>(m, "ShardOptimizer")
       .def(py::init([](at::Tensor master, Communicator& comm, const OptimizerOptions& options) {
@@ -307,6 +308,22 @@ void bind_engine(py::module_& m) {
       .def("bucket_of", &Engine::bucket_of)
       .def_property_readonly("param_gathers_in_flight", &Engine::param_gathers_in_flight)
       .def_property_readonly("overlaps_param_gather", &Engine::overlaps_param_gather)
+      // Note [overlapped step] (runtime/step_overlap.h).
+      .def_property_readonly("overlaps_step", &Engine::overlaps_step)
+      .def("set_update_order", &Engine::set_update_order)
+      .def_property_readonly("update_order", &Engine::update_order)
+      .def("hold_last_update", &Engine::hold_last_update)
+      .def("finish_update", &Engine::finish_update, py::call_guard<py::gil_scoped_release>())
+      .def_property_readonly("overlap_report",
+                             [](const Engine& e) {
+                               const OverlapReport r = e.overlap_report();
+                               return py::dict(py::arg("units") = r.units, py::arg("waited_seconds") = r.waited_seconds,
+                                               py::arg("waits") = r.waits,
+                                               py::arg("done_at_first_wait") = r.done_at_first_wait,
+                                               py::arg("first_wait_seen") = r.first_wait_seen,
+                                               py::arg("hold_timed_out") = r.hold_timed_out,
+                                               py::arg("update_seconds") = r.update_seconds);
+                             })
       .def_property_readonly("shard_size", &Engine::shard_size)  // Note [hybrid sharding]
       .def_property_readonly("shard_rank", &Engine::shard_rank)
       .def_property_readonly("num_buckets", &Engine::num_buckets)

@@ -324,6 +324,10 @@ void Engine::fill_bucket(Group& g, Bucket& b, at::Tensor& master, NvmeStateStore
 
 Engine::~Engine() {
   try {
+    settle_update();  // Note [overlapped step]
+  } catch (...) {     // a destructor cannot raise
+  }
+  try {
     param_gathers_.wait_all();  // nothing may write the working copies once they are freed
   } catch (...) {               // a destructor cannot raise; a failed gather's wait has waited for the rest
   }
@@ -347,6 +351,7 @@ StepStats Engine::step() {
 }
 
 StepStats Engine::step_unnamed() {
+  settle_update();  // a step without backward: the last update first (Note [overlapped step])
   StepStats stats;
   stats.loss_scale = optimizer_->loss_scale();
   auto t0 = std::chrono::steady_clock::now();

@@ -61,6 +61,7 @@
 #include "runtime/secondary_shards.h"
 #include "runtime/shard_groups.h"
 #include "runtime/shard_optimizer.h"
+#include "runtime/step_overlap.h"
 #include "runtime/unit_cache.h"
 #include "runtime/unit_names.h"
 
@@ -102,6 +103,10 @@ struct EngineOptions {
   // rank's chunk, its own too (stage3.gather_dtype int8, DeepSpeed's zero_quantized_weights):
   // See Note [int8 blocks]. The FP32 master is never quantized. CPU models only.
   bool gather_int8 = false;
+  // Stages 1-3 with the state off memory (kHost, kNvme): step() decides, then returns while a
+  // worker thread updates the units in the next forward's order, each released to the forward
+  // as soon as it is updated: See Note [overlapped step] (runtime/step_overlap.h).
+  bool overlap_step = false;
 };
 
 // Stage 3: one unit of `params` (indices into it), gathered and released as one. A
@@ -170,11 +175,21 @@ class Engine {
   // working copy is whole once wait_param_gather(b) returns, every one once
   // wait_param_gathers() does (no-ops for a bucket whose gather is done). bucket_of: the
   // bucket (index into every group's buckets) holding parameter i of group g.
-  void wait_param_gather(size_t bucket) { param_gathers_.wait(bucket); }
-  void wait_param_gathers() { param_gathers_.wait_all(); }
+  void wait_param_gather(size_t bucket);
+  void wait_param_gathers();
   std::vector<size_t> param_gathers_in_flight() const { return param_gathers_.in_flight(); }
   size_t bucket_of(size_t group, size_t param) const;
   bool overlaps_param_gather() const;  // the option, at a stage it applies to
+  // Note [overlapped step] (runtime/step_overlap.h): whether step() leaves the update running;
+  // the order its units are updated in (buckets, the next forward's; stage 3's Python sets the
+  // recorded unit order); what the last update's waits cost; a test hook.
+  bool overlaps_step() const;
+  void set_update_order(std::vector<size_t> buckets);
+  std::vector<size_t> update_order() const;
+  OverlapReport overlap_report() const { return step_overlap_.report(); }
+  void hold_last_update(bool hold) { step_overlap_.hold_last_unit(hold); }
+  // The update done, its gathers issued: before a collective from outside the engine (Note).
+  void finish_update() { settle_update(); }
   // The ranks that share one copy of the state: the world, or a hybrid group (Note [hybrid
   // sharding]) and this rank's index in it.
   int shard_size() const { return shard_.size(); }
@@ -275,6 +290,11 @@ class Engine {
   void pack_locked(Bucket& b, size_t param);  // param's grad into b's pack buffer; frees it
   StepStats step_unnamed();                   // step() before Note [unit names]
   void update(StepStats& stats);
+  void settle_update() const { step_overlap_.finish(); }  // See Note [overlapped step]
+  // The overlapped update of `outputs` (built by update()); `collective`: stage 3's gathered
+  // units, whose gathers step() issues itself once their update is done.
+  void start_overlapped_update(std::vector<OutputSegment> outputs, const std::vector<Bucket*>& in_outputs,
+                               const std::vector<Bucket*>& collective);
   // f(), its zerort::Error naming the units behind the tags it lists: See Note [unit names].
   template <typename F>
   auto naming_units(F&& f) -> decltype(f());
@@ -291,6 +311,7 @@ class Engine {
   at::ScalarType master_type() const;
   void make_reduce_scratch();  // reduce_scratch_: the largest bucket's shard, on the device
   void open_host_tier();       // kHost: the mover, its buffers and the shard copies on the device
+  void open_mover();           // the tiers off memory: host_mover_ and host_out_ (See Note [state tiers])
   // Bucket b's starting FP32 part `mine` into master (in memory) or the file, with the shard
   // copy the file's tier needs (See Note [state tiers]).
   void keep_master(Bucket& b, DType dtype, const at::Tensor& mine, at::Tensor& master, NvmeStateStore* file);
@@ -330,11 +351,14 @@ class Engine {
   std::unique_ptr<Mover> host_mover_;
   at::Tensor reduce_scratch_;
   std::shared_ptr<char> host_out_;
+  std::shared_ptr<char> reduce_host_;   // gradient_in_file: the reduce's gradient in host memory
   at::Tensor stage0_scratch_;           // stage 0: one bucket's reduced shard, FP32
   UnitCache units_;                     // every bucket's working copy (unit b is bucket b): See Note [unit cache]
   std::unique_ptr<GradPacker> packer_;  // mu_ held; See Note [grad packer]
   ParamGathers param_gathers_;          // stages 0-2's after an update: Note [overlapped parameter gather]
   std::unique_ptr<SecondaryShards> secondary_;  // stage 3, hpZ: Note [secondary shards]; else nullptr
+  mutable StepOverlap step_overlap_;            // Note [overlapped step]
+  std::vector<size_t> update_order_;            // set_update_order's; empty: the default
   int64_t micro_steps_ = 0, global_step_ = 0, skipped_steps_ = 0;
   bool saw_backward_ = false;    // a backward pass ran in this micro-step
   int64_t missed_backward_ = 0;  // micro-steps of this window without one

@@ -22,6 +22,7 @@ bool Engine::reducing_now() const {
 void Engine::grad_ready(size_t g, size_t i) {
   ZRT_CHECK(g < groups_.size() && i < groups_[g]->params.size(), "Engine.grad_ready: no parameter ", i, " in group ",
             g);
+  settle_update();  // the update zeroes the gradient last (Note [overlapped step])
   std::unique_lock<std::mutex> lock(mu_);
   saw_backward_ = true;
   if (!reducing_now()) return;  // stage 0/1 between boundaries: autograd keeps accumulating
@@ -194,7 +195,9 @@ bool Engine::reduce_bucket(Bucket& b) {
     reduce_bucket_across_groups(b, state.grad().data_ptr<float>() + b.opt_offset);
     return false;
   }
-  if (shard == 0 || (!host_mover_ && state.gradient_in_memory())) {
+  // kNvme's gradient in memory is host memory: a CPU model's reduces write it directly.
+  const bool reachable = !host_mover_ || (options_.state_tier == StateTier::kNvme && !host_mover_->device_memory());
+  if (shard == 0 || (reachable && state.gradient_in_memory())) {
     float* grad = shard == 0 ? nullptr : state.grad().data_ptr<float>() + b.opt_offset;
     if (policy_.replicated && !policy_.packs()) {  // stage 0: waited for at once
       reduce_bucket_into(b, grad);
@@ -209,19 +212,23 @@ bool Engine::reduce_bucket(Bucket& b) {
     in_flight_.emplace_back(std::move(work), b.index);
     return true;
   }
-  // The gradient is where the reduce cannot write: in host memory beside a device model
-  // (kHost) or in the file (gradient_in_file). The scratch takes this rank's gradient so far,
-  // the reduce accumulates into it as into the gradient in memory (the same sums, the same
-  // bits), and it goes back (See Note [state tiers]).
+  // The gradient is where the reduce cannot write: in host memory beside the model's memory
+  // (kHost, kNvme) or in the file (gradient_in_file). The scratch takes this rank's gradient so
+  // far, the reduce accumulates into it as into the gradient in memory (the same sums, the same
+  // bits), and it goes back (See Note [state tiers]); from the file through host memory.
   float* scratch = reduce_scratch_.data_ptr<float>();
   if (host_mover_) {
-    float* grad = state.grad().data_ptr<float>() + b.opt_offset;
+    const bool in_file = !state.gradient_in_memory();
+    float* grad =
+        in_file ? reinterpret_cast<float*>(reduce_host_.get()) : state.grad().data_ptr<float>() + b.opt_offset;
+    if (in_file) state.read_grad(b.opt_offset, shard, grad);
     host_mover_->from_host(scratch, grad, shard * sizeof(float));
     reduce_bucket_into(b, scratch);
     host_mover_->to_host(grad, scratch, shard * sizeof(float));
+    if (in_file) state.write_grad(b.opt_offset, shard, grad);
     return false;
   }
-  state.read_grad(b.opt_offset, shard, scratch);
+  state.read_grad(b.opt_offset, shard, scratch);  // a bf16 master's, on the model's device
   reduce_bucket_into(b, scratch);
   state.write_grad(b.opt_offset, shard, scratch);
   return false;
@@ -353,6 +360,7 @@ void Engine::drain() {
 }
 
 void Engine::begin_backward() {
+  settle_update();  // the reduces write the gradient the update reads (Note [overlapped step])
   {
     std::lock_guard<std::mutex> lock(mu_);
     saw_backward_ = true;
@@ -365,6 +373,7 @@ void Engine::begin_backward() {
 }
 
 void Engine::reduce_now() {
+  settle_update();
   if (!reducing_now() || (replicas_ && !next_is_boundary())) {  // hybrid: summed across groups at the boundary
     throw UsageError(__FILE__, __LINE__,
                      detail::concat("the gradients are reduced in the accumulation window's last micro-step at stage ",

@@ -90,15 +90,15 @@ std::unique_ptr<NvmeStateStore> Engine::open_tier_files(size_t numel) {
     open_host_tier();
     return nullptr;
   }
-  ZRT_CHECK_AS(ConfigError, device_.is_cpu(), "Engine: the optimizer state's tier 'nvme' works for a CPU model; got ",
-               device_.str(), " (set offload_optimizer.device to 'none' or 'cpu')");
   NvmeStateOptions nvme = options_.nvme;
   nvme.rank = world_.rank();
   std::unique_ptr<NvmeStateStore> file;
   std::string why;
   try {
     file = std::make_unique<NvmeStateStore>(static_cast<int64_t>(numel), options_.optimizer.state_dtype, nvme);
-    if (nvme.gradient_in_file) make_reduce_scratch();
+    open_mover();
+    if (nvme.gradient_in_file || host_mover_->device_memory()) make_reduce_scratch();
+    if (nvme.gradient_in_file) reduce_host_ = host_mover_->host_buffer(reduce_scratch_.numel() * sizeof(float));
     make_shard_copies();
   } catch (const Error& e) {
     why = e.what();
@@ -111,20 +111,24 @@ std::unique_ptr<NvmeStateStore> Engine::open_tier_files(size_t numel) {
   return file;
 }
 
-void Engine::open_host_tier() {
+void Engine::open_mover() {
 #if ZERORT_WITH_NCCL
   host_mover_ = device_.is_cuda() ? make_cuda_mover(device_.index()) : make_host_mover();
 #else
-  ZRT_CHECK_AS(ConfigError, device_.is_cpu(), "Engine: this build has no CUDA mover for the 'cpu' tier on ",
-               device_.str());
+  ZRT_CHECK_AS(ConfigError, device_.is_cpu(), "Engine: this build has no CUDA mover for the '",
+               tier_name(options_.state_tier), "' tier on ", device_.str());
   host_mover_ = make_host_mover();
 #endif
   size_t largest_bytes = 1;
   for (const auto& g : groups_) {
     for (const Bucket& b : g->buckets) largest_bytes = std::max(largest_bytes, b.opt_numel * dtype_size(g->dtype));
   }
-  make_reduce_scratch();
   host_out_ = host_mover_->host_buffer(largest_bytes);
+}
+
+void Engine::open_host_tier() {
+  open_mover();
+  make_reduce_scratch();
   make_shard_copies();
 }
 
@@ -165,18 +169,22 @@ void Engine::make_shard_copies() {
   }
   const ShardFileOptions file{options_.param_nvme_path, world_.rank(), options_.nvme.queue_depth,
                               options_.nvme.block_size, options_.nvme.io_backend};
-  shard_copies_ = ShardCopies(bytes, &file);
+  shard_copies_ = ShardCopies(bytes, &file, at::kCPU, host_mover_.get());  // read to the model through the mover
 }
 
 void Engine::keep_master(Bucket& b, DType dtype, const at::Tensor& mine, at::Tensor& master, NvmeStateStore* file) {
+  const at::Tensor on_host = file == nullptr ? at::Tensor() : mine.to(at::kCPU).contiguous();  // a device's model
   if (file == nullptr) {
     master.narrow(0, static_cast<int64_t>(b.opt_offset), static_cast<int64_t>(b.opt_numel)).copy_(mine);
   } else {
-    file->write_range(b.opt_offset, b.opt_numel, mine.data_ptr<float>(), nullptr, nullptr);  // m and v stay 0
+    file->write_range(b.opt_offset, b.opt_numel, on_host.data_ptr<float>(), nullptr, nullptr);  // m and v stay 0
   }
   if (!shard_copies_.has(b.index)) return;  // in memory, or persistent: the step writes its working copy
-  const float* from = shard_copies_.on_host() ? master.data_ptr<float>() + b.opt_offset : mine.data_ptr<float>();
-  cast_from_f32_on(shard_copies_.on_host() ? at::kCPU : device_, from, shard_copies_.begin_write(b.index), dtype,
+  // Cast where the copy is: in host memory (kHost's beside the master, a file's staging) or the model's.
+  const float* from = shard_copies_.on_host()       ? master.data_ptr<float>() + b.opt_offset
+                      : shard_copies_.host_writes() ? on_host.data_ptr<float>()
+                                                    : mine.data_ptr<float>();
+  cast_from_f32_on(shard_copies_.host_writes() ? at::kCPU : device_, from, shard_copies_.begin_write(b.index), dtype,
                    b.opt_numel);
   shard_copies_.end_write(b.index);
 }
@@ -192,11 +200,11 @@ std::unique_ptr<OptimizerStateStore> Engine::make_state_store(at::Tensor master,
 
 void Engine::cast_master(size_t offset, size_t n, void* out, DType dtype, bool out_on_host) const {
   OptimizerStateStore& state = optimizer_->state();
-  if (out_on_host) {  // kHost's shard copies in host memory: beside the master
+  if (out_on_host && state.tier() == StateTier::kMemory) {  // kHost's shard copies in host memory: beside the master
     cast_from_f32_on(at::kCPU, state.master().data_ptr<float>() + offset, out, dtype, n);
     return;
   }
-  if (host_mover_) {  // kHost: cast on the host, then one copy to the device (n: a bucket's at most)
+  if (host_mover_ && state.tier() == StateTier::kMemory) {  // kHost: cast on the host, then one copy
     cast_from_f32_on(at::kCPU, state.master().data_ptr<float>() + offset, host_out_.get(), dtype, n);
     host_mover_->from_host(out, host_out_.get(), n * dtype_size(dtype));
     return;
@@ -211,12 +219,16 @@ void Engine::cast_master(size_t offset, size_t n, void* out, DType dtype, bool o
     cast_from_f32_on(device_, state.master().data_ptr<float>() + offset, out, dtype, n);
     return;
   }
-  constexpr size_t kPiece = size_t{1} << 20;  // read through a bounded buffer
+  // kNvme: read through a bounded buffer and cast on the host; to the model's memory through
+  // host_out_ and the mover (n: a bucket's at most, so a piece fits host_out_).
+  constexpr size_t kPiece = size_t{1} << 20;
   std::vector<float> piece(std::min(n, kPiece));
   for (size_t at = 0; at < n; at += kPiece) {
     const size_t count = std::min(kPiece, n - at);
     state.read_range(offset + at, count, piece.data(), nullptr, nullptr);
-    cast_from_f32_on(device_, piece.data(), static_cast<char*>(out) + at * dtype_size(dtype), dtype, count);
+    char* dest = static_cast<char*>(out) + at * dtype_size(dtype);
+    cast_from_f32_on(at::kCPU, piece.data(), out_on_host ? dest : host_out_.get(), dtype, count);
+    if (!out_on_host) host_mover_->from_host(dest, host_out_.get(), count * dtype_size(dtype));
   }
 }
 
@@ -237,6 +249,7 @@ at::ScalarType array_type(StateArray array, DType state_dtype) {
 }  // namespace
 
 at::Tensor Engine::read_state(StateArray array, size_t offset, size_t n) const {
+  settle_update();  // Note [overlapped step]
   OptimizerStateStore& state = optimizer_->state();
   at::Tensor out =
       at::empty({static_cast<int64_t>(n)}, at::TensorOptions().dtype(array_type(array, state.state_dtype())));
@@ -247,6 +260,7 @@ at::Tensor Engine::read_state(StateArray array, size_t offset, size_t n) const {
 }
 
 void Engine::write_state(StateArray array, size_t offset, const at::Tensor& values) {
+  settle_update();
   OptimizerStateStore& state = optimizer_->state();
   const at::ScalarType type = array_type(array, state.state_dtype());
   ZRT_CHECK_AS(UsageError, values.defined() && values.dim() == 1 && values.scalar_type() == type,
@@ -276,10 +290,20 @@ const at::Tensor& Engine::flat_grads(size_t g) const { return group(g).flat_grad
 at::Tensor Engine::optimizer_slice(const at::Tensor& t, size_t g) const {
   return t.narrow(0, static_cast<int64_t>(group(g).opt_offset), static_cast<int64_t>(group(g).opt_numel));
 }
-at::Tensor Engine::master(size_t g) const { return optimizer_slice(optimizer_->state().master(), g); }
-at::Tensor Engine::exp_avg(size_t g) const { return optimizer_slice(optimizer_->state().exp_avg(), g); }
-at::Tensor Engine::exp_avg_sq(size_t g) const { return optimizer_slice(optimizer_->state().exp_avg_sq(), g); }
+at::Tensor Engine::master(size_t g) const {
+  settle_update();
+  return optimizer_slice(optimizer_->state().master(), g);
+}
+at::Tensor Engine::exp_avg(size_t g) const {
+  settle_update();
+  return optimizer_slice(optimizer_->state().exp_avg(), g);
+}
+at::Tensor Engine::exp_avg_sq(size_t g) const {
+  settle_update();
+  return optimizer_slice(optimizer_->state().exp_avg_sq(), g);
+}
 at::Tensor Engine::grad(size_t g) const {
+  settle_update();
   OptimizerStateStore& state = optimizer_->state();
   if (state.gradient_in_memory()) return optimizer_slice(state.grad(), g);
   at::Tensor out = at::empty({static_cast<int64_t>(group(g).opt_numel)},
@@ -299,11 +323,13 @@ size_t Engine::grad_shard_bytes() const {
 
 StateTierStats Engine::state_tier_stats() const {
   StateTierStats s = optimizer_->state().tier_stats();
-  if (host_mover_) s.tier = StateTier::kHost;  // a store in (host) memory beside a device model
+  if (host_mover_ && s.tier == StateTier::kMemory)
+    s.tier = StateTier::kHost;  // a store in (host) memory beside a device model
   return s;
 }
 
 at::Tensor Engine::gather_master(size_t g) const {
+  settle_update();
   const Group& grp = group(g);
   const int64_t padded =
       grp.buckets.empty()
@@ -337,6 +363,7 @@ void Engine::load_counters(const Counters& c) {
   ZRT_CHECK(c.global_step >= 0 && c.skipped_steps >= 0 && c.skipped_steps <= c.global_step && c.micro_steps >= 0,
             "checkpoint: inconsistent step counters (global ", c.global_step, ", skipped ", c.skipped_steps, ", micro ",
             c.micro_steps, ")");
+  settle_update();
   optimizer_->load_state(c.scaler, c.adam_steps);
   global_step_ = c.global_step;
   skipped_steps_ = c.skipped_steps;
@@ -345,12 +372,13 @@ void Engine::load_counters(const Counters& c) {
 }
 
 void Engine::refresh_params() {
-  param_gathers_.wait_all();             // none may write a working copy after this fills it
+  settle_update();
+  wait_param_gathers();                  // none may write a working copy after this fills it
   if (secondary_) secondary_->forget();  // the loaded weights are new (Note [secondary shards])
   for (Bucket* b : buckets_) {           // shard copies first (See Note [state tiers])
     if (shard_copies_.has(b->index)) {
       cast_master(b->opt_offset, b->opt_numel, shard_copies_.begin_write(b->index), groups_[b->group]->dtype,
-                  shard_copies_.on_host());
+                  shard_copies_.host_writes());
       shard_copies_.end_write(b->index);
     }
   }

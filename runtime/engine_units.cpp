@@ -30,6 +30,7 @@ void Engine::gather_on_comm_thread(Bucket& b) {
     secondary_->gather(b.index, full, dtype, static_cast<int64_t>(b.index));
     return;
   }
+  step_overlap_.wait(b.index, /*counted=*/false);  // a prefetch may run ahead: Note [overlapped step]
   fill_own_chunk(b);
   if (shard_.size() > 1) wait_in_stream_order(gather_working_copy(b));  // Note [stream order]
   if (secondary_ && !units_.persistent(b.index)) secondary_->keep(b.index, full);
@@ -61,6 +62,7 @@ void Engine::prefetch(size_t index) {
 
 void Engine::gather(size_t index) {
   Bucket& b = unit(index, "gather");
+  step_overlap_.wait(index);  // the forward's wait for its update (Note [overlapped step])
   naming_units([&] {
     std::unique_lock<std::mutex> lock(mu_);
     start_gather_locked(b);
@@ -77,6 +79,7 @@ void Engine::release(size_t index) {
 
 void Engine::hold_gathered(bool hold) {
   ZRT_CHECK(policy_.units, "Engine.hold_gathered: stage 3 only");
+  settle_update();
   std::unique_lock<std::mutex> lock(mu_);
   if (hold) {
     units_.hold();

@@ -33,6 +33,23 @@ void InMemoryStateStore::update(const ChunkFn& fn) {
   fn(0, b);
 }
 
+void InMemoryStateStore::update_ranges(const std::vector<std::pair<size_t, size_t>>& ranges, const ChunkFn& fn) {
+  const size_t state_bytes = dtype_size(state_dtype_);
+  for (const auto& [offset, n] : ranges) {
+    ZRT_CHECK(offset + n <= static_cast<size_t>(master_.numel()), "InMemoryStateStore.update_ranges: range [", offset,
+              ", ", offset + n, ") lies outside the state of ", master_.numel(), " elements");
+    AdamWBuffers b;
+    b.grad = grad_.data_ptr<float>() + offset;
+    b.grad_dtype = DType::kFloat32;
+    b.master = master_.data_ptr<float>() + offset;
+    b.exp_avg = static_cast<char*>(exp_avg_.data_ptr()) + offset * state_bytes;
+    b.exp_avg_sq = static_cast<char*>(exp_avg_sq_.data_ptr()) + offset * state_bytes;
+    b.state_dtype = state_dtype_;
+    b.n = n;
+    fn(offset, b);
+  }
+}
+
 namespace {
 
 // [offset, offset + n) of `whole` beside a host array of the same dtype (copies cross devices).

@@ -12,6 +12,8 @@
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "core/dtype.h"
 #include "optim/adamw.h"
@@ -86,6 +88,12 @@ class OptimizerStateStore {
   // Calls fn on every chunk in order; what fn leaves in a chunk's master, m and v is the state
   // once update() returns. See Note [optimizer state store].
   virtual void update(const ChunkFn& fn) = 0;
+  // update(fn) over the ranges {offset, n} (which cover [0, numel) once), in the order given
+  // where the tier reaches its state at random (in memory); a streamed tier takes its own order.
+  virtual void update_ranges(const std::vector<std::pair<size_t, size_t>>& ranges, const ChunkFn& fn) {
+    (void)ranges;
+    update(fn);
+  }
   // A hint that update() comes soon: a tier that streams the state may start reading it now.
   virtual void prefetch() {}
   // Elements [offset, offset + n) of master (float32), m and v (state_dtype) to or from host
@@ -111,6 +119,7 @@ class InMemoryStateStore final : public OptimizerStateStore {
   at::Tensor& grad() override { return grad_; }
   const at::Tensor& grad() const override { return grad_; }
   void update(const ChunkFn& fn) override;  // one chunk: the whole state
+  void update_ranges(const std::vector<std::pair<size_t, size_t>>& ranges, const ChunkFn& fn) override;
   void read_range(size_t offset, size_t n, float* master, void* exp_avg, void* exp_avg_sq) override;
   void write_range(size_t offset, size_t n, const float* master, const void* exp_avg, const void* exp_avg_sq) override;
 

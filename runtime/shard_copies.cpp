@@ -3,15 +3,25 @@
 #include <ATen/ops/empty.h>
 #include <ATen/ops/from_blob.h>
 
+#include <algorithm>
+
 #include "core/error.h"
 
 namespace zerort {
 
-ShardCopies::ShardCopies(const std::vector<std::size_t>& bytes, const ShardFileOptions* file, c10::Device device)
+ShardCopies::ShardCopies(const std::vector<std::size_t>& bytes, const ShardFileOptions* file, c10::Device device,
+                         Mover* file_mover)
     : bytes_(bytes) {
   if (file != nullptr) {
     file_ = std::make_unique<io::RegionFile>(file->directory, detail::concat("zerort-params-rank", file->rank, ".bin"),
                                              bytes_, file->queue_depth, file->block_size, file->io_backend);
+    if (file_mover != nullptr) {
+      std::size_t largest = 0;
+      for (std::size_t b : bytes_) largest = std::max(largest, b);
+      file_mover_ = file_mover;
+      staging_ = file_mover->host_buffer(largest);
+      staging_mu_ = std::make_unique<std::mutex>();
+    }
     return;
   }
   for (std::size_t b : bytes_) {
@@ -34,6 +44,12 @@ void ShardCopies::end_write(std::size_t bucket) {
 
 void ShardCopies::read(std::size_t bucket, void* out) {
   ZRT_CHECK(has(bucket), "ShardCopies: bucket ", bucket, " has no shard copy");
+  if (file_ && file_mover_) {  // to host staging, then to the model's memory
+    std::lock_guard<std::mutex> lock(*staging_mu_);
+    file_->read(bucket, staging_.get());
+    file_mover_->from_host(out, staging_.get(), bytes_[bucket]);
+    return;
+  }
   if (file_) {
     file_->read(bucket, out);
     return;

@@ -8,6 +8,7 @@
 
 #include <cstddef>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -34,7 +35,10 @@ class ShardCopies {
   ShardCopies() = default;  // no copies
   // bytes[b]: bucket b's copy in bytes (0: none). file: nullptr keeps them in memory, on
   // `device` (begin_write then hands out device memory, and read copies on the device).
-  ShardCopies(const std::vector<std::size_t>& bytes, const ShardFileOptions* file, c10::Device device = at::kCPU);
+  // With a file and a mover, read() goes through host staging of the largest copy and the
+  // mover (the model's memory may be a device's); mover must outlive the copies.
+  ShardCopies(const std::vector<std::size_t>& bytes, const ShardFileOptions* file, c10::Device device = at::kCPU,
+              Mover* file_mover = nullptr);
   // In host memory (mover's host buffers): begin_write hands out host memory, and read copies to
   // the device with the mover. mover must outlive the copies.
   ShardCopies(const std::vector<std::size_t>& bytes, Mover& mover);
@@ -42,8 +46,9 @@ class ShardCopies {
   bool has(std::size_t bucket) const { return bucket < bytes_.size() && bytes_[bucket] > 0; }
   void* begin_write(std::size_t bucket);
   void end_write(std::size_t bucket);
-  void read(std::size_t bucket, void* out);           // out: the model's memory
-  bool on_host() const { return mover_ != nullptr; }  // begin_write's buffers are host memory
+  void read(std::size_t bucket, void* out);             // out: the model's memory
+  bool on_host() const { return mover_ != nullptr; }    // in the mover's host buffers
+  bool host_writes() const { return mover_ || file_; }  // begin_write's buffers are host memory
   // The copies held in memory, the model's or the host's (0 in a file: its staging is
   // stats().pool_bytes).
   std::size_t memory_bytes() const;
@@ -56,6 +61,9 @@ class ShardCopies {
   std::vector<std::shared_ptr<char>> host_;  // on_host(): one per bucket (null: none)
   Mover* mover_ = nullptr;
   std::unique_ptr<io::RegionFile> file_;
+  Mover* file_mover_ = nullptr;             // a file's reads go through staging_ and it
+  std::shared_ptr<char> staging_;           // the largest copy, host memory (the mover's)
+  std::unique_ptr<std::mutex> staging_mu_;  // readers on the comm thread and the caller's
 };
 
 }  // namespace zerort

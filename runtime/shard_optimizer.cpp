@@ -80,6 +80,14 @@ double ShardOptimizer::grad_denominator() const {
 }
 
 bool ShardOptimizer::step(const std::vector<OutputSegment>& outputs, StepStats& stats, int64_t missed_backward) {
+  if (!decide(outputs, stats, missed_backward)) return false;
+  auto t0 = std::chrono::steady_clock::now();
+  apply(outputs, {});
+  stats.optimizer_ms += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  return true;
+}
+
+bool ShardOptimizer::decide(const std::vector<OutputSegment>& outputs, StepStats& stats, int64_t missed_backward) {
   for (const auto& seg : outputs) {
     ZRT_CHECK(seg.offset + seg.numel <= static_cast<size_t>(state_->numel()) && (seg.out || seg.open || seg.numel == 0),
               "ShardOptimizer.step: output segment [", seg.offset, ", ", seg.offset + seg.numel,
@@ -89,10 +97,7 @@ bool ShardOptimizer::step(const std::vector<OutputSegment>& outputs, StepStats& 
   auto elapsed_ms = [&] {
     return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   };
-  const size_t n = static_cast<size_t>(state_->numel());
   stats.loss_scale = scaler_.scale();
-  AdamWStep s;
-  s.step = adam_steps_ + 1;
   const double denominator = grad_denominator();
   GradStats local = state_->unscale_and_check_grad(static_cast<float>(1.0 / denominator));
   Decision global;
@@ -118,26 +123,58 @@ bool ShardOptimizer::step(const std::vector<OutputSegment>& outputs, StepStats& 
     stats.clip_coef = std::min(1.0, options_.gradient_clipping / (stats.grad_norm + 1e-6));
   }
   ++adam_steps_;
-  s.grad_multiplier = static_cast<float>(stats.clip_coef);
+  pending_ = AdamWStep{};
+  pending_.step = adam_steps_;
+  pending_.grad_multiplier = static_cast<float>(stats.clip_coef);
+  // The scale's next value: AdamW reads the unscaled gradient and never the scale, so it is
+  // updated here, before apply() (Note [overlapped step], runtime/step_overlap.h).
+  scaler_.update(false);
+  stats.optimizer_ms = elapsed_ms();
+  return true;
+}
+
+void ShardOptimizer::apply(const std::vector<OutputSegment>& outputs, const std::vector<size_t>& order) {
+  const size_t n = static_cast<size_t>(state_->numel());
+  const AdamWStep s = pending_;
   // AdamW over every element once, chunk by chunk as the store hands them over: each
   // chunk's part of the output segments, and of the gaps between them (no output).
   std::vector<OutputSegment> segs(outputs);
   std::sort(segs.begin(), segs.end(), [](const auto& a, const auto& b) { return a.offset < b.offset; });
-  std::vector<OutputSegment> pieces;  // the gaps and the segments, in order, covering [0, n)
+  std::vector<OutputSegment> pieces;             // the gaps and the segments, in order, covering [0, n)
+  std::vector<size_t> piece_of(outputs.size());  // outputs[k] is pieces[piece_of[k]]
+  std::vector<size_t> sorted_index(outputs.size());
+  for (size_t k = 0; k < outputs.size(); ++k) sorted_index[k] = k;
+  std::stable_sort(sorted_index.begin(), sorted_index.end(),
+                   [&](size_t a, size_t b) { return outputs[a].offset < outputs[b].offset; });
   size_t done = 0;
-  for (const auto& seg : segs) {
+  for (size_t k = 0; k < segs.size(); ++k) {
+    const auto& seg = segs[k];
     ZRT_CHECK(seg.offset >= done, "ShardOptimizer.step: output segments overlap at ", seg.offset);
     pieces.push_back({done, seg.offset - done, nullptr, DType::kFloat32});
+    piece_of[sorted_index[k]] = pieces.size();
     pieces.push_back(seg);
     done = seg.offset + seg.numel;
   }
   pieces.push_back({done, n - done, nullptr, DType::kFloat32});
+  // The ranges in the order asked: outputs[order[i]] first, then every gap (a store that
+  // streams its state in offset order takes them in that order instead).
+  std::vector<std::pair<size_t, size_t>> ranges;
+  std::vector<bool> taken(pieces.size(), false);
+  for (size_t k : order) {
+    ZRT_CHECK(k < outputs.size() && !taken[piece_of[k]], "ShardOptimizer.apply: order names output ", k,
+              " twice, or one of only ", outputs.size());
+    taken[piece_of[k]] = true;
+    ranges.emplace_back(pieces[piece_of[k]].offset, pieces[piece_of[k]].numel);
+  }
+  for (size_t j = 0; j < pieces.size(); ++j) {
+    if (!taken[j] && pieces[j].numel > 0) ranges.emplace_back(pieces[j].offset, pieces[j].numel);
+  }
   std::vector<void*> lent(pieces.size(), nullptr);  // the buffers open() lent, while open
-  size_t first = 0;                                 // the first piece that may reach into the current chunk
-  state_->update([&](size_t offset, const AdamWBuffers& chunk) {
+  state_->update_ranges(ranges, [&](size_t offset, const AdamWBuffers& chunk) {
     const size_t end = offset + chunk.n;
-    while (first < pieces.size() && pieces[first].offset + pieces[first].numel <= offset) ++first;
-    for (size_t j = first; j < pieces.size() && pieces[j].offset < end; ++j) {
+    auto first = std::upper_bound(pieces.begin(), pieces.end(), offset,
+                                  [](size_t at, const OutputSegment& p) { return at < p.offset + p.numel; });
+    for (size_t j = static_cast<size_t>(first - pieces.begin()); j < pieces.size() && pieces[j].offset < end; ++j) {
       const OutputSegment& p = pieces[j];
       const size_t lo = std::max(p.offset, offset), hi = std::min(p.offset + p.numel, end);
       if (lo >= hi) continue;
@@ -148,10 +185,7 @@ bool ShardOptimizer::step(const std::vector<OutputSegment>& outputs, StepStats& 
       if (p.close && hi == p.offset + p.numel) p.close();
     }
   });
-  scaler_.update(false);
   state_->zero_grad();
-  stats.optimizer_ms = elapsed_ms();
-  return true;
 }
 
 }  // namespace zerort

@@ -82,6 +82,14 @@ class ShardOptimizer {
   // (missed_backward: this rank's count); it throws UsageError on every rank, with the
   // window's gradients dropped, when not.
   bool step(const std::vector<OutputSegment>& outputs, StepStats& stats, int64_t missed_backward = 0);
+  // step() in two halves (Note [overlapped step], runtime/step_overlap.h): decide() takes the
+  // decision (the collective, the skip, the clip, the loss scale's next value) and, when the
+  // step is applied, leaves the update pending; apply() then runs AdamW over every element
+  // once, outputs[order[0]], outputs[order[1]], ... first (a store that streams its state in
+  // offset order takes offset order), and zeroes the gradient. The bits do not depend on the
+  // order: AdamW is elementwise. apply() may run on another thread than decide().
+  bool decide(const std::vector<OutputSegment>& outputs, StepStats& stats, int64_t missed_backward = 0);
+  void apply(const std::vector<OutputSegment>& outputs, const std::vector<size_t>& order);
 
   double loss_scale() const { return scaler_.scale(); }
   // What the summed gradient is divided by before the update: the loss scale, W and the window
@@ -121,6 +129,7 @@ class ShardOptimizer {
   LossScaler scaler_;
   std::unique_ptr<OptimizerStateStore> state_;
   int64_t adam_steps_ = 0;
+  AdamWStep pending_;                                  // decide()'s, for apply()
   std::vector<AdamWHyper> hypers_;                     // one per param group
   std::vector<std::array<int64_t, 3>> hyper_regions_;  // sorted by offset
   std::vector<std::array<int64_t, 3>> watch_regions_;

@@ -200,6 +200,10 @@ mkdir -p "$OFFLOAD_NVME"
 # auto on a CUDA model: the device budget measured, auto spilling to cpu, cpu+params and nvme under capped
 # budgets, each bit for bit the concrete placement it resolves to
 step offload_auto_gpu timeout 180 "$PY" -m pytest -q -rs -s tests/gpu/test_gpu_offload_auto.py
+# Every tier on a CUDA model, overlapped step: offload_optimizer cpu and nvme (stage 3 with offload_param
+# nvme) equal the GPU-resident run bit for bit at stages 1-3 (bf16 and an fp16 overflow step), and the
+# next forward's first unit waits while later units still update (Note [overlapped step]); small model.
+step offload_overlap_gpu timeout 180 "$PY" -m pytest -q -rs -s tests/gpu/test_offload_overlap_gpu.py
 step offload_capacity bash -c "PYTHONPATH=python '$PY' -m zerort.accounting.placement_auto --llama \
   40,5120,13824,32000 --stage 3 --here --nvme-path '$OFFLOAD_NVME'; timeout 200 '$PY' bench/gpu_offload.py \
   --params 13e9 --stage 3 --rows auto --steps 3 --batch 1 --nvme-path '$OFFLOAD_NVME' --timeout 180 \

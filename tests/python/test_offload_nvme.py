@@ -144,14 +144,18 @@ def test_one_rank_that_cannot_make_its_file_fails_every_rank_and_none_is_written
     assert os.listdir(ok) == []  # rank 0's file was made, then removed with its engine
 
 
-def test_nvme_for_a_cuda_model_and_at_stage_0_are_refused_by_name():
+def test_nvme_for_a_cuda_model_is_accepted_and_stage_0_and_a_ratio_refused_by_name():
     from zerort.config import parse
     from zerort.config.offload import check_tier
     from zerort.errors import ConfigError
 
-    with pytest.raises(ConfigError, match="offload_optimizer.device.*'nvme'.*cuda"):
-        check_tier(parse({"offload": {"optimizer": {"device": "nvme", "nvme_path": "/tmp"}}}),
-                   torch.device("cuda", 0))
+    cuda = torch.device("cuda", 0)  # a device value: no GPU is needed (tests/gpu runs it)
+    check_tier(parse({"offload": {"optimizer": {"device": "nvme", "nvme_path": "/tmp"}}}), cuda)
+    check_tier(parse({"stage": 3, "offload": {"optimizer": {"device": "nvme", "nvme_path": "/tmp"},
+                                              "param": {"device": "nvme", "nvme_path": "/tmp"}}}), cuda)
+    with pytest.raises(ConfigError, match="ratio"):
+        check_tier(parse({"stage": 3, "offload": {"optimizer": {"device": "nvme", "nvme_path": "/tmp",
+                                                                "ratio": 0.5}}}), cuda)
     with pytest.raises(ConfigError, match="stage 0"):
         parse({"stage": 0, "offload": {"optimizer": {"device": "nvme", "nvme_path": "/tmp"}}})
     with pytest.raises(ConfigError, match="ratio"):

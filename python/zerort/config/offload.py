@@ -35,10 +35,17 @@ own swap buffers and change nothing here. With the optimizer states in memory, s
 gathers cast from the FP32 master and keep no low-precision shard to offload, so parameters
 on NVMe need the states there too, and for the same reason offload_param "cpu" for a GPU model
 (its stage-3 shards in host memory, copied to the device by each gather: the Engine's
-param_host) needs offload_optimizer "cpu". NVMe for a CUDA model and a partial NVMe offload
-(ratio < 1) are tiers this version does not build: check_tier refuses them with a
-ConfigError at initialize, from the config and the model's device alone, so every rank
-raises the same error before any collective.
+param_host) needs offload_optimizer "cpu". NVMe for a CUDA model is the same tier as for a CPU
+model: the file, its pool and the step on the CPU's cores, with the model's memory reached
+through the host tier's mover (C++ Note [state tiers]). A partial NVMe offload (ratio < 1) is a
+tier this version does not build: check_tier refuses it with a ConfigError at initialize, from
+the config and the model's device alone, so every rank raises the same error before any
+collective.
+
+Off memory (offload_optimizer "cpu" or "nvme"), zerort's own offload_optimizer.overlap_step
+(default true) overlaps the update with the next forward, unit by unit, never a step behind
+(C++ Note [overlapped step], runtime/step_overlap.h); a CPU model's offload_optimizer "cpu" then
+runs the Engine's 'cpu' tier, its mover a memcpy, so the update runs beside the forward there too.
 """
 import dataclasses
 
@@ -75,7 +82,8 @@ def read_optimizer(r, d):
                             ratio=r.number(d, "ratio", o.ratio, low=0, high=1),
                             chunk_numel=r.number(d, "chunk_numel", o.chunk_numel, integer=True, low=1,
                                                  high=MAX_NUMEL, integral_float=True),
-                            gradient_in_file=r.boolean(d, "gradient_in_file", o.gradient_in_file))
+                            gradient_in_file=r.boolean(d, "gradient_in_file", o.gradient_in_file),
+                            overlap_step=r.boolean(d, "overlap_step", o.overlap_step))
 
 
 def read_param(r, d):
@@ -182,7 +190,7 @@ def check_tier(config, device):
                          "(with the states on the device, gathers cast from the FP32 master and keep no "
                          "low-precision shard to move): set zero_optimization.offload_optimizer.device to 'cpu' too")
             continue
-        built = tier == "none" or device.type == "cpu" or host
+        built = tier in ("none", "nvme") or device.type == "cpu" or host  # nvme: the host tier's mover too
         if not built:
             where = "NVMe" if tier == "nvme" else "host memory"
             lines.append(f"{KEY_NAMES[name]}: got {tier!r}; offloading the {_WHAT[name]} to {where} for a model on "

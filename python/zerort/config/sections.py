@@ -104,6 +104,7 @@ class OffloadOptimizer:
     ratio: float = 1.0  # the part of the states offloaded (< 1: stage 3 only)
     chunk_numel: int = 1 << 20  # NVMe: state elements per chunk streamed through one buffer (zerort's own key)
     gradient_in_file: bool = False  # NVMe: the FP32 gradient shard in the file too (zerort's own key)
+    overlap_step: bool = True  # the update overlaps the next forward, unit by unit (zerort's own key)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)

@@ -71,7 +71,7 @@ class Engine(StateMethods, DeepSpeedMethods):
         self._frozen_fp32 = setup.share_rank0_values(self.comm, model, frozen, plan, self.dtype)
         self._build_runtime(grouping, frozen, materialize)
         self._units = stage3.UnitHooks(self, model, self.unit_plan) if self.unit_plan else None
-        self._param_waits = ParamWaits(self, model, self.param_index) if self._impl.overlaps_param_gather else None
+        self._param_waits = ParamWaits(self, model, self.param_index) if ParamWaits.wanted(self) else None
         self._register_grad_hooks()
         self._build_training_loop(param_groups, lr_scheduler)
         self._memory = phases.EngineMemory.end_initialize(memory_token, self)
@@ -225,7 +225,7 @@ class Engine(StateMethods, DeepSpeedMethods):
         if self._param_waits and boundary:
             self._param_waits.pending = True  # the update may leave gathers in flight, even if it fails midway
         with self._phase("step"):  # the step's errors name diverging stage-3 units (C++ Note [unit names])
-            s = self._nonfinite.step(self._impl.step)
+            s = ParamWaits.overlapped_step(self, boundary, lambda: self._nonfinite.step(self._impl.step))
         self._backward_since_step = False
         self._step_applied = s["boundary"] and not s["skipped"]
         if s["boundary"]:

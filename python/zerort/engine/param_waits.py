@@ -34,6 +34,31 @@ class ParamWaits:
                     impl.wait_param_gather(b)
         return hook
 
+    @staticmethod
+    def wanted(engine):
+        """The hooks are needed: overlap_param_gather's gathers, or stages 1-2's overlapped step,
+        whose hooks wait for each bucket's update before its gather (C++ Note [overlapped step])."""
+        impl = engine.runtime
+        return impl.overlaps_param_gather or (impl.overlaps_step and engine.config.stage < 3)
+
+    @staticmethod
+    def overlapped_step(engine, boundary, step):
+        """step(), the C++ step, with the overlapped update's Python side (C++ Note [overlapped
+        step]): stage 3's next forward's unit order handed over first; the result's update_wait_ms,
+        what the forward since the last update waited for its units (the device's idle time); the
+        update finished before the monitor's all-gather, which no gather of the worker's may cross."""
+        impl = engine.runtime
+        if not (boundary and impl.overlaps_step):
+            return step()
+        waited_ms = 1e3 * impl.overlap_report["waited_seconds"]
+        if engine._units:
+            impl.set_update_order(engine._units.next_order())
+        s = step()
+        s["update_wait_ms"] = waited_ms
+        if engine._monitor:
+            impl.finish_update()
+        return s
+
     def wait_all(self, impl):
         """Every bucket's gather done: the working copies are whole."""
         if self.pending:

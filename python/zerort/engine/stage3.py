@@ -102,6 +102,12 @@ class UnitHooks:
     def _impl(self, ref):
         return alive(ref).runtime
 
+    def next_order(self):
+        """The units in the order the next forward runs them (the order a recorded forward
+        hands it), each once: the overlapped step updates them so (C++ Note [overlapped step])."""
+        order = self._recorded if self._recorded is not None else self.order
+        return list(dict.fromkeys(order))
+
     def _ahead(self, u):
         """The next `prefetch` units after u in the recorded order (u's place: where the
         running forward is in it, else u's first run)."""

@@ -42,6 +42,12 @@ class StateMethods:
         """p's whole shape (stage 3 empties released parameters; their shape is kept here)."""
         return self.param_index.full_shape(p)
 
+    def _finish_update(self):
+        """The overlapped update done, its gathers issued (C++ Engine.finish_update): before a
+        collective of the engine's Python side, which the worker's must not fall between."""
+        if self._impl is not None and self._impl.overlaps_step:
+            self._impl.finish_update()
+
     def save_checkpoint(self, save_dir, tag=None, client_state=None, save_latest=True,
                         exclude_frozen_parameters=False):
         """Every rank writes its shard; rank 0 the metadata, the param groups, the lr
@@ -54,6 +60,7 @@ class StateMethods:
             raise ConfigError("save_checkpoint: exclude_frozen_parameters=True is not supported; zerort's checkpoints "
                              "hold the frozen parameters (a load restores the whole model); leave it False")
         streams.follow_current_stream(self._impl, self.device)
+        self._finish_update()
         return checkpoint.save(self, save_dir, tag, client_state, save_latest)
 
     def load_checkpoint(self, load_dir, tag=None, load_module_strict=True, load_optimizer_states=True,
@@ -67,6 +74,7 @@ class StateMethods:
             raise ConfigError("load_checkpoint: zerort loads every parameter strictly, by its own loader; "
                              "load_module_strict=False and custom_load_fn are not supported")
         streams.follow_current_stream(self._impl, self.device)
+        self._finish_update()
         return checkpoint.load(self, load_dir, tag, load_optimizer_states, load_lr_scheduler_states,
                                load_module_only)
 
@@ -78,6 +86,7 @@ class StateMethods:
         stage 3 every rank takes part in the gather. Returns True."""
         import os
 
+        self._finish_update()
         state = self.full_state_dict()
         if self._units and self.config.stage3.gather_dtype == "int8":  # the master's values, not the int8-decoded ones
             master = self.full_state_dict(master=True)
