@@ -79,8 +79,10 @@ class Work : public std::enable_shared_from_this<Work> {
  protected:
   bool has_then() {
     std::lock_guard<std::mutex> lock(mu_);
-    return static_cast<bool>(then_);
+    return has_then_locked();
   }
+  // The same inside wait_until, which wait() calls with its lock held.
+  bool has_then_locked() const { return static_cast<bool>(then_); }
   // True once the transfer finished by `deadline`; false on timeout. Throws on failure.
   virtual bool wait_until(std::chrono::steady_clock::time_point deadline) = 0;
   // Called once when a wait expires, before the CommTimeoutError is thrown.

@@ -135,7 +135,8 @@ bool NcclWork::wait_until(std::chrono::steady_clock::time_point deadline) {
   // barrier) as kStepDecision, a device buffer (state dicts, checkpoints) as kUserCall.
   if (!host_wait_counted_) {
     host_wait_counted_ = true;
-    cuda_stream_order(state_->device).count_host_wait(has_then() ? HostWait::kStepDecision : HostWait::kUserCall);
+    const bool host_result = has_then_locked();  // wait() holds the Work's lock
+    cuda_stream_order(state_->device).count_host_wait(host_result ? HostWait::kStepDecision : HostWait::kUserCall);
   }
   for (;;) {
     if (query()) return true;
