@@ -3,11 +3,15 @@
 // says (stages 1-3 bit for bit alike, as at W > 1).
 #include <gtest/gtest.h>
 
+#include <ATen/ops/zeros.h>
+
+#include <chrono>
 #include <cstring>
 #include <string>
 #include <vector>
 
 #include "engine_cases.h"
+#include "run_ranks.h"
 
 namespace zerort::testing {
 namespace {
@@ -75,6 +79,30 @@ TEST(EngineLocal, StagesAgreeBitwiseFromHooksOrStep) {
       EXPECT_EQ(runs[i].params, runs[0].params) << "gas " << gas << " run " << i;
     }
   }
+}
+
+// The reduce runs in grad_ready itself, not on the comm thread: the FP32 gradient holds the
+// bucket's sum when the last report returns. (Were a reduce handed to the communicator, its
+// call would sleep first: delay_calls slows every reduce call of this rank.)
+TEST(EngineLocal, TheReduceIsDoneWhenTheHookReturns) {
+  auto errors = run_ranks(1, [](Communicator& comm) {
+    comm.delay_calls(DelayedCalls::kReduces, std::chrono::milliseconds(300));
+    std::vector<at::Tensor> params = init_params();
+    Engine engine(params, comm, default_options(2, DType::kBFloat16));
+    engine.begin_backward();
+    at::Tensor loss = at::zeros({});
+    int64_t numel = 0;
+    for (const at::Tensor& p : params) {
+      loss = loss.add(p.to(at::kFloat).sum());  // every gradient element is 1
+      numel += p.numel();
+    }
+    loss.mul(engine.loss_scale()).backward();
+    for (size_t i = params.size(); i-- > 0;) engine.grad_ready(0, i);
+    const at::Tensor grad = engine.grad(0);  // no step, no drain: only what the hooks did
+    EXPECT_EQ(grad.sum().item<double>(), static_cast<double>(numel) * engine.loss_scale());
+    engine.step();
+  });
+  EXPECT_EQ(errors, std::vector<std::string>{""});
 }
 
 }  // namespace
