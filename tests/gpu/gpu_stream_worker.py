@@ -105,6 +105,7 @@ def side_stream_bits(stage, comm, steps=4):
     for where in ("default", "side"):
         engine = make_engine(stage, comm)
         stream = torch.cuda.current_stream() if where == "default" else torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())  # the model was built on the default stream (torch's rule)
         losses = []
         with torch.cuda.stream(stream):
             for s in range(steps):
