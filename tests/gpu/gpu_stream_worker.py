@@ -7,7 +7,7 @@ syncs: after warm-up steps, one steady-state step (forward, backward, step) unde
 torch.cuda.set_sync_debug_mode("error"), so any synchronizing torch call in it raises; saves
 the engine's own counted host waits over that step (zerort._C.host_waits) and the collectives
 it handed to the backend.
-side: the same training on the default stream and under `with torch.cuda.stream(s):`, with a
+side: the same training on the default stream (twice) and under `with torch.cuda.stream(s):`, with a
 sleep kernel queued on the user's stream before each phase so that work not ordered after that
 stream would read stale values; saves both runs' losses and FP32 masters.
 --staged: over mpi (mpirun) or gloo (torchrun) with CUDA buffers staged through host memory, so
@@ -102,9 +102,9 @@ def count_syncs(stage, comm):
 
 def side_stream_bits(stage, comm, steps=4):
     out = {}
-    for where in ("default", "side"):
+    for where in ("default", "again", "side"):  # "again": the default stream twice, the baseline of determinism
         engine = make_engine(stage, comm)
-        stream = torch.cuda.current_stream() if where == "default" else torch.cuda.Stream()
+        stream = torch.cuda.Stream() if where == "side" else torch.cuda.current_stream()
         stream.wait_stream(torch.cuda.current_stream())  # the model was built on the default stream (torch's rule)
         losses = []
         with torch.cuda.stream(stream):
