@@ -18,6 +18,11 @@
 # CXX/CUDAHOSTCXX: the machine's own; a compiler that links libstdc++ statically is handled by
 # the configure (cmake/ZerortLibstdcxx.cmake), and if the configure refuses it, the check says so
 # and configures again with /usr/bin/g++.
+# GPU_CHECK_ONLY: an extended regex of step names to run (the machine, configure and build steps
+# always run); the others are skipped and say so. All steps together take longer than one
+# 10-minute call on the device machine, so split them, for example:
+#   GPU_CHECK_ONLY='^(gtest|cpp_cuda|int8|nccl|engine_smoke|py_cuda|cuda_engine|offload_cpu|staged|streams)' bash scripts/gpu_check.sh
+#   GPU_CHECK_ONLY='^(bench|offload)' bash scripts/gpu_check.sh
 # GPU_CHECK_CMAKE_ARGS: more configure arguments. The whole log goes to $GPU_CHECK_LOG (default
 # $BUILD/gpu_check.log) as it runs.
 set -uo pipefail
@@ -38,6 +43,10 @@ t_start=$SECONDS
 step() {  # step NAME COMMAND...: runs it, logs it, records status and seconds
   local name=$1
   shift
+  if [[ -n ${GPU_CHECK_ONLY:-} && ! $name =~ ^(machine|configure|configure_usr_gxx|build)$ && ! $name =~ $GPU_CHECK_ONLY ]]; then
+    skip "$name" "not in GPU_CHECK_ONLY"
+    return 0
+  fi
   echo
   echo "=================== $name"
   local t0=$SECONDS
