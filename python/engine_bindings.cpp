@@ -274,7 +274,12 @@ void bind_engine(py::module_& m) {
            })
       .def("set_hyper_groups",
            [](Engine& e, const std::vector<std::array<double, 6>>& h, std::vector<std::array<int64_t, 3>> r) {
-             e.optimizer().set_hyper_groups(hypers(h), std::move(r));
+             auto groups = hypers(h);
+             {
+               py::gil_scoped_release release;
+               e.finish_update();  // the overlapped update still reads the groups it began with
+             }
+             e.optimizer().set_hyper_groups(std::move(groups), std::move(r));
            })
       .def("set_watch_regions",
            [](Engine& e, std::vector<std::array<int64_t, 3>> r) { e.optimizer().set_watch_regions(std::move(r)); })

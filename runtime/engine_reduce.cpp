@@ -143,10 +143,11 @@ void Engine::run_next_locked(std::unique_lock<std::mutex>& lock) {
   queue_.pop_front();
   if (op == Op::kReduce && !policy_.units) next_to_issue_ = index + 1;
   busy_ = true;
+  const auto stream = compute_stream_;  // read under mu_: set_compute_stream writes it there
   lock.unlock();
   bool in_flight = false;
   try {
-    const OnComputeStream on_compute(compute_stream_);  // Note [stream order]
+    const OnComputeStream on_compute(stream);  // Note [stream order]
     if (!comm_error_) {
       if (op == Op::kReduce)
         in_flight = reduce_bucket(*buckets_[index]);

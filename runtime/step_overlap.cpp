@@ -24,6 +24,7 @@ StepOverlap::~StepOverlap() {
 
 void StepOverlap::start(std::size_t units, const std::vector<std::size_t>& done_now, std::function<void()> job) {
   std::lock_guard<std::mutex> lock(mu_);
+  if (failed_) std::rethrow_exception(failed_);  // Note [a failed update is final]
   ZRT_CHECK(!running_, "StepOverlap.start: the previous update is still running");
   done_.assign(units, false);
   done_count_ = 0;
@@ -89,15 +90,20 @@ void StepOverlap::wait(std::size_t unit, bool counted) {
 void StepOverlap::finish() {
   {
     std::lock_guard<std::mutex> lock(mu_);
+    if (failed_) std::rethrow_exception(failed_);
     if (!running_) return;
   }
-  if (worker_.joinable()) worker_.join();
+  {
+    std::lock_guard<std::mutex> join_lock(join_mu_);  // two threads may settle at once
+    if (worker_.joinable()) worker_.join();
+  }
   std::exception_ptr error;
   {
     std::lock_guard<std::mutex> lock(mu_);
     running_ = false;
     error = error_;
     error_ = nullptr;
+    if (error) failed_ = error;
   }
   if (error) std::rethrow_exception(error);
 }

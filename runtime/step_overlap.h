@@ -27,6 +27,11 @@
 // there, or by a wait. report() says what the last update's waits cost the forward: the seconds
 // it waited for units (the device's idle time, on a GPU), and how many units were done when its
 // first wait began (fewer than all: the forward started before the update ended).
+//
+// Note [a failed update is final]: an error on the worker (a file's I/O, a device copy) leaves
+// some units updated and the others not, with the step already counted. No call can mend that,
+// so the error is kept: every later settle (the next backward, step, state access) raises it
+// again, and the engine goes no further. The fix is the user's: restart from a checkpoint.
 #pragma once
 
 #include <condition_variable>
@@ -83,6 +88,8 @@ class StepOverlap {
   bool hold_ = false;
   std::exception_ptr error_;
   OverlapReport report_;
+  std::exception_ptr failed_;  // a failed update's error, raised by every later start and finish
+  std::mutex join_mu_;         // finish()'s join, which two settling threads may reach together
   std::thread worker_;
 };
 

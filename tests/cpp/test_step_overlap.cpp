@@ -1,5 +1,5 @@
 // StepOverlap (runtime/step_overlap.h): a wait returns once its unit is done (not before), units
-// done at start never block, the worker's error reaches every wait and finish() once, the report
+// done at start never block, the worker's error reaches every wait and every later finish() and start() (it is final), the report
 // counts the forward's waits, and the test hook holds the last unit until the first wait. See
 // Note [overlapped step]. No timing is asserted: the order is forced by latches.
 #include <gtest/gtest.h>
@@ -74,7 +74,7 @@ TEST(StepOverlap, UnitsDoneAtStartNeverBlockAndUncountedWaitsLeaveTheReport) {
   EXPECT_EQ(overlap.report().waits, 0u);
 }
 
-TEST(StepOverlap, TheWorkersErrorReachesWaitsAndFinishOnce) {
+TEST(StepOverlap, TheWorkersErrorReachesWaitsAndIsFinal) {
   StepOverlap overlap;
   overlap.start(2, {}, [&] {
     overlap.done(0);
@@ -86,9 +86,11 @@ TEST(StepOverlap, TheWorkersErrorReachesWaitsAndFinishOnce) {
   }
   EXPECT_THROW(overlap.wait(1), std::runtime_error);  // the job ended without done(1)
   EXPECT_THROW(overlap.finish(), std::runtime_error);
-  EXPECT_NO_THROW(overlap.finish());               // raised once
-  overlap.start(1, {}, [&] { overlap.done(0); });  // usable again
-  overlap.finish();
+  // Note [a failed update is final]: half the units were updated, so nothing goes on.
+  EXPECT_THROW(overlap.finish(), std::runtime_error);
+  bool ran = false;
+  EXPECT_THROW(overlap.start(1, {}, [&] { ran = true; }), std::runtime_error);
+  EXPECT_FALSE(ran);
 }
 
 TEST(StepOverlap, TheHookHoldsTheLastUnitUntilTheFirstWait) {
