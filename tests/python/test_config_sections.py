@@ -88,16 +88,18 @@ def test_options_take_their_fields_as_keywords_and_refuse_others():
 
 def test_the_state_tier_follows_the_offload_device_and_the_models():
     """offload_optimizer 'cpu' is the 'cpu' tier beside a GPU model, and for a CPU model whose
-    step overlaps the next forward (overlap_step, the default); memory for a CPU model without."""
+    step is asked to overlap the next forward (overlap_step true); memory for a CPU model by
+    default, where its states already are."""
     cpu, cuda = torch.device("cpu"), torch.device("cuda", 0)  # a device value: no GPU is needed
     tier = lambda model, **o: native.engine_options(parse({"stage": 2, "offload": {"optimizer": o}}), model).state_tier
-    assert tier(cpu, device="cpu") == "cpu" and tier(cuda, device="cpu") == "cpu"
+    assert tier(cpu, device="cpu") == "memory" and tier(cuda, device="cpu") == "cpu"
+    assert tier(cpu, device="cpu", overlap_step=True) == "cpu"
     assert tier(cpu, device="cpu", overlap_step=False) == "memory" and tier(cuda, device="cpu", overlap_step=False) \
         == "cpu"
     assert tier(cpu, device="nvme", nvme_path="/tmp") == "nvme" and tier(cuda, device="none") == "memory"
     zero3 = parse({"stage": 3, "offload": {"optimizer": {"device": "cpu"}, "param": {"device": "cpu"}}})
     assert native.engine_options(zero3, cuda).param_host  # stage 3's shards in host memory beside the states
-    assert native.engine_options(zero3, cpu).param_host  # the 'cpu' tier's, a memcpy away on a CPU model
-    zero3 = parse({"stage": 3, "offload": {"optimizer": {"device": "cpu", "overlap_step": False},
-                                           "param": {"device": "cpu"}}})
     assert not native.engine_options(zero3, cpu).param_host  # a CPU model's are there already
+    zero3 = parse({"stage": 3, "offload": {"optimizer": {"device": "cpu", "overlap_step": True},
+                                           "param": {"device": "cpu"}}})
+    assert native.engine_options(zero3, cpu).param_host  # the 'cpu' tier's, a memcpy away on a CPU model

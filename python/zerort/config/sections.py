@@ -104,7 +104,10 @@ class OffloadOptimizer:
     ratio: float = 1.0  # the part of the states offloaded (< 1: stage 3 only)
     chunk_numel: int = 1 << 20  # NVMe: state elements per chunk streamed through one buffer (zerort's own key)
     gradient_in_file: bool = False  # NVMe: the FP32 gradient shard in the file too (zerort's own key)
-    overlap_step: bool = True  # the update overlaps the next forward, unit by unit (zerort's own key)
+    # The update overlaps the next forward, unit by unit (zerort's own key). None: where the states
+    # are off the model's memory (a CUDA model's 'cpu' tier, 'nvme'); a CPU model's 'cpu' offload
+    # only when true, since its states are in host memory already.
+    overlap_step: bool | None = None
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
