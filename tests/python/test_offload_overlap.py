@@ -100,8 +100,8 @@ def test_update_order_is_checked():
     import zerort
     from overlap_worker import Stack
 
-    engine = zerort.initialize(model=Stack(), config={"stage": 3, "precision": "bf16",
-                                                      "offload": {"optimizer": {"device": "cpu", "overlap_step": True}}})
+    offload = {"optimizer": {"device": "cpu", "overlap_step": True}}  # a CPU model's cpu tier overlaps when asked
+    engine = zerort.initialize(model=Stack(), config={"stage": 3, "precision": "bf16", "offload": offload})
     impl = engine.runtime
     assert impl.overlaps_step and impl.update_order[:3] == [0, 1, 2]  # stage 3: the units' forward order
     impl.set_update_order([2, 0])
