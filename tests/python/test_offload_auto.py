@@ -268,7 +268,11 @@ def test_the_benchmark_runs_on_a_cpu_at_a_tiny_size(tmp_path):
     assert len(set(losses.values())) == 1, losses
     assert rows["zerort, placement auto (device)"].endswith(losses["zerort, offload nvme"])
     assert " | n/a | n/a | " in rows["zerort, offload nvme"]  # no GPU: no idle figure, no GPU memory
-    assert "skipped" not in p.stdout or "DeepSpeed's offload rows run on a CUDA device" in p.stdout
+    # The DeepSpeed row runs where its venv is (make bench-ds); elsewhere (a fresh CI clone) it is
+    # skipped with the reason, and nothing else may be.
+    skips = [line for line in p.stdout.splitlines() if "skipped" in line]
+    assert all(line.startswith("[ds2] skipped: ") and ("deepspeed does not import here" in line
+                                                       or "run on a CUDA device" in line) for line in skips), skips
     assert not os.listdir(tmp_path) or all(not os.listdir(tmp_path / d) for d in os.listdir(tmp_path))
 
 

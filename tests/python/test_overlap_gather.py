@@ -7,9 +7,10 @@ for a bucket's gather just before the first module holding its parameters runs.
   size so that models span several; an MLP, a transformer and HuggingFace GPT-2, Llama and
   Qwen2 from small configs), at W = 2 under mpirun and W = 4 under torchrun with gloo. One
   case also against plain PyTorch (test_engine_parity's reference).
-- The waits: in one process, after step() every bucket's gather is in flight; the embedding's
+- The waits: at W = 2, after step() every bucket's gather is in flight; the embedding's
   forward waits for its own bucket only, the whole forward for all of them; a module's
-  state_dict() and gathered_parameters() wait too, and stages 0 and 3 never hold any.
+  state_dict() and gathered_parameters() wait too; W = 1 gathers nothing, and stages 0 and 3
+  never hold any.
 """
 import os
 import sys
@@ -21,6 +22,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 from engine_models import CONFIG, batch, loss_fn, make_model  # noqa: E402
 from test_engine_parity import BOUND, STEPS, global_rel, launch, reference  # noqa: E402
+from zerort._testing.launch import launch as launch_ranks  # noqa: E402
 
 import zerort  # noqa: E402
 
@@ -71,25 +73,14 @@ def _train_step(engine, step=0):
 
 @pytest.mark.parametrize("stage", [1, 2])
 def test_forward_waits_for_each_bucket_as_its_module_runs(stage):
+    """At W = 2 under torchrun (tests/python/overlap_waits_worker.py): after step() every bucket's
+    gather is in flight; the embedding waits for its own, the forward for all, state_dict() and
+    gathered_parameters() too. At W = 1 none is issued (C++ Note [W = 1 is local])."""
+    out = launch_ranks("torchrun", 2, os.path.join(HERE, "overlap_waits_worker.py"), stage, timeout=300)
+    assert out.output.count(f"the waits hold at stage {stage}") == 2, out.output[-3000:]
     engine = _engine(stage)
-    impl = engine.runtime
-    x = _train_step(engine)
-    everything = list(range(impl.num_buckets))
-    assert impl.param_gathers_in_flight == everything  # started in bucket order, none waited for
-    wte = engine.module.transformer.wte
-    own = {impl.bucket_of(0, engine.param_index.groups[0].index(wte.weight))}
-    assert len(everything) > 2 and len(own) == 1
-    wte(x)  # the embedding alone: its own bucket's gather, no other
-    assert impl.param_gathers_in_flight == [b for b in everything if b not in own]
-    engine(x)  # the whole forward: the rest
-    assert impl.param_gathers_in_flight == []
-    _train_step(engine, 1)
-    assert impl.param_gathers_in_flight == everything
-    engine.module.state_dict()  # every module's state_dict() waits for its buckets
-    assert impl.param_gathers_in_flight == []
-    _train_step(engine, 2)
-    with engine.gathered_parameters():
-        assert impl.param_gathers_in_flight == []
+    _train_step(engine)
+    assert engine.runtime.param_gathers_in_flight == []
     engine.destroy()
 
 

@@ -89,10 +89,10 @@ class Engine(StateMethods, DeepSpeedMethods):
         self.comm = None
         self._impl = None               # the C++ Engine (engine.runtime); None once closed
         self.param_index = None         # a ParamIndex, when the C++ Engine exists
-        self.unit_plan = None           # stage 3: the zerort.layout.units.UnitPlan
-        self.unit_names = []            # stage 3: Engine unit i's module
+        self.unit_plan, self.unit_names = None, []  # stage 3: the zerort.layout.units.UnitPlan; unit i's module
         self._units = None              # stage 3: the module hooks (zerort.engine.stage3.UnitHooks)
         self._param_waits = None        # overlap_param_gather: its module hooks (zerort.engine.param_waits)
+        self._overlaps_step = False     # the C++ Engine's overlaps_step (Note [overlapped step])
         self._shard_groups = None, None, None  # shard_size's group and replicas; hpZ's secondary group
         self._hooks = []                # every hook on the model, removed by destroy()
         self._cast_buffers = set()      # (id(module), name) of the buffers cast to the compute dtype
@@ -144,8 +144,8 @@ class Engine(StateMethods, DeepSpeedMethods):
             names = {id(p): n for n, p in reversed(list(model.named_parameters()))}
             self._replaced = materialize.replaced  # for param groups built from the meta parameters
         self.param_index = ParamIndex.build(params, frozen, names, groups, shapes, self.dtype)
-        self.unit_plan = units
-        self.unit_names = units.names if units else []
+        self.unit_plan, self.unit_names = units, units.names if units else []
+        self._overlaps_step = self._impl.overlaps_step  # read once: fixed for the engine's life
 
     def _register_grad_hooks(self):
         """Each gradient, once complete, lets its bucket go to the comm thread while backward

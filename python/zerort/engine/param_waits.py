@@ -39,7 +39,7 @@ class ParamWaits:
         """The hooks are needed: overlap_param_gather's gathers, or stages 1-2's overlapped step,
         whose hooks wait for each bucket's update before its gather (C++ Note [overlapped step])."""
         impl = engine.runtime
-        return impl.overlaps_param_gather or (impl.overlaps_step and engine.config.stage < 3)
+        return impl.overlaps_param_gather or (engine._overlaps_step and engine.config.stage < 3)
 
     @staticmethod
     def overlapped_step(engine, boundary, step):
@@ -48,7 +48,7 @@ class ParamWaits:
         what the forward since the last update waited for its units (the device's idle time); the
         update finished before the monitor's all-gather, which no gather of the worker's may cross."""
         impl = engine.runtime
-        if not (boundary and impl.overlaps_step):
+        if not (boundary and engine._overlaps_step):
             return step()
         waited_ms = 1e3 * impl.overlap_report["waited_seconds"]
         if engine._units:

@@ -45,7 +45,7 @@ class StateMethods:
     def _finish_update(self):
         """The overlapped update done, its gathers issued (C++ Engine.finish_update): before a
         collective of the engine's Python side, which the worker's must not fall between."""
-        if self._impl is not None and self._impl.overlaps_step:
+        if self._impl is not None and self._overlaps_step:
             self._impl.finish_update()
 
     def save_checkpoint(self, save_dir, tag=None, client_state=None, save_latest=True,
