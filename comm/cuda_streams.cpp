@@ -28,6 +28,18 @@ void CudaStreams::wait(Stream s, Event e) {
 
 void CudaStreams::synchronize(Event e) { ZRT_CHECK_CUDA(cudaEventSynchronize(e)); }
 
+SideStream::SideStream(int device) : device_(device) {
+  CudaDeviceGuard guard(device_);
+  ZRT_CHECK_CUDA(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+}
+
+SideStream::~SideStream() {
+  if (stream_ != nullptr && cudaSetDevice(device_) == cudaSuccess) {
+    cudaStreamSynchronize(stream_);
+    cudaStreamDestroy(stream_);
+  }
+}
+
 CudaStreamOrder& cuda_stream_order(int device) {
   constexpr int kMaxDevices = 64;
   ZRT_CHECK(device >= 0 && device < kMaxDevices, "cuda_stream_order: device ", device, " is outside [0, ", kMaxDevices,

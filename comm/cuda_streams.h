@@ -25,4 +25,22 @@ using CudaStreamOrder = StreamOrder<CudaStreams>;
 // its compute stream. Lives for the process (events of a device outlive every engine on it).
 CudaStreamOrder& cuda_stream_order(int device);
 
+// A non-blocking stream of its own on `device` (a copy's or a hop worker's), whose work orders
+// after the device's compute stream by after_compute(); the destructor lets its queued work
+// finish, then destroys it.
+class SideStream {
+ public:
+  explicit SideStream(int device);
+  ~SideStream();
+  SideStream(const SideStream&) = delete;
+  SideStream& operator=(const SideStream&) = delete;
+
+  cudaStream_t get() const { return stream_; }
+  void after_compute() const { cuda_stream_order(device_).side_after_compute(stream_); }
+
+ private:
+  int device_;
+  cudaStream_t stream_ = nullptr;
+};
+
 }  // namespace zerort

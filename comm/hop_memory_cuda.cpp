@@ -17,25 +17,16 @@ namespace {
 
 class CudaHopMemory final : public HopMemory {
  public:
-  explicit CudaHopMemory(int device) : device_(device) {
-    CudaDeviceGuard guard(device_);
-    ZRT_CHECK_CUDA(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
-  }
-  ~CudaHopMemory() override {
-    if (cudaSetDevice(device_) == cudaSuccess) {
-      cudaStreamSynchronize(stream_);
-      cudaStreamDestroy(stream_);
-    }
-  }
+  explicit CudaHopMemory(int device) : device_(device), side_(device) {}
 
-  void after_caller() override { cuda_stream_order(device_).side_after_compute(stream_); }
+  void after_caller() override { side_.after_compute(); }
 
   std::shared_ptr<char> scratch(size_t bytes) override {
     CudaDeviceGuard guard(device_);
     void* p = nullptr;
-    ZRT_CHECK_CUDA(cudaMallocAsync(&p, bytes > 0 ? bytes : 1, stream_));
+    ZRT_CHECK_CUDA(cudaMallocAsync(&p, bytes > 0 ? bytes : 1, side_.get()));
     const int device = device_;
-    cudaStream_t stream = stream_;
+    cudaStream_t stream = side_.get();
     return std::shared_ptr<char>(static_cast<char*>(p), [device, stream](char* q) {
       if (cudaSetDevice(device) == cudaSuccess) cudaFreeAsync(q, stream);  // after the work queued so far
     });
@@ -44,28 +35,28 @@ class CudaHopMemory final : public HopMemory {
   void copy(void* to, const void* from, size_t bytes) override {
     if (bytes == 0 || to == from) return;
     CudaDeviceGuard guard(device_);
-    ZRT_CHECK_CUDA(cudaMemcpyAsync(to, from, bytes, cudaMemcpyDeviceToDevice, stream_));
+    ZRT_CHECK_CUDA(cudaMemcpyAsync(to, from, bytes, cudaMemcpyDeviceToDevice, side_.get()));
   }
 
   void sum_chunks(const void* chunks, DType dtype, size_t world, size_t n, float* out, bool accumulate) override {
     CudaDeviceGuard guard(device_);
-    sum_chunks_to_f32_cuda(chunks, dtype, world, n, out, accumulate, stream_);
+    sum_chunks_to_f32_cuda(chunks, dtype, world, n, out, accumulate, side_.get());
   }
 
   void sum_over_wire(Communicator& comm, const float* parts, size_t n, InterNodeWire wire, float* out,
                      bool accumulate) override {
     CudaDeviceGuard guard(device_);
-    sum_over_wire_cuda(comm, parts, n, wire, out, accumulate, stream_);
+    sum_over_wire_cuda(comm, parts, n, wire, out, accumulate, side_.get());
   }
 
   void settle() override {
     CudaDeviceGuard guard(device_);
-    ZRT_CHECK_CUDA(cudaStreamSynchronize(stream_));
+    ZRT_CHECK_CUDA(cudaStreamSynchronize(side_.get()));
   }
 
  private:
   int device_;
-  cudaStream_t stream_ = nullptr;
+  SideStream side_;
 };
 
 }  // namespace

@@ -15,14 +15,12 @@ namespace {
 
 class CudaMover final : public Mover {
  public:
-  explicit CudaMover(int device) : device_(device) {
+  explicit CudaMover(int device) : device_(device), side_(device) {
     CudaDeviceGuard guard(device_);
-    ZRT_CHECK_CUDA(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
     ZRT_CHECK_CUDA(cudaEventCreateWithFlags(&copied_, cudaEventDisableTiming));
   }
   ~CudaMover() override {
     if (copied_) cudaEventDestroy(copied_);
-    if (stream_) cudaStreamDestroy(stream_);
   }
   std::shared_ptr<char> host_buffer(size_t bytes) override {
     void* p = nullptr;
@@ -39,14 +37,14 @@ class CudaMover final : public Mover {
   void copy(void* dst, const void* src, size_t bytes) {
     if (bytes == 0 || dst == src) return;
     CudaDeviceGuard guard(device_);
+    side_.after_compute();
+    ZRT_CHECK_CUDA(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, side_.get()));  // host or device, either way
     CudaStreamOrder& order = cuda_stream_order(device_);
-    order.side_after_compute(stream_);
-    ZRT_CHECK_CUDA(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, stream_));  // host or device, either way
-    order.record(copied_, stream_);
+    order.record(copied_, side_.get());
     order.host_wait(copied_, HostWait::kStagedCopy);
   }
   int device_;
-  cudaStream_t stream_ = nullptr;
+  SideStream side_;
   cudaEvent_t copied_ = nullptr;
 };
 
