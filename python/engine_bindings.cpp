@@ -42,6 +42,7 @@ py::dict tier_stats_dict(const StateTierStats& s) {
   d["file_bytes"] = s.file_bytes;
   d["gradient_bytes"] = s.gradient_bytes;
   d["pool_bytes"] = s.pool_bytes;
+  d["ram_bytes"] = s.ram_bytes;
   d["bytes_read"] = s.bytes_read;
   d["bytes_written"] = s.bytes_written;
   d["io_wait_seconds"] = s.io_wait_seconds;
@@ -139,6 +140,7 @@ void bind_options(py::module_& m) {
       .def_readwrite("directory", &NvmeStateOptions::directory)
       .def_readwrite("chunk_elements", &NvmeStateOptions::chunk_elements)
       .def_readwrite("buffer_count", &NvmeStateOptions::buffer_count)
+      .def_readwrite("ram_fraction", &NvmeStateOptions::ram_fraction)
       .def_readwrite("queue_depth", &NvmeStateOptions::queue_depth)
       .def_readwrite("block_size", &NvmeStateOptions::block_size)
       .def_readwrite("gradient_in_file", &NvmeStateOptions::gradient_in_file)

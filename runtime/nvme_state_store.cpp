@@ -22,7 +22,18 @@ int64_t checked_numel(int64_t numel, DType state_dtype, const NvmeStateOptions& 
   ZRT_CHECK_AS(ConfigError, o.chunk_elements >= 1, "NvmeStateStore: chunk_elements must be >= 1");
   ZRT_CHECK_AS(ConfigError, o.buffer_count >= 1, "NvmeStateStore: buffer_count must be >= 1, got ", o.buffer_count);
   ZRT_CHECK_AS(UsageError, numel >= 0, "NvmeStateStore: numel must be >= 0, got ", numel);
+  ZRT_CHECK_AS(ConfigError, o.ram_fraction >= 0 && o.ram_fraction <= 1,
+               "NvmeStateStore: ram_fraction must be within 0 to 1, got ", o.ram_fraction);
+  ZRT_CHECK_AS(ConfigError, o.ram_fraction == 0 || !o.gradient_in_file, "NvmeStateStore: ram_fraction ",
+               o.ram_fraction, " with gradient_in_file: a split keeps the gradient in RAM (See Note [NVMe state ",
+               "store]); drop gradient_in_file, or set ram_fraction to 0");
   return numel;
+}
+
+// The records kept in RAM: floor(ram_fraction x chunks), as zerort.accounting.nvme_tier counts them.
+std::size_t ram_chunk_count(int64_t numel, std::size_t chunk_elements, double ram_fraction) {
+  const std::size_t chunks = (static_cast<std::size_t>(numel) + chunk_elements - 1) / chunk_elements;
+  return std::min(chunks, static_cast<std::size_t>(ram_fraction * static_cast<double>(chunks)));
 }
 
 // The queue holds every piece of the pool at once, and at least queue_depth: See Note [NVMe
@@ -49,6 +60,8 @@ NvmeStateStore::NvmeStateStore(int64_t numel, DType state_dtype, const NvmeState
       state_bytes_(dtype_size(state_dtype)),
       chunk_elements_(io::round_up(options.chunk_elements, io::direct_io_alignment(options.directory))),
       chunk_stride_(record_bytes(chunk_elements_, state_dtype)),
+      ram_chunks_(ram_chunk_count(numel_, chunk_elements_, options.ram_fraction)),
+      ram_(at::zeros({static_cast<int64_t>(ram_bytes())}, at::TensorOptions().dtype(at::kByte))),
       file_(options.directory, detail::concat("zerort-states-rank", options.rank, ".bin"),
             records_bytes() + (options.gradient_in_file
                                    ? NvmeGradient::region_bytes(static_cast<std::size_t>(numel_),
@@ -73,31 +86,8 @@ NvmeStateStore::NvmeStateStore(const at::Tensor& master, DType state_dtype, cons
   write_master(master);
 }
 
-void NvmeStateStore::write_master(const at::Tensor& master) {
-  ZRT_CHECK_AS(UsageError,
-               master.defined() && master.scalar_type() == at::kFloat && master.dim() == 1 && master.is_contiguous() &&
-                   master.device().is_cpu() && master.numel() == numel_,
-               "NvmeStateStore: master must be a contiguous 1-D float32 CPU tensor of ", numel_, " elements");
-  // Whole records: the master, zero m and v.
-  const float* in = master.data_ptr<float>();
-  std::deque<InFlight> none, writes;  // the store is new: nothing of its own is in flight
-  try {
-    for (std::size_t c = 0; c < chunk_count(); ++c) {
-      void* buffer = take_buffer(writes, true);
-      std::memset(buffer, 0, chunk_stride_);
-      std::memcpy(buffer, in + c * chunk_elements_, chunk_numel(c) * sizeof(float));
-      writes.push_back({c, buffer, queue_.write(file_, chunk_offset(c), buffer, chunk_stride_)});
-      retire_done_writes(writes);
-    }
-    finish_writes(writes);
-  } catch (const std::exception& e) {
-    drain(none, writes, detail::concat("writing the initial state failed: ", e.what()));
-    throw;
-  }
-}
-
 std::uint64_t NvmeStateStore::records_bytes() const {
-  return static_cast<std::uint64_t>(chunk_count()) * chunk_stride_;
+  return static_cast<std::uint64_t>(chunk_count() - ram_chunks_) * chunk_stride_;
 }
 
 std::size_t NvmeStateStore::chunk_count() const {
@@ -138,6 +128,7 @@ StateTierStats NvmeStateStore::tier_stats() const {
   s.tier = StateTier::kNvme;
   s.path = file_.path();
   s.file_bytes = file_.size();
+  s.ram_bytes = ram_bytes();
   s.gradient_bytes = file_.size() - records_bytes();
   s.pool_bytes = pool_bytes();
   s.bytes_read = queue_.bytes_read();
@@ -261,7 +252,9 @@ void NvmeStateStore::prefetch() {
   check_usable("prefetch");
   try {
     retire_done_writes(writes_);
-    while (reads_.size() < std::min(chunk_count(), pool_.buffer_count()) && read_ahead(reads_.size(), false)) {
+    const std::size_t file_chunks = chunk_count() - ram_chunks_;
+    while (reads_.size() < std::min(file_chunks, pool_.buffer_count()) &&
+           read_ahead(ram_chunks_ + reads_.size(), false)) {
     }
   } catch (const std::exception& e) {
     drain(reads_, writes_, detail::concat("prefetch() failed: ", e.what()));
@@ -274,13 +267,20 @@ void NvmeStateStore::update(const ChunkFn& fn) {
   check_usable("update");
   const std::size_t chunks = chunk_count();
   void* computing = nullptr;         // the buffer fn is working on, out of both lists
-  std::size_t next = reads_.size();  // the next chunk to read: prefetch() read chunks [0, next)
+  // The next chunk to read: prefetch() read the file's first ones, [ram_chunks_, next).
+  std::size_t next = ram_chunks_ + reads_.size();
   try {
     for (std::size_t i = 0; i < chunks; ++i) {
-      // Chunk i must be in flight (waiting for a write when no buffer is free); later ones
-      // are read ahead as far as free buffers allow.
-      while (next < chunks && next - i < pool_.buffer_count() && read_ahead(next, next == i)) ++next;
+      // A file chunk i must be in flight (waiting for a write when no buffer is free); later
+      // ones are read ahead as far as free buffers allow, also while RAM records are stepped.
+      while (next < chunks && next - std::max(i, ram_chunks_) < pool_.buffer_count() && read_ahead(next, next == i)) {
+        ++next;
+      }
       for (InFlight& r : reads_) start_grad(r);  // prefetch() read the records only
+      if (i < ram_chunks_) {  // stepped in place: no I/O (See Note: split)
+        fn(i * chunk_elements_, view(i, ram_record(i)));
+        continue;
+      }
       ZRT_CHECK(!reads_.empty() && reads_.front().chunk == i, "NvmeStateStore::update: chunk ", i,
                 " is not being read (pool of ", pool_.buffer_count(), ")");  // unreachable
       queue_.wait(reads_.front().request);
@@ -322,78 +322,6 @@ void NvmeStateStore::settle(const char* call) {
 
 NvmeStateStore::~NvmeStateStore() {
   drain(reads_, writes_, "destroyed");  // nothing may land in a buffer after the pool is gone
-}
-
-namespace {
-
-// Gives the buffer back to the pool on every path out of a scope.
-struct Lease {
-  io::AlignedBufferPool& pool;
-  void* buffer;
-  ~Lease() { pool.release(buffer); }
-};
-
-// Copies `count` elements between a record's three arrays (from element `skip`) and the host's
-// (from element `at`; a nullptr host array is skipped): into the record when to_record.
-void copy_part(const AdamWBuffers& record, std::size_t skip, std::size_t at, std::size_t count, bool to_record,
-               void* const (&host)[3]) {
-  const std::size_t state_bytes = dtype_size(record.state_dtype);
-  char* const arrays[3] = {reinterpret_cast<char*>(record.master), static_cast<char*>(record.exp_avg),
-                           static_cast<char*>(record.exp_avg_sq)};
-  for (int k = 0; k < 3; ++k) {
-    if (host[k] == nullptr) continue;
-    const std::size_t width = k == 0 ? sizeof(float) : state_bytes;
-    char* in_record = arrays[k] + skip * width;
-    char* in_host = static_cast<char*>(host[k]) + at * width;
-    std::memcpy(to_record ? in_record : in_host, to_record ? in_host : in_record, count * width);
-  }
-}
-
-void check_range(size_t offset, size_t n, int64_t numel, const char* call) {
-  ZRT_CHECK(offset <= static_cast<size_t>(numel) && n <= static_cast<size_t>(numel) - offset, "NvmeStateStore::", call,
-            ": range [", offset, ", ", offset + n, ") lies outside the state of ", numel, " elements");
-}
-
-}  // namespace
-
-void NvmeStateStore::read_range(size_t offset, size_t n, float* master, void* exp_avg, void* exp_avg_sq) {
-  settle("read_range");
-  check_range(offset, n, numel_, "read_range");
-  if (n == 0) return;
-  void* const host[3] = {master, exp_avg, exp_avg_sq};
-  Lease lease{pool_, pool_.acquire()};
-  for (std::size_t c = offset / chunk_elements_; c * chunk_elements_ < offset + n; ++c) {
-    queue_.wait(queue_.read(file_, chunk_offset(c), lease.buffer, chunk_stride_));
-    const AdamWBuffers b = view(c, lease.buffer);
-    const std::size_t first = c * chunk_elements_, lo = std::max(offset, first);
-    const std::size_t count = std::min(offset + n, first + b.n) - lo;
-    copy_part(b, lo - first, lo - offset, count, false, host);
-  }
-}
-
-void NvmeStateStore::write_range(size_t offset, size_t n, const float* master, const void* exp_avg,
-                                 const void* exp_avg_sq) {
-  settle("write_range");
-  check_range(offset, n, numel_, "write_range");
-  if (n == 0) return;
-  void* const host[3] = {const_cast<float*>(master), const_cast<void*>(exp_avg), const_cast<void*>(exp_avg_sq)};
-  Lease lease{pool_, pool_.acquire()};
-  try {
-    for (std::size_t c = offset / chunk_elements_; c * chunk_elements_ < offset + n; ++c) {
-      const AdamWBuffers b = view(c, lease.buffer);
-      const std::size_t first = c * chunk_elements_, lo = std::max(offset, first);
-      const std::size_t count = std::min(offset + n, first + b.n) - lo;
-      if (count < b.n || !master || !exp_avg || !exp_avg_sq) {  // the record's other values stay
-        queue_.wait(queue_.read(file_, chunk_offset(c), lease.buffer, chunk_stride_));
-      }
-      copy_part(b, lo - first, lo - offset, count, true, host);  // through the writable host pointers
-      queue_.wait(queue_.write(file_, chunk_offset(c), lease.buffer, chunk_stride_));
-    }
-  } catch (const std::exception& e) {
-    std::deque<InFlight> none;
-    drain(none, none, detail::concat("write_range() failed: ", e.what()));
-    throw;
-  }
 }
 
 }  // namespace zerort

@@ -1,5 +1,5 @@
 // NvmeStateStore: the `nvme` tier of the optimizer state (issue 29). This rank's master, m and
-// v live in one preallocated O_DIRECT file; the FP32 gradient stays in memory, or with
+// v live in one preallocated O_DIRECT file (or, split, partly in RAM); the FP32 gradient stays in memory, or with
 // gradient_in_file goes in the same file (runtime/nvme_gradient.h). The Engine
 // makes one when EngineOptions::state_tier is kNvme (the config's offload_optimizer.device).
 #pragma once
@@ -58,6 +58,14 @@ namespace zerort {
 // buffers back, rethrows, and from then on refuses every call that reads or writes the state
 // (Error naming the first failure), so nothing half-written is ever used. A failed read_range
 // changes nothing and leaves the store usable.
+// Split between RAM and the file (ram_fraction > 0): the first ram_chunks() = floor(ram_fraction
+// x chunk count) records are kept in host RAM, in the same record layout, and the file holds the
+// rest (record c at offset (c - ram_chunks()) * chunk_stride()). update() steps a RAM record in
+// place, with no I/O, while the reads of the first file records run ahead into the pool; the
+// ranges copy to and from RAM records directly. So a state bigger than RAM and than the disk
+// alone trains, and each step reads and writes only the file's part. The same chunks and the
+// same arithmetic whatever the split, so the same bits. The gradient then stays in RAM
+// (gradient_in_file with a split is refused: it would give back the RAM the split takes).
 struct NvmeStateOptions {
   std::string directory;                            // where the file goes (nvme_path); must exist
   int rank = 0;                                     // names the file: zerort-states-rank<rank>.bin
@@ -67,6 +75,7 @@ struct NvmeStateOptions {
   std::size_t block_size = std::size_t{1} << 20;    // the piece size (a multiple of the alignment)
   bool gradient_in_file = false;                    // the FP32 gradient in the file too (See Note)
   io::IoBackend io_backend = io::IoBackend::kAuto;  // See Note [IoQueue backends] (io/io_backend.h)
+  double ram_fraction = 0;                          // 0 to 1: the records kept in RAM (See Note: split)
 };
 
 class NvmeStateStore final : public OptimizerStateStore {
@@ -109,6 +118,8 @@ class NvmeStateStore final : public OptimizerStateStore {
   std::size_t chunk_elements() const { return chunk_elements_; }
   std::size_t chunk_stride() const { return chunk_stride_; }  // bytes of one record in the file
   std::size_t chunk_count() const;
+  std::size_t ram_chunks() const { return ram_chunks_; }  // the first records, kept in RAM (See Note: split)
+  std::uint64_t ram_bytes() const { return static_cast<std::uint64_t>(ram_chunks_) * chunk_stride_; }
   std::uint64_t records_bytes() const;  // the records' part of the file; the gradient's region follows
   const std::string& path() const { return file_.path(); }
   std::uint64_t file_bytes() const { return file_.size(); }
@@ -126,7 +137,11 @@ class NvmeStateStore final : public OptimizerStateStore {
     bool grad_started = false;
   };
 
-  std::uint64_t chunk_offset(std::size_t c) const { return static_cast<std::uint64_t>(c) * chunk_stride_; }
+  // Record c: at this offset in the file, or (c < ram_chunks_) at ram_record(c).
+  std::uint64_t chunk_offset(std::size_t c) const {
+    return static_cast<std::uint64_t>(c - ram_chunks_) * chunk_stride_;
+  }
+  char* ram_record(std::size_t c) { return static_cast<char*>(ram_.data_ptr()) + c * chunk_stride_; }
   std::size_t chunk_numel(std::size_t c) const;
   AdamWBuffers view(std::size_t c, void* buffer);  // chunk c's arrays inside its record in `buffer`
   float* grad_slot(void* buffer) const { return reinterpret_cast<float*>(static_cast<char*>(buffer) + chunk_stride_); }
@@ -136,7 +151,7 @@ class NvmeStateStore final : public OptimizerStateStore {
   // check_usable(call)).
   void settle(const char* call);
   void finish_write_of(std::size_t chunk);  // waits for chunk's write, if one is in flight
-  // Starts reading chunk c into a free buffer (taking the oldest write's when `block` and none
+  // Starts reading chunk c (a file record) into a free buffer (taking the oldest write's when `block` and none
   // is free); false when no buffer is free, or, without `block`, c's last write is in flight.
   bool read_ahead(std::size_t c, bool block);
   void write_master(const at::Tensor& master);  // the second constructor's writes
@@ -153,6 +168,8 @@ class NvmeStateStore final : public OptimizerStateStore {
   std::size_t state_bytes_;
   std::size_t chunk_elements_;
   std::size_t chunk_stride_;
+  std::size_t ram_chunks_;
+  at::Tensor ram_;  // uint8, ram_bytes(): the RAM records
   io::DirectFile file_;
   io::AlignedBufferPool pool_;
   io::IoQueue queue_;

@@ -32,12 +32,13 @@ enum class StateArray { kMaster, kExpAvg, kExpAvgSq };
 
 // What a tier holds and moves, for the memory report and the monitor. In memory: nothing
 // but the tier. In a file: its path and size (gradient_bytes of it the gradient's region, when
-// it is there), the pool's RAM, the bytes moved since the store was made, and the seconds spent
+// it is there), the pool's RAM, the records kept in RAM when split, the bytes moved since the store was made, and the seconds spent
 // blocked waiting for them (IoQueue::wait_seconds).
 struct StateTierStats {
   StateTier tier = StateTier::kMemory;
   std::string path;
   std::uint64_t file_bytes = 0, gradient_bytes = 0, pool_bytes = 0, bytes_read = 0, bytes_written = 0;
+  std::uint64_t ram_bytes = 0;  // a split file tier's records kept in RAM (Note [NVMe state store])
   double io_wait_seconds = 0;
   // A file's IoQueue backend ("io_uring" or "threads"; "" in memory) and why it was chosen
   // when not simply asked for (IoQueue::backend_why).

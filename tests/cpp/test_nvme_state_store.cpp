@@ -28,9 +28,11 @@ using io::testing::TempDir;
 // The chunk NvmeStateStore makes of chunk_elements = 1: one alignment's worth of elements.
 size_t smallest_chunk(const std::string& dir) { return io::round_up(1, io::direct_io_alignment(dir)); }
 
-NvmeStateOptions small_options(const std::string& dir, size_t buffer_count, bool gradient_in_file = false) {
+NvmeStateOptions small_options(const std::string& dir, size_t buffer_count, bool gradient_in_file = false,
+                               double ram_fraction = 0) {
   NvmeStateOptions o;
   o.gradient_in_file = gradient_in_file;
+  o.ram_fraction = ram_fraction;
   o.directory = dir;
   o.chunk_elements = 1;
   o.buffer_count = buffer_count;
@@ -69,7 +71,7 @@ Snapshot snapshot(OptimizerStateStore& state) {
 // bf16 output segment that cross chunk boundaries; every output and the final state compared
 // bit for bit.
 void expect_tiers_equal(int64_t numel, DType state_dtype, size_t buffer_count, bool gradient_in_file = false,
-                        int steps = 3) {
+                        int steps = 3, double ram_fraction = 0) {
   TempDir dir;
   auto errors = run_ranks(1, [&](Communicator& comm) {
     OptimizerOptions o;
@@ -78,7 +80,8 @@ void expect_tiers_equal(int64_t numel, DType state_dtype, size_t buffer_count, b
     o.adamw.weight_decay = 0.01;
     const at::Tensor master = start_master(numel);
     auto nvme = std::make_unique<NvmeStateStore>(master, state_dtype,
-                                                 small_options(dir.path(), buffer_count, gradient_in_file));
+                                                 small_options(dir.path(), buffer_count, gradient_in_file,
+                                                               ram_fraction));
     NvmeStateStore& store = *nvme;
     ShardOptimizer in_memory(master.clone(), comm, o), on_disk(std::move(nvme), comm, o);
     const int64_t third = numel / 3;
@@ -110,9 +113,15 @@ void expect_tiers_equal(int64_t numel, DType state_dtype, size_t buffer_count, b
     const uint64_t records = store.records_bytes(), gradient = store.file_bytes() - records;
     EXPECT_EQ(gradient > 0, gradient_in_file && numel > 0);
     EXPECT_EQ(store.bytes_written(), records * static_cast<uint64_t>(steps + 1) + gradient * steps);
+    // Split: the first floor(fraction x chunks) records in RAM, the rest in the file, each step reading only those.
+    const size_t chunks = store.chunk_count(), in_ram = static_cast<size_t>(ram_fraction * static_cast<double>(chunks));
+    EXPECT_EQ(store.ram_chunks(), in_ram);
+    EXPECT_EQ(store.ram_bytes(), in_ram * store.chunk_stride());
+    EXPECT_EQ(records, (chunks - in_ram) * store.chunk_stride());
   });
   EXPECT_EQ(errors[0], "") << "numel " << numel << ", " << dtype_name(state_dtype) << ", " << buffer_count
-                           << " buffers, gradient in the file " << gradient_in_file;
+                           << " buffers, gradient in the file " << gradient_in_file << ", ram_fraction "
+                           << ram_fraction;
 }
 
 TEST(NvmeStateStore, AdamWStepsEqualTheInMemoryTierBitwise) {
@@ -126,6 +135,65 @@ TEST(NvmeStateStore, AdamWStepsEqualTheInMemoryTierBitwise) {
       expect_tiers_equal(numel, dtype, buffers);
       expect_tiers_equal(numel, dtype, buffers, true);
     }
+  }
+}
+
+// A split between RAM and the file: the same steps, whatever part is in RAM (none of the file read
+// ahead past the pool; all of it in RAM; every record but one), and for 1 and 2 buffers.
+TEST(NvmeStateStore, ASplitBetweenRamAndTheFileStepsEqualTheInMemoryTierBitwise) {
+  TempDir probe;
+  const int64_t chunk = static_cast<int64_t>(smallest_chunk(probe.path()));
+  for (double fraction : {0.34, 0.5, 0.9, 1.0}) {
+    for (size_t buffers : {size_t{1}, size_t{3}}) {
+      expect_tiers_equal(7 * chunk + 5, DType::kFloat32, buffers, false, 3, fraction);
+    }
+    expect_tiers_equal(int64_t{0}, DType::kBFloat16, 2, false, 2, fraction);
+    expect_tiers_equal(int64_t{1001}, DType::kBFloat16, 2, false, 2, fraction);
+  }
+}
+
+// Ranges that cross from the RAM records into the file's, both ways, keep every other value.
+TEST(NvmeStateStore, RangesAcrossTheSplitKeepTheOtherValues) {
+  TempDir dir;
+  const size_t chunk = smallest_chunk(dir.path()), n = 4 * chunk + 9;
+  NvmeStateStore store(start_master(static_cast<int64_t>(n)), DType::kFloat32, small_options(dir.path(), 2, false, 0.5));
+  ASSERT_EQ(store.ram_chunks(), 2u);
+  const Snapshot before = snapshot(store);
+  const at::Tensor master = start_master(static_cast<int64_t>(n));
+  EXPECT_EQ(std::memcmp(before.master.data(), master.data_ptr<float>(), n * 4), 0) << "the initial master";
+  std::vector<float> put(chunk + 20), m(put.size(), 1.5f);
+  for (size_t i = 0; i < put.size(); ++i) put[i] = static_cast<float>(i) + 0.5f;
+  const size_t at = 2 * chunk - 10;  // the last RAM record's end and the first file record's start
+  store.write_range(at, put.size(), put.data(), m.data(), nullptr);
+  const Snapshot after = snapshot(store);
+  for (size_t i = 0; i < n; ++i) {
+    const bool in = i >= at && i < at + put.size();
+    EXPECT_EQ(after.master[i], in ? put[i - at] : before.master[i]) << i;
+    float mi;
+    std::memcpy(&mi, after.exp_avg.data() + 4 * i, 4);
+    EXPECT_EQ(mi, in ? 1.5f : 0.0f) << i;
+  }
+  EXPECT_EQ(after.exp_avg_sq, before.exp_avg_sq);
+  std::vector<float> part(chunk + 20);
+  store.read_range(at, part.size(), part.data(), nullptr, nullptr);
+  EXPECT_EQ(part, put);
+}
+
+TEST(NvmeStateStore, ABadSplitIsRefusedNamingTheKey) {
+  TempDir dir;
+  for (double fraction : {-0.1, 1.5}) {
+    try {
+      NvmeStateStore store(start_master(5), DType::kFloat32, small_options(dir.path(), 1, false, fraction));
+      FAIL() << "ram_fraction " << fraction << " was accepted";
+    } catch (const ConfigError& e) {
+      EXPECT_NE(std::string(e.what()).find("ram_fraction"), std::string::npos) << e.what();
+    }
+  }
+  try {
+    NvmeStateStore store(start_master(5), DType::kFloat32, small_options(dir.path(), 1, true, 0.5));
+    FAIL() << "a split with the gradient in the file was accepted";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("gradient_in_file"), std::string::npos) << e.what();
   }
 }
 
