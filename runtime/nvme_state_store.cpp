@@ -24,8 +24,8 @@ int64_t checked_numel(int64_t numel, DType state_dtype, const NvmeStateOptions& 
   ZRT_CHECK_AS(UsageError, numel >= 0, "NvmeStateStore: numel must be >= 0, got ", numel);
   ZRT_CHECK_AS(ConfigError, o.ram_fraction >= 0 && o.ram_fraction <= 1,
                "NvmeStateStore: ram_fraction must be within 0 to 1, got ", o.ram_fraction);
-  ZRT_CHECK_AS(ConfigError, o.ram_fraction == 0 || !o.gradient_in_file, "NvmeStateStore: ram_fraction ",
-               o.ram_fraction, " with gradient_in_file: a split keeps the gradient in RAM (See Note [NVMe state ",
+  ZRT_CHECK_AS(ConfigError, o.ram_fraction == 0 || !o.gradient_in_file, "NvmeStateStore: ram_fraction ", o.ram_fraction,
+               " with gradient_in_file: a split keeps the gradient in RAM (See Note [NVMe state ",
                "store]); drop gradient_in_file, or set ram_fraction to 0");
   return numel;
 }
@@ -266,7 +266,7 @@ void NvmeStateStore::prefetch() {
 void NvmeStateStore::update(const ChunkFn& fn) {
   check_usable("update");
   const std::size_t chunks = chunk_count();
-  void* computing = nullptr;         // the buffer fn is working on, out of both lists
+  void* computing = nullptr;  // the buffer fn is working on, out of both lists
   // The next chunk to read: prefetch() read the file's first ones, [ram_chunks_, next).
   std::size_t next = ram_chunks_ + reads_.size();
   try {
@@ -277,7 +277,7 @@ void NvmeStateStore::update(const ChunkFn& fn) {
         ++next;
       }
       for (InFlight& r : reads_) start_grad(r);  // prefetch() read the records only
-      if (i < ram_chunks_) {  // stepped in place: no I/O (See Note: split)
+      if (i < ram_chunks_) {                     // stepped in place: no I/O (See Note: split)
         fn(i * chunk_elements_, view(i, ram_record(i)));
         continue;
       }

@@ -79,9 +79,8 @@ void expect_tiers_equal(int64_t numel, DType state_dtype, size_t buffer_count, b
     o.gradient_clipping = 1.0;
     o.adamw.weight_decay = 0.01;
     const at::Tensor master = start_master(numel);
-    auto nvme = std::make_unique<NvmeStateStore>(master, state_dtype,
-                                                 small_options(dir.path(), buffer_count, gradient_in_file,
-                                                               ram_fraction));
+    auto nvme = std::make_unique<NvmeStateStore>(
+        master, state_dtype, small_options(dir.path(), buffer_count, gradient_in_file, ram_fraction));
     NvmeStateStore& store = *nvme;
     ShardOptimizer in_memory(master.clone(), comm, o), on_disk(std::move(nvme), comm, o);
     const int64_t third = numel / 3;
@@ -156,7 +155,8 @@ TEST(NvmeStateStore, ASplitBetweenRamAndTheFileStepsEqualTheInMemoryTierBitwise)
 TEST(NvmeStateStore, RangesAcrossTheSplitKeepTheOtherValues) {
   TempDir dir;
   const size_t chunk = smallest_chunk(dir.path()), n = 4 * chunk + 9;
-  NvmeStateStore store(start_master(static_cast<int64_t>(n)), DType::kFloat32, small_options(dir.path(), 2, false, 0.5));
+  NvmeStateStore store(start_master(static_cast<int64_t>(n)), DType::kFloat32,
+                       small_options(dir.path(), 2, false, 0.5));
   ASSERT_EQ(store.ram_chunks(), 2u);
   const Snapshot before = snapshot(store);
   const at::Tensor master = start_master(static_cast<int64_t>(n));

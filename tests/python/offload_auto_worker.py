@@ -9,6 +9,8 @@ many chunks.
 
     torchrun --nproc_per_node W offload_auto_worker.py OUT NVME_DIR STAGE TARGET [cuda]
 
+TARGET "nvme:K" caps the RAM at nvme's need plus K of its records: auto keeps K records in RAM (the split).
+
 With "cuda" the model is on the GPU (W = 1, NCCL; tests/gpu/test_gpu_offload_auto.py) and the
 device's budget is capped too, at what TARGET needs of it.
 
@@ -82,10 +84,11 @@ def cap_at(stage, nvme_dir, target, world, cuda):
     the disk uncapped: every faster candidate needs more of one of them."""
     c = parse(config(stage, nvme_dir, {"placement": "auto"}))
     shape = placement_auto.shape_of(model_groups(make_model(), stage, "bf16", c), c, world)
-    budgets = placement.Budgets(1 << 50 if cuda else None, 1 << 50, 1 << 50, world)
-    need = {p.candidate.name: {t: p.host_need(t) for t in ("device", "ram")}
-            for p in placement.evaluate(shape, budgets)}
-    ram = budget_for(need[target]["ram"])
+    target, _, records = target.partition(":")  # "nvme:K": room for K of the file's records more in RAM
+    need = {cand.name: {t: sum(b.values()) * (world if t == "ram" else 1)
+                        for t, b in placement.tier_bytes(shape, cand, cuda).items()}
+            for cand in placement.candidates(stage, cuda)}  # each unsplit
+    ram = budget_for(need[target]["ram"] + int(records or 0) * world * shape.nvme.record_bytes(shape.state_bytes))
     if int(os.environ.get("RANK", 0)) == 0 and world > 1:  # alone it would keep the states in RAM: the ranks
         ram *= 64                                          # must agree on the least budget, the last rank's
     os.environ[placement_auto.CAPS_ENV] = f"ram={ram}" + (f",device={budget_for(need[target]['device'])}" if cuda
@@ -110,6 +113,7 @@ def run(cfg, device):
     out["states"] = states(engine)
     out["report"] = engine.memory_report().table()
     out["placement"] = engine.placement
+    out["ram_bytes"] = engine.runtime.state_tier_stats.get("ram_bytes", 0)
     out["offload"] = engine.config.offload
     comm = engine.comm
     engine.destroy()
@@ -126,12 +130,14 @@ def main(out, nvme_dir, stage, target, device="cpu"):
     par = {"device": cand.param, "nvme_path": nvme_dir} if cand.param == "nvme" else {"device": cand.param}
     os.environ.pop(placement_auto.CAPS_ENV)
     concrete = run(config(stage, nvme_dir, {"optimizer": {"device": cand.optimizer, "gradient_in_file":
-                                                                      cand.gradient_in_file}, "param": par}), device)
+                                                          cand.gradient_in_file, "ram_fraction": cand.ram_fraction},
+                                            "param": par}), device)
     same = auto["states"].keys() == concrete["states"].keys() and all(
         torch.equal(auto["states"][k], concrete["states"][k]) for k in auto["states"])
     if int(os.environ.get("RANK", 0)) == 0:
         with open(out + ".json", "w") as f:
-            json.dump({"chosen": cand.name, "need": need, "auto_losses": auto["losses"],
+            json.dump({"chosen": cand.name, "label": cand.label, "ram_bytes": auto["ram_bytes"], "need": need,
+                       "auto_losses": auto["losses"],
                        "concrete_losses": concrete["losses"], "same_states": same, "report": auto["report"],
                        "resolved": [auto["offload"].optimizer.device, auto["offload"].param.device,
                                     auto["offload"].optimizer.gradient_in_file]}, f)

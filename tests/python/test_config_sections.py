@@ -24,9 +24,11 @@ OURS = {"stage": 3, "precision": "fp16", "reduce_bucket_numel": 999, "gradient_a
 # C++ fields no config key sets: the Engine sets replicated (stage 0) and alignment itself;
 # DeepSpeed's scaler has no factor key. dynamic is at its default in OURS (see the static test),
 # param_host follows offload_param "cpu" and the model's device (see the tier test). master_dtype
-# bf16 needs precision bf16, and OURS is fp16 (tests/python/test_bf16_master.py sets it).
+# bf16 needs precision bf16, and OURS is fp16 (tests/python/test_bf16_master.py sets it). ram_fraction
+# excludes gradient_in_file, which OURS sets (test_offload_nvme's ram_fraction test sets it).
 UNSET = {"OptimizerOptions.owner_ranks", "EngineOptions.alignment", "LossScalerOptions.factor",
-         "LossScalerOptions.dynamic", "EngineOptions.param_host", "OptimizerOptions.master_dtype"}
+         "LossScalerOptions.dynamic", "EngineOptions.param_host", "OptimizerOptions.master_dtype",
+         "NvmeStateOptions.ram_fraction"}
 
 
 def fields(o):

@@ -4,6 +4,7 @@ sizes 0 and odd, W not dividing them), the bytes it counts against the memory es
 layout, the H200 example's arithmetic, the budgets read from the machine, the config keys, and
 end to end on a CPU model at W = 1 and 2: auto gives the bits of the concrete placement it
 resolves to (offload_auto_worker.py)."""
+import dataclasses
 import json
 import os
 import sys
@@ -37,9 +38,9 @@ def usable_to_budget(n):
 
 
 def needs(s, cuda):
-    """{candidate: {tier: bytes needed}} with unlimited budgets."""
-    b = Budgets(BIG if cuda else None, BIG, BIG)
-    return {p.candidate.name: {t: p.host_need(t) for t in placement.TIERS} for p in placement.evaluate(s, b)}
+    """{candidate: {tier: bytes needed}}, each unsplit (nothing of nvme's records in RAM)."""
+    return {c.name: {t: sum(b.values()) for t, b in placement.tier_bytes(s, c, cuda).items()}
+            for c in placement.candidates(s.stage, cuda)}
 
 
 def test_the_margin_is_ten_percent_and_a_gib_of_each_budget():
@@ -63,7 +64,16 @@ def test_each_budget_picks_the_fastest_candidate_that_fits(stage):
     # RAM short as well, a disk: NVMe, where zerort builds it for the model (assumed here).
     disk = Budgets(usable_to_budget(n["nvme"]["device"]), usable_to_budget(n["nvme"]["ram"]),
                    usable_to_budget(n["nvme"]["nvme"]))
-    assert placement.choose(s, disk).candidate.name == "nvme"
+    assert placement.choose(s, disk).candidate == placement.CANDIDATES[3]  # no room for a record: nothing split
+    # Room for 5 records more: they stay in RAM (the split), and the disk holds 5 records less.
+    record = s.nvme.record_bytes(4)
+    split = Budgets(disk.device, usable_to_budget(n["nvme"]["ram"] + 5 * record + record // 2),
+                    usable_to_budget(n["nvme"]["nvme"] - 5 * record))
+    p = placement.choose(s, split)
+    state = placement._state_numel(s)
+    assert p.candidate.name == "nvme" and s.nvme.replace_fraction(p.candidate.ram_fraction).ram_chunks(state) == 5
+    assert p.host_need("ram") == n["nvme"]["ram"] + 5 * record and p.host_need("nvme") == n["nvme"]["nvme"] - 5 * record
+    assert p.candidate.label.startswith("nvme ") and p.candidate.label.endswith("% ram")
     lean = Budgets(disk.device, usable_to_budget(n["nvme+grad"]["ram"]), usable_to_budget(n["nvme+grad"]["nvme"]))
     assert placement.choose(s, lean).candidate.name == "nvme+grad"
 
@@ -78,7 +88,8 @@ def test_a_cpu_model_has_one_memory_tier_and_spills_to_nvme():
     assert ram < usable_to_budget(n["nvme+grad"]["ram"])
     chosen = placement.choose(s, Budgets(None, ram, BIG))
     assert chosen.candidate.name == "nvme+params"
-    assert chosen.candidate.settings() == {"optimizer": "nvme", "param": "nvme", "gradient_in_file": True}
+    assert chosen.candidate.settings() == {"optimizer": "nvme", "param": "nvme", "gradient_in_file": True,
+                                           "ram_fraction": 0.0}
 
 
 def test_stage_0_keeps_its_states_with_the_model():
@@ -129,18 +140,29 @@ def test_what_zerort_does_not_build_is_passed_over():
     assert without_path(placement.CANDIDATES[5]) == "no nvme_path"
 
 
-def test_no_kind_is_split_because_the_runtime_builds_no_split():
-    """The split (one kind across RAM and NVMe) waits for the runtime: a partial NVMe offload is refused."""
-    c = parse({"stage": 3, "offload": {"optimizer": {"device": "nvme", "nvme_path": "/tmp", "ratio": 0.5}}})
+@pytest.mark.parametrize("fraction", [0.0, 0.3, 0.51, 1.0])
+def test_only_nvme_splits_its_records_between_ram_and_the_file(fraction):
+    """The nvme candidate's records split between RAM and the file as the store splits them (whole records,
+    the same total); nothing else is split, and DeepSpeed's ratio (the rest on the device) stays refused."""
     import torch
 
-    with pytest.raises(ConfigError, match="partial NVMe offload is not built"):
+    c = parse({"stage": 3, "offload": {"optimizer": {"device": "nvme", "nvme_path": "/tmp", "ratio": 0.5}}})
+    with pytest.raises(ConfigError, match="partial NVMe offload with the rest on the model's device is not built"):
         check_tier(c, torch.device("cpu"))
     s = shape(2_000_003, 3, world=2, unit=300_007)
+    state, record = placement._state_numel(s), s.nvme.record_bytes(4)
+    chunks = s.nvme.chunks(state)
     for cand in placement.CANDIDATES:
+        cand = dataclasses.replace(cand, ram_fraction=fraction if cand.split else 0.0)
         where = placement.tier_bytes(s, cand)
+        split = cand.split and fraction > 0
         for kind in ("master", "adam_m", "adam_v", "params"):
-            assert sum(1 for t in placement.TIERS if where[t][kind]) <= 1, (cand.name, kind)
+            assert sum(1 for t in placement.TIERS if where[t][kind]) <= 1 + (split and kind != "params"), cand
+        if cand.optimizer == "nvme":
+            in_ram = int(cand.ram_fraction * chunks)
+            assert sum(where[t][k] for t in ("ram", "nvme") for k in ("master", "adam_m", "adam_v")) == chunks * record
+            assert where["ram"]["master"] * 3 == in_ram * record == \
+                s.nvme.replace_fraction(cand.ram_fraction).ram_chunks(state) * record
 
 
 def test_a_placement_that_cannot_fit_is_refused_with_the_numbers():
@@ -183,17 +205,24 @@ def test_the_h200_example(capsys):
     assert abs(ps["device"].bytes["device"]["master"] - 4 * numel) < 16 * 41
     assert ps["device"].short == {"device": ps["device"].host_need("device") - b.usable("device")}
     assert ps["cpu"].short.keys() == {"ram"} and ps["nvme"].short.keys() == {"nvme"}
+    # The split fills RAM to its usable line with records (a third of them), and the disk is still short.
+    assert b.usable("ram") - s.nvme.record_bytes(4) < ps["nvme"].host_need("ram") <= b.usable("ram")
+    assert 0.3 < ps["nvme"].candidate.ram_fraction < 0.4
     assert not any(p.chosen for p in ps.values())
     room = b.usable("device") + b.usable("ram") + b.usable("nvme")
-    assert min(p.total() for p in ps.values()) < room  # a split would fit; whole kinds do not
+    assert min(p.total() for p in ps.values()) < room  # a split onto the device too would fit
     assert placement_auto.main(["--llama", "40,5120,13824,32000", "--stage", "3", "--gpu-gb", "139", "--ram-gb",
                                 "120", "--disk-gib", "64"]) == 1
     out = capsys.readouterr().out
     assert "13,015,864,320 parameters" in out and "up to 18." in out
-    assert "would fit only if one kind were split across tiers" in out
+    assert "would fit only split in a way this version does not build (master, m and v partly on the device" in out
     assert "nvme+params: needs device 3.8 GB, ram 2.6 GB, nvme 234.3 GB; short of nvme by 173.5 GB" in out
     assert placement_auto.main(["--params", "1e9", "--stage", "2", "--gpu-gb", "139", "--ram-gb", "120"]) == 0
     assert "placement auto: device" in capsys.readouterr().out
+    # 10B: the states fit RAM and the disk together, not either alone: nvme, its records split.
+    assert placement_auto.main(["--params", "10e9", "--stage", "3", "--gpu-gb", "139", "--ram-gb", "120",
+                                "--disk-gib", "64", "--nvme-path", "/tmp"]) == 0
+    assert "placement auto: nvme 56% ram" in capsys.readouterr().out
 
 
 def test_budgets_read_from_the_machine(tmp_path, monkeypatch):
@@ -277,7 +306,7 @@ def test_the_benchmark_runs_on_a_cpu_at_a_tiny_size(tmp_path):
 
 
 @pytest.mark.parametrize("world,stage,target", [(1, 1, "nvme"), (2, 2, "nvme+grad"), (2, 3, "nvme+params"),
-                                                (2, 3, "nvme")])
+                                                (2, 3, "nvme"), (2, 2, "nvme:3")])
 def test_auto_gives_the_bits_of_the_placement_it_resolves_to(tmp_path, world, stage, target):
     from zerort._testing.launch import launch
 
@@ -287,11 +316,14 @@ def test_auto_gives_the_bits_of_the_placement_it_resolves_to(tmp_path, world, st
            tmp_path / "out", nvme, stage, target, timeout=600)
     with open(tmp_path / "out.json") as f:
         r = json.load(f)
+    target, _, records = target.partition(":")
     assert r["chosen"] == target, r["need"]
+    # nvme:K: K of its records in RAM, the rest in the file (the split); else none (record: 4096 x 12 bytes).
+    assert r["ram_bytes"] == int(records or 0) * 4096 * 12 and r["label"].endswith("% ram") == bool(records), r
     settings = {c.name: c.settings() for c in placement.CANDIDATES}[target]
     assert r["resolved"] == [settings["optimizer"], settings["param"], settings["gradient_in_file"]]
     assert r["auto_losses"] == r["concrete_losses"] and r["same_states"]
-    assert f"placement auto: {target} (offload optimizer nvme" in r["report"]
+    assert f"placement auto: {r['label']} (offload optimizer nvme" in r["report"]
     held = {line.split(":")[0].strip(): line for line in r["report"].splitlines() if line.startswith("  ")}
     assert "master" in held["nvme"] and ("s3 shards" in held["nvme"]) == (target == "nvme+params")
 

@@ -21,11 +21,14 @@ sys.path.insert(0, HERE)
 from zerort._testing.launch import launch, launch_plain  # noqa: E402
 
 STEPS, ACCUMULATION = 4, 2  # nvme_offload_worker's: optimizer steps (each streams the whole state once), micro
-# "grads": the FP32 gradient shard in the file too (Note [gradient in the file]).
+# "grads": the FP32 gradient shard in the file too (Note [gradient in the file]); "ram": that part of
+# master, m and v kept in RAM, the rest in the file (ram_fraction; C++ Note [NVMe state store]).
 CASES = {2: [{"name": "gpt2-s1", "model": "gpt2", "stage": 1, "state_dtype": "fp32", "grads": True},
              {"name": "gpt2-s2", "model": "gpt2", "stage": 2, "state_dtype": "bf16"},
              {"name": "llama-s3", "model": "llama", "stage": 3, "state_dtype": "fp32", "grads": True},
-             {"name": "gpt2-s3p", "model": "gpt2", "stage": 3, "state_dtype": "fp32", "params": True}],
+             {"name": "gpt2-s3p", "model": "gpt2", "stage": 3, "state_dtype": "fp32", "params": True},
+             {"name": "llama-s3r", "model": "llama", "stage": 3, "state_dtype": "fp32", "ram": 0.5},
+             {"name": "gpt2-s1r", "model": "gpt2", "stage": 1, "state_dtype": "bf16", "ram": 0.4}],
          4: [{"name": "qwen2-s3p", "model": "qwen2", "stage": 3, "state_dtype": "bf16", "params": True},
              {"name": "gpt2-s2", "model": "gpt2", "stage": 2, "state_dtype": "fp32", "grads": True}]}
 
@@ -83,6 +86,10 @@ def test_nvme_tier_equals_memory_tier_bitwise(tmp_path, world):
         assert disk["file_estimate"] == stats["file_bytes"], (disk["file_estimate"], stats)
         assert all(m == e for m, e in disk["against_estimate"].values()), disk["against_estimate"]
         assert records % record == 0 and records >= 2 * record, stats
+        # A split: the first floor(ram x chunks) records in RAM, counted as master and moments in the report.
+        in_ram = stats["ram_bytes"] // record
+        assert stats["ram_bytes"] % record == 0 and in_ram == int(case.get("ram", 0) * (in_ram + records // record))
+        assert (in_ram > 0) == ("split (ram_fraction)" in disk["report"]) == bool(case.get("ram")), stats
         if case.get("grads"):  # the gradient after the records, 4 bytes an element on whole 4096-byte units
             assert records // record * 4096 * 4 >= stats["gradient_bytes"] > 0, stats
             # buffer_count 3 records, each with its chunk's gradient slot; two staging pieces of 2**16 elements
@@ -202,3 +209,27 @@ def test_a_checkpoint_streams_through_small_windows_between_tiers(tmp_path, monk
         got = states(loaded)
         assert all(torch.equal(got[k], want[k]) for k in want), tier
         loaded.destroy()
+
+
+def test_ram_fraction_is_read_in_both_forms_and_refused_where_it_means_nothing():
+    """offload_optimizer.ram_fraction (zerort's own key): 0 to 1, with device nvme only, not beside
+    gradient_in_file (the split keeps the gradient in RAM), and not with placement auto (auto picks it)."""
+    from zerort.config import native, parse
+    from zerort.errors import ConfigError
+
+    nvme = {"device": "nvme", "nvme_path": "/tmp"}
+    ours = parse({"stage": 2, "offload": {"optimizer": {**nvme, "ram_fraction": 0.25}}})
+    assert ours.offload.optimizer.ram_fraction == 0.25 and native.nvme_options(ours).ram_fraction == 0.25
+    ds = parse({"zero_optimization": {"stage": 3, "offload_optimizer": {**nvme, "ram_fraction": 1}}})
+    assert ds.offload.optimizer.ram_fraction == 1
+    bad = {"zero_optimization.offload_optimizer.ram_fraction: got 0.5 with device 'cpu'":
+           {"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu", "ram_fraction": 0.5}}},
+           "offload.optimizer.ram_fraction: got 0.5 with gradient_in_file true":
+           {"stage": 2, "offload": {"optimizer": {**nvme, "ram_fraction": 0.5, "gradient_in_file": True}}},
+           "offload.optimizer.ram_fraction": {"stage": 2, "offload": {"optimizer": {**nvme, "ram_fraction": 1.5}}},
+           "given with offload.optimizer.ram_fraction 0.5":
+           {"stage": 2, "offload": {"placement": "auto", "optimizer": {"nvme_path": "/tmp", "ram_fraction": 0.5}}}}
+    for words, cfg in bad.items():
+        with pytest.raises(ConfigError) as e:
+            parse(cfg)
+        assert words in str(e.value), (words, str(e.value))

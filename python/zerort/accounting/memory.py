@@ -85,12 +85,14 @@ def exact(groups, world_size, stage, reduce_bucket_numel=1 << 24, prefetch=1, at
     in_flight = (nvme is None or not nvme.gradients) and master_bytes == 4  # else reached by ranges: waited at once
     out = _in_memory(groups, world_size, stage, reduce_bucket_numel, prefetch, at_rest, state_bytes, master_bytes,
                      in_flight)
+    state_numel = out["grad_shard"] // master_bytes
     if master_bytes == 2:
         out["grad_shard"] += 4 * _largest_shard(groups, world_size, stage, reduce_bucket_numel)
     if stage == 3 and secondary > 1:
         out["lp_params"] += sum(u // secondary for u in unit_bytes(groups, world_size))
-    if nvme is not None:  # master, m and v go to the file; the pool and stage 3's shard copies stay
-        out["master"] = out["adam_m"] = out["adam_v"] = 0
+    if nvme is not None:  # master, m and v go to the file (but a split's RAM records); the pool and shard copies stay
+        in_ram = nvme.ram_elements(state_numel)
+        out["master"], out["adam_m"], out["adam_v"] = 4 * in_ram, state_bytes * in_ram, state_bytes * in_ram
         out["state_pool"] = 0 if at_rest else nvme.pool_bytes(state_bytes)
         if nvme.gradients:  # in RAM only the reduce scratch: the largest bucket's shard
             out["grad_shard"] = 4 * _largest_shard(groups, world_size, stage, reduce_bucket_numel)
@@ -296,29 +298,6 @@ def gpt_numel(layers, hidden, vocab, seq=2048, tied=True):
     return layers * block + vocab * hidden + seq * hidden + 2 * hidden + (0 if tied else vocab * hidden)
 
 
-def _plot(results, path):
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(10, 5))
-    stages = [r["stage"] for r in results]
-    bottom = [0.0] * len(results)
-    for k, label in CATEGORIES:
-        vals = [r["exact"][k] / 1e9 for r in results]
-        if any(vals):
-            ax.bar([f"stage {s}" for s in stages], vals, bottom=bottom, label=label)
-            bottom = [b + v for b, v in zip(bottom, vals)]
-    r0 = results[0]
-    ax.set_ylabel("GB per rank (model states)")
-    ax.set_title(f"zerort model-state memory per rank: {r0['numel'] / 1e9:.2f}B parameters, "
-                 f"W={r0['world_size']}, {r0['precision']}")
-    ax.legend(bbox_to_anchor=(1.02, 1), loc="upper left")
-    fig.tight_layout()
-    fig.savefig(path)
-
-
 def main(argv=None):
     ap = argparse.ArgumentParser(prog="python -m zerort.accounting.memory", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -342,6 +321,8 @@ def main(argv=None):
     ap.add_argument("--nvme-buffer-count", type=int, default=4, help="offload_optimizer.buffer_count")
     ap.add_argument("--nvme-chunk-numel", type=int, default=1 << 20, help="offload_optimizer.chunk_numel")
     ap.add_argument("--nvme-gradients", action="store_true", help="offload_optimizer.gradient_in_file")
+    ap.add_argument("--nvme-ram-fraction", type=float, default=0.0,
+                    help="offload_optimizer.ram_fraction: the part of master, m and v kept in RAM (0 to 1)")
     ap.add_argument("--offload-param", choices=["none", "cpu", "nvme"], default="none",
                     help="stage 3's parameters (nvme: each unit's shard in a second file; needs --offload-optimizer "
                          "nvme)")
@@ -368,14 +349,16 @@ def main(argv=None):
     if a.offload_param == "nvme" and a.offload_optimizer != "nvme":
         ap.error("--offload-param nvme needs --offload-optimizer nvme (zerort.config.offload.check_tier's rule)")
     nvme = NvmeTier(a.nvme_buffer_count, a.nvme_chunk_numel, params=a.offload_param == "nvme",
-                    gradients=a.nvme_gradients) if a.offload_optimizer == "nvme" else None
+                    gradients=a.nvme_gradients, ram_fraction=a.nvme_ram_fraction) if a.offload_optimizer == "nvme" \
+        else None
     results = [estimate_memory(numel, a.world_size, s, a.precision, reduce_bucket_numel=a.reduce_bucket_numel,
                                unit_numel=unit, optimizer_state_dtype=a.optimizer_state_dtype, nvme=nvme,
                                shard_size=a.shard_size, secondary=a.secondary_shard_size,
                                master_dtype=a.master_dtype)
                for s in stages]
     if a.plot:
-        _plot(results, a.plot)
+        from zerort.accounting.memory_plot import plot
+        plot(results, a.plot, CATEGORIES)
     if a.json:
         print(json.dumps(results if a.stage is None else results[0], indent=2))
         return 0

@@ -1,5 +1,6 @@
 """The NVMe tier's shape as the memory estimate sees it (zerort.accounting.memory)."""
 import dataclasses
+import math
 
 
 @dataclasses.dataclass(frozen=True)
@@ -13,19 +14,22 @@ class NvmeTier:
     reduce scratch of the largest bucket's shard, a gradient slot per pool buffer and two
     staging pieces of chunk_numel rounded up to 2**16 elements. alignment: the
     directory's direct-I/O alignment in bytes, which the chunk's element count and each
-    shard's bytes are rounded up to a multiple of (4096 on common filesystems)."""
+    shard's bytes are rounded up to a multiple of (4096 on common filesystems). ram_fraction:
+    the split (offload_optimizer.ram_fraction): the first floor(ram_fraction x chunks) records
+    kept in RAM, out of the file (C++ Note [NVMe state store])."""
     buffer_count: int = 4
     chunk_numel: int = 1 << 20
     alignment: int = 4096
     params: bool = False
     gradients: bool = False
+    ram_fraction: float = 0.0
 
     @classmethod
     def of(cls, config):
         """The Config's nvme tier, or None when the states stay in memory."""
         o = config.offload.optimizer
         return cls(o.buffer_count, o.chunk_numel, params=config.offload.param.device == "nvme",
-                   gradients=o.gradient_in_file) if o.device == "nvme" else None
+                   gradients=o.gradient_in_file, ram_fraction=o.ram_fraction) if o.device == "nvme" else None
 
     def aligned(self, n):
         return -(-n // self.alignment) * self.alignment
@@ -38,6 +42,26 @@ class NvmeTier:
         record = self.record_bytes(state_bytes)
         return self.buffer_count * (record + slot) + 2 * piece if self.gradients else self.buffer_count * record
 
+    def chunks(self, state_numel):
+        return -(-state_numel // self.aligned(self.chunk_numel))
+
+    def ram_chunks(self, state_numel):
+        """The records kept in RAM: floor(ram_fraction x chunks), as the store counts them."""
+        chunks = self.chunks(state_numel)
+        return min(chunks, math.floor(self.ram_fraction * chunks))
+
+    def ram_elements(self, state_numel):
+        """Elements of master, m and v (each) in the RAM records, their padding included."""
+        return self.ram_chunks(state_numel) * self.aligned(self.chunk_numel)
+
+    def replace_fraction(self, ram_fraction):
+        return dataclasses.replace(self, ram_fraction=ram_fraction)
+
+    def fraction_for(self, state_numel, ram_records):
+        """The ram_fraction that keeps ram_records records in RAM (floor() of it gives exactly that)."""
+        chunks = self.chunks(state_numel)
+        return 0.0 if ram_records <= 0 or chunks == 0 else min(1.0, (min(ram_records, chunks) + 0.5) / chunks)
+
     def file_bytes(self, state_numel, state_bytes):
-        records = -(-state_numel // self.aligned(self.chunk_numel)) * self.record_bytes(state_bytes)
+        records = (self.chunks(state_numel) - self.ram_chunks(state_numel)) * self.record_bytes(state_bytes)
         return records + (self.aligned(4 * state_numel) if self.gradients else 0)

@@ -16,8 +16,9 @@ every later one moves more bytes per step over a slower link to free a faster ti
     device       everything on the model's device (offload none)
     cpu          master, m, v and the FP32 gradient in host RAM, the step on the CPU (a CUDA model)
     cpu+params   and stage 3's shards in host RAM, copied in by each gather (stage 3, a CUDA model)
-    nvme         master, m and v in a file per rank under nvme_path, the gradient in RAM
-    nvme+grad    and the FP32 gradient shard in that file (gradient_in_file)
+    nvme         master, m and v in a file per rank under nvme_path, the gradient in RAM; split:
+                 as many of their records as RAM holds kept in RAM (ram_fraction), the rest in the file
+    nvme+grad    and the FP32 gradient shard in that file (gradient_in_file), nothing split
     nvme+params  and stage 3's shards in a second file (offload_param nvme; stage 3)
 
 Off memory, stage 3 keeps each unit's low-precision shard apart (Note [state tiers]): counted on the
@@ -26,10 +27,11 @@ device is host RAM, so "cpu" and "cpu+params" are "device" and are not tried. Th
 that zerort builds for this model (zerort.config.offload.check_tier accepts it; the built argument)
 and that fits every budget, less the margin, is the choice;
 when none fits, ConfigError names every candidate's need beside each budget and how to fix it.
-Kinds are placed whole: the runtime builds no split of one kind between RAM and NVMe
-(check_tier refuses offload_optimizer.ratio < 1 with nvme), so neither does this. A split is
-what lets a state bigger than both RAM and disk alone train (the H200 example in docs/CONFIG.md);
-when the runtime builds one it joins the candidates here.
+The nvme candidate's split is the largest ram_fraction whose records fit the RAM left after the
+rest of that candidate (whole records: C++ Note [NVMe state store]); every record in RAM is one
+the step does not read and write on the disk, so more in RAM is never slower. That lets a state
+bigger than RAM and than the disk alone train. Not built, so not tried: master, m and v split
+between the device and the host (DeepSpeed's ratio), or with the gradient in the file.
 
 The margin: of each budget 90% less 1 GiB is usable (MARGIN_FRACTION, MARGIN_BYTES). The rest
 is for what zerort cannot count before the model runs: activations and autograd's buffers,
@@ -61,13 +63,20 @@ class Candidate:
     optimizer: str = "none"       # offload.optimizer.device
     param: str = "none"           # offload.param.device
     gradient_in_file: bool = False
+    split: bool = False           # may keep part of the nvme tier's records in RAM (evaluate picks ram_fraction)
+    ram_fraction: float = 0.0     # offload.optimizer.ram_fraction
 
     def settings(self):
-        return {"optimizer": self.optimizer, "param": self.param, "gradient_in_file": self.gradient_in_file}
+        return {"optimizer": self.optimizer, "param": self.param, "gradient_in_file": self.gradient_in_file,
+                "ram_fraction": self.ram_fraction}
+
+    @property
+    def label(self):
+        return f"{self.name} {self.ram_fraction:.0%} ram" if self.ram_fraction else self.name
 
 
 CANDIDATES = (Candidate("device"), Candidate("cpu", "cpu"), Candidate("cpu+params", "cpu", "cpu"),
-              Candidate("nvme", "nvme"), Candidate("nvme+grad", "nvme", gradient_in_file=True),
+              Candidate("nvme", "nvme", split=True), Candidate("nvme+grad", "nvme", gradient_in_file=True),
               Candidate("nvme+params", "nvme", "nvme", gradient_in_file=True))
 
 
@@ -106,11 +115,20 @@ class Shape:
         return sum(sum(g.numels) for g in self.groups)
 
 
+def _in_memory_of(s):
+    return _in_memory(s.groups, s.world_size, s.stage, s.reduce_bucket_numel, s.prefetch, False, s.state_bytes,
+                      s.master_bytes)
+
+
+def _state_numel(s):
+    """Elements of this rank's optimizer state (master, m, v each)."""
+    return _in_memory_of(s)["grad_shard"] // s.master_bytes
+
+
 def tier_bytes(shape, cand, cuda=True):
     """{tier: {kind: bytes}} per rank for the Candidate cand (a CPU model's device is its RAM)."""
     s, out = shape, {t: {k: 0 for k, _ in KINDS} for t in TIERS}
-    mem = _in_memory(s.groups, s.world_size, s.stage, s.reduce_bucket_numel, s.prefetch, False, s.state_bytes,
-                     s.master_bytes)
+    mem = _in_memory_of(s)
     dev = "device" if cuda else "ram"
     out[dev]["working"] = sum(mem[k] for k in ("lp_params", "lp_grads", "comm_buffers", "gathered_units"))
     opt_numel = mem["grad_shard"] // s.master_bytes
@@ -126,12 +144,14 @@ def tier_bytes(shape, cand, cuda=True):
             out[dev]["working"] += largest
             out["ram" if cand.param == "cpu" else dev]["params"] = shards
         return out
-    nv = dataclasses.replace(s.nvme, params=cand.param == "nvme", gradients=cand.gradient_in_file)
+    nv = dataclasses.replace(s.nvme, params=cand.param == "nvme", gradients=cand.gradient_in_file,
+                             ram_fraction=cand.ram_fraction)
     if cuda:  # the reduce's scratch on the device, whose sums the mover takes to the host
         out[dev]["working"] += largest
-    chunk = nv.aligned(nv.chunk_numel)
-    padded = -(-opt_numel // chunk) * chunk  # the file's records: every chunk whole
-    out["nvme"].update(master=4 * padded, adam_m=s.state_bytes * padded, adam_v=s.state_bytes * padded)
+    in_ram = nv.ram_elements(opt_numel)  # a split's records; the file's: every other chunk whole
+    in_file = nv.chunks(opt_numel) * nv.aligned(nv.chunk_numel) - in_ram
+    for tier, n in (("ram", in_ram), ("nvme", in_file)):
+        out[tier].update(master=4 * n, adam_m=s.state_bytes * n, adam_v=s.state_bytes * n)
     out["ram"]["io"] = nv.pool_bytes(s.state_bytes)
     if cand.gradient_in_file:
         out["nvme"]["grad_shard"], out["ram"]["grad_shard"] = nv.aligned(4 * opt_numel), largest
@@ -185,7 +205,9 @@ def evaluate(shape, budgets, built=lambda cand: "", cuda=None):
     cuda = budgets.device is not None if cuda is None else cuda
     out, taken = [], False
     for cand in candidates(shape.stage, cuda):
-        p = Placement(cand, tier_bytes(shape, cand, cuda), budgets, refused=built(cand))
+        refused = built(cand)
+        cand = with_split(shape, cand, budgets, cuda) if cand.split and not refused else cand
+        p = Placement(cand, tier_bytes(shape, cand, cuda), budgets, refused=refused)
         for tier in TIERS:
             need = p.host_need(tier)
             if need > budgets.usable(tier):
@@ -194,6 +216,14 @@ def evaluate(shape, budgets, built=lambda cand: "", cuda=None):
             p.chosen = taken = True
         out.append(p)
     return out
+
+
+def with_split(shape, cand, budgets, cuda):
+    """cand with the largest ram_fraction whose RAM records fit the host's usable RAM beside the rest of
+    cand's RAM bytes (Note [auto placement]); 0 when none fits."""
+    room = budgets.usable("ram") // budgets.ranks_per_host - sum(tier_bytes(shape, cand, cuda)["ram"].values())
+    records = room // shape.nvme.record_bytes(shape.state_bytes) if room > 0 else 0
+    return dataclasses.replace(cand, ram_fraction=shape.nvme.fraction_for(_state_numel(shape), records))
 
 
 def choose(shape, budgets, built=lambda cand: "", cuda=None):
@@ -219,12 +249,12 @@ def refusal(shape, placements):
     for p in placements:
         need = ", ".join(f"{t} {_gb(p.host_need(t))}" for t in TIERS if p.host_need(t))
         why = p.refused or "short of " + ", ".join(f"{t} by {_gb(n)}" for t, n in p.short.items())
-        lines.append(f"  {p.candidate.name}: needs {need}; {why}")
+        lines.append(f"  {p.candidate.label}: needs {need}; {why}")
     usable = [p for p in placements if not p.refused]
     best = min(usable, key=lambda p: sum(p.short.values()), default=None)
     fix = "; fix: free or add memory or disk, train on more ranks (the state is sharded over W)"
     if best is not None:
-        fix += (f"; the nearest is {best.candidate.name}, short by "
+        fix += (f"; the nearest is {best.candidate.label}, short by "
                 + ", ".join(f"{_gb(n)} of {t}" for t, n in best.short.items()))
     if b.disk == 0:
         fix += "; give offload.optimizer.nvme_path (a folder on a fast disk) to let auto use NVMe"
@@ -234,13 +264,15 @@ def refusal(shape, placements):
 
 
 def split_line(placements):
-    """Whether the budgets together would hold the thriftiest candidate's bytes, had one kind been split
-    across tiers (Note [auto placement]: not built)."""
+    """Whether the budgets together would hold the thriftiest candidate's bytes, had its states been split
+    in a way this version does not build (Note [auto placement]: onto the device too, or beside the gradient
+    in the file)."""
     b, need = placements[0].budgets, min(p.host_need("device") + p.host_need("ram") + p.host_need("nvme")
                                          for p in placements)
     room = sum(b.usable(t) for t in TIERS if t != "device" or b.device is not None)
-    verdict = "would fit only if one kind were split across tiers, which this version does not build" \
-        if need <= room else "would not fit even split across tiers"
+    verdict = "would fit only split in a way this version does not build (master, m and v partly on the device, " \
+        "or split between RAM and NVMe with the gradient in the file)" if need <= room else \
+        "would not fit however it were split"
     return f"the tiers together: {_gb(room)} usable for {_gb(need)} at the least: it {verdict}"
 
 
@@ -259,7 +291,7 @@ def table(placements, title=""):
             "short of " + ", ".join(p.short)
         for i, tier in enumerate(tiers):
             cells = "".join(f"{p.bytes[tier][k] / GB:10.2f}" for k, _ in KINDS)
-            lines.append(f"{p.candidate.name if i == 0 else '':14s}{tier:>7s}{cells}{p.host_need(tier) / GB:10.1f}"
+            lines.append(f"{p.candidate.label if i == 0 else '':14s}{tier:>7s}{cells}{p.host_need(tier) / GB:10.1f}"
                          f"{b.usable(tier) / GB:10.1f}  {verdict if i == 0 else ''}".rstrip())
     lines.append("per rank per kind; total and budget per host for ram and nvme; GB = 1e9 bytes")
     return "\n".join(lines)

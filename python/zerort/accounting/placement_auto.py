@@ -13,6 +13,7 @@ its nearest parent that exists). Every rank measures its own and takes the least
 (one all-reduce), so every rank makes the same choice, or raises the same ConfigError.
 """
 import argparse
+import dataclasses
 import math
 import os
 import sys
@@ -108,7 +109,8 @@ def shape_of(groups, c, world_size):
 def settle(c, cand):
     """The Config c with the Candidate's concrete offload settings (placement stays 'auto', for the report)."""
     path = c.offload.optimizer.nvme_path
-    return replace(c, offload={"optimizer": {"device": cand.optimizer, "gradient_in_file": cand.gradient_in_file},
+    return replace(c, offload={"optimizer": {"device": cand.optimizer, "gradient_in_file": cand.gradient_in_file,
+                                             "ram_fraction": cand.ram_fraction},
                                "param": {"device": cand.param,
                                          "nvme_path": c.offload.param.nvme_path or (path if cand.param == "nvme"
                                                                                     else None)}})
@@ -163,6 +165,7 @@ def concrete(c, groups, device, world_size):
                 budgets = measure(device, c.offload.optimizer.nvme_path)
             except (OSError, ConfigError):  # no /proc/meminfo, a bad ZERORT_OFFLOAD_BUDGETS: no budgets to show
                 budgets = placement.Budgets(None, 0, 0)
+            cand = dataclasses.replace(cand, ram_fraction=c.offload.optimizer.ram_fraction)
             return placement.Placement(cand, placement.tier_bytes(shape_of(groups, c, world_size), cand, cuda),
                                        budgets)
     return None
@@ -171,8 +174,9 @@ def concrete(c, groups, device, world_size):
 def summary(p, auto=True):
     """One placement as the memory report's lines: what each tier holds, per rank."""
     cand = p.candidate
-    lines = [f"placement {'auto' if auto else 'manual'}: {cand.name} (offload optimizer {cand.optimizer}, param "
-             f"{cand.param}, gradient_in_file {str(cand.gradient_in_file).lower()})"]
+    lines = [f"placement {'auto' if auto else 'manual'}: {cand.label} (offload optimizer {cand.optimizer}, param "
+             f"{cand.param}, gradient_in_file {str(cand.gradient_in_file).lower()}"
+             + (f", ram_fraction {cand.ram_fraction:.4g})" if cand.ram_fraction else ")")]
     for tier in placement.TIERS:
         held = [f"{label} {p.bytes[tier][k] / (1 << 20):.3f}" for k, label in placement.KINDS if p.bytes[tier][k]]
         if held:

@@ -129,6 +129,9 @@ class MemoryReport:
             grad = f", the FP32 gradient {t['gradient_bytes'] / mib:.3f} MiB of it" if t["gradient_bytes"] else ""
             lines.append(f"on NVMe: this rank's {what} file {t['path']}: {t['file_bytes'] / mib:.3f} MiB{grad} "
                          f"(estimate {t['file_estimate'] / mib:.3f}; all ranks {t['file_bytes_sum'] / mib:.3f} MiB)")
+            if t.get("ram_bytes"):
+                lines.append(f"  split (ram_fraction): {t['ram_bytes'] / mib:.3f} MiB of its records kept in RAM, "
+                             "counted in master and adam_m/adam_v above")
             lines.append(f"  I/O since initialize: read {t['bytes_read'] / mib:.1f} MiB, wrote "
                          f"{t['bytes_written'] / mib:.1f} MiB; {t['io_wait_seconds']:.3f} s spent waiting for it")
         lines.append(f"peak process RSS: {self.peak_rss / mib:.1f} MiB" +
@@ -154,6 +157,10 @@ def measure(engine, mem):
             out["master"] += nbytes(impl.master(g))
             out["adam_m"] += nbytes(impl.exp_avg(g))
             out["adam_v"] += nbytes(impl.exp_avg_sq(g))
+    else:  # a split nvme tier's RAM records: master, m and v of each element (C++ Note [NVMe state store])
+        state_bytes = STATE_BYTES[engine.config.optimizer.state_dtype]
+        elements = tier["ram_bytes"] // (4 + 2 * state_bytes)
+        out["master"], out["adam_m"], out["adam_v"] = 4 * elements, state_bytes * elements, state_bytes * elements
     out["state_pool"] = tier["pool_bytes"] + impl.param_tier_stats["pool_bytes"]
     out["lp_grads"] += impl.pack_buffer_bytes  # stages 2, 3
     out["grad_shard"] = impl.grad_shard_bytes

@@ -37,10 +37,13 @@ on NVMe need the states there too, and for the same reason offload_param "cpu" f
 (its stage-3 shards in host memory, copied to the device by each gather: the Engine's
 param_host) needs offload_optimizer "cpu". NVMe for a CUDA model is the same tier as for a CPU
 model: the file, its pool and the step on the CPU's cores, with the model's memory reached
-through the host tier's mover (C++ Note [state tiers]). A partial NVMe offload (ratio < 1) is a
-tier this version does not build: check_tier refuses it with a ConfigError at initialize, from
-the config and the model's device alone, so every rank raises the same error before any
-collective.
+through the host tier's mover (C++ Note [state tiers]). zerort's own ram_fraction splits the
+nvme tier: that part of master, m and v (whole records, the first ones) stays in host RAM, the
+rest goes to the file, and the step streams only the file's part (C++ Note [NVMe state store]);
+offload placement "auto" picks it when the states fit RAM and disk together but neither alone.
+DeepSpeed's partial NVMe offload (ratio < 1: the rest on the model's device) is a tier this
+version does not build: check_tier refuses it with a ConfigError at initialize, from the config
+and the model's device alone, so every rank raises the same error before any collective.
 
 Off memory (offload_optimizer "cpu" or "nvme"), zerort's own offload_optimizer.overlap_step
 (default: on there) overlaps the update with the next forward, unit by unit, never a step behind
@@ -86,6 +89,7 @@ def read_optimizer(r, d):
                             chunk_numel=r.number(d, "chunk_numel", o.chunk_numel, integer=True, low=1,
                                                  high=MAX_NUMEL, integral_float=True),
                             gradient_in_file=r.boolean(d, "gradient_in_file", o.gradient_in_file),
+                            ram_fraction=r.number(d, "ram_fraction", o.ram_fraction, low=0, high=1),
                             overlap_step=r.boolean(d, "overlap_step", o.overlap_step))
 
 
@@ -153,10 +157,19 @@ def rules(c, problems, keys):
         problems.lines.append(f"{opt_key}.gradient_in_file: true with device {opt.device!r}; it puts the FP32 "
                               "gradient shard in the NVMe state file, so it needs device 'nvme' (remove the key, or "
                               "set device to 'nvme')")
+    if opt.ram_fraction > 0 and opt.device != "nvme":
+        problems.lines.append(f"{opt_key}.ram_fraction: got {opt.ram_fraction!r} with device {opt.device!r}; it "
+                              "keeps part of the NVMe tier's states in RAM, so it needs device 'nvme' (remove the "
+                              "key, or set device to 'nvme')")
+    if opt.ram_fraction > 0 and opt.gradient_in_file:
+        problems.lines.append(f"{opt_key}.ram_fraction: got {opt.ram_fraction!r} with gradient_in_file true; a split "
+                              "keeps the FP32 gradient in RAM, which gradient_in_file would take out of it: remove "
+                              "gradient_in_file, or set ram_fraction to 0")
     if c.offload.placement == "auto":
         given = [f"{opt_key}.device {opt.device!r}"] * (opt.device != "none") + \
             [f"{par_key}.device {par.device!r}"] * (par.device != "none") + \
-            [f"{opt_key}.gradient_in_file true"] * opt.gradient_in_file
+            [f"{opt_key}.gradient_in_file true"] * opt.gradient_in_file + \
+            [f"{opt_key}.ram_fraction {opt.ram_fraction!r}"] * (opt.ram_fraction > 0)
         if given:
             problems.lines.append(f"offload placement 'auto': given with {', '.join(given)}; auto chooses these "
                                   "itself (Note [auto placement]): remove them (keep nvme_path, where auto may put "
@@ -208,7 +221,8 @@ def check_tier(config, device):
                      "zero_optimization.offload_optimizer.device to 'nvme' as well (and its nvme_path)")
     if opt.device == "nvme" and opt.ratio < 1:
         lines.append(f"zero_optimization.offload_optimizer.ratio: got {opt.ratio!r} with device 'nvme'; a partial "
-                     "NVMe offload is not built yet in this version of zerort: set ratio to 1")
+                     "NVMe offload with the rest on the model's device is not built yet in this version of zerort: "
+                     "set ratio to 1 (zerort's own offload_optimizer.ram_fraction keeps a part in host RAM instead)")
     if opt.device == "nvme" and opt.buffer_count < 1:
         lines.append("zero_optimization.offload_optimizer.buffer_count: got 0 with device 'nvme'; the NVMe tier "
                      "streams through at least 1 buffer (3 or more overlap reading, stepping and writing): set it "

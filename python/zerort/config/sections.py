@@ -104,6 +104,9 @@ class OffloadOptimizer:
     ratio: float = 1.0  # the part of the states offloaded (< 1: stage 3 only)
     chunk_numel: int = 1 << 20  # NVMe: state elements per chunk streamed through one buffer (zerort's own key)
     gradient_in_file: bool = False  # NVMe: the FP32 gradient shard in the file too (zerort's own key)
+    # NVMe: the part of master, m and v kept in host RAM, the first records, the rest in the file
+    # (zerort's own key; 0 to 1): C++ Note [NVMe state store], split.
+    ram_fraction: float = 0.0
     # The update overlaps the next forward, unit by unit (zerort's own key). None: where the states
     # are off the model's memory (a CUDA model's 'cpu' tier, 'nvme'); a CPU model's 'cpu' offload
     # only when true, since its states are in host memory already.
