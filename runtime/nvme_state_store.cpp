@@ -73,6 +73,7 @@ NvmeStateStore::NvmeStateStore(int64_t numel, DType state_dtype, const NvmeState
                "NvmeStateStore: block_size ", options.block_size, " and the record of ", chunk_stride_,
                " bytes must be multiples of the direct-I/O alignment ", file_.alignment(), " of ", file_.path());
   queue_.register_pool(pool_);  // false: the same I/O without fixed buffers
+  for (std::size_t c = ram_chunks_; c < chunk_count(); ++c) read_order_.push_back(c);
   if (options.gradient_in_file) {
     file_grad_ = std::make_unique<NvmeGradient>(file_, queue_, records_bytes(), static_cast<std::size_t>(numel_),
                                                 io::direct_io_alignment(options.directory), chunk_elements_);
@@ -236,71 +237,12 @@ void NvmeStateStore::finish_write_of(std::size_t c) {
   }
 }
 
-bool NvmeStateStore::read_ahead(std::size_t c, bool block) {
-  if (!block && std::any_of(writes_.begin(), writes_.end(), [c](const InFlight& w) { return w.chunk == c; })) {
-    return false;  // its write from the last update is still in flight
-  }
-  finish_write_of(c);  // never read a record before its last write is done
-  void* buffer = take_buffer(writes_, block);
-  if (buffer == nullptr) return false;
-  reads_.push_back({c, buffer, 0});
-  reads_.back().request = queue_.read(file_, chunk_offset(c), buffer, chunk_stride_);
-  return true;
-}
-
-void NvmeStateStore::prefetch() {
-  check_usable("prefetch");
-  try {
-    retire_done_writes(writes_);
-    const std::size_t file_chunks = chunk_count() - ram_chunks_;
-    while (reads_.size() < std::min(file_chunks, pool_.buffer_count()) &&
-           read_ahead(ram_chunks_ + reads_.size(), false)) {
-    }
-  } catch (const std::exception& e) {
-    drain(reads_, writes_, detail::concat("prefetch() failed: ", e.what()));
-    throw;
-  }
-}
-
-// See Note [NVMe state store].
-void NvmeStateStore::update(const ChunkFn& fn) {
-  check_usable("update");
-  const std::size_t chunks = chunk_count();
-  void* computing = nullptr;  // the buffer fn is working on, out of both lists
-  // The next chunk to read: prefetch() read the file's first ones, [ram_chunks_, next).
-  std::size_t next = ram_chunks_ + reads_.size();
-  try {
-    for (std::size_t i = 0; i < chunks; ++i) {
-      // A file chunk i must be in flight (waiting for a write when no buffer is free); later
-      // ones are read ahead as far as free buffers allow, also while RAM records are stepped.
-      while (next < chunks && next - std::max(i, ram_chunks_) < pool_.buffer_count() && read_ahead(next, next == i)) {
-        ++next;
-      }
-      for (InFlight& r : reads_) start_grad(r);  // prefetch() read the records only
-      if (i < ram_chunks_) {                     // stepped in place: no I/O (See Note: split)
-        fn(i * chunk_elements_, view(i, ram_record(i)));
-        continue;
-      }
-      ZRT_CHECK(!reads_.empty() && reads_.front().chunk == i, "NvmeStateStore::update: chunk ", i,
-                " is not being read (pool of ", pool_.buffer_count(), ")");  // unreachable
-      queue_.wait(reads_.front().request);
-      if (file_grad_) {
-        file_grad_->finish(i * chunk_elements_, chunk_numel(i), grad_slot(reads_.front().buffer),
-                           reads_.front().grad_reads);
-      }
-      computing = reads_.front().buffer;
-      reads_.pop_front();
-      fn(i * chunk_elements_, view(i, computing));
-      writes_.push_back({i, computing, queue_.write(file_, chunk_offset(i), computing, chunk_stride_)});
-      computing = nullptr;
-      retire_done_writes(writes_);
-    }
-    // The last writes stay in flight, hidden behind what the caller does next; every other
-    // call waits for the ones it needs (See Note [NVMe state store]).
-  } catch (const std::exception& e) {
-    if (computing != nullptr) pool_.release(computing);
-    drain(reads_, writes_, detail::concat("update() failed: ", e.what()));
-    throw;
+void NvmeStateStore::drop_reads() {
+  while (!reads_.empty()) {
+    if (file_grad_) file_grad_->await(reads_.front().grad_reads);
+    queue_.wait(reads_.front().request);
+    pool_.release(reads_.front().buffer);
+    reads_.pop_front();
   }
 }
 
@@ -308,12 +250,7 @@ void NvmeStateStore::settle(const char* call) {
   check_usable(call);
   try {
     finish_writes(writes_);
-    while (!reads_.empty()) {  // read ahead for an update that a direct read or write comes before
-      if (file_grad_) file_grad_->await(reads_.front().grad_reads);
-      queue_.wait(reads_.front().request);
-      pool_.release(reads_.front().buffer);
-      reads_.pop_front();
-    }
+    drop_reads();  // read ahead for an update that a direct read or write comes before
   } catch (const std::exception& e) {
     drain(reads_, writes_, detail::concat(call, "() failed waiting for earlier I/O: ", e.what()));
     throw;

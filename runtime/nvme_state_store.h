@@ -11,6 +11,7 @@
 #include <deque>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "io/aligned_buffer_pool.h"
@@ -32,8 +33,8 @@ namespace zerort {
 // request per chunk, into one pool buffer, make the unit of I/O the unit of compute. The cost
 // falls on read_range()/write_range() of one array alone (a checkpoint of the master only),
 // which move whole records.
-// The pipeline (update): chunk i+1 (and more, up to the free buffers) is read while fn runs on
-// chunk i, while chunk i-1 is written back. A buffer goes back to the pool when its write is
+// The pipeline (update): the next visit's chunk (and more, up to the free buffers) is read while
+// fn runs on this one, while the last one is written back. A buffer goes back to the pool when its write is
 // done, so the RAM used is the pool's, buffer_count * chunk_stride() (pool_bytes()), whatever
 // numel is (See Note [The pool never grows]); the gradient (numel float32) is the only RAM
 // that grows with the state, and it is the reduces' target, as in memory. With
@@ -58,6 +59,15 @@ namespace zerort {
 // buffers back, rethrows, and from then on refuses every call that reads or writes the state
 // (Error naming the first failure), so nothing half-written is ever used. A failed read_range
 // changes nothing and leaves the store usable.
+// Order: update() visits the chunks in offset order. update_ranges() hands fn the ranges in the
+// order given (the overlapped step's: the next forward's, Note [overlapped step]), each range as
+// its parts within chunks, walked up, or down when the range ends where the last one began
+// (stages 1-2's forward order is the reverse of the offsets). Consecutive parts of one chunk are
+// one visit: the record read once, fn called on each part in turn, the record written once. So
+// an order that moves through the state up or down reads and writes each record once, like
+// update(); where the order jumps, a record whose parts lie on both sides is visited (read and
+// written) twice, never read before its last write is done. prefetch() reads ahead in the last
+// update's order, and an update in another order drops those reads.
 // Split between RAM and the file (ram_fraction > 0): the first ram_chunks() = floor(ram_fraction
 // x chunk count) records are kept in host RAM, in the same record layout, and the file holds the
 // rest (record c at offset (c - ram_chunks()) * chunk_stride()). update() steps a RAM record in
@@ -109,8 +119,11 @@ class NvmeStateStore final : public OptimizerStateStore {
   void write_grad(size_t offset, size_t n, const float* in) override;
   GradStats unscale_and_check_grad(float inv_scale) override;
   void zero_grad() override;
-  void update(const ChunkFn& fn) override;  // See Note [NVMe state store]
-  void prefetch() override;                 // reads the first chunks into free buffers, without waiting
+  void update(const ChunkFn& fn) override;  // every chunk in offset order: See Note [NVMe state store]
+  // The ranges' order (See Note: order); the ranges cover [0, numel) once.
+  void update_ranges(const std::vector<std::pair<size_t, size_t>>& ranges, const ChunkFn& fn) override;
+  // Reads the first chunks the last update read (offset order before any) into free buffers, without waiting.
+  void prefetch() override;
   void read_range(size_t offset, size_t n, float* master, void* exp_avg, void* exp_avg_sq) override;
   void write_range(size_t offset, size_t n, const float* master, const void* exp_avg, const void* exp_avg_sq) override;
 
@@ -129,6 +142,9 @@ class NvmeStateStore final : public OptimizerStateStore {
   const std::string& failure() const { return failure_; }
 
  private:
+  struct Part {  // elements [offset, offset + n) of chunk `chunk`, handed to fn as one call
+    std::size_t chunk, offset, n;
+  };
   struct InFlight {
     std::size_t chunk;
     void* buffer;
@@ -150,6 +166,10 @@ class NvmeStateStore final : public OptimizerStateStore {
   // Before a direct read or write: every write done, every read ahead dropped (after
   // check_usable(call)).
   void settle(const char* call);
+  void drop_reads();  // waits for the reads ahead and gives their buffers back
+  // update()'s and update_ranges()' pipeline: fn on every part, in order, each run of parts of
+  // one chunk a visit that reads and writes the record once (See Note: the pipeline).
+  void stream(const std::vector<Part>& parts, const ChunkFn& fn);
   void finish_write_of(std::size_t chunk);  // waits for chunk's write, if one is in flight
   // Starts reading chunk c (a file record) into a free buffer (taking the oldest write's when `block` and none
   // is free); false when no buffer is free, or, without `block`, c's last write is in flight.
@@ -175,7 +195,8 @@ class NvmeStateStore final : public OptimizerStateStore {
   io::IoQueue queue_;
   at::Tensor grad_;                          // undefined with gradient_in_file
   std::unique_ptr<NvmeGradient> file_grad_;  // gradient_in_file: the file's gradient region
-  std::deque<InFlight> reads_;               // chunks 0, 1, ... read ahead for the next update
+  std::deque<InFlight> reads_;               // read ahead for the next update: read_order_'s first
+  std::vector<std::size_t> read_order_;      // the file's chunks in the order the last update visited them
   std::deque<InFlight> writes_;              // in submit order; an update's last ones outlive it
   std::string failure_;
 };

@@ -89,8 +89,9 @@ class OptimizerStateStore {
   // Calls fn on every chunk in order; what fn leaves in a chunk's master, m and v is the state
   // once update() returns. See Note [optimizer state store].
   virtual void update(const ChunkFn& fn) = 0;
-  // update(fn) over the ranges {offset, n} (which cover [0, numel) once), in the order given
-  // where the tier reaches its state at random (in memory); a streamed tier takes its own order.
+  // update(fn) over the ranges {offset, n} (which cover [0, numel) once), in the order given:
+  // fn sees every element of one range before any of the next (within a range, a streamed
+  // tier may go down: Note [NVMe state store]). The default takes update()'s order.
   virtual void update_ranges(const std::vector<std::pair<size_t, size_t>>& ranges, const ChunkFn& fn) {
     (void)ranges;
     update(fn);

@@ -156,8 +156,8 @@ void ShardOptimizer::apply(const std::vector<OutputSegment>& outputs, const std:
     done = seg.offset + seg.numel;
   }
   pieces.push_back({done, n - done, nullptr, DType::kFloat32});
-  // The ranges in the order asked: outputs[order[i]] first, then every gap (a store that
-  // streams its state in offset order takes them in that order instead).
+  // The ranges in the order asked: outputs[order[i]] first, then every gap (each store takes
+  // them in this order: Note [optimizer state store]).
   std::vector<std::pair<size_t, size_t>> ranges;
   std::vector<bool> taken(pieces.size(), false);
   for (size_t k : order) {
@@ -170,6 +170,8 @@ void ShardOptimizer::apply(const std::vector<OutputSegment>& outputs, const std:
     if (!taken[j] && pieces[j].numel > 0) ranges.emplace_back(pieces[j].offset, pieces[j].numel);
   }
   std::vector<void*> lent(pieces.size(), nullptr);  // the buffers open() lent, while open
+  std::vector<size_t> left(pieces.size());          // elements still to update: close() at 0
+  for (size_t j = 0; j < pieces.size(); ++j) left[j] = pieces[j].numel;
   state_->update_ranges(ranges, [&](size_t offset, const AdamWBuffers& chunk) {
     const size_t end = offset + chunk.n;
     auto first = std::upper_bound(pieces.begin(), pieces.end(), offset,
@@ -178,11 +180,12 @@ void ShardOptimizer::apply(const std::vector<OutputSegment>& outputs, const std:
       const OutputSegment& p = pieces[j];
       const size_t lo = std::max(p.offset, offset), hi = std::min(p.offset + p.numel, end);
       if (lo >= hi) continue;
-      if (p.open && lo == p.offset) lent[j] = p.open();
+      if (p.open && left[j] == p.numel) lent[j] = p.open();  // its first part, wherever it lies
       void* base = p.open ? lent[j] : p.out;
       void* out = base ? static_cast<char*>(base) + (lo - p.offset) * dtype_size(p.dtype) : nullptr;
       adamw_range(chunk, offset, lo, hi - lo, out, p.dtype, s);
-      if (p.close && hi == p.offset + p.numel) p.close();
+      left[j] -= hi - lo;
+      if (p.close && left[j] == 0) p.close();
     }
   });
   state_->zero_grad();

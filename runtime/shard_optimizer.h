@@ -38,8 +38,9 @@ struct OptimizerOptions {
 
 // Where step() writes the updated weights: master[offset, offset+numel) cast to dtype
 // (bf16, f16, or f32 for FP32 modules) at out. Instead of out, a segment can borrow its buffer:
-// open() when the step reaches the segment's first element, close() once its last is written.
-// The step reaches segments in offset order, so a lender needs one buffer at a time.
+// open() before the step writes any of its elements, close() once all are written. The step
+// finishes one segment before it starts the next (apply()'s order; a store may walk a segment
+// down: Note [NVMe state store]), so a lender needs one buffer at a time.
 struct OutputSegment {
   size_t offset = 0;
   size_t numel = 0;
@@ -85,8 +86,8 @@ class ShardOptimizer {
   // step() in two halves (Note [overlapped step], runtime/step_overlap.h): decide() takes the
   // decision (the collective, the skip, the clip, the loss scale's next value) and, when the
   // step is applied, leaves the update pending; apply() then runs AdamW over every element
-  // once, outputs[order[0]], outputs[order[1]], ... first (a store that streams its state in
-  // offset order takes offset order), and zeroes the gradient. The bits do not depend on the
+  // once, outputs[order[0]], outputs[order[1]], ... first (the nvme store streams them in that
+  // order too: Note [NVMe state store]), and zeroes the gradient. The bits do not depend on the
   // order: AdamW is elementwise. apply() may run on another thread than decide().
   bool decide(const std::vector<OutputSegment>& outputs, StepStats& stats, int64_t missed_backward = 0);
   void apply(const std::vector<OutputSegment>& outputs, const std::vector<size_t>& order);

@@ -7,9 +7,8 @@
 // value: ShardOptimizer::decide), so nothing is updated before every rank knows whether and
 // how, and a skipped step updates no unit. Then it hands AdamW to a worker thread and returns.
 // The worker updates the units in the next forward's order (stage 3: the recorded unit order,
-// python/zerort/engine/stage3.py; stages 1-2: the reverse of the reduce order) where the store
-// reaches its state at random (the 'cpu' tier); the 'nvme' tier streams its file in offset
-// order, the reduce order, so there the forward's first unit comes last. As each unit's new
+// python/zerort/engine/stage3.py; stages 1-2: the reverse of the reduce order), the 'nvme'
+// tier's file streamed in that order too (Note [NVMe state store], order). As each unit's new
 // low-precision shard is out (copied to the model's memory, or written to its shard copy; at
 // stages 1-2 its all-gather started, on the worker, in the worker's order) the worker marks it
 // done. The next forward's first use of unit k waits for unit k alone: stage 3's gather

@@ -16,6 +16,7 @@
 #include "core/error.h"
 #include "io/alignment.h"
 #include "io_test_util.h"
+#include "nvme_state_test_util.h"
 #include "run_ranks.h"
 #include "runtime/nvme_state_store.h"
 #include "runtime/shard_optimizer.h"
@@ -24,48 +25,6 @@ namespace zerort::testing {
 namespace {
 
 using io::testing::TempDir;
-
-// The chunk NvmeStateStore makes of chunk_elements = 1: one alignment's worth of elements.
-size_t smallest_chunk(const std::string& dir) { return io::round_up(1, io::direct_io_alignment(dir)); }
-
-NvmeStateOptions small_options(const std::string& dir, size_t buffer_count, bool gradient_in_file = false,
-                               double ram_fraction = 0) {
-  NvmeStateOptions o;
-  o.gradient_in_file = gradient_in_file;
-  o.ram_fraction = ram_fraction;
-  o.directory = dir;
-  o.chunk_elements = 1;
-  o.buffer_count = buffer_count;
-  o.queue_depth = 4;
-  o.block_size = io::direct_io_alignment(dir);
-  return o;
-}
-
-at::Tensor start_master(int64_t numel) { return at::arange(numel, at::kFloat).mul_(0.37f).sin_().mul_(2.0f); }
-
-void fill_grad(at::Tensor& grad, int step) {
-  float* g = grad.data_ptr<float>();
-  for (int64_t i = 0; i < grad.numel(); ++i) g[i] = std::cos(0.11f * static_cast<float>(i) + static_cast<float>(step));
-}
-
-// fill_grad's values into the store's gradient, wherever it lives.
-void fill_grad(OptimizerStateStore& state, int step) {
-  at::Tensor g = at::empty({state.numel()}, at::kFloat);
-  fill_grad(g, step);
-  state.write_grad(0, static_cast<size_t>(g.numel()), g.data_ptr<float>());
-}
-
-struct Snapshot {
-  std::vector<float> master;
-  std::vector<char> exp_avg, exp_avg_sq;
-};
-
-Snapshot snapshot(OptimizerStateStore& state) {
-  const size_t n = static_cast<size_t>(state.numel()), bytes = n * dtype_size(state.state_dtype());
-  Snapshot s{std::vector<float>(n), std::vector<char>(bytes), std::vector<char>(bytes)};
-  state.read_range(0, n, s.master.data(), s.exp_avg.data(), s.exp_avg_sq.data());
-  return s;
-}
 
 // `steps` AdamW steps of the same gradients through both tiers, with two hyper groups and a
 // bf16 output segment that cross chunk boundaries; every output and the final state compared

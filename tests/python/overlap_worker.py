@@ -75,9 +75,9 @@ def run(case, tier, nvme_dir, device):
     model = Stack().to(device)
     engine = zerort.initialize(model=model, config=config(case, tier, nvme_dir))
     overlapped = tier != "none" and engine.runtime.overlaps_step
-    # The hook holds the last unit until the forward's first wait: the cpu tier updates in the next
-    # forward's order; the nvme tier streams its file in offset order, so its forward may wait for all.
-    hold = overlapped and case.get("hold", False) and tier == "cpu"
+    # The hook holds the last unit until the forward's first wait: both tiers update in the next
+    # forward's order (the nvme file streamed in it: C++ Note [NVMe state store], order).
+    hold = overlapped and case.get("hold", False)
     out = {"losses": [], "skipped": [], "reports": [], "overlapped": overlapped, "wait_ms": [],
            "skipped_unchanged": None}
     for step in range(STEPS):

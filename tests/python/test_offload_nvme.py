@@ -102,19 +102,26 @@ def test_nvme_tier_equals_memory_tier_bitwise(tmp_path, world):
         else:
             assert stats["gradient_bytes"] == 0 and stats["pool_bytes"] == 3 * record, stats  # whatever the size
             assert disk["grad_ram"] == ram["grad_ram"]
-            # Every step reads and writes the whole file once, nothing more. Bytes count when their
-            # request completes: the last step's last writes may still be in flight (at most the pool).
-            assert stats["step_bytes_read"] == STEPS * stats["file_bytes"], stats
-            assert STEPS * stats["file_bytes"] - stats["pool_bytes"] <= stats["step_bytes_written"] <= \
-                STEPS * stats["file_bytes"], stats
+            # Every step reads and writes the whole file, in the next forward's order (C++ Note [NVMe
+            # state store]: order): at stages 1-2 (the offsets' reverse) each record once; at stage 3
+            # the units gathered at the step come first, and the records they share with the units
+            # beside them are visited twice. Bytes count when their request completes: the last
+            # step's last writes may still be in flight (at most the pool), and the first step drops
+            # what was read ahead in offset order before the order was known (at most the pool).
+            most = (1 if case["stage"] < 3 else 2) * STEPS * stats["file_bytes"]
+            assert STEPS * stats["file_bytes"] <= stats["step_bytes_read"] <= most + stats["pool_bytes"], stats
+            assert STEPS * stats["file_bytes"] - stats["pool_bytes"] <= stats["step_bytes_written"] <= most, stats
         assert ram["stats"]["tier"] == "memory"
         # The monitor's I/O columns: every rank's file read once per step (all ranks' files alike).
         with open(tmp_path / name / "metrics.csv") as f:
             rows = list(csv.DictReader(f))
         assert len(rows) == STEPS and all(float(r["nvme_wait_s"]) >= 0 for r in rows), rows
         state_mib = world * stats["file_bytes"] / 2 ** 20  # plus the gathers' reads with offload_param
+        pool_mib = world * stats["pool_bytes"] / 2 ** 20  # the first step's reads ahead, dropped (above)
         assert all(float(r["nvme_read_mib"]) > state_mib if case.get("params") or case.get("grads") else
-                   float(r["nvme_read_mib"]) == state_mib for r in rows), rows
+                   state_mib <= float(r["nvme_read_mib"]) <= (1 if case["stage"] < 3 else 2) * state_mib +
+                   (pool_mib if i == 0 else 0)
+                   for i, r in enumerate(rows)), rows
         assert "optimizer states on nvme" in disk["report"], disk["report"]
         # A checkpoint from either tier resumes in the other to the same bits.
         assert result[f"{name}:none->nvme"]["losses"] == result[f"{name}:nvme->none"]["losses"]

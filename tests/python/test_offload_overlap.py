@@ -6,7 +6,8 @@ masters and moments, at stages 1-3, W = 1 and 2, with clipping that bites, gradi
 accumulation 2, a model whose units have odd, different sizes, and (fp16) a step whose
 gradients overflow, which must update no unit. The ordering: with the engine's hook that holds
 the last unit's update open until the forward's first wait, the forward starts (waits for its
-first unit) while units are still to be done (overlap_worker.py records what it saw)."""
+first unit) while units are still to be done, in both tiers, the nvme file streamed in the
+forward's order (overlap_worker.py records what it saw)."""
 import json
 import os
 import sys
@@ -64,11 +65,12 @@ def check_order(result, cases):
     for case in cases:
         if not case.get("hold"):
             continue
-        reports = result[f"{case['name']}:cpu"]["reports"]
-        assert reports, case
-        for r in reports:  # the forward's first wait came while the last unit was still to be done
-            assert r["first_wait_seen"] and not r["hold_timed_out"], (case["name"], r)
-            assert r["done_at_first_wait"] < r["units"], (case["name"], r)
+        for tier in ("cpu", "nvme"):
+            reports = result[f"{case['name']}:{tier}"]["reports"]
+            assert reports, (case, tier)
+            for r in reports:  # the forward's first wait came while the last unit was still to be done
+                assert r["first_wait_seen"] and not r["hold_timed_out"], (case["name"], tier, r)
+                assert r["done_at_first_wait"] < r["units"], (case["name"], tier, r)
 
 
 @pytest.mark.parametrize("world", [1, 2])
