@@ -13,7 +13,8 @@ Each row is its own process (this script with --row), so peak RSS, peak GPU memo
 meta device: zerort makes it real unit by unit inside initialize (zerort.engine.meta_init), DeepSpeed's
 rows take it to the GPU with to_empty and initialise it in place, so 13B builds in seconds. Columns:
 step time median and p90 over --steps steps after one warm-up, tokens/s (micro-batch x sequence / median),
-the GPU's idle fraction (the engine's figure when it reports one, update_wait_ms; else one more step
+the GPU's idle fraction (the engine's figure when it reports one, update_wait_ms, the forward's wait for the
+overlapped update, which on a CPU model is the compute's idle fraction; else one more step
 under the CUDA profiler, 1 - the union of its device events / the step's time; else NVML's
 utilisation sampled through the steps, torch.cuda.utilization; n/a on a CPU), peak GPU memory
 (torch.cuda.max_memory_allocated), peak RSS, and the disk bytes read and written. Every row prints its
@@ -240,7 +241,7 @@ def run_row(row, a):
                tokens=s["batch"] * s["seq"], losses=losses, read=io1[0] - io0[0], written=io1[1] - io0[1],
                rss=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
                gpu_peak=torch.cuda.max_memory_allocated() if device.type == "cuda" else None)
-    if waits and device.type == "cuda":  # the forward's wait for the overlapped update: the GPU idle
+    if waits:  # the forward's wait for the overlapped update: the GPU's idle time (a CPU model's compute's)
         out["idle"], out["idle_source"] = sum(waits) / sum(times), "engine"
     elif device.type == "cuda" and (idle := profiled_idle(step, sync)) is not None:
         out["idle"], out["idle_source"] = idle, "cuda events"
@@ -276,8 +277,8 @@ def table(results, a, s):
           f"parameters ({s['layers']} layers, hidden "
           f"{s['hidden']}, intermediate {s['intermediate']}, vocab {s['vocab']}), micro-batch {s['batch']}x{s['seq']}, "
           f"bf16 compute, FP32 master and Adam, W = 1, zerort stage {a.stage}; {a.steps} timed steps after 1")
-    print("| row | step s median | p90 | tokens/s | GPU idle | peak GPU GB | peak RSS GB | disk read GB | "
-          "disk written GB | losses |")
+    print(f"| row | step s median | p90 | tokens/s | {'GPU' if dev != 'CPU' else 'compute'} idle | peak GPU GB | "
+          "peak RSS GB | disk read GB | disk written GB | losses |")
     print("|---|---|---|---|---|---|---|---|---|---|")
     for row in a.rows:
         r = results[row]

@@ -82,6 +82,8 @@ void StepOverlap::wait(std::size_t unit, bool counted) {
     if (counted) {
       report_.waited_seconds += seconds_since(t0);
       ++report_.waits;
+    } else {
+      report_.step_waited_seconds += seconds_since(t0);
     }
   }
   if (error_) std::rethrow_exception(error_);

@@ -46,6 +46,7 @@ namespace zerort {
 struct OverlapReport {
   std::size_t units = 0;               // units the last update covered
   double waited_seconds = 0;           // the forward's waits on units, in all
+  double step_waited_seconds = 0;      // step()'s own waits (the units it gathers itself: not counted)
   std::size_t waits = 0;               // waits that found their unit not done yet
   std::size_t done_at_first_wait = 0;  // units done when the first wait began
   bool first_wait_seen = false;        // some wait began while the update ran
@@ -67,7 +68,8 @@ class StepOverlap {
   // hold_last_unit set, it first waits (up to a minute) for some wait() to begin.
   void done(std::size_t unit);
   // The caller: blocks until unit is done (at once when no update runs); rethrows the
-  // worker's error. counted: the time is the forward's (report().waited_seconds).
+  // worker's error. counted: the time is the forward's (report().waited_seconds), else the
+  // step's own (report().step_waited_seconds).
   void wait(std::size_t unit, bool counted = true);
   // Joins the worker; rethrows its error once. A no-op when none runs.
   void finish();

@@ -45,12 +45,14 @@ class ParamWaits:
     def overlapped_step(engine, boundary, step):
         """step(), the C++ step, with the overlapped update's Python side (C++ Note [overlapped
         step]): stage 3's next forward's unit order handed over first; the result's update_wait_ms,
-        what the forward since the last update waited for its units (the device's idle time); the
+        what the last update kept the compute waiting (the device's idle time): the forward's waits
+        for its units, and the last step()'s for the units it gathers itself (stage 3); the
         update finished before the monitor's all-gather, which no gather of the worker's may cross."""
         impl = engine.runtime
         if not (boundary and engine._overlaps_step):
             return step()
-        waited_ms = 1e3 * impl.overlap_report["waited_seconds"]
+        report = impl.overlap_report
+        waited_ms = 1e3 * (report["waited_seconds"] + report["step_waited_seconds"])
         if engine._units:
             impl.set_update_order(engine._units.next_order())
         s = step()
