@@ -9,7 +9,8 @@
    --io-only stops here.
 2. The training step with the FP32 master and Adam's moments in RAM, under
    offload_optimizer.device "cpu" (a CPU model's states are in host memory already: See Note
-   [offload tiers]) and "nvme" (at stage 3 also with offload_param "nvme": nvme+params), at
+   [offload tiers]) and "nvme" (at stage 3 also with offload_param "nvme": nvme+params; and split,
+   --ram-fractions of the records kept in RAM: nvme+ramF), at
    each stage asked: examples/gpt.py's GPT under
    bench/e2e_worker.py (torchrun, W = 2, gloo, OMP_NUM_THREADS=1 per rank), the same model,
    data and seed, so every step's loss must be the same to the bit in all three. Median and
@@ -99,22 +100,26 @@ def stream_rate(directory, million, buffers, backend):
 
 def offload(tier, path, buffer_count):
     """tier: none, cpu, nvme, nvme+grads (the FP32 gradient shard in the file too), nvme+params
-    (stage 3's parameter shards on NVMe too) or nvme+params+grads."""
+    (stage 3's parameter shards on NVMe too), nvme+params+grads, or nvme+ramF (ram_fraction F: that
+    part of the records kept in RAM)."""
     device, *more = tier.split("+")
     o = {"device": device}
     if device == "nvme":
         o.update(nvme_path=path, buffer_count=buffer_count, gradient_in_file="grads" in more)
+        o.update({"ram_fraction": float(m[3:]) for m in more if m.startswith("ram")})
     param = {"param": {"device": "nvme", "nvme_path": path}} if "params" in more else {}
     return {"offload": {"optimizer": o, **param}}
 
 
 def rows(a):
     """(stage, tier, buffer_count) of each run: RAM, cpu, then nvme with each pool size, also with
-    the gradient in the file (at stage 3 also with the parameters on NVMe)."""
+    the gradient in the file (at stage 3 also with the parameters on NVMe), and split between RAM
+    and the file at each --ram-fractions."""
     nvme = ["nvme", "nvme+grads"]
     return [(s, t, b) for s in a.stages
             for t, counts in (("none", [0]), ("cpu", [0]), *((t, a.buffer_counts) for t in nvme),
-                              *((f"nvme+params{t[4:]}", a.buffer_counts) for t in nvme if s == 3))
+                              *((f"nvme+params{t[4:]}", a.buffer_counts) for t in nvme if s == 3),
+                              *((f"nvme+ram{f:g}", a.buffer_counts) for f in a.ram_fractions))
             for b in counts]
 
 
@@ -141,6 +146,8 @@ def main():
     ap.add_argument("--buffer-counts", type=int, nargs="+", default=[4],
                     help="offload_optimizer.buffer_count of the nvme rows (one row each; DeepSpeed's default 4)")
     ap.add_argument("--no-deepspeed", action="store_true", help="leave out DeepSpeed's rows")
+    ap.add_argument("--ram-fractions", type=float, nargs="*", default=[0.5],
+                    help="nvme rows with that part of the records kept in RAM (offload_optimizer.ram_fraction)")
     ap.add_argument("--io-only", action="store_true", help="the disk and the streaming rows only (part 1)")
     ap.add_argument("--stream-million", type=int, default=STREAM_MILLION,
                     help="million elements of the streaming pass's state (12 bytes each)")
