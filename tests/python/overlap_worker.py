@@ -6,7 +6,8 @@ gradient accumulation 2 and (fp16) one step whose gradients overflow. Rank 0 wri
 
     torchrun --nproc_per_node W overlap_worker.py OUT NVME_DIR CASES.json DEVICE
 
-CASES.json: a list of {"name", "stage", "precision", "hold"}; "hold" runs the overlapped tiers
+CASES.json: a list of {"name", "stage", "precision", "hold", "ram"} ("ram": the nvme tier's ram_fraction);
+"hold" runs the overlapped tiers
 with the engine's test hook that keeps the last unit's update open until the forward's first
 wait (Engine.hold_last_update), and records what the forward saw of the update (ordering).
 DEVICE: "cpu", or "cuda" (each rank its own GPU: tests/gpu/test_offload_overlap_gpu.py).
@@ -50,7 +51,7 @@ class Stack(nn.Module):
 def config(case, tier, nvme_dir):
     optimizer = {"device": tier, "overlap_step": True}  # a CPU model's 'cpu' tier overlaps only when asked
     if tier == "nvme":
-        optimizer.update(nvme_path=nvme_dir, chunk_numel=1000, buffer_count=3)
+        optimizer.update(nvme_path=nvme_dir, chunk_numel=1000, buffer_count=3, ram_fraction=case.get("ram", 0.0))
     offload = {"optimizer": optimizer}
     if tier == "nvme" and case["stage"] == 3:
         offload["param"] = {"device": "nvme", "nvme_path": nvme_dir}
@@ -105,6 +106,7 @@ def run(case, tier, nvme_dir, device):
         for key in ("exp_avg", "exp_avg_sq"):
             tensors[f"{key}:{n}"] = safe_get_full_optimizer_state(p, key).detach().cpu().clone()
     out["tier"] = engine.runtime.state_tier_stats["tier"]
+    out["ram_bytes"] = engine.runtime.state_tier_stats["ram_bytes"]
     out["units"] = engine.runtime.num_buckets
     engine.destroy()
     return out, tensors

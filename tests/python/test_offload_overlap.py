@@ -22,7 +22,7 @@ from zerort._testing.launch import launch  # noqa: E402
 CASES = [{"name": "s1", "stage": 1, "precision": "bf16", "hold": True},
          {"name": "s1-fp16", "stage": 1, "precision": "fp16"},
          {"name": "s2", "stage": 2, "precision": "bf16", "hold": True},
-         {"name": "s2-fp16", "stage": 2, "precision": "fp16"},
+         {"name": "s2-fp16", "stage": 2, "precision": "fp16", "ram": 1.0},  # the nvme records all in RAM
          {"name": "s3", "stage": 3, "precision": "bf16", "hold": True},
          {"name": "s3-fp16", "stage": 3, "precision": "fp16"}]
 OVERFLOW_STEP = 2  # overlap_worker's
@@ -48,6 +48,7 @@ def check_bits(result, tensors, cases):
         for tier in ("cpu", "nvme"):
             off = result[f"{name}:{tier}"]
             assert off["tier"] == tier and off["overlapped"], (name, tier, off)
+            assert (off["ram_bytes"] > 0) == (tier == "nvme" and "ram" in case), (name, tier, off["ram_bytes"])
             assert off["losses"] == ram["losses"], (name, tier)
             mine, theirs = tensors[f"{name}:{tier}"], tensors[f"{name}:none"]
             assert mine.keys() == theirs.keys()
