@@ -247,7 +247,7 @@ class Engine {
   std::vector<std::array<size_t, 4>> bucket_layout(size_t group) const;
 
   // For the memory report: the FP32 gradient (every group; with the gradient in the NVMe
-  // file, the reduce scratch that stands in for it in RAM), stage 0's reduce scratch,
+  // file, the reduce scratch that stands in for it; kHost's, beside it), stage 0's reduce scratch,
   // the gradient pack buffers (stage 2's two, plus the largest one-off buffer; stage 3's
   // per-unit ones) and the low-precision parameters held for good (stages 0-2: the flat
   // buffers; stage 3: the persistent units, and the shard copies of Note [state tiers] in memory).

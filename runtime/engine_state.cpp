@@ -318,7 +318,8 @@ size_t Engine::grad_shard_bytes() const {
     return static_cast<size_t>(state.grad().numel()) * 2 + static_cast<size_t>(reduce_scratch_.numel()) * sizeof(float);
   }
   const at::Tensor& held = state.gradient_in_memory() ? state.grad() : reduce_scratch_;
-  return static_cast<size_t>(held.numel()) * sizeof(float);
+  const bool host_tier = host_mover_ && state.tier() == StateTier::kMemory;  // and its reduce scratch on the device
+  return static_cast<size_t>(held.numel() + (host_tier ? reduce_scratch_.numel() : 0)) * sizeof(float);
 }
 
 StateTierStats Engine::state_tier_stats() const {

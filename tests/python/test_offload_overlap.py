@@ -112,3 +112,27 @@ def test_update_order_is_checked():
     with pytest.raises(zerort.errors.Error, match="named twice"):
         impl.set_update_order([1, 1])
     engine.destroy()
+
+
+@pytest.mark.parametrize("stage", [2, 3])
+def test_the_cpu_tier_of_a_cpu_model_is_counted_to_the_byte(stage):
+    """overlap_step true runs a CPU model's offload cpu as the Engine's 'cpu' tier (Note [state tiers]):
+    its master and moments in host memory and the reduces' FP32 scratch beside the gradient. The memory
+    report counts each (the engine's counters) and the estimate agrees to the byte, allocator included."""
+    import zerort
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(*[torch.nn.Linear(96, 96) for _ in range(5)])
+    offload = {"optimizer": {"device": "cpu", "overlap_step": True}}
+    engine = zerort.initialize(model=model, config={"stage": stage, "precision": "bf16", "offload": offload,
+                                                    "reduce_bucket_numel": 20_000})
+    assert engine.runtime.state_tier_stats["tier"] == "cpu"
+    for _ in range(2):
+        engine.backward(engine(torch.randn(4, 96)).float().pow(2).mean())
+        engine.step()
+    report = engine.memory_report()
+    for k in ("lp_params", "master", "adam_m", "adam_v", "grad_shard"):
+        assert report.measured[k] == report.estimate[k] > 0, (k, report.measured[k], report.estimate[k])
+    held = report.allocator["held"]
+    assert held["measured"] == held["estimate"], held
+    engine.destroy()

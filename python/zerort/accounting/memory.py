@@ -69,7 +69,7 @@ class Group:
 
 
 def exact(groups, world_size, stage, reduce_bucket_numel=1 << 24, prefetch=1, at_rest=False, state_bytes=4,
-          nvme=None, secondary=1, master_bytes=4):
+          nvme=None, secondary=1, master_bytes=4, host_tier=False):
     """Exact bytes per rank in memory of our layout for these parameter groups (stages 0-2:
     one group per dtype, cut into reduce buckets; stage 3: the units in execution order).
     state_bytes: per element of Adam's m and v (4, or 2 with bf16 optimizer states). at_rest:
@@ -81,13 +81,18 @@ def exact(groups, world_size, stage, reduce_bucket_numel=1 << 24, prefetch=1, at
     its value: C++ Note [hybrid sharding]). secondary: stage 3's secondary groups' size (hpZ),
     whose pieces of every gathered unit stay (C++ Note [secondary shards]). master_bytes: per element
     of the master and the gradient shard (2: a bf16 master, which adds the reduces' FP32 scratch of
-    the largest bucket's shard to grad_shard: C++ Note [bf16 master])."""
+    the largest bucket's shard to grad_shard: C++ Note [bf16 master]). host_tier: the Engine's 'cpu' tier
+    (C++ Note [state tiers]), whose reduces sum into an FP32 scratch of the largest bucket's shard on the
+    model's device, counted in grad_shard, and at stage 3 keeps each released unit's low-precision shard
+    apart (lp_params)."""
     in_flight = (nvme is None or not nvme.gradients) and master_bytes == 4  # else reached by ranges: waited at once
     out = _in_memory(groups, world_size, stage, reduce_bucket_numel, prefetch, at_rest, state_bytes, master_bytes,
                      in_flight)
     state_numel = out["grad_shard"] // master_bytes
-    if master_bytes == 2:
+    if master_bytes == 2 or host_tier:
         out["grad_shard"] += 4 * _largest_shard(groups, world_size, stage, reduce_bucket_numel)
+    if host_tier and stage == 3:  # each released unit's shard copy (C++ Note [state tiers])
+        out["lp_params"] += sum(_unit_shard_bytes(groups, world_size))
     if stage == 3 and secondary > 1:
         out["lp_params"] += sum(u // secondary for u in unit_bytes(groups, world_size))
     if nvme is not None:  # master, m and v go to the file (but a split's RAM records); the pool and shard copies stay

@@ -152,7 +152,7 @@ def measure(engine, mem):
         flat_grads = impl.flat_grads(g)
         out["lp_grads"] += nbytes(flat_grads) if flat_grads is not None else 0
     tier = impl.state_tier_stats
-    if tier["tier"] == "memory":
+    if tier["tier"] in ("memory", "cpu"):  # the store in memory: the model's, or the host's beside it
         for g in range(impl.num_groups):
             out["master"] += nbytes(impl.master(g))
             out["adam_m"] += nbytes(impl.exp_avg(g))
@@ -166,6 +166,12 @@ def measure(engine, mem):
     out["grad_shard"] = impl.grad_shard_bytes
     out["comm_buffers"] = scratch + (nbytes(impl.stage0_scratch) if impl.stage0_scratch is not None else 0)
     return out
+
+
+def _host_tier(engine):
+    """The Engine runs its 'cpu' tier (C++ Note [state tiers]): a GPU model's offload cpu, or a CPU model's
+    with overlap_step true."""
+    return engine.runtime.state_tier_stats["tier"] == "cpu"
 
 
 def _secondary(engine):
@@ -185,7 +191,8 @@ def _allocator_figures(engine, mem, groups):
     c = engine.config
     layout = sum(exact(groups, engine.runtime.shard_size, c.stage, c.reduce_bucket_numel, c.stage3.prefetch,
                        at_rest=True, state_bytes=STATE_BYTES[c.optimizer.state_dtype], nvme=NvmeTier.of(c),
-                       secondary=_secondary(engine), master_bytes=STATE_BYTES[c.optimizer.master_dtype]).values())
+                       secondary=_secondary(engine), master_bytes=STATE_BYTES[c.optimizer.master_dtype],
+                       host_tier=_host_tier(engine)).values())
     source = ("zerort's counting CPU allocator" if mem.key == "cpu" else
               f"torch.cuda.memory_allocated / max_memory_allocated on {mem.key}")
     out = {"source": source, "device": mem.key,
@@ -226,7 +233,7 @@ def report(engine, mem):
     state_bytes, nvme = STATE_BYTES[c.optimizer.state_dtype], NvmeTier.of(c)
     est = exact(groups, engine.runtime.shard_size, c.stage, c.reduce_bucket_numel, c.stage3.prefetch,
                 state_bytes=state_bytes, nvme=nvme, secondary=_secondary(engine),
-                master_bytes=STATE_BYTES[c.optimizer.master_dtype])
+                master_bytes=STATE_BYTES[c.optimizer.master_dtype], host_tier=_host_tier(engine))
     tier = param_tier = None
     if nvme is not None:
         tier = _file_figures(engine, engine.runtime.state_tier_stats,

@@ -50,8 +50,9 @@ Off memory (offload_optimizer "cpu" or "nvme"), zerort's own offload_optimizer.o
 (C++ Note [overlapped step], runtime/step_overlap.h). A CPU model's offload_optimizer "cpu" keeps
 its states where they are, in memory, unless overlap_step is true: then it runs the Engine's
 'cpu' tier, its mover a memcpy, so the update runs beside the forward there too. That costs
-4 bytes a parameter of the shard more than memory does, which the estimate does not count yet
-(8 x Linear(1024) at stage 2: 208 MiB held against 176 estimated).
+the reduces' FP32 scratch of the largest bucket's shard more than memory does, which the memory
+report counts in the FP32 gradient's category (8 x Linear(1024) at stage 2, one bucket: 208 MiB
+held, 208 estimated).
 """
 import dataclasses
 
