@@ -325,7 +325,7 @@ void bind_engine(py::module_& m) {
                              [](const Engine& e) {
                                const OverlapReport r = e.overlap_report();
                                return py::dict(py::arg("units") = r.units, py::arg("waited_seconds") = r.waited_seconds,
-                                               py::arg("step_waited_seconds") = r.step_waited_seconds,
+                                               py::arg("caller_waited_seconds") = r.caller_waited_seconds,
                                                py::arg("waits") = r.waits,
                                                py::arg("done_at_first_wait") = r.done_at_first_wait,
                                                py::arg("first_wait_seen") = r.first_wait_seen,

@@ -100,7 +100,7 @@ std::unique_ptr<NvmeStateStore> Engine::open_tier_files(size_t numel) {
     if (nvme.gradient_in_file || host_mover_->device_memory()) make_reduce_scratch();
     if (nvme.gradient_in_file) reduce_host_ = host_mover_->host_buffer(reduce_scratch_.numel() * sizeof(float));
     make_shard_copies();
-  } catch (const Error& e) {
+  } catch (const std::exception& e) {  // a ConfigError, or the split's RAM not allocated: every rank hears
     why = e.what();
   }
   const std::string all = failures_across_ranks(world_, why);

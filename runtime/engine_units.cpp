@@ -30,7 +30,8 @@ void Engine::gather_on_comm_thread(Bucket& b) {
     secondary_->gather(b.index, full, dtype, static_cast<int64_t>(b.index));
     return;
   }
-  step_overlap_.wait(b.index, /*counted=*/false);  // a prefetch may run ahead: Note [overlapped step]
+  // A prefetch may run ahead (Note [overlapped step]); at W = 1 it runs on the caller's thread.
+  step_overlap_.wait(b.index, local_only() ? Waiter::kCaller : Waiter::kCommThread);
   fill_own_chunk(b);
   if (shard_.size() > 1) wait_in_stream_order(gather_working_copy(b));  // Note [stream order]
   if (secondary_ && !units_.persistent(b.index)) secondary_->keep(b.index, full);

@@ -68,7 +68,7 @@ void Engine::update(StepStats& stats) {
   auto t0 = std::chrono::steady_clock::now();
   if (overlapped) {
     start_overlapped_update(std::move(outputs), in_outputs, collective);
-    for (Bucket* b : collective) step_overlap_.wait(b->index, /*counted=*/false);
+    for (Bucket* b : collective) step_overlap_.wait(b->index, Waiter::kCaller);
   } else {
     optimizer_->apply(outputs, {});
   }

@@ -61,12 +61,13 @@ namespace zerort {
 // changes nothing and leaves the store usable.
 // Order: update() visits the chunks in offset order. update_ranges() hands fn the ranges in the
 // order given (the overlapped step's: the next forward's, Note [overlapped step]), each range as
-// its parts within chunks, walked up, or down when the range ends where the last one began
-// (stages 1-2's forward order is the reverse of the offsets). Consecutive parts of one chunk are
+// its parts within chunks, walked up, or down where it meets a neighbour at its start (it ends
+// where the last range began, or, not going on from the last one's end, the next range ends where
+// it begins: stages 1-2's forward order is the reverse of the offsets). Consecutive parts of one chunk are
 // one visit: the record read once, fn called on each part in turn, the record written once. So
 // an order that moves through the state up or down reads and writes each record once, like
 // update(); where the order jumps, a record whose parts lie on both sides is visited (read and
-// written) twice, never read before its last write is done. prefetch() reads ahead in the last
+// written) again, never read before its last write is done. prefetch() reads ahead in the last
 // update's order, and an update in another order drops those reads.
 // Split between RAM and the file (ram_fraction > 0): the first ram_chunks() = floor(ram_fraction
 // x chunk count) records are kept in host RAM, in the same record layout, and the file holds the

@@ -61,17 +61,12 @@ void NvmeStateStore::update(const ChunkFn& fn) {
 
 // See Note [NVMe state store]: order.
 void NvmeStateStore::update_ranges(const std::vector<std::pair<size_t, size_t>>& ranges, const ChunkFn& fn) {
-  std::vector<std::pair<size_t, size_t>> given;  // the ranges that hold elements, checked
-  std::size_t covered = 0;
-  for (const auto& [offset, n] : ranges) {
-    ZRT_CHECK(offset <= static_cast<size_t>(numel_) && n <= static_cast<size_t>(numel_) - offset,
-              "NvmeStateStore::update_ranges: range [", offset, ", ", offset + n, ") lies outside the state of ",
-              numel_, " elements");
-    if (n > 0) given.emplace_back(offset, n);
-    covered += n;
+  check_usable("update_ranges");
+  check_ranges_tile(ranges, static_cast<size_t>(numel_), "NvmeStateStore::update_ranges");
+  std::vector<std::pair<size_t, size_t>> given;  // the ranges that hold elements, in order
+  for (const auto& range : ranges) {
+    if (range.second > 0) given.push_back(range);
   }
-  ZRT_CHECK(covered == static_cast<size_t>(numel_), "NvmeStateStore::update_ranges: the ranges cover ", covered,
-            " elements of a state of ", numel_, "; they must cover each element once");
   const auto end = [&](std::size_t k) { return given[k].first + given[k].second; };
   std::vector<Part> parts;
   for (std::size_t k = 0; k < given.size(); ++k) {

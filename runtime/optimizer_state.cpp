@@ -3,6 +3,8 @@
 #include <ATen/ops/from_blob.h>
 #include <ATen/ops/zeros.h>
 
+#include <algorithm>
+
 #include "core/error.h"
 #include "runtime/kernel_dispatch.h"
 
@@ -33,11 +35,26 @@ void InMemoryStateStore::update(const ChunkFn& fn) {
   fn(0, b);
 }
 
+void check_ranges_tile(const std::vector<std::pair<size_t, size_t>>& ranges, size_t numel, const char* who) {
+  std::vector<std::pair<size_t, size_t>> sorted(ranges);
+  std::sort(sorted.begin(), sorted.end());
+  size_t covered = 0;  // [0, covered) is tiled by the ranges so far
+  for (const auto& [offset, n] : sorted) {
+    ZRT_CHECK(offset <= numel && n <= numel - offset, who, ": range [", offset, ", ", offset + n,
+              ") lies outside the state of ", numel, " elements");
+    if (n == 0) continue;
+    ZRT_CHECK(offset == covered, who, ": the ranges must cover each element of the state once; ",
+              offset < covered ? "two cover element " : "none covers element ", std::min(offset, covered));
+    covered = offset + n;
+  }
+  ZRT_CHECK(covered == numel, who, ": the ranges end at element ", covered, " of a state of ", numel,
+            " elements; they must cover each element once");
+}
+
 void InMemoryStateStore::update_ranges(const std::vector<std::pair<size_t, size_t>>& ranges, const ChunkFn& fn) {
+  check_ranges_tile(ranges, static_cast<size_t>(master_.numel()), "InMemoryStateStore::update_ranges");
   const size_t state_bytes = dtype_size(state_dtype_);
   for (const auto& [offset, n] : ranges) {
-    ZRT_CHECK(offset + n <= static_cast<size_t>(master_.numel()), "InMemoryStateStore.update_ranges: range [", offset,
-              ", ", offset + n, ") lies outside the state of ", master_.numel(), " elements");
     AdamWBuffers b;
     b.grad = grad_.data_ptr<float>() + offset;
     b.grad_dtype = DType::kFloat32;

@@ -51,16 +51,18 @@ struct StateTierStats {
 // gradient_in_memory(), else reached only by ranges (read_grad/write_grad; Note [gradient in
 // the file]). Either way the step goes unscale_and_check_grad(), then update() (which hands
 // fn the unscaled gradient), then zero_grad(). The update reaches master, m and v only through
-// update(fn): fn sees consecutive chunks that cover [0, numel) once, in order, each with
+// update(fn) or update_ranges(ranges, fn): fn sees pieces that cover [0, numel) once (update():
+// consecutive chunks in order; update_ranges(): the ranges' order, see there), each with
 // pointers valid only during that call, so a tier that keeps the state elsewhere streams
-// each chunk in before fn and back out after it (InMemoryStateStore passes the whole state
+// each piece in before fn and back out after it (InMemoryStateStore passes the whole state
 // as one chunk). read_range()/write_range() copy a range of master, m and v to or from host
 // memory, for checkpoints and gathers of the master, in any tier. master(), exp_avg() and
 // exp_avg_sq() are the whole tensors, for the in-memory users that still need them; a tier
 // that does not hold them in memory throws UsageError from them.
 class OptimizerStateStore {
  public:
-  // offset: the chunk's first element; chunk: its grad, master, m and v (n elements; param unset).
+  // offset: the chunk's (or part's) first element; chunk: its grad, master, m and v (n elements;
+  // param unset).
   using ChunkFn = std::function<void(size_t offset, const AdamWBuffers& chunk)>;
 
   virtual ~OptimizerStateStore() = default;
@@ -104,6 +106,10 @@ class OptimizerStateStore {
   virtual void write_range(size_t offset, size_t n, const float* master, const void* exp_avg,
                            const void* exp_avg_sq) = 0;
 };
+
+// Throws Error naming `who` unless the ranges {offset, n} cover [0, numel), each element once
+// (update_ranges' argument check, for every store).
+void check_ranges_tile(const std::vector<std::pair<size_t, size_t>>& ranges, size_t numel, const char* who);
 
 // Every tensor on the master's device, allocated once. See Note [optimizer state store].
 class InMemoryStateStore final : public OptimizerStateStore {

@@ -67,10 +67,11 @@ void StepOverlap::done(std::size_t unit) {
   cv_.notify_all();
 }
 
-void StepOverlap::wait(std::size_t unit, bool counted) {
+void StepOverlap::wait(std::size_t unit, Waiter who) {
   std::unique_lock<std::mutex> lock(mu_);
   if (!running_) return;
-  if (counted && !report_.first_wait_seen) {
+  const bool forward = who == Waiter::kForward;
+  if (forward && !report_.first_wait_seen) {
     report_.first_wait_seen = true;
     report_.done_at_first_wait = done_count_;
     cv_.notify_all();  // a worker held by hold_last_unit goes on
@@ -79,11 +80,11 @@ void StepOverlap::wait(std::size_t unit, bool counted) {
   if (known && !done_[unit] && !ended_) {
     const auto t0 = std::chrono::steady_clock::now();
     cv_.wait(lock, [&] { return done_[unit] || ended_; });
-    if (counted) {
+    if (forward) {
       report_.waited_seconds += seconds_since(t0);
       ++report_.waits;
-    } else {
-      report_.step_waited_seconds += seconds_since(t0);
+    } else if (who == Waiter::kCaller) {
+      report_.caller_waited_seconds += seconds_since(t0);
     }
   }
   if (error_) std::rethrow_exception(error_);

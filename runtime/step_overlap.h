@@ -43,10 +43,16 @@
 
 namespace zerort {
 
+// Who waits for a unit's update: the forward for its own unit (report().waited_seconds, and the
+// first wait that hold_last_unit waits for); another wait on the caller's thread, which keeps the
+// compute idle too (step()'s gathers of the units it gathers itself, W = 1's prefetch:
+// report().caller_waited_seconds); or the comm thread, while the caller computes (neither).
+enum class Waiter { kForward, kCaller, kCommThread };
+
 struct OverlapReport {
   std::size_t units = 0;               // units the last update covered
   double waited_seconds = 0;           // the forward's waits on units, in all
-  double step_waited_seconds = 0;      // step()'s own waits (the units it gathers itself: not counted)
+  double caller_waited_seconds = 0;    // the caller's other waits (Waiter::kCaller)
   std::size_t waits = 0;               // waits that found their unit not done yet
   std::size_t done_at_first_wait = 0;  // units done when the first wait began
   bool first_wait_seen = false;        // some wait began while the update ran
@@ -67,10 +73,9 @@ class StepOverlap {
   // The worker: unit's new values are out. Before the last unit to be done, with
   // hold_last_unit set, it first waits (up to a minute) for some wait() to begin.
   void done(std::size_t unit);
-  // The caller: blocks until unit is done (at once when no update runs); rethrows the
-  // worker's error. counted: the time is the forward's (report().waited_seconds), else the
-  // step's own (report().step_waited_seconds).
-  void wait(std::size_t unit, bool counted = true);
+  // Blocks until unit is done (at once when no update runs); rethrows the worker's error. who:
+  // where the time goes in report() (See Waiter).
+  void wait(std::size_t unit, Waiter who = Waiter::kForward);
   // Joins the worker; rethrows its error once. A no-op when none runs.
   void finish();
   bool running() const;

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -19,13 +20,14 @@ using io::testing::TempDir;
 
 // update_ranges in the order given: fn sees each range whole before the next (walked down where
 // a range ends at the last one's start), the state ends as the in-memory store's, and an order
-// that moves through the state up or down visits each record once; one that jumps, more.
+// that moves through the state up or down visits each record once; one that jumps, more (the
+// records' bytes alone are checked without the gradient in the file).
 void expect_ordered_stream(const std::vector<std::pair<size_t, size_t>>& ranges, size_t numel, double ram_fraction,
-                           bool each_record_once) {
+                           bool each_record_once, size_t buffers = 3, bool gradient_in_file = false) {
   TempDir dir;
   const at::Tensor master = start_master(static_cast<int64_t>(numel));
   InMemoryStateStore in_memory(master.clone(), DType::kFloat32);
-  NvmeStateStore store(master, DType::kFloat32, small_options(dir.path(), 3, false, ram_fraction));
+  NvmeStateStore store(master, DType::kFloat32, small_options(dir.path(), buffers, gradient_in_file, ram_fraction));
   // 0.75 x + g into the master, the new master added to m: the same bits in any order.
   const auto step = [](const AdamWBuffers& b) {
     auto* m = static_cast<float*>(b.exp_avg);
@@ -59,6 +61,7 @@ void expect_ordered_stream(const std::vector<std::pair<size_t, size_t>>& ranges,
     float probe;
     store.read_range(0, 0, &probe, nullptr, nullptr);  // waits for the last writes
     const uint64_t file = store.records_bytes();
+    if (gradient_in_file) continue;
     if (each_record_once) {
       EXPECT_EQ(store.bytes_read() - read_before, file) << "round " << round;
       EXPECT_EQ(store.bytes_written() - written_before, file) << "round " << round;
@@ -84,10 +87,36 @@ TEST(NvmeStateStore, RangesStreamInTheOrderGiven) {
     expect_ordered_stream(down, numel, fraction, true);
     expect_ordered_stream(jumps, numel, fraction, false);
   }
+  for (size_t buffers : {size_t{1}, size_t{2}}) {  // revisits with the fewest buffers, the gradient in the file
+    expect_ordered_stream(jumps, numel, 0.0, false, buffers);
+    expect_ordered_stream(jumps, numel, 0.0, false, buffers, true);
+    expect_ordered_stream(down, numel, 0.0, true, buffers, true);
+  }
+}
+
+// Ranges that do not tile the state are refused by both stores, naming the element, before any update.
+TEST(NvmeStateStore, RangesThatDoNotCoverTheStateOnceAreRefused) {
   TempDir dir;
-  NvmeStateStore store(start_master(10), DType::kFloat32, small_options(dir.path(), 1));
-  EXPECT_THROW(store.update_ranges({{0, 4}}, [](size_t, const AdamWBuffers&) {}), Error);  // does not cover it all
-  EXPECT_THROW(store.update_ranges({{8, 4}}, [](size_t, const AdamWBuffers&) {}), Error);  // past its end
+  NvmeStateStore store(start_master(20), DType::kFloat32, small_options(dir.path(), 1));
+  InMemoryStateStore in_memory(start_master(20), DType::kFloat32);
+  const auto none = [](size_t, const AdamWBuffers&) { FAIL() << "an update ran"; };
+  const std::vector<std::pair<std::vector<std::pair<size_t, size_t>>, const char*>> bad = {
+      {{{0, 4}}, "end at element 4"},                  // short
+      {{{8, 16}}, "outside"},                          // past the end
+      {{{0, 10}, {0, 10}}, "two cover element 0"},     // twice, the rest never
+      {{{0, 5}, {10, 10}}, "none covers element 5"}};  // a gap
+  for (const auto& [ranges, words] : bad) {
+    for (OptimizerStateStore* s :
+         {static_cast<OptimizerStateStore*>(&store), static_cast<OptimizerStateStore*>(&in_memory)}) {
+      try {
+        s->update_ranges(ranges, none);
+        ADD_FAILURE() << words << ": accepted";
+      } catch (const Error& e) {
+        EXPECT_NE(std::string(e.what()).find(words), std::string::npos) << e.what();
+      }
+    }
+  }
+  EXPECT_TRUE(store.failure().empty()) << "a refused call leaves the store usable";
 }
 
 }  // namespace

@@ -67,11 +67,35 @@ TEST(StepOverlap, UnitsDoneAtStartNeverBlockAndUncountedWaitsLeaveTheReport) {
     gate.pass();
     overlap.done(0);
   });
-  overlap.wait(1, /*counted=*/false);
+  overlap.wait(1, Waiter::kCaller);
   EXPECT_FALSE(overlap.report().first_wait_seen);
   gate.release();
   overlap.finish();
   EXPECT_EQ(overlap.report().waits, 0u);
+}
+
+// A wait that may block: the caller's other waits (step()'s gathers, W = 1's prefetch) count apart
+// from the forward's and do not release the test hook; the comm thread's count nowhere. (Whether the
+// caller's wait blocked at all is up to the threads, so its seconds are not asserted.)
+TEST(StepOverlap, TheCallersOtherWaitsCountApartAndTheCommThreadsNowhere) {
+  for (Waiter who : {Waiter::kCaller, Waiter::kCommThread}) {
+    StepOverlap overlap;
+    Gate gate;
+    overlap.start(2, {}, [&] {
+      gate.pass();
+      overlap.done(0);
+      overlap.done(1);
+    });
+    std::thread opener([&] { gate.release(); });
+    overlap.wait(1, who);  // blocks until the gate opens
+    opener.join();
+    overlap.finish();
+    const OverlapReport r = overlap.report();
+    EXPECT_FALSE(r.first_wait_seen);
+    EXPECT_EQ(r.waits, 0u);
+    EXPECT_EQ(r.waited_seconds, 0.0);
+    if (who == Waiter::kCommThread) EXPECT_EQ(r.caller_waited_seconds, 0.0);
+  }
 }
 
 TEST(StepOverlap, TheWorkersErrorReachesWaitsAndIsFinal) {

@@ -200,8 +200,8 @@ def test_the_h200_example(capsys):
     b = Budgets(139 * GB, 120 * GB, 64 * GIB)
     ps = {p.candidate.name: p for p in placement.evaluate(s, b)}
     assert b.usable("device") == int(0.9 * 139 * GB) - GIB and b.usable("nvme") == int(0.9 * 64 * GIB) - GIB
-    off = ps["cpu+params"]  # 2 + 4 x 4 bytes a parameter in RAM
-    assert abs(off.host_need("ram") / numel - 18) < 0.01
+    off = ps["cpu+params"]  # 2 + 4 x 4 bytes a parameter in RAM, and the host buffer of a block's bf16 shard
+    assert off.host_need("ram") - 18 * numel == off.bytes["ram"]["io"] == 2 * unit
     assert abs(ps["device"].bytes["device"]["master"] - 4 * numel) < 16 * 41
     assert ps["device"].short == {"device": ps["device"].host_need("device") - b.usable("device")}
     assert ps["cpu"].short.keys() == {"ram"} and ps["nvme"].short.keys() == {"nvme"}
@@ -216,13 +216,13 @@ def test_the_h200_example(capsys):
     out = capsys.readouterr().out
     assert "13,015,864,320 parameters" in out and "up to 18." in out
     assert "would fit only split in a way this version does not build (master, m and v partly on the device" in out
-    assert "nvme+params: needs device 3.8 GB, ram 2.6 GB, nvme 234.3 GB; short of nvme by 173.5 GB" in out
+    assert "nvme+params: needs device 3.8 GB, ram 3.2 GB, nvme 234.3 GB; short of nvme by 173.5 GB" in out
     assert placement_auto.main(["--params", "1e9", "--stage", "2", "--gpu-gb", "139", "--ram-gb", "120"]) == 0
     assert "placement auto: device" in capsys.readouterr().out
     # 10B: the states fit RAM and the disk together, not either alone: nvme, its records split.
     assert placement_auto.main(["--params", "10e9", "--stage", "3", "--gpu-gb", "139", "--ram-gb", "120",
                                 "--disk-gib", "64", "--nvme-path", "/tmp"]) == 0
-    assert "placement auto: nvme 56% ram" in capsys.readouterr().out
+    assert "placement auto: nvme 55% ram" in capsys.readouterr().out
 
 
 def test_budgets_read_from_the_machine(tmp_path, monkeypatch):
@@ -257,7 +257,8 @@ def test_the_config_keys():
 @pytest.mark.parametrize("stage", [2, 3])
 def test_the_memory_report_shows_a_manual_placement_per_tier(tmp_path, stage):
     """A config's own tiers (placement manual) in the report: the file's bytes per kind add up to the memory
-    estimator's file size, and the gradient and I/O buffers in RAM are its counters'."""
+    estimator's file size, and the gradient and I/O buffers in RAM are its counters' (and the host buffer of
+    the largest bucket's shard, which the allocator does not see)."""
     import torch
 
     import zerort
@@ -272,12 +273,14 @@ def test_the_memory_report_shows_a_manual_placement_per_tier(tmp_path, stage):
         engine.step()
         report = engine.memory_report()
         table, d = report.table(), report.to_dict()["placement"]
+        impl = engine.runtime  # the host buffer each bucket's new bf16 shard goes up through: the largest's
+        host_out = 2 * max(b[2] for g in range(impl.num_groups) for b in impl.bucket_layout(g))
     finally:
         engine.destroy()
     assert "placement manual: nvme+grad (offload optimizer nvme, param none, gradient_in_file true)" in table
     assert d["name"] == "nvme+grad" and not d["auto"]
     assert sum(d["bytes"]["nvme"].values()) == report.tier["file_estimate"]
-    assert d["bytes"]["ram"]["io"] == report.measured["state_pool"]
+    assert d["bytes"]["ram"]["io"] == report.measured["state_pool"] + host_out
     assert d["bytes"]["ram"]["grad_shard"] == report.measured["grad_shard"]
 
 

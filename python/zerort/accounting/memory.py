@@ -351,6 +351,8 @@ def main(argv=None):
     stages = [a.stage] if a.stage is not None else [0, 1, 2, 3]
     if a.offload_optimizer == "nvme":
         stages = [s for s in stages if s > 0]  # stage 0 keeps its states with the model
+    if a.nvme_ram_fraction and (a.offload_optimizer != "nvme" or a.nvme_gradients):
+        ap.error("--nvme-ram-fraction needs --offload-optimizer nvme, without --nvme-gradients (the config's rule)")
     if a.offload_param == "nvme" and a.offload_optimizer != "nvme":
         ap.error("--offload-param nvme needs --offload-optimizer nvme (zerort.config.offload.check_tier's rule)")
     nvme = NvmeTier(a.nvme_buffer_count, a.nvme_chunk_numel, params=a.offload_param == "nvme",

@@ -40,6 +40,7 @@ where they need more). RAM and disk are the host's, shared by the ranks on it (r
 device budget is one rank's.
 """
 import dataclasses
+import math
 
 from zerort.accounting.memory import _in_memory, _largest_shard, _unit_shard_bytes
 from zerort.accounting.nvme_tier import NvmeTier
@@ -50,9 +51,10 @@ MARGIN_BYTES = 1 << 30
 TIERS = ("device", "ram", "nvme")
 # What a tier holds: working: the low-precision parameters and gradient buffers, the reduce scratch and
 # the gathered stage-3 units (always on the device); params: stage 3's low-precision shard copies (off
-# memory only: Note [state tiers]); io: the NVMe tier's pool and staging buffers.
+# memory only: Note [state tiers]); io: the NVMe tier's pool and staging buffers, and off memory the
+# host buffer each bucket's new low-precision shard goes up through (the largest bucket's).
 KINDS = (("working", "working"), ("params", "s3 shards"), ("master", "master"), ("adam_m", "adam_m"),
-         ("adam_v", "adam_v"), ("grad_shard", "fp32 grad"), ("io", "nvme i/o"))
+         ("adam_v", "adam_v"), ("grad_shard", "fp32 grad"), ("io", "i/o bufs"))
 GB = 1e9
 
 
@@ -72,7 +74,9 @@ class Candidate:
 
     @property
     def label(self):
-        return f"{self.name} {self.ram_fraction:.0%} ram" if self.ram_fraction else self.name
+        """The name, and a split's part in RAM in whole percent, rounded down ("<1%" for less)."""
+        pct = math.floor(100 * self.ram_fraction)
+        return f"{self.name} {pct if pct else '<1'}% ram" if self.ram_fraction else self.name
 
 
 CANDIDATES = (Candidate("device"), Candidate("cpu", "cpu"), Candidate("cpu+params", "cpu", "cpu"),
@@ -125,6 +129,12 @@ def _state_numel(s):
     return _in_memory_of(s)["grad_shard"] // s.master_bytes
 
 
+def _host_out(s):
+    """Off memory: the host buffer AdamW writes each bucket's low-precision shard into, the largest's."""
+    return _largest_shard(s.groups, s.world_size, s.stage, s.reduce_bucket_numel) * \
+        max((g.element_bytes for g in s.groups), default=0)
+
+
 def tier_bytes(shape, cand, cuda=True):
     """{tier: {kind: bytes}} per rank for the Candidate cand (a CPU model's device is its RAM)."""
     s, out = shape, {t: {k: 0 for k, _ in KINDS} for t in TIERS}
@@ -143,6 +153,7 @@ def tier_bytes(shape, cand, cuda=True):
         if cand.optimizer == "cpu":  # Note [state tiers]: each reduce's scratch on the device; the shard copies
             out[dev]["working"] += largest
             out["ram" if cand.param == "cpu" else dev]["params"] = shards
+            out["ram"]["io"] = _host_out(s)
         return out
     nv = dataclasses.replace(s.nvme, params=cand.param == "nvme", gradients=cand.gradient_in_file,
                              ram_fraction=cand.ram_fraction)
@@ -152,7 +163,7 @@ def tier_bytes(shape, cand, cuda=True):
     in_file = nv.chunks(opt_numel) * nv.aligned(nv.chunk_numel) - in_ram
     for tier, n in (("ram", in_ram), ("nvme", in_file)):
         out[tier].update(master=4 * n, adam_m=s.state_bytes * n, adam_v=s.state_bytes * n)
-    out["ram"]["io"] = nv.pool_bytes(s.state_bytes)
+    out["ram"]["io"] = nv.pool_bytes(s.state_bytes) + _host_out(s)
     if cand.gradient_in_file:
         out["nvme"]["grad_shard"], out["ram"]["grad_shard"] = nv.aligned(4 * opt_numel), largest
     else:

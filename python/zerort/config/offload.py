@@ -40,7 +40,7 @@ model: the file, its pool and the step on the CPU's cores, with the model's memo
 through the host tier's mover (C++ Note [state tiers]). zerort's own ram_fraction splits the
 nvme tier: that part of master, m and v (whole records, the first ones) stays in host RAM, the
 rest goes to the file, and the step streams only the file's part (C++ Note [NVMe state store]);
-offload placement "auto" picks it when the states fit RAM and disk together but neither alone.
+offload placement "auto", when it takes nvme, keeps there as many records in RAM as fit.
 DeepSpeed's partial NVMe offload (ratio < 1: the rest on the model's device) is a tier this
 version does not build: check_tier refuses it with a ConfigError at initialize, from the config
 and the model's device alone, so every rank raises the same error before any collective.

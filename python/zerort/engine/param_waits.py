@@ -46,13 +46,14 @@ class ParamWaits:
         """step(), the C++ step, with the overlapped update's Python side (C++ Note [overlapped
         step]): stage 3's next forward's unit order handed over first; the result's update_wait_ms,
         what the last update kept the compute waiting (the device's idle time): the forward's waits
-        for its units, and the last step()'s for the units it gathers itself (stage 3); the
+        for its units, and the caller's other waits (stage 3's step() for the units it gathers itself,
+        W = 1's prefetch; C++ Waiter); the
         update finished before the monitor's all-gather, which no gather of the worker's may cross."""
         impl = engine.runtime
         if not (boundary and engine._overlaps_step):
             return step()
         report = impl.overlap_report
-        waited_ms = 1e3 * (report["waited_seconds"] + report["step_waited_seconds"])
+        waited_ms = 1e3 * (report["waited_seconds"] + report["caller_waited_seconds"])
         if engine._units:
             impl.set_update_order(engine._units.next_order())
         s = step()
