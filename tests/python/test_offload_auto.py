@@ -12,7 +12,7 @@ import sys
 import pytest
 
 from zerort.accounting import placement, placement_auto
-from zerort.accounting.memory import count_groups, estimate_memory
+from zerort.accounting.memory import count_groups, estimate_memory, state_numel
 from zerort.accounting.nvme_tier import NvmeTier
 from zerort.accounting.placement import Budgets, Shape
 from zerort.config import parse
@@ -70,7 +70,7 @@ def test_each_budget_picks_the_fastest_candidate_that_fits(stage):
     split = Budgets(disk.device, usable_to_budget(n["nvme"]["ram"] + 5 * record + record // 2),
                     usable_to_budget(n["nvme"]["nvme"] - 5 * record))
     p = placement.choose(s, split)
-    state = placement._state_numel(s)
+    state = state_numel(s.groups, s.world_size, s.stage, s.reduce_bucket_numel)
     assert p.candidate.name == "nvme" and s.nvme.replace_fraction(p.candidate.ram_fraction).ram_chunks(state) == 5
     assert p.host_need("ram") == n["nvme"]["ram"] + 5 * record and p.host_need("nvme") == n["nvme"]["nvme"] - 5 * record
     assert p.candidate.label.startswith("nvme ") and p.candidate.label.endswith("% ram")
@@ -150,7 +150,7 @@ def test_only_nvme_splits_its_records_between_ram_and_the_file(fraction):
     with pytest.raises(ConfigError, match="partial NVMe offload with the rest on the model's device is not built"):
         check_tier(c, torch.device("cpu"))
     s = shape(2_000_003, 3, world=2, unit=300_007)
-    state, record = placement._state_numel(s), s.nvme.record_bytes(4)
+    state, record = state_numel(s.groups, s.world_size, s.stage, s.reduce_bucket_numel), s.nvme.record_bytes(4)
     chunks = s.nvme.chunks(state)
     for cand in placement.CANDIDATES:
         cand = dataclasses.replace(cand, ram_fraction=fraction if cand.split else 0.0)

@@ -122,10 +122,14 @@ def _unit_shard_bytes(groups, world_size):
     return [layout(g.numels, world_size).shard_numel * g.element_bytes for g in groups if not g.persistent]
 
 
+def state_numel(groups, world_size, stage, reduce_bucket_numel=1 << 24):
+    """Elements of this rank's optimizer state (master, m and v each): its FP32 gradient shard's."""
+    return _in_memory(groups, world_size, stage, reduce_bucket_numel, 1, True, 4)["grad_shard"] // 4
+
+
 def nvme_file_bytes(groups, world_size, stage, nvme, reduce_bucket_numel=1 << 24, state_bytes=4):
     """The bytes of this rank's NVMe state file for these groups (See NvmeTier)."""
-    numel = _in_memory(groups, world_size, stage, reduce_bucket_numel, 1, True, state_bytes)["grad_shard"] // 4
-    return nvme.file_bytes(numel, state_bytes)
+    return nvme.file_bytes(state_numel(groups, world_size, stage, reduce_bucket_numel), state_bytes)
 
 
 def nvme_param_file_bytes(groups, world_size, stage, nvme):

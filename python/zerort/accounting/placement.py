@@ -42,7 +42,7 @@ device budget is one rank's.
 import dataclasses
 import math
 
-from zerort.accounting.memory import _in_memory, _largest_shard, _unit_shard_bytes
+from zerort.accounting.memory import _in_memory, _largest_shard, _unit_shard_bytes, state_numel
 from zerort.accounting.nvme_tier import NvmeTier
 from zerort.errors import ConfigError
 
@@ -119,16 +119,6 @@ class Shape:
         return sum(sum(g.numels) for g in self.groups)
 
 
-def _in_memory_of(s):
-    return _in_memory(s.groups, s.world_size, s.stage, s.reduce_bucket_numel, s.prefetch, False, s.state_bytes,
-                      s.master_bytes)
-
-
-def _state_numel(s):
-    """Elements of this rank's optimizer state (master, m, v each)."""
-    return _in_memory_of(s)["grad_shard"] // s.master_bytes
-
-
 def _host_out(s):
     """Off memory: the host buffer AdamW writes each bucket's low-precision shard into, the largest's."""
     return _largest_shard(s.groups, s.world_size, s.stage, s.reduce_bucket_numel) * \
@@ -138,7 +128,8 @@ def _host_out(s):
 def tier_bytes(shape, cand, cuda=True):
     """{tier: {kind: bytes}} per rank for the Candidate cand (a CPU model's device is its RAM)."""
     s, out = shape, {t: {k: 0 for k, _ in KINDS} for t in TIERS}
-    mem = _in_memory_of(s)
+    mem = _in_memory(s.groups, s.world_size, s.stage, s.reduce_bucket_numel, s.prefetch, False, s.state_bytes,
+                     s.master_bytes)
     dev = "device" if cuda else "ram"
     out[dev]["working"] = sum(mem[k] for k in ("lp_params", "lp_grads", "comm_buffers", "gathered_units"))
     opt_numel = mem["grad_shard"] // s.master_bytes
@@ -234,7 +225,8 @@ def with_split(shape, cand, budgets, cuda):
     cand's RAM bytes (Note [auto placement]); 0 when none fits."""
     room = budgets.usable("ram") // budgets.ranks_per_host - sum(tier_bytes(shape, cand, cuda)["ram"].values())
     records = room // shape.nvme.record_bytes(shape.state_bytes) if room > 0 else 0
-    return dataclasses.replace(cand, ram_fraction=shape.nvme.fraction_for(_state_numel(shape), records))
+    numel = state_numel(shape.groups, shape.world_size, shape.stage, shape.reduce_bucket_numel)
+    return dataclasses.replace(cand, ram_fraction=shape.nvme.fraction_for(numel, records))
 
 
 def choose(shape, budgets, built=lambda cand: "", cuda=None):
