@@ -43,6 +43,7 @@ py::dict tier_stats_dict(const StateTierStats& s) {
   d["gradient_bytes"] = s.gradient_bytes;
   d["pool_bytes"] = s.pool_bytes;
   d["ram_bytes"] = s.ram_bytes;
+  d["gradient_on_device"] = s.gradient_on_device;
   d["bytes_read"] = s.bytes_read;
   d["bytes_written"] = s.bytes_written;
   d["io_wait_seconds"] = s.io_wait_seconds;
@@ -164,6 +165,7 @@ void bind_options(py::module_& m) {
       .def_readwrite("nvme", &EngineOptions::nvme)
       .def_readwrite("param_nvme_path", &EngineOptions::param_nvme_path)
       .def_readwrite("param_host", &EngineOptions::param_host)
+      .def_readwrite("gradient_on_device", &EngineOptions::gradient_on_device)
       .def_readwrite("overlap_param_gather", &EngineOptions::overlap_param_gather)
       .def_readwrite("gather_int8", &EngineOptions::gather_int8)
       .def_readwrite("overlap_step", &EngineOptions::overlap_step);

@@ -1,7 +1,7 @@
 // Engine: construction (buckets, flat buffers, starting values), accessors, the step and
 // the checkpoint counters. Backward's gradient path and the comm thread are in
 // engine_reduce.cpp; stage 3's gathers and releases in engine_units.cpp; the update at a
-// boundary in engine_update.cpp; the state's tiers and readers in engine_state.cpp.
+// boundary in engine_update.cpp; the state's tiers in engine_tiers.cpp, its readers in engine_state.cpp.
 #include "runtime/engine.h"
 
 #include <ATen/ops/empty.h>

@@ -83,11 +83,15 @@ struct EngineOptions {
   std::function<std::vector<at::Tensor>(size_t group, const std::vector<size_t>& params)> materialize;
   size_t reduce_bucket_numel = size_t{1} << 24;  // gradient elements (all ranks) per bucket
   size_t alignment = kShardAlignment;            // elements; each shard is a multiple of it
-  // Where the FP32 master, m and v live: See Note [state tiers] (engine_state.cpp). kHost: in
+  // Where the FP32 master, m and v live: See Note [state tiers] (engine_tiers.cpp). kHost: in
   // host memory, with the FP32 gradient, beside a model on a device; kNvme: in a file under
   // nvme.directory (nvme.rank is taken from the communicator).
   StateTier state_tier = StateTier::kMemory;
   NvmeStateOptions nvme;
+  // kHost, kNvme: the FP32 gradient shard stays on the model's device, the reduces' target as in
+  // memory, and the step copies it down in pieces of nvme.chunk_elements: See Note [gradient on
+  // the device] (runtime/device_gradient_store.h). Not with nvme.gradient_in_file.
+  bool gradient_on_device = false;
   // Stage 3 with the state in kNvme: a directory for the released units' low-precision shards
   // (offload_param nvme; the I/O's shape is nvme's); empty keeps them in memory. See Note
   // [state tiers].

@@ -1,5 +1,5 @@
 // Engine's inner parts (buckets and groups), shared by engine.cpp, engine_reduce.cpp,
-// engine_units.cpp, engine_state.cpp and engine_update.cpp only.
+// engine_units.cpp, engine_tiers.cpp, engine_state.cpp and engine_update.cpp only.
 #pragma once
 
 #include <ATen/core/Tensor.h>

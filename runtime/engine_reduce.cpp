@@ -196,8 +196,10 @@ bool Engine::reduce_bucket(Bucket& b) {
     reduce_bucket_across_groups(b, state.grad().data_ptr<float>() + b.opt_offset);
     return false;
   }
-  // kNvme's gradient in memory is host memory: a CPU model's reduces write it directly.
-  const bool reachable = !host_mover_ || (options_.state_tier == StateTier::kNvme && !host_mover_->device_memory());
+  // kNvme's gradient in memory is host memory: a CPU model's reduces write it directly; with
+  // gradient_on_device it is the model's (Note [gradient on the device]).
+  const bool reachable = !host_mover_ || options_.gradient_on_device ||
+                         (options_.state_tier == StateTier::kNvme && !host_mover_->device_memory());
   if (shard == 0 || (reachable && state.gradient_in_memory())) {
     float* grad = shard == 0 ? nullptr : state.grad().data_ptr<float>() + b.opt_offset;
     if (policy_.replicated && !policy_.packs()) {  // stage 0: waited for at once

@@ -4,11 +4,14 @@
 // engine_reduce.cpp, engine_units.cpp and engine_state.cpp).
 #include <chrono>
 #include <memory>
+#include <mutex>
+#include <optional>
 #include <vector>
 
 #include "comm/int8_blocks.h"
 #include "core/error.h"
 #include "optim/cast.h"
+#include "runtime/compute_stream.h"
 #include "runtime/engine_parts.h"
 #include "runtime/int8_gather.h"
 
@@ -142,7 +145,15 @@ void Engine::start_overlapped_update(std::vector<OutputSegment> outputs, const s
       step_overlap_.done(bucket);
     };
   }
-  auto job = [this, outputs = std::move(outputs), order = std::move(order)] { optimizer_->apply(outputs, order); };
+  std::optional<c10::Stream> stream;  // apply() zeroes a gradient on the device there (Note [gradient on the device])
+  {
+    std::lock_guard<std::mutex> lock(mu_);  // set_compute_stream writes it under mu_
+    stream = compute_stream_;
+  }
+  auto job = [this, outputs = std::move(outputs), order = std::move(order), stream] {
+    const OnComputeStream on_compute(stream);
+    optimizer_->apply(outputs, order);
+  };
   step_overlap_.start(buckets_.size(), done_now, std::move(job));
 }
 

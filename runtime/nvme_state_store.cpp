@@ -27,6 +27,9 @@ int64_t checked_numel(int64_t numel, DType state_dtype, const NvmeStateOptions& 
   ZRT_CHECK_AS(ConfigError, o.ram_fraction == 0 || !o.gradient_in_file, "NvmeStateStore: ram_fraction ", o.ram_fraction,
                " with gradient_in_file: a split keeps the gradient in RAM (See Note [NVMe state ",
                "store]); drop gradient_in_file, or set ram_fraction to 0");
+  ZRT_CHECK_AS(ConfigError, o.with_gradient || !o.gradient_in_file,
+               "NvmeStateStore: gradient_in_file without a gradient of its own (with_gradient false: it is on the ",
+               "device); drop one of them");
   return numel;
 }
 
@@ -77,7 +80,7 @@ NvmeStateStore::NvmeStateStore(int64_t numel, DType state_dtype, const NvmeState
   if (options.gradient_in_file) {
     file_grad_ = std::make_unique<NvmeGradient>(file_, queue_, records_bytes(), static_cast<std::size_t>(numel_),
                                                 io::direct_io_alignment(options.directory), chunk_elements_);
-  } else {
+  } else if (options.with_gradient) {
     grad_ = at::zeros({numel_}, at::TensorOptions().dtype(at::kFloat));
   }
 }
@@ -102,7 +105,9 @@ std::size_t NvmeStateStore::chunk_numel(std::size_t c) const {
 AdamWBuffers NvmeStateStore::view(std::size_t c, void* buffer) {
   char* record = static_cast<char*>(buffer);
   AdamWBuffers b;
-  b.grad = file_grad_ ? grad_slot(buffer) : grad_.data_ptr<float>() + c * chunk_elements_;
+  b.grad = file_grad_        ? grad_slot(buffer)
+           : grad_.defined() ? grad_.data_ptr<float>() + c * chunk_elements_
+                             : nullptr;  // a DeviceGradientStore's inner store: it fills the gradient in
   b.grad_dtype = DType::kFloat32;
   b.master = reinterpret_cast<float*>(record);
   b.exp_avg = record + chunk_elements_ * sizeof(float);
@@ -145,6 +150,8 @@ const at::Tensor& NvmeStateStore::exp_avg() const { no_whole_tensor("exp_avg", f
 const at::Tensor& NvmeStateStore::exp_avg_sq() const { no_whole_tensor("exp_avg_sq", file_.path()); }
 at::Tensor& NvmeStateStore::grad() {
   if (file_grad_) no_whole_tensor("grad", file_.path(), "read_grad()/write_grad()");
+  ZRT_CHECK_AS(UsageError, grad_.defined(), "NvmeStateStore::grad(): the store of ", file_.path(),
+               " was made without a gradient; its DeviceGradientStore holds it (Note [gradient on the device])");
   return grad_;
 }
 const at::Tensor& NvmeStateStore::grad() const { return const_cast<NvmeStateStore*>(this)->grad(); }

@@ -87,6 +87,8 @@ struct NvmeStateOptions {
   bool gradient_in_file = false;                    // the FP32 gradient in the file too (See Note)
   io::IoBackend io_backend = io::IoBackend::kAuto;  // See Note [IoQueue backends] (io/io_backend.h)
   double ram_fraction = 0;                          // 0 to 1: the records kept in RAM (See Note: split)
+  // false: no gradient here, a DeviceGradientStore keeps it (Note [gradient on the device]); not with gradient_in_file
+  bool with_gradient = true;
 };
 
 class NvmeStateStore final : public OptimizerStateStore {
@@ -111,7 +113,7 @@ class NvmeStateStore final : public OptimizerStateStore {
   const at::Tensor& master() const override;
   const at::Tensor& exp_avg() const override;
   const at::Tensor& exp_avg_sq() const override;
-  // In memory, the reduces accumulate here; UsageError with gradient_in_file.
+  // In memory, the reduces accumulate here; UsageError with gradient_in_file or without a gradient.
   at::Tensor& grad() override;
   const at::Tensor& grad() const override;
   bool gradient_in_memory() const override { return !file_grad_; }

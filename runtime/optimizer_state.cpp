@@ -14,18 +14,24 @@ const char* tier_name(StateTier tier) {
   return tier == StateTier::kNvme ? "nvme" : tier == StateTier::kHost ? "cpu" : "memory";
 }
 
-InMemoryStateStore::InMemoryStateStore(at::Tensor master, DType state_dtype)
+InMemoryStateStore::InMemoryStateStore(at::Tensor master, DType state_dtype, bool with_gradient)
     : state_dtype_(state_dtype), master_(std::move(master)) {
   const auto f32 = at::TensorOptions().dtype(at::kFloat).device(master_.device());
   const auto states = f32.dtype(state_dtype_ == DType::kBFloat16 ? at::kBFloat16 : at::kFloat);
   exp_avg_ = at::zeros({master_.numel()}, states);
   exp_avg_sq_ = at::zeros({master_.numel()}, states);
-  grad_ = at::zeros({master_.numel()}, f32);
+  if (with_gradient) grad_ = at::zeros({master_.numel()}, f32);
+}
+
+at::Tensor& InMemoryStateStore::grad() {
+  ZRT_CHECK_AS(UsageError, grad_.defined(), "InMemoryStateStore::grad(): this store was made without a gradient; ",
+               "its DeviceGradientStore holds it (Note [gradient on the device])");
+  return grad_;
 }
 
 void InMemoryStateStore::update(const ChunkFn& fn) {
   AdamWBuffers b;
-  b.grad = grad_.data_ptr<float>();
+  b.grad = grad_.defined() ? grad_.data_ptr<float>() : nullptr;
   b.grad_dtype = DType::kFloat32;
   b.master = master_.data_ptr<float>();
   b.exp_avg = exp_avg_.data_ptr();
@@ -56,7 +62,7 @@ void InMemoryStateStore::update_ranges(const std::vector<std::pair<size_t, size_
   const size_t state_bytes = dtype_size(state_dtype_);
   for (const auto& [offset, n] : ranges) {
     AdamWBuffers b;
-    b.grad = grad_.data_ptr<float>() + offset;
+    b.grad = grad_.defined() ? grad_.data_ptr<float>() + offset : nullptr;
     b.grad_dtype = DType::kFloat32;
     b.master = master_.data_ptr<float>() + offset;
     b.exp_avg = static_cast<char*>(exp_avg_.data_ptr()) + offset * state_bytes;

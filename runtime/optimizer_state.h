@@ -38,7 +38,8 @@ struct StateTierStats {
   StateTier tier = StateTier::kMemory;
   std::string path;
   std::uint64_t file_bytes = 0, gradient_bytes = 0, pool_bytes = 0, bytes_read = 0, bytes_written = 0;
-  std::uint64_t ram_bytes = 0;  // a split file tier's records kept in RAM (Note [NVMe state store])
+  std::uint64_t ram_bytes = 0;      // a split file tier's records kept in RAM (Note [NVMe state store])
+  bool gradient_on_device = false;  // the FP32 gradient on the model's device (Note [gradient on the device])
   double io_wait_seconds = 0;
   // A file's IoQueue backend ("io_uring" or "threads"; "" in memory) and why it was chosen
   // when not simply asked for (IoQueue::backend_why).
@@ -115,8 +116,10 @@ void check_ranges_tile(const std::vector<std::pair<size_t, size_t>>& ranges, siz
 class InMemoryStateStore final : public OptimizerStateStore {
  public:
   // master: a contiguous 1-D float32 tensor (kept); m and v are state_dtype zeros, the
-  // gradient float32 zeros, all of its numel on its device.
-  InMemoryStateStore(at::Tensor master, DType state_dtype);
+  // gradient float32 zeros, all of its numel on its device. Without with_gradient there is no
+  // gradient here: a DeviceGradientStore keeps it (grad() then throws UsageError, and update()
+  // hands fn a null gradient for the wrapper to fill).
+  InMemoryStateStore(at::Tensor master, DType state_dtype, bool with_gradient = true);
 
   int64_t numel() const override { return master_.numel(); }
   DType state_dtype() const override { return state_dtype_; }
@@ -124,8 +127,9 @@ class InMemoryStateStore final : public OptimizerStateStore {
   const at::Tensor& master() const override { return master_; }
   const at::Tensor& exp_avg() const override { return exp_avg_; }
   const at::Tensor& exp_avg_sq() const override { return exp_avg_sq_; }
-  at::Tensor& grad() override { return grad_; }
-  const at::Tensor& grad() const override { return grad_; }
+  at::Tensor& grad() override;
+  const at::Tensor& grad() const override { return const_cast<InMemoryStateStore*>(this)->grad(); }
+  c10::Device device() const override { return master_.device(); }
   void update(const ChunkFn& fn) override;  // one chunk: the whole state
   void update_ranges(const std::vector<std::pair<size_t, size_t>>& ranges, const ChunkFn& fn) override;
   void read_range(size_t offset, size_t n, float* master, void* exp_avg, void* exp_avg_sq) override;

@@ -1,5 +1,5 @@
 // ShardCopies: this rank's low-precision shard of each released stage-3 unit, kept apart from the
-// FP32 master when the master is off memory (See Note [state tiers], runtime/engine_state.cpp):
+// FP32 master when the master is off memory (See Note [state tiers], runtime/engine_tiers.cpp):
 // tensors in the model's memory, buffers in host memory reached through a Mover (offload_param
 // "cpu" for a model on a device), or one region each of a file (offload_param.device "nvme").
 #pragma once

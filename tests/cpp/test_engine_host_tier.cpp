@@ -2,8 +2,9 @@
 // Note [state tiers]) on a CPU model: the master, Adam's moments and the FP32 gradient in host
 // memory, the model's memory reached only through the Mover's explicit copies (the reduce's
 // device scratch, the step's host output, stage 3's shard copies on the "device" or, with
-// param_host, in host memory), as a GPU model's would be. Every bit must equal the states kept
-// beside the model.
+// param_host, in host memory), as a GPU model's would be; with gradient_on_device the gradient
+// stays with the model instead (kHost and kNvme). Every bit must equal the states kept beside
+// the model.
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -12,6 +13,7 @@
 #include <utility>
 
 #include "engine_cases.h"
+#include "io_test_util.h"
 #include "run_ranks.h"
 
 namespace zerort::testing {
@@ -54,8 +56,19 @@ TEST_P(EngineHostTier, EqualsTheStatesBesideTheModelBitwise) {
   host.options.state_tier = StateTier::kHost;
   RunConfig host_params = host;  // stage 3: the shard copies in host memory too (offload_param "cpu")
   host_params.options.param_host = true;
+  // The gradient on the "device" (Note [gradient on the device]): kHost's master, m and v, and
+  // kNvme's split between RAM and a file, stepped from host pieces of 5 elements.
+  io::testing::TempDir dir;
+  RunConfig host_grad = host;
+  host_grad.options.gradient_on_device = true;
+  host_grad.options.nvme.chunk_elements = 5;
+  RunConfig nvme_grad = host_grad;
+  nvme_grad.options.state_tier = StateTier::kNvme;
+  nvme_grad.options.nvme.directory = dir.path();
+  nvme_grad.options.nvme.ram_fraction = 0.5;
+  nvme_grad.options.nvme.buffer_count = 2;
   const auto a = run_all(world, beside);
-  for (const RunConfig* config : {&host, &host_params}) {
+  for (const RunConfig* config : {&host, &host_params, &host_grad, &nvme_grad}) {
     if (config->options.param_host && config->options.stage != 3) continue;
     expect_equal(a, run_all(world, *config), world);
   }
@@ -79,6 +92,15 @@ TEST(EngineHostTierOptions, StageZeroIsRefusedByName) {
   config.steps = 1;
   auto errors = run_ranks(2, [&](Communicator& comm) { run_engine(comm, config); });
   for (const auto& e : errors) EXPECT_NE(e.find("works at stages 1-3; got stage 0"), std::string::npos) << e;
+}
+
+TEST(EngineHostTierOptions, GradientOnDeviceNeedsTheStateOffMemory) {
+  RunConfig config;
+  config.options = default_options(2, DType::kBFloat16);
+  config.options.gradient_on_device = true;
+  config.steps = 1;
+  auto errors = run_ranks(2, [&](Communicator& comm) { run_engine(comm, config); });
+  for (const auto& e : errors) EXPECT_NE(e.find("gradient_on_device"), std::string::npos) << e;
 }
 
 TEST(EngineHostTierOptions, ParametersInHostMemoryNeedStage3WithTheStatesThere) {

@@ -1,7 +1,8 @@
 """offload.placement "auto" on a CUDA model (W = 1, NCCL; Note [auto placement]): the device's free memory
 measured (torch.cuda.mem_get_info) and capped through ZERORT_OFFLOAD_BUDGETS just at what the target
 placement needs, so auto must pass over the GPU-resident one; the run then equals the concrete placement
-it resolves to, bit for bit (tests/python/offload_auto_worker.py with "cuda")."""
+it resolves to, bit for bit (tests/python/offload_auto_worker.py with "cuda"), the gradient on the device
+among them."""
 import json
 import os
 
@@ -22,7 +23,8 @@ def test_the_device_budget_is_measured():
     assert 0 < b.device <= total and abs(b.device - free) < total // 10  # one rank a GPU here
 
 
-@pytest.mark.parametrize("stage,target", [(2, "cpu"), (3, "cpu+params"), (3, "nvme")])
+@pytest.mark.parametrize("stage,target", [(2, "cpu"), (3, "cpu+params"), (3, "nvme"), (1, "cpu dev-grad"),
+                                          (3, "nvme dev-grad")])
 def test_auto_on_a_gpu_gives_the_bits_of_the_placement_it_resolves_to(tmp_path, stage, target):
     nvme = tmp_path / "nvme"
     nvme.mkdir()
@@ -34,3 +36,4 @@ def test_auto_on_a_gpu_gives_the_bits_of_the_placement_it_resolves_to(tmp_path, 
     assert r["chosen"] == target, r["need"]
     assert r["auto_losses"] == r["concrete_losses"] and r["same_states"]
     assert f"placement auto: {target}" in r["report"] and "  device: working" in r["report"]
+    assert r["gradient_on_device"] == target.endswith("dev-grad")  # C++ Note [gradient on the device]

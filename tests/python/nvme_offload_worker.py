@@ -9,8 +9,10 @@ record edges are crossed.
 CASES.json: a list of {"name", "model", "stage", "state_dtype", "params", "grads"}; "params" true also
 puts stage 3's parameters on NVMe (offload_param) in the nvme run, "grads" true the FP32 gradient
 shard (offload_optimizer.gradient_in_file), "ram" a fraction of master, m and v kept in RAM
-(offload_optimizer.ram_fraction). Rank 0 writes OUT.json (losses,
-tier stats, memory report text per run) and OUT.pt (the masters and moments)."""
+(offload_optimizer.ram_fraction), "devgrad" true the FP32 gradient with the model
+(offload_optimizer.gradient_on_device: the same memory on a CPU model, stepped from host pieces).
+Rank 0 writes OUT.json (losses, tier stats, memory report text per run) and OUT.pt (the masters and
+moments)."""
 import json
 import os
 import sys
@@ -31,7 +33,8 @@ def config(case, tier, nvme_dir, work=None):
     optimizer, extra = {"device": tier}, {}
     if tier == "nvme":
         optimizer.update(nvme_path=nvme_dir, chunk_numel=1000, buffer_count=3,
-                         gradient_in_file=bool(case.get("grads")), ram_fraction=case.get("ram", 0.0))
+                         gradient_in_file=bool(case.get("grads")), ram_fraction=case.get("ram", 0.0),
+                         gradient_on_device=bool(case.get("devgrad")))
         if work:  # the monitor's CSV, with the I/O columns of the nvme tier
             extra["monitor"] = {"csv": True, "output_path": work, "job_name": case["name"]}
     offload = {"optimizer": optimizer}

@@ -114,6 +114,7 @@ def run(cfg, device):
     out["report"] = engine.memory_report().table()
     out["placement"] = engine.placement
     out["ram_bytes"] = engine.runtime.state_tier_stats.get("ram_bytes", 0)
+    out["gradient_on_device"] = engine.runtime.state_tier_stats["gradient_on_device"]
     out["offload"] = engine.config.offload
     comm = engine.comm
     engine.destroy()
@@ -130,7 +131,8 @@ def main(out, nvme_dir, stage, target, device="cpu"):
     par = {"device": cand.param, "nvme_path": nvme_dir} if cand.param == "nvme" else {"device": cand.param}
     os.environ.pop(placement_auto.CAPS_ENV)
     concrete = run(config(stage, nvme_dir, {"optimizer": {"device": cand.optimizer, "gradient_in_file":
-                                                          cand.gradient_in_file, "ram_fraction": cand.ram_fraction},
+                                                          cand.gradient_in_file, "ram_fraction": cand.ram_fraction,
+                                                          "gradient_on_device": cand.gradient_on_device},
                                             "param": par}), device)
     same = auto["states"].keys() == concrete["states"].keys() and all(
         torch.equal(auto["states"][k], concrete["states"][k]) for k in auto["states"])
@@ -140,7 +142,8 @@ def main(out, nvme_dir, stage, target, device="cpu"):
                        "auto_losses": auto["losses"],
                        "concrete_losses": concrete["losses"], "same_states": same, "report": auto["report"],
                        "resolved": [auto["offload"].optimizer.device, auto["offload"].param.device,
-                                    auto["offload"].optimizer.gradient_in_file]}, f)
+                                    auto["offload"].optimizer.gradient_in_file],
+                       "gradient_on_device": auto["gradient_on_device"]}, f)
 
 
 if __name__ == "__main__":

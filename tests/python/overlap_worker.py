@@ -6,8 +6,9 @@ gradient accumulation 2 and (fp16) one step whose gradients overflow. Rank 0 wri
 
     torchrun --nproc_per_node W overlap_worker.py OUT NVME_DIR CASES.json DEVICE
 
-CASES.json: a list of {"name", "stage", "precision", "hold", "ram"} ("ram": the nvme tier's ram_fraction);
-"hold" runs the overlapped tiers
+CASES.json: a list of {"name", "stage", "precision", "hold", "ram", "grad_on_device"} ("ram": the nvme
+tier's ram_fraction; "grad_on_device": both tiers keep the FP32 gradient with the model, C++ Note
+[gradient on the device]); "hold" runs the overlapped tiers
 with the engine's test hook that keeps the last unit's update open until the forward's first
 wait (Engine.hold_last_update), and records what the forward saw of the update (ordering).
 DEVICE: "cpu", or "cuda" (each rank its own GPU: tests/gpu/test_offload_overlap_gpu.py).
@@ -50,6 +51,8 @@ class Stack(nn.Module):
 
 def config(case, tier, nvme_dir):
     optimizer = {"device": tier, "overlap_step": True}  # a CPU model's 'cpu' tier overlaps only when asked
+    if tier != "none" and case.get("grad_on_device"):
+        optimizer["gradient_on_device"] = True
     if tier == "nvme":
         optimizer.update(nvme_path=nvme_dir, chunk_numel=1000, buffer_count=3, ram_fraction=case.get("ram", 0.0))
     offload = {"optimizer": optimizer}
@@ -107,6 +110,7 @@ def run(case, tier, nvme_dir, device):
             tensors[f"{key}:{n}"] = safe_get_full_optimizer_state(p, key).detach().cpu().clone()
     out["tier"] = engine.runtime.state_tier_stats["tier"]
     out["ram_bytes"] = engine.runtime.state_tier_stats["ram_bytes"]
+    out["gradient_on_device"] = engine.runtime.state_tier_stats["gradient_on_device"]
     out["units"] = engine.runtime.num_buckets
     engine.destroy()
     return out, tensors

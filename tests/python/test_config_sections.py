@@ -25,10 +25,11 @@ OURS = {"stage": 3, "precision": "fp16", "reduce_bucket_numel": 999, "gradient_a
 # DeepSpeed's scaler has no factor key. dynamic is at its default in OURS (see the static test),
 # param_host follows offload_param "cpu" and the model's device (see the tier test). master_dtype
 # bf16 needs precision bf16, and OURS is fp16 (tests/python/test_bf16_master.py sets it). ram_fraction
-# excludes gradient_in_file, which OURS sets (test_offload_nvme's ram_fraction test sets it).
+# excludes gradient_in_file, which OURS sets (test_offload_nvme's ram_fraction test sets it), and so does
+# gradient_on_device (test_offload_nvme's gradient_on_device test sets it).
 UNSET = {"OptimizerOptions.owner_ranks", "EngineOptions.alignment", "LossScalerOptions.factor",
          "LossScalerOptions.dynamic", "EngineOptions.param_host", "OptimizerOptions.master_dtype",
-         "NvmeStateOptions.ram_fraction"}
+         "NvmeStateOptions.ram_fraction", "EngineOptions.gradient_on_device"}
 
 
 def fields(o):

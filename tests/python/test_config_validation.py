@@ -79,7 +79,8 @@ OFFLOAD_COMMON = {"": ({}, SECTION_OR_NULL_BAD), ".device": ("none", ["gpu", 1, 
 OFFLOAD_OPTIMIZER = {**OFFLOAD_COMMON, ".pipeline_read": (True, [1]), ".pipeline_write": (True, ["no"]),
                      ".fast_init": (False, [0]), ".ratio": (1.0, [-0.1, 1.5, "1", NAN, True]),
                      ".chunk_numel": (4096, [0, -1, 1.5, "4096", 2e12]), ".gradient_in_file": (False, [1, "yes", None]),
-                     ".overlap_step": (True, [1, "yes", None]), ".ram_fraction": (0.0, [-0.1, 1.5, "1", NAN, True])}
+                     ".overlap_step": (True, [1, "yes", None]), ".ram_fraction": (0.0, [-0.1, 1.5, "1", NAN, True]),
+                     ".gradient_on_device": (False, [1, "yes", None])}
 OFFLOAD_PARAM = {**OFFLOAD_COMMON, ".buffer_size": (1e8, [-1, 1.5, 2e12, "1e8"]),
                  ".max_in_cpu": (1e9, [-1, 2e12, None])}
 AIO = {"": ({}, SECTION_OR_NULL_BAD), ".block_size": (1048576, [0, 1.5, "4096", True]),

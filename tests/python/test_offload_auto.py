@@ -22,6 +22,7 @@ from zerort.errors import ConfigError
 HERE = os.path.dirname(os.path.abspath(__file__))
 GB, GIB = 10 ** 9, 1 << 30
 BIG = 1 << 50
+CAND = {c.name: c for c in placement.CANDIDATES}
 
 
 def shape(numel, stage, world=1, unit=None):
@@ -55,16 +56,25 @@ def test_each_budget_picks_the_fastest_candidate_that_fits(stage):
     n = needs(s, cuda=True)
     device_fits = Budgets(usable_to_budget(n["device"]["device"]), 0, 0)
     assert placement.choose(s, device_fits).candidate.name == "device"
-    # One byte less of the device: the states spill to host RAM (the step on the CPU).
-    short = Budgets(usable_to_budget(n["device"]["device"]) - 10, usable_to_budget(n["cpu"]["ram"]), 0)
-    assert placement.choose(s, short).candidate.name == "cpu"
+    # One byte less of the device: master, m and v spill to host RAM (the step on the CPU), the gradient
+    # stays (C++ Note [gradient on the device]).
+    short = Budgets(usable_to_budget(n["device"]["device"]) - 10, usable_to_budget(n["cpu dev-grad"]["ram"]), 0)
+    assert placement.choose(s, short).candidate.name == "cpu dev-grad"
+    # A device without room for the gradient: it goes to RAM as well.
+    assert n["cpu"]["device"] < n["cpu dev-grad"]["device"] and n["cpu"]["ram"] > n["cpu dev-grad"]["ram"]
+    no_grad = Budgets(usable_to_budget(n["cpu dev-grad"]["device"]) - 10, usable_to_budget(n["cpu"]["ram"]), 0)
+    assert placement.choose(s, no_grad).candidate.name == "cpu"
     if stage == 3:  # a device that holds only the working buffers: the shards go to RAM too
         tight = Budgets(usable_to_budget(n["cpu+params"]["device"]), usable_to_budget(n["cpu+params"]["ram"]), 0)
         assert placement.choose(s, tight).candidate.name == "cpu+params"
-    # RAM short as well, a disk: NVMe, where zerort builds it for the model (assumed here).
+    # RAM short as well, a disk: NVMe, where zerort builds it for the model (assumed here); the gradient on
+    # the device where it has room, else in RAM.
+    grad_there = Budgets(usable_to_budget(n["nvme dev-grad"]["device"]), usable_to_budget(n["nvme dev-grad"]["ram"]),
+                         usable_to_budget(n["nvme dev-grad"]["nvme"]))
+    assert placement.choose(s, grad_there).candidate == CAND["nvme dev-grad"]  # no room for a record: nothing split
     disk = Budgets(usable_to_budget(n["nvme"]["device"]), usable_to_budget(n["nvme"]["ram"]),
                    usable_to_budget(n["nvme"]["nvme"]))
-    assert placement.choose(s, disk).candidate == placement.CANDIDATES[3]  # no room for a record: nothing split
+    assert placement.choose(s, disk).candidate == CAND["nvme"]
     # Room for 5 records more: they stay in RAM (the split), and the disk holds 5 records less.
     record = s.nvme.record_bytes(4)
     split = Budgets(disk.device, usable_to_budget(n["nvme"]["ram"] + 5 * record + record // 2),
@@ -89,7 +99,7 @@ def test_a_cpu_model_has_one_memory_tier_and_spills_to_nvme():
     chosen = placement.choose(s, Budgets(None, ram, BIG))
     assert chosen.candidate.name == "nvme+params"
     assert chosen.candidate.settings() == {"optimizer": "nvme", "param": "nvme", "gradient_in_file": True,
-                                           "ram_fraction": 0.0}
+                                           "ram_fraction": 0.0, "gradient_on_device": False}
 
 
 def test_stage_0_keeps_its_states_with_the_model():
@@ -105,14 +115,20 @@ def test_the_bytes_are_the_exact_layouts(stage, world, numel):
     """On the device, every kind is the memory estimator's exact figure; off it, whole kinds move."""
     est = estimate_memory(numel, world, stage, unit_numel=max(1, numel // 5) if stage == 3 else None)["exact"]
     s = Shape(count_groups(numel, stage, unit_numel=max(1, numel // 5) if stage == 3 else None), world, stage)
-    on = placement.tier_bytes(s, placement.CANDIDATES[0])
+    on = placement.tier_bytes(s, CAND["device"])
     for k in ("master", "adam_m", "adam_v", "grad_shard"):
         assert on["device"][k] == est[k]
     assert sum(on["device"].values()) == est["total"] and not any(on["ram"].values()) and not any(on["nvme"].values())
-    cpu = placement.tier_bytes(s, placement.CANDIDATES[1])
+    cpu = placement.tier_bytes(s, CAND["cpu"])
     assert [cpu["ram"][k] for k in ("master", "adam_m", "adam_v", "grad_shard")] == \
         [est[k] for k in ("master", "adam_m", "adam_v", "grad_shard")]
-    nvme = placement.tier_bytes(s, placement.CANDIDATES[4])  # nvme+grad: the file holds whole chunk records
+    for name in ("cpu dev-grad", "nvme dev-grad"):  # the gradient on the device; no reduce scratch there
+        dev_grad = placement.tier_bytes(s, CAND[name])
+        assert dev_grad["device"]["grad_shard"] == est["grad_shard"] and dev_grad["ram"]["grad_shard"] == 0
+        assert dev_grad["device"]["working"] == on["device"]["working"]
+        assert dev_grad["ram"]["io"] == placement.tier_bytes(s, CAND[name.split()[0]])["ram"]["io"] + \
+            4 * s.nvme.chunk_numel  # the host piece the step copies it down through
+    nvme = placement.tier_bytes(s, CAND["nvme+grad"])  # the file holds whole chunk records
     chunk = s.nvme.aligned(s.nvme.chunk_numel)
     records = -(-est["master"] // 4 // chunk) * chunk
     assert (nvme["nvme"]["master"], nvme["nvme"]["adam_m"]) == (4 * records, 4 * records)
@@ -124,7 +140,7 @@ def test_a_bf16_master_and_bf16_moments_count_as_the_estimator_does():
     est = estimate_memory(3_000_001, 3, 2, reduce_bucket_numel=1 << 20, optimizer_state_dtype="bf16",
                           master_dtype="bf16")["exact"]
     on = placement.tier_bytes(Shape(groups, 3, 2, state_bytes=2, master_bytes=2, reduce_bucket_numel=1 << 20),
-                              placement.CANDIDATES[0])["device"]
+                              CAND["device"])["device"]
     assert [on[k] for k in ("master", "adam_m", "adam_v", "grad_shard")] == \
         [est[k] for k in ("master", "adam_m", "adam_v", "grad_shard")]
 
@@ -135,9 +151,9 @@ def test_what_zerort_does_not_build_is_passed_over():
     c = parse({"stage": 3, "offload": {"placement": "auto", "optimizer": {"nvme_path": "/tmp"}},
                "optimizer": {"master_dtype": "bf16"}})
     built = placement_auto.builder(c, torch.device("cpu"))
-    assert built(placement.CANDIDATES[0]) == "" and "bf16 master" in built(placement.CANDIDATES[3])
+    assert built(CAND["device"]) == "" and "bf16 master" in built(CAND["nvme"])
     without_path = placement_auto.builder(parse({"stage": 3, "offload": "auto"}), torch.device("cpu"))
-    assert without_path(placement.CANDIDATES[5]) == "no nvme_path"
+    assert without_path(CAND["nvme dev-grad"]) == "no nvme_path"
 
 
 @pytest.mark.parametrize("fraction", [0.0, 0.3, 0.51, 1.0])
@@ -168,16 +184,19 @@ def test_only_nvme_splits_its_records_between_ram_and_the_file(fraction):
 def test_a_placement_that_cannot_fit_is_refused_with_the_numbers():
     s = shape(10 ** 9, 2)
     with pytest.raises(ConfigError) as e:
-        placement.choose(s, Budgets(8 * GB, 16 * GB, 0), built=lambda c: "no nvme_path" if c.optimizer == "nvme"
+        placement.choose(s, Budgets(7 * GB, 16 * GB, 0), built=lambda c: "no nvme_path" if c.optimizer == "nvme"
                          else "")
     text = str(e.value)
     assert "no placement zerort builds fits 1,000,000,000 parameters at stage 2" in text
-    assert "device 6.1 GB, ram 13.3 GB" in text  # 0.9 x budget - 1 GiB
-    # 16 bytes a parameter of states and 2 of bf16 parameters; 18.0 - 6.1 = 11.9, 16.0 - 13.3 = 2.7
-    assert "device: needs device 18.0 GB; short of device by 11.9 GB" in text
+    assert "device 5.2 GB, ram 13.3 GB" in text  # 0.9 x budget - 1 GiB
+    # 16 bytes a parameter of states and 2 of bf16 parameters; 18.0 - 5.2 = 12.8, 16.0 - 13.3 = 2.7; the gradient
+    # on the device: 2 + 4 there, 12 in RAM
+    assert "device: needs device 18.0 GB; short of device by 12.8 GB" in text
+    assert "cpu dev-grad: needs device 6.0 GB, ram 12.0 GB; short of device by 0.8 GB" in text
     assert "cpu: needs device 2.0 GB, ram 16.0 GB; short of ram by 2.7 GB" in text
     assert "nvme: needs" in text and "no nvme_path" in text
-    assert "give offload.optimizer.nvme_path" in text and "the nearest is cpu, short by 2.7 GB of ram" in text
+    assert "give offload.optimizer.nvme_path" in text
+    assert "the nearest is cpu dev-grad, short by 0.8 GB of device" in text
 
 
 def test_ranks_on_one_host_share_its_ram_and_disk():
@@ -191,8 +210,10 @@ def test_ranks_on_one_host_share_its_ram_and_disk():
 
 def test_the_h200_example(capsys):
     """13B Llama-shaped (40 x 5120, SwiGLU 13824, vocab 32000) on one H200 (139 GB), 120 GB of RAM and
-    64 GiB of disk: about 18 bytes a parameter off the device; no whole-kind placement fits, though the
-    tiers together would hold it split (the CLI's table, docs/CONFIG.md)."""
+    64 GiB of disk: about 18 bytes a parameter off the device. No whole-kind placement fits, nor the nvme
+    tier split between RAM and the file with the gradient in RAM; with the gradient on the device (C++ Note
+    [gradient on the device]) two thirds of the records fit RAM and the rest the disk (the CLI's table,
+    docs/CONFIG.md)."""
     numel = placement_auto.llama_numel(40, 5120, 13824, 32000)
     assert numel == 13_015_864_320
     unit = 4 * 5120 ** 2 + 3 * 5120 * 13824 + 2 * 5120
@@ -204,25 +225,40 @@ def test_the_h200_example(capsys):
     assert off.host_need("ram") - 18 * numel == off.bytes["ram"]["io"] == 2 * unit
     assert abs(ps["device"].bytes["device"]["master"] - 4 * numel) < 16 * 41
     assert ps["device"].short == {"device": ps["device"].host_need("device") - b.usable("device")}
-    assert ps["cpu"].short.keys() == {"ram"} and ps["nvme"].short.keys() == {"nvme"}
-    # The split fills RAM to its usable line with records (a third of them), and the disk is still short.
-    assert b.usable("ram") - s.nvme.record_bytes(4) < ps["nvme"].host_need("ram") <= b.usable("ram")
-    assert 0.3 < ps["nvme"].candidate.ram_fraction < 0.4
-    assert not any(p.chosen for p in ps.values())
-    room = b.usable("device") + b.usable("ram") + b.usable("nvme")
-    assert min(p.total() for p in ps.values()) < room  # a split onto the device too would fit
+    assert ps["cpu"].short.keys() == {"ram"} and ps["cpu dev-grad"].short.keys() == {"ram"}
+    # The gradient in RAM: the split fills RAM to its usable line with records (a third of them), and the
+    # disk is still short.
+    record = s.nvme.record_bytes(4)
+    assert ps["nvme"].short.keys() == {"nvme"} and 0.3 < ps["nvme"].candidate.ram_fraction < 0.4
+    assert b.usable("ram") - record < ps["nvme"].host_need("ram") <= b.usable("ram")
+    # The gradient on the device (4 bytes a parameter beside the 2 of the shards): two thirds in RAM, a third
+    # on the disk, chosen.
+    chosen = ps["nvme dev-grad"]
+    assert chosen.chosen and [p.candidate.name for p in ps.values() if p.chosen] == ["nvme dev-grad"]
+    assert 0.6 < chosen.candidate.ram_fraction < 0.7
+    assert b.usable("ram") - record < chosen.host_need("ram") <= b.usable("ram")
+    assert chosen.bytes["device"]["grad_shard"] == 4 * state_numel(s.groups, 1, 3)
+    assert chosen.host_need("device") <= b.usable("device") and chosen.host_need("nvme") <= b.usable("nvme")
     assert placement_auto.main(["--llama", "40,5120,13824,32000", "--stage", "3", "--gpu-gb", "139", "--ram-gb",
-                                "120", "--disk-gib", "64"]) == 1
+                                "120", "--disk-gib", "64", "--nvme-path", "/tmp"]) == 0
     out = capsys.readouterr().out
     assert "13,015,864,320 parameters" in out and "up to 18." in out
-    assert "would fit only split in a way this version does not build (master, m and v partly on the device" in out
-    assert "nvme+params: needs device 3.8 GB, ram 3.2 GB, nvme 234.3 GB; short of nvme by 173.5 GB" in out
+    assert "placement auto: nvme dev-grad 68% ram (offload optimizer nvme" in out and "gradient_on_device true" in out
     assert placement_auto.main(["--params", "1e9", "--stage", "2", "--gpu-gb", "139", "--ram-gb", "120"]) == 0
     assert "placement auto: device" in capsys.readouterr().out
-    # 10B: the states fit RAM and the disk together, not either alone: nvme, its records split.
+    # 8B: master, m and v fit RAM, the gradient the device: no disk. 10B: part of the records on the disk.
+    assert placement_auto.main(["--params", "8e9", "--stage", "3", "--gpu-gb", "139", "--ram-gb", "120",
+                                "--disk-gib", "64", "--nvme-path", "/tmp"]) == 0
+    assert "placement auto: cpu dev-grad (" in capsys.readouterr().out
     assert placement_auto.main(["--params", "10e9", "--stage", "3", "--gpu-gb", "139", "--ram-gb", "120",
                                 "--disk-gib", "64", "--nvme-path", "/tmp"]) == 0
-    assert "placement auto: nvme 55% ram" in capsys.readouterr().out
+    assert "placement auto: nvme dev-grad 88% ram" in capsys.readouterr().out
+    # Refused when the disk is smaller still, with the line that says what a split would need.
+    assert placement_auto.main(["--llama", "40,5120,13824,32000", "--stage", "3", "--gpu-gb", "139", "--ram-gb",
+                                "120", "--disk-gib", "16", "--nvme-path", "/tmp"]) == 1
+    out = capsys.readouterr().out
+    assert "nvme+params: needs device 3.8 GB, ram 3.2 GB, nvme 234.3 GB; short of nvme by" in out
+    assert "the tiers together:" in out
 
 
 def test_budgets_read_from_the_machine(tmp_path, monkeypatch):

@@ -1,4 +1,4 @@
-"""offload_optimizer.device "nvme" (See Note [state tiers], runtime/engine_state.cpp): a CPU
+"""offload_optimizer.device "nvme" (See Note [state tiers], runtime/engine_tiers.cpp): a CPU
 model's master and Adam moments in one O_DIRECT file per rank, streamed through the pool each
 step. Against the in-memory tier, the same run must give the same bits: losses, masters and
 moments, at stages 1-3, fp32 and bf16 states, W = 2 and 4 (nvme_offload_worker.py); a
@@ -22,12 +22,13 @@ from zerort._testing.launch import launch, launch_plain  # noqa: E402
 
 STEPS, ACCUMULATION = 4, 2  # nvme_offload_worker's: optimizer steps (each streams the whole state once), micro
 # "grads": the FP32 gradient shard in the file too (Note [gradient in the file]); "ram": that part of
-# master, m and v kept in RAM, the rest in the file (ram_fraction; C++ Note [NVMe state store]).
+# master, m and v kept in RAM, the rest in the file (ram_fraction; C++ Note [NVMe state store]); "devgrad":
+# the gradient with the model, stepped from host pieces of chunk_numel (C++ Note [gradient on the device]).
 CASES = {2: [{"name": "gpt2-s1", "model": "gpt2", "stage": 1, "state_dtype": "fp32", "grads": True},
              {"name": "gpt2-s2", "model": "gpt2", "stage": 2, "state_dtype": "bf16"},
              {"name": "llama-s3", "model": "llama", "stage": 3, "state_dtype": "fp32", "grads": True},
              {"name": "gpt2-s3p", "model": "gpt2", "stage": 3, "state_dtype": "fp32", "params": True},
-             {"name": "llama-s3r", "model": "llama", "stage": 3, "state_dtype": "fp32", "ram": 0.5},
+             {"name": "llama-s3r", "model": "llama", "stage": 3, "state_dtype": "fp32", "ram": 0.5, "devgrad": True},
              {"name": "gpt2-s1r", "model": "gpt2", "stage": 1, "state_dtype": "bf16", "ram": 0.4}],
          4: [{"name": "qwen2-s3p", "model": "qwen2", "stage": 3, "state_dtype": "bf16", "params": True},
              {"name": "gpt2-s2", "model": "gpt2", "stage": 2, "state_dtype": "fp32", "grads": True}]}
@@ -100,7 +101,9 @@ def test_nvme_tier_equals_memory_tier_bitwise(tmp_path, world):
             assert stats["step_bytes_read"] >= STEPS * (records + 2 * stats["gradient_bytes"]), stats
             assert stats["step_bytes_written"] >= STEPS * (records + stats["gradient_bytes"]) - stats["pool_bytes"]
         else:
-            assert stats["gradient_bytes"] == 0 and stats["pool_bytes"] == 3 * record, stats  # whatever the size
+            piece = 4 * 1000 if case.get("devgrad") else 0  # the host piece of chunk_numel floats
+            assert stats["gradient_bytes"] == 0 and stats["pool_bytes"] == 3 * record + piece, stats  # any size
+            assert stats["gradient_on_device"] == bool(case.get("devgrad")), stats
             assert disk["grad_ram"] == ram["grad_ram"]
             # Every step reads and writes the whole file, in the next forward's order (C++ Note [NVMe
             # state store]: order): at stages 1-2 (the offsets' reverse) each record once; at stage 3
@@ -216,6 +219,40 @@ def test_a_checkpoint_streams_through_small_windows_between_tiers(tmp_path, monk
         got = states(loaded)
         assert all(torch.equal(got[k], want[k]) for k in want), tier
         loaded.destroy()
+
+
+def test_gradient_on_device_is_read_in_both_forms_and_refused_where_it_means_nothing():
+    """offload_optimizer.gradient_on_device (zerort's own key; C++ Note [gradient on the device]): with device
+    cpu or nvme only, not beside gradient_in_file, not with placement auto (auto picks it); the Engine takes it
+    off memory only (a CPU model's offload cpu without overlap_step keeps its states in memory)."""
+    import torch
+
+    from zerort.config import native, parse
+    from zerort.errors import ConfigError
+
+    nvme = {"device": "nvme", "nvme_path": "/tmp"}
+    cpu = torch.device("cpu")
+    ours = parse({"stage": 2, "offload": {"optimizer": {**nvme, "gradient_on_device": True}}})
+    assert ours.offload.optimizer.gradient_on_device and native.engine_options(ours, cpu).gradient_on_device
+    ds = parse({"gradient_accumulation_steps": 1,
+                "zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu", "gradient_on_device": True}}})
+    assert ds.offload.optimizer.gradient_on_device and not native.engine_options(ds, cpu).gradient_on_device
+    overlapped = parse({"stage": 3, "offload": {"optimizer": {"device": "cpu", "gradient_on_device": True,
+                                                              "overlap_step": True}}})
+    assert native.engine_options(overlapped, cpu).gradient_on_device  # the Engine's 'cpu' tier
+    from zerort.config.offload import describe
+    assert "the FP32 gradient shard on the model's device" in describe(ours, cpu)
+    bad = {"zero_optimization.offload_optimizer.gradient_on_device: true with device 'none'":
+           {"zero_optimization": {"stage": 2, "offload_optimizer": {"gradient_on_device": True}}},
+           "offload.optimizer.gradient_on_device: true with gradient_in_file true":
+           {"stage": 2, "offload": {"optimizer": {**nvme, "gradient_on_device": True, "gradient_in_file": True}}},
+           "given with offload.optimizer.gradient_on_device true":
+           {"stage": 2, "offload": {"placement": "auto", "optimizer": {"nvme_path": "/tmp",
+                                                                       "gradient_on_device": True}}}}
+    for words, cfg in bad.items():
+        with pytest.raises(ConfigError) as e:
+            parse(cfg)
+        assert words in str(e.value), str(e.value)
 
 
 def test_ram_fraction_is_read_in_both_forms_and_refused_where_it_means_nothing():

@@ -19,12 +19,13 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 from zerort._testing.launch import launch  # noqa: E402
 
-CASES = [{"name": "s1", "stage": 1, "precision": "bf16", "hold": True},
+# grad_on_device: both tiers keep the FP32 gradient with the model (C++ Note [gradient on the device])
+CASES = [{"name": "s1", "stage": 1, "precision": "bf16", "hold": True, "grad_on_device": True},
          {"name": "s1-fp16", "stage": 1, "precision": "fp16"},
          {"name": "s2", "stage": 2, "precision": "bf16", "hold": True},
          {"name": "s2-fp16", "stage": 2, "precision": "fp16", "ram": 1.0},  # the nvme records all in RAM
          {"name": "s3", "stage": 3, "precision": "bf16", "hold": True},
-         {"name": "s3-fp16", "stage": 3, "precision": "fp16"}]
+         {"name": "s3-fp16", "stage": 3, "precision": "fp16", "grad_on_device": True}]
 OVERFLOW_STEP = 2  # overlap_worker's
 
 
@@ -49,6 +50,7 @@ def check_bits(result, tensors, cases):
             off = result[f"{name}:{tier}"]
             assert off["tier"] == tier and off["overlapped"], (name, tier, off)
             assert (off["ram_bytes"] > 0) == (tier == "nvme" and "ram" in case), (name, tier, off["ram_bytes"])
+            assert off["gradient_on_device"] == case.get("grad_on_device", False), (name, tier)
             assert off["losses"] == ram["losses"], (name, tier)
             mine, theirs = tensors[f"{name}:{tier}"], tensors[f"{name}:none"]
             assert mine.keys() == theirs.keys()

@@ -69,7 +69,7 @@ class Group:
 
 
 def exact(groups, world_size, stage, reduce_bucket_numel=1 << 24, prefetch=1, at_rest=False, state_bytes=4,
-          nvme=None, secondary=1, master_bytes=4, host_tier=False):
+          nvme=None, secondary=1, master_bytes=4, host_tier=False, grad_piece=0):
     """Exact bytes per rank in memory of our layout for these parameter groups (stages 0-2:
     one group per dtype, cut into reduce buckets; stage 3: the units in execution order).
     state_bytes: per element of Adam's m and v (4, or 2 with bf16 optimizer states). at_rest:
@@ -84,12 +84,14 @@ def exact(groups, world_size, stage, reduce_bucket_numel=1 << 24, prefetch=1, at
     the largest bucket's shard to grad_shard: C++ Note [bf16 master]). host_tier: the Engine's 'cpu' tier
     (C++ Note [state tiers]), whose reduces sum into an FP32 scratch of the largest bucket's shard on the
     model's device, counted in grad_shard, and at stage 3 keeps each released unit's low-precision shard
-    apart (lp_params)."""
+    apart (lp_params). grad_piece: with the gradient on the model's device off memory (C++ Note [gradient
+    on the device]), the elements of the host piece the step copies it down through (offload_optimizer
+    chunk_numel), counted in state_pool; the reduces then need no scratch. 0: the gradient is not there."""
     in_flight = (nvme is None or not nvme.gradients) and master_bytes == 4  # else reached by ranges: waited at once
     out = _in_memory(groups, world_size, stage, reduce_bucket_numel, prefetch, at_rest, state_bytes, master_bytes,
                      in_flight)
     state_numel = out["grad_shard"] // master_bytes
-    if master_bytes == 2 or host_tier:
+    if master_bytes == 2 or (host_tier and not grad_piece):
         out["grad_shard"] += 4 * _largest_shard(groups, world_size, stage, reduce_bucket_numel)
     if host_tier and stage == 3:  # each released unit's shard copy (C++ Note [state tiers])
         out["lp_params"] += sum(_unit_shard_bytes(groups, world_size))
@@ -106,6 +108,8 @@ def exact(groups, world_size, stage, reduce_bucket_numel=1 << 24, prefetch=1, at
             out["state_pool"] += 0 if at_rest else 2 * nvme.aligned(max(shards, default=0) or 1)
         else:
             out["lp_params"] += sum(shards)
+    if grad_piece and not at_rest:  # outside torch's allocator, like the pool
+        out["state_pool"] += 4 * grad_piece
     return out
 
 

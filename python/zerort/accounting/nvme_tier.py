@@ -6,7 +6,7 @@ import math
 @dataclasses.dataclass(frozen=True)
 class NvmeTier:
     """The nvme tier of the optimizer state (offload_optimizer.device "nvme"; See Note [state
-    tiers], runtime/engine_state.cpp, and Note [NVMe state store]): master, m and v in a file of
+    tiers], runtime/engine_tiers.cpp, and Note [NVMe state store]): master, m and v in a file of
     chunk records; in RAM only the pool (buffer_count records) and, at stage 3, each unit's
     low-precision shard, or with params (offload_param.device "nvme") a second file of those
     shards and two staging buffers of the largest (Note [RegionFile]). gradients: the FP32

@@ -13,13 +13,22 @@ Note [auto placement]: the candidates are the tiers zerort builds, each a whole 
 settings (offload_optimizer device, gradient_in_file, offload_param device), in order of speed:
 every later one moves more bytes per step over a slower link to free a faster tier.
 
-    device       everything on the model's device (offload none)
-    cpu          master, m, v and the FP32 gradient in host RAM, the step on the CPU (a CUDA model)
-    cpu+params   and stage 3's shards in host RAM, copied in by each gather (stage 3, a CUDA model)
-    nvme         master, m and v in a file per rank under nvme_path, the gradient in RAM; split:
-                 as many of their records as RAM holds kept in RAM (ram_fraction), the rest in the file
-    nvme+grad    and the FP32 gradient shard in that file (gradient_in_file), nothing split
-    nvme+params  and stage 3's shards in a second file (offload_param nvme; stage 3)
+    device         everything on the model's device (offload none)
+    cpu dev-grad   master, m and v in host RAM, the step on the CPU; the FP32 gradient shard stays on
+                   the device (gradient_on_device; a CUDA model)
+    cpu            and the FP32 gradient in host RAM too (a CUDA model)
+    cpu+params     and stage 3's shards in host RAM, copied in by each gather (stage 3, a CUDA model)
+    nvme dev-grad  master, m and v in a file per rank under nvme_path, the gradient on the device
+                   (gradient_on_device; a CUDA model); split like nvme
+    nvme           master, m and v in that file, the gradient in RAM; split: as many of their
+                   records as RAM holds kept in RAM (ram_fraction), the rest in the file
+    nvme+grad      and the FP32 gradient shard in that file (gradient_in_file), nothing split
+    nvme+params    and stage 3's shards in a second file (offload_param nvme; stage 3)
+
+A gradient on the device comes before the same tier with it in RAM: it moves fewer bytes over PCIe
+(4 an element once a step, copied down by the update, against 8 an element each micro-step for
+the reduce's scratch up and back; C++ Note [gradient on the device]) and leaves RAM to more of the
+nvme tier's records, at the price of 4 bytes an element of device memory.
 
 Off memory, stage 3 keeps each unit's low-precision shard apart (Note [state tiers]): counted on the
 model's device unless offload_param moves it (host RAM, or the parameter file). On a CPU model the
@@ -67,10 +76,11 @@ class Candidate:
     gradient_in_file: bool = False
     split: bool = False           # may keep part of the nvme tier's records in RAM (evaluate picks ram_fraction)
     ram_fraction: float = 0.0     # offload.optimizer.ram_fraction
+    gradient_on_device: bool = False  # offload.optimizer.gradient_on_device
 
     def settings(self):
         return {"optimizer": self.optimizer, "param": self.param, "gradient_in_file": self.gradient_in_file,
-                "ram_fraction": self.ram_fraction}
+                "ram_fraction": self.ram_fraction, "gradient_on_device": self.gradient_on_device}
 
     @property
     def label(self):
@@ -79,7 +89,9 @@ class Candidate:
         return f"{self.name} {pct if pct else '<1'}% ram" if self.ram_fraction else self.name
 
 
-CANDIDATES = (Candidate("device"), Candidate("cpu", "cpu"), Candidate("cpu+params", "cpu", "cpu"),
+CANDIDATES = (Candidate("device"), Candidate("cpu dev-grad", "cpu", gradient_on_device=True), Candidate("cpu", "cpu"),
+              Candidate("cpu+params", "cpu", "cpu"), Candidate("nvme dev-grad", "nvme", split=True,
+                                                               gradient_on_device=True),
               Candidate("nvme", "nvme", split=True), Candidate("nvme+grad", "nvme", gradient_in_file=True),
               Candidate("nvme+params", "nvme", "nvme", gradient_in_file=True))
 
@@ -135,30 +147,35 @@ def tier_bytes(shape, cand, cuda=True):
     opt_numel = mem["grad_shard"] // s.master_bytes
     shards = sum(_unit_shard_bytes(s.groups, s.world_size)) if s.stage == 3 else 0
     largest = 4 * _largest_shard(s.groups, s.world_size, s.stage, s.reduce_bucket_numel)
+    # The gradient on the device: no reduce scratch, a host piece to copy it down through (C++ Note
+    # [gradient on the device]); else off memory each reduce's scratch on the device (Note [state tiers]).
+    scratch, piece = (0, 4 * s.nvme.chunk_numel) if cand.gradient_on_device else (largest, 0)
     if cand.optimizer in ("none", "cpu"):
         where = dev if cand.optimizer == "none" else "ram"
         for k in ("master", "adam_m", "adam_v", "grad_shard"):
             out[where][k] = mem[k]
         if s.master_bytes == 2:  # a bf16 master's reduces sum in an FP32 scratch (memory.exact)
             out[where]["grad_shard"] += largest
-        if cand.optimizer == "cpu":  # Note [state tiers]: each reduce's scratch on the device; the shard copies
-            out[dev]["working"] += largest
+        if cand.optimizer == "cpu":  # the shard copies with the model, or in RAM
+            if cand.gradient_on_device:
+                out[dev]["grad_shard"], out["ram"]["grad_shard"] = out["ram"]["grad_shard"], 0
+            out[dev]["working"] += scratch
             out["ram" if cand.param == "cpu" else dev]["params"] = shards
-            out["ram"]["io"] = _host_out(s)
+            out["ram"]["io"] = _host_out(s) + piece
         return out
     nv = dataclasses.replace(s.nvme, params=cand.param == "nvme", gradients=cand.gradient_in_file,
                              ram_fraction=cand.ram_fraction)
     if cuda:  # the reduce's scratch on the device, whose sums the mover takes to the host
-        out[dev]["working"] += largest
+        out[dev]["working"] += scratch
     in_ram = nv.ram_elements(opt_numel)  # a split's records; the file's: every other chunk whole
     in_file = nv.chunks(opt_numel) * nv.aligned(nv.chunk_numel) - in_ram
     for tier, n in (("ram", in_ram), ("nvme", in_file)):
         out[tier].update(master=4 * n, adam_m=s.state_bytes * n, adam_v=s.state_bytes * n)
-    out["ram"]["io"] = nv.pool_bytes(s.state_bytes) + _host_out(s)
+    out["ram"]["io"] = nv.pool_bytes(s.state_bytes) + _host_out(s) + piece
     if cand.gradient_in_file:
         out["nvme"]["grad_shard"], out["ram"]["grad_shard"] = nv.aligned(4 * opt_numel), largest
     else:
-        out["ram"]["grad_shard"] = 4 * opt_numel
+        out[dev if cand.gradient_on_device else "ram"]["grad_shard"] = 4 * opt_numel
     if cand.param == "nvme":
         out["nvme"]["params"] = sum(nv.aligned(b) for b in _unit_shard_bytes(s.groups, s.world_size))
         out["ram"]["io"] += 2 * nv.aligned(max(_unit_shard_bytes(s.groups, s.world_size), default=0) or 1)
@@ -172,7 +189,7 @@ def candidates(stage, cuda):
     if stage == 0:  # offload works at stages 1-3 (zerort.config.offload.rules)
         return [CANDIDATES[0]]
     out = [c for c in CANDIDATES if stage == 3 or c.param == "none"]
-    return [c for c in out if cuda or c.optimizer != "cpu"]
+    return [c for c in out if cuda or (c.optimizer != "cpu" and not c.gradient_on_device)]
 
 
 @dataclasses.dataclass
@@ -286,7 +303,7 @@ def table(placements, title=""):
     lines.append(f"budgets (usable after the margin, Note [auto placement]): device "
                  f"{'= ram (a CPU model)' if b.device is None else _gb(b.usable('device'))}, ram {_gb(b.usable('ram'))}"
                  f", nvme {_gb(b.usable('nvme'))}; {b.ranks_per_host} rank(s) share the host's ram and disk")
-    lines.append(f"{'placement':14s}{'tier':>7s}" + "".join(f"{label:>10s}" for _, label in KINDS)
+    lines.append(f"{'placement':22s}{'tier':>7s}" + "".join(f"{label:>10s}" for _, label in KINDS)
                  + f"{'total':>10s}{'budget':>10s}  verdict")
     tiers = [t for t in TIERS if t != "device" or b.device is not None]
     for p in placements:
@@ -294,7 +311,7 @@ def table(placements, title=""):
             "short of " + ", ".join(p.short)
         for i, tier in enumerate(tiers):
             cells = "".join(f"{p.bytes[tier][k] / GB:10.2f}" for k, _ in KINDS)
-            lines.append(f"{p.candidate.label if i == 0 else '':14s}{tier:>7s}{cells}{p.host_need(tier) / GB:10.1f}"
+            lines.append(f"{p.candidate.label if i == 0 else '':22s}{tier:>7s}{cells}{p.host_need(tier) / GB:10.1f}"
                          f"{b.usable(tier) / GB:10.1f}  {verdict if i == 0 else ''}".rstrip())
     lines.append("per rank per kind; total and budget per host for ram and nvme; GB = 1e9 bytes")
     return "\n".join(lines)

@@ -110,7 +110,8 @@ def settle(c, cand):
     """The Config c with the Candidate's concrete offload settings (placement stays 'auto', for the report)."""
     path = c.offload.optimizer.nvme_path
     return replace(c, offload={"optimizer": {"device": cand.optimizer, "gradient_in_file": cand.gradient_in_file,
-                                             "ram_fraction": cand.ram_fraction},
+                                             "ram_fraction": cand.ram_fraction,
+                                             "gradient_on_device": cand.gradient_on_device},
                                "param": {"device": cand.param,
                                          "nvme_path": c.offload.param.nvme_path or (path if cand.param == "nvme"
                                                                                     else None)}})
@@ -158,9 +159,10 @@ def concrete(c, groups, device, world_size):
     this rank's budgets; None when the settings are none of the candidates (Note [auto placement])."""
     cuda = device.type == "cuda"
     host = lambda tier: "none" if tier == "cpu" and not cuda else tier  # a CPU model's states are in RAM already
-    key = (host(c.offload.optimizer.device), host(c.offload.param.device), c.offload.optimizer.gradient_in_file)
+    o = c.offload.optimizer
+    key = (host(o.device), host(c.offload.param.device), o.gradient_in_file, o.gradient_on_device and cuda)
     for cand in placement.candidates(c.stage, cuda):
-        if (cand.optimizer, cand.param, cand.gradient_in_file) == key:
+        if (cand.optimizer, cand.param, cand.gradient_in_file, cand.gradient_on_device) == key:
             try:
                 budgets = measure(device, c.offload.optimizer.nvme_path)
             except (OSError, ConfigError):  # no /proc/meminfo, a bad ZERORT_OFFLOAD_BUDGETS: no budgets to show
@@ -176,6 +178,7 @@ def summary(p, auto=True):
     cand = p.candidate
     lines = [f"placement {'auto' if auto else 'manual'}: {cand.label} (offload optimizer {cand.optimizer}, param "
              f"{cand.param}, gradient_in_file {str(cand.gradient_in_file).lower()}"
+             + (", gradient_on_device true" if cand.gradient_on_device else "")
              + (f", ram_fraction {cand.ram_fraction:.4g})" if cand.ram_fraction else ")")]
     for tier in placement.TIERS:
         held = [f"{label} {p.bytes[tier][k] / (1 << 20):.3f}" for k, label in placement.KINDS if p.bytes[tier][k]]

@@ -174,6 +174,13 @@ def _host_tier(engine):
     return engine.runtime.state_tier_stats["tier"] == "cpu"
 
 
+def _grad_piece(engine):
+    """The host piece (elements) the step copies a gradient on the model's device through (C++ Note [gradient
+    on the device]); 0 where the gradient is elsewhere."""
+    on_device = engine.runtime.state_tier_stats["gradient_on_device"]
+    return engine.config.offload.optimizer.chunk_numel if on_device else 0
+
+
 def _secondary(engine):
     """Stage 3's secondary groups' size (hpZ; 1: none)."""
     part = engine.shard_comms[2]
@@ -192,7 +199,7 @@ def _allocator_figures(engine, mem, groups):
     layout = sum(exact(groups, engine.runtime.shard_size, c.stage, c.reduce_bucket_numel, c.stage3.prefetch,
                        at_rest=True, state_bytes=STATE_BYTES[c.optimizer.state_dtype], nvme=NvmeTier.of(c),
                        secondary=_secondary(engine), master_bytes=STATE_BYTES[c.optimizer.master_dtype],
-                       host_tier=_host_tier(engine)).values())
+                       host_tier=_host_tier(engine), grad_piece=_grad_piece(engine)).values())
     source = ("zerort's counting CPU allocator" if mem.key == "cpu" else
               f"torch.cuda.memory_allocated / max_memory_allocated on {mem.key}")
     out = {"source": source, "device": mem.key,
@@ -233,7 +240,8 @@ def report(engine, mem):
     state_bytes, nvme = STATE_BYTES[c.optimizer.state_dtype], NvmeTier.of(c)
     est = exact(groups, engine.runtime.shard_size, c.stage, c.reduce_bucket_numel, c.stage3.prefetch,
                 state_bytes=state_bytes, nvme=nvme, secondary=_secondary(engine),
-                master_bytes=STATE_BYTES[c.optimizer.master_dtype], host_tier=_host_tier(engine))
+                master_bytes=STATE_BYTES[c.optimizer.master_dtype], host_tier=_host_tier(engine),
+                grad_piece=_grad_piece(engine))
     tier = param_tier = None
     if nvme is not None:
         tier = _file_figures(engine, engine.runtime.state_tier_stats,

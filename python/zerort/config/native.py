@@ -53,7 +53,8 @@ def engine_options(c, device):
     """The Config c as EngineOptions for a model on device (its materialize is the Engine's own
     argument). offload_optimizer 'cpu' is the Engine's 'cpu' tier for a model on a GPU, and
     the states' own place, memory, for a CPU model, unless overlap_step is true: then the 'cpu'
-    tier, whose mover is a memcpy, so the step overlaps the next forward (Note [offload tiers])."""
+    tier, whose mover is a memcpy, so the step overlaps the next forward (Note [offload tiers]).
+    gradient_on_device applies off memory only: in memory the gradient is with the model already."""
     o = c.offload.optimizer
     host_tier = device.type != "cpu" or (o.overlap_step is True and c.stage > 0)
     tier = {"nvme": "nvme", "cpu": "cpu" if host_tier else "memory"}.get(o.device, "memory")
@@ -61,4 +62,5 @@ def engine_options(c, device):
     return _struct(_C.EngineOptions, c, optimizer=optimizer_options(c), state_tier=tier, nvme=nvme_options(c),
                    param_nvme_path=par.nvme_path if par.device == "nvme" else "",
                    param_host=par.device == "cpu" and tier == "cpu", gather_int8=c.stage3.gather_dtype == "int8",
-                   overlap_step=o.overlap_step is not False)
+                   overlap_step=o.overlap_step is not False,
+                   gradient_on_device=o.gradient_on_device and tier != "memory")

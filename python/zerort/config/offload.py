@@ -16,14 +16,14 @@ Both forms read them with the same functions here; only the section names differ
 
 Note [offload tiers]: the states of a CPU model are in host memory already, so device "cpu"
 for a CPU model is accepted and changes nothing in the step. offload_optimizer "cpu" for a GPU
-model is the Engine's 'cpu' tier (Note [state tiers], runtime/engine_state.cpp): the states and
+model is the Engine's 'cpu' tier (Note [state tiers], runtime/engine_tiers.cpp): the states and
 the FP32 gradient in host memory, the step on the CPU; the engine says so once in its
 log line at initialize (zerort.monitoring.progress.announce) and in engine.memory_report().
 offload_optimizer.device "nvme" puts a CPU model's master and Adam moments in one file per rank
 under nvme_path, streamed through a pool of buffer_count buffers with aio's block_size and
 queue_depth, through aio's io_backend (zerort's own key: "auto" takes io_uring where it was
 built and the kernel allows it, else a pool of threads; C++ Note [IoQueue backends]) (Note [state
-tiers], runtime/engine_state.cpp); the step always overlaps the reads
+tiers], runtime/engine_tiers.cpp); the step always overlaps the reads
 and writes with compute, so pipeline_read and pipeline_write (DeepSpeed's switches for that
 overlap) change nothing; zerort's own gradient_in_file puts the FP32 gradient shard in that
 file too (Note [gradient in the file], runtime/nvme_gradient.h). offload_param.device "nvme"
@@ -40,7 +40,10 @@ model: the file, its pool and the step on the CPU's cores, with the model's memo
 through the host tier's mover (C++ Note [state tiers]). zerort's own ram_fraction splits the
 nvme tier: that part of master, m and v (whole records, the first ones) stays in host RAM, the
 rest goes to the file, and the step streams only the file's part (C++ Note [NVMe state store]);
-offload placement "auto", when it takes nvme, keeps there as many records in RAM as fit.
+offload placement "auto", when it takes nvme, keeps there as many records in RAM as fit. zerort's
+own gradient_on_device (with 'cpu' or 'nvme') keeps the FP32 gradient shard on the model's device
+instead of host memory: the reduces sum into it there, the step copies it down piece by piece
+(C++ Note [gradient on the device]); on a CPU model that is host memory either way.
 DeepSpeed's partial NVMe offload (ratio < 1: the rest on the model's device) is a tier this
 version does not build: check_tier refuses it with a ConfigError at initialize, from the config
 and the model's device alone, so every rank raises the same error before any collective.
@@ -91,6 +94,7 @@ def read_optimizer(r, d):
                                                  high=MAX_NUMEL, integral_float=True),
                             gradient_in_file=r.boolean(d, "gradient_in_file", o.gradient_in_file),
                             ram_fraction=r.number(d, "ram_fraction", o.ram_fraction, low=0, high=1),
+                            gradient_on_device=r.boolean(d, "gradient_on_device", o.gradient_on_device),
                             overlap_step=r.boolean(d, "overlap_step", o.overlap_step))
 
 
@@ -166,10 +170,18 @@ def rules(c, problems, keys):
         problems.lines.append(f"{opt_key}.ram_fraction: got {opt.ram_fraction!r} with gradient_in_file true; a split "
                               "keeps the FP32 gradient in RAM, which gradient_in_file would take out of it: remove "
                               "gradient_in_file, or set ram_fraction to 0")
+    if opt.gradient_on_device and opt.device == "none":
+        problems.lines.append(f"{opt_key}.gradient_on_device: true with device 'none'; it keeps the FP32 gradient "
+                              "shard on the model's device while master, m and v are offloaded, and with device "
+                              "'none' all of them are there already: set device to 'cpu' or 'nvme', or remove the key")
+    if opt.gradient_on_device and opt.gradient_in_file:
+        problems.lines.append(f"{opt_key}.gradient_on_device: true with gradient_in_file true; the FP32 gradient "
+                              "shard goes to one place: remove one of them")
     if c.offload.placement == "auto":
         given = [f"{opt_key}.device {opt.device!r}"] * (opt.device != "none") + \
             [f"{par_key}.device {par.device!r}"] * (par.device != "none") + \
             [f"{opt_key}.gradient_in_file true"] * opt.gradient_in_file + \
+            [f"{opt_key}.gradient_on_device true"] * opt.gradient_on_device + \
             [f"{opt_key}.ram_fraction {opt.ram_fraction!r}"] * (opt.ram_fraction > 0)
         if given:
             problems.lines.append(f"offload placement 'auto': given with {', '.join(given)}; auto chooses these "
@@ -241,6 +253,8 @@ def describe(config, device):
     on = [f"{_WHAT[name]} on {tier}" for name, tier in tiers if tier != "none"]
     if config.offload.optimizer.gradient_in_file:
         on.insert(1, "the FP32 gradient shard on nvme")
+    elif config.offload.optimizer.gradient_on_device and config.offload.optimizer.device != "none":
+        on.insert(1, "the FP32 gradient shard on the model's device")
     auto = "placement auto: " if config.offload.placement == "auto" else ""
     if not on:
         return auto + "offload none"

@@ -107,6 +107,9 @@ class OffloadOptimizer:
     # NVMe: the part of master, m and v kept in host RAM, the first records, the rest in the file
     # (zerort's own key; 0 to 1): C++ Note [NVMe state store], split.
     ram_fraction: float = 0.0
+    # 'cpu', 'nvme': the FP32 gradient shard stays on the model's device while master, m and v are
+    # off it (zerort's own key): C++ Note [gradient on the device].
+    gradient_on_device: bool = False
     # The update overlaps the next forward, unit by unit (zerort's own key). None: where the states
     # are off the model's memory (a CUDA model's 'cpu' tier, 'nvme'); a CPU model's 'cpu' offload
     # only when true, since its states are in host memory already.

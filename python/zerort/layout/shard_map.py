@@ -86,7 +86,7 @@ def read_state(engine, key, start=0, n=None):
     """Elements [start, start + n) (to the end by default) of this rank's `key` state (one of
     STATE_KEYS): a new CPU tensor, float32 for the master and the state dtype for Adam's
     moments. The indices run across the engine's groups, as the segments' do. Any tier: See
-    Note [state tiers] (runtime/engine_state.cpp)."""
+    Note [state tiers] (runtime/engine_tiers.cpp)."""
     impl = engine.runtime
     return impl.read_state(key, start, impl.state_numel - start if n is None else n)
 

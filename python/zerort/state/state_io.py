@@ -1,5 +1,5 @@
 """This rank's optimizer state to and from a checkpoint's shard files, in any tier (Note
-[state tiers], runtime/engine_state.cpp), never more than a window of the state, or a few
+[state tiers], runtime/engine_tiers.cpp), never more than a window of the state, or a few
 parameters' whole values, in the process's memory beyond what the tier itself holds."""
 import math
 import os
