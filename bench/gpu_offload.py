@@ -39,8 +39,9 @@ ROOT = os.path.dirname(HERE)
 sys.path.insert(0, os.path.join(ROOT, "python"))
 sys.path.insert(0, HERE)
 from llama_meta import Llama, init_in_place  # noqa: E402
-ROWS = ("gpu", "cpu", "nvme", "auto", "ds2", "ds3")
-LABELS = {"gpu": "zerort, states on the GPU", "cpu": "zerort, offload cpu", "nvme": "zerort, offload nvme",
+ROWS = ("gpu", "cpu", "cpu-dg", "nvme", "auto", "ds2", "ds3")
+LABELS = {"gpu": "zerort, states on the GPU", "cpu": "zerort, offload cpu",
+          "cpu-dg": "zerort, offload cpu, FP32 gradient on the GPU", "nvme": "zerort, offload nvme",
           "auto": "zerort, placement auto", "ds2": "DeepSpeed ZeRO-2, offload_optimizer cpu",
           "ds3": "DeepSpeed ZeRO-3, offload_optimizer + offload_param cpu"}
 # Llama shapes by hidden size: (heads, intermediate); layers follow from --params.
@@ -139,8 +140,9 @@ def zerort_config(row, a, nvme_dir):
 
     c = {"stage": a.stage, "precision": "bf16", "optimizer": {"lr": a.lr}, "gradient_clipping": 1.0,
          "stage3": {"unit_modules": ["Block"]}}
-    if row == "cpu":
-        c["offload"] = {"optimizer": {"device": "cpu"}, "param": {"device": "cpu" if a.stage == 3 else "none"}}
+    if row in ("cpu", "cpu-dg"):  # cpu-dg: C++ Note [gradient on the device]
+        c["offload"] = {"optimizer": {"device": "cpu", "gradient_on_device": row == "cpu-dg"},
+                        "param": {"device": "cpu" if a.stage == 3 else "none"}}
     elif row == "nvme":
         c["offload"] = {"optimizer": {"device": "nvme", "nvme_path": nvme_dir, "gradient_in_file": True},
                         "param": {"device": "nvme", "nvme_path": nvme_dir} if a.stage == 3 else {}}
