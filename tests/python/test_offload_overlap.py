@@ -117,24 +117,35 @@ def test_update_order_is_checked():
 
 
 @pytest.mark.parametrize("stage", [2, 3])
-def test_the_cpu_tier_of_a_cpu_model_is_counted_to_the_byte(stage):
+@pytest.mark.parametrize("grad_on_device", [False, True])
+def test_the_cpu_tier_of_a_cpu_model_is_counted_to_the_byte(stage, grad_on_device):
     """overlap_step true runs a CPU model's offload cpu as the Engine's 'cpu' tier (Note [state tiers]):
-    its master and moments in host memory and the reduces' FP32 scratch beside the gradient. The memory
-    report counts each (the engine's counters) and the estimate agrees to the byte, allocator included."""
+    its master and moments in host memory and the reduces' FP32 scratch beside the gradient; with
+    gradient_on_device no scratch, and the host piece the gradient goes down through (C++ Note [gradient on
+    the device]). The memory report counts each (the engine's counters) and the estimate agrees to the
+    byte, allocator included."""
     import zerort
 
     torch.manual_seed(0)
     model = torch.nn.Sequential(*[torch.nn.Linear(96, 96) for _ in range(5)])
-    offload = {"optimizer": {"device": "cpu", "overlap_step": True}}
+    offload = {"optimizer": {"device": "cpu", "overlap_step": True, "gradient_on_device": grad_on_device,
+                             "chunk_numel": 3000}}
     engine = zerort.initialize(model=model, config={"stage": stage, "precision": "bf16", "offload": offload,
                                                     "reduce_bucket_numel": 20_000})
-    assert engine.runtime.state_tier_stats["tier"] == "cpu"
+    stats = engine.runtime.state_tier_stats
+    assert stats["tier"] == "cpu" and stats["gradient_on_device"] == grad_on_device
     for _ in range(2):
         engine.backward(engine(torch.randn(4, 96)).float().pow(2).mean())
         engine.step()
     report = engine.memory_report()
-    for k in ("lp_params", "master", "adam_m", "adam_v", "grad_shard"):
-        assert report.measured[k] == report.estimate[k] > 0, (k, report.measured[k], report.estimate[k])
+    for k in ("lp_params", "master", "adam_m", "adam_v", "grad_shard", "state_pool"):
+        assert report.measured[k] == report.estimate[k], (k, report.measured[k], report.estimate[k])
+        assert (report.measured[k] > 0) == (k != "state_pool" or grad_on_device), k
+    numel = sum(p.numel() for p in model.parameters())  # W = 1: the shard is the model, padded
+    assert report.measured["state_pool"] == (4 * 3000 if grad_on_device else 0)
+    assert report.measured["grad_shard"] >= 4 * numel
     held = report.allocator["held"]
     assert held["measured"] == held["estimate"], held
+    if grad_on_device:
+        assert "the host piece a gradient on the device goes down" in report.table()
     engine.destroy()

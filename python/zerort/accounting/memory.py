@@ -40,7 +40,7 @@ CATEGORIES = [
     ("grad_shard", "FP32 grad shard"),
     ("comm_buffers", "comm buffers"),
     ("gathered_units", "gathered stage-3 units"),
-    ("state_pool", "NVMe tier's I/O buffers"),
+    ("state_pool", "offload tier's host buffers"),
 ]
 # Bytes that follow from the layout alone. Stage 3's gathered units depend on execution
 # order too; the estimate is then the largest prefetch + 2 consecutive units, an upper bound.
