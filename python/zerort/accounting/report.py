@@ -113,9 +113,9 @@ class MemoryReport:
                              f"{f(a['not_counted'])} MiB, in 'comm\n  buffers' below), which it allocates outside it")
             if self.measured["state_pool"]:
                 pool = f(self.measured["state_pool"])
-                lines.append(f"  not seen by the allocator: the offload tier's host buffers ({pool} MiB, below: the NVMe "
-                             "tier's, aligned for direct I/O,\n  and the host piece a gradient on the device goes down "
-                             "through), allocated outside it")
+                lines.append(f"  not seen by the allocator: the offload tier's host buffers ({pool} MiB, below: the "
+                             "NVMe tier's, aligned for direct I/O,\n  and the host piece a gradient on the device goes "
+                             "down through), allocated outside it")
         head("engine bookkeeping (zerort's own counters)")
         for k, label in CATEGORIES:
             m, (lo, hi, _), e = self.measured[k], self.across[k], self.estimate[k]
