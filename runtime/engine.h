@@ -85,31 +85,27 @@ struct EngineOptions {
   size_t alignment = kShardAlignment;            // elements; each shard is a multiple of it
   // Where the FP32 master, m and v live: See Note [state tiers] (engine_tiers.cpp). kHost: in
   // host memory, with the FP32 gradient, beside a model on a device; kNvme: in a file under
-  // nvme.directory (nvme.rank is taken from the communicator).
+  // nvme.directory (nvme.rank is taken from the communicator). gradient_on_device (kHost, kNvme;
+  // not with nvme.gradient_in_file): the FP32 gradient stays on the model's device, copied down
+  // in pieces of nvme.chunk_elements (Note [gradient on the device], device_gradient_store.h).
   StateTier state_tier = StateTier::kMemory;
   NvmeStateOptions nvme;
-  // kHost, kNvme: the FP32 gradient shard stays on the model's device, the reduces' target as in
-  // memory, and the step copies it down in pieces of nvme.chunk_elements: See Note [gradient on
-  // the device] (runtime/device_gradient_store.h). Not with nvme.gradient_in_file.
   bool gradient_on_device = false;
   // Stage 3 with the state in kNvme: a directory for the released units' low-precision shards
-  // (offload_param nvme; the I/O's shape is nvme's); empty keeps them in memory. See Note
-  // [state tiers].
+  // (offload_param nvme; the I/O's shape is nvme's); empty keeps them in memory (Note [state tiers]).
   std::string param_nvme_path;
   // Stage 3 with the state in kHost: the released units' low-precision shards in (pinned) host
   // memory, copied to the device by each gather (offload_param cpu for a model on a device).
   bool param_host = false;
-  // Stages 1-2: step() returns with each bucket's parameter all-gather in flight, and
-  // wait_param_gather(b) waits for one: See Note [overlapped parameter gather]. Stages 0 and 3
-  // ignore it (stage 0 gathers nothing; stage 3 gathers each unit on use).
+  // Stages 1-2: step() returns with each bucket's parameter all-gather in flight, wait_param_gather(b)
+  // waits for one (Note [overlapped parameter gather]); stages 0 and 3 gather nothing then.
   bool overlap_param_gather = false;
   // Stage 3: each gather of a low-precision unit (W > 1) carries int8 blocks, decoded into every
   // rank's chunk, its own too (stage3.gather_dtype int8, DeepSpeed's zero_quantized_weights):
   // See Note [int8 blocks]. The FP32 master is never quantized. CPU models only.
   bool gather_int8 = false;
-  // Stages 1-3 with the state off memory (kHost, kNvme): step() decides, then returns while a
-  // worker thread updates the units in the next forward's order, each released to the forward
-  // as soon as it is updated: See Note [overlapped step] (runtime/step_overlap.h).
+  // Stages 1-3 with the state off memory (kHost, kNvme): step() decides and returns while a worker
+  // updates the units in the next forward's order: See Note [overlapped step] (step_overlap.h).
   bool overlap_step = false;
 };
 
