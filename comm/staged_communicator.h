@@ -41,9 +41,14 @@ class Mover {
  public:
   virtual ~Mover() = default;
   virtual std::shared_ptr<char> host_buffer(size_t bytes) = 0;  // staging (pinned for CUDA)
-  // Copies between caller memory and staging, finished when they return.
+  // Copies between caller memory and staging, finished when they return. Each is queued after the
+  // work on the compute stream so far (Note [stream order]).
   virtual void to_host(void* host, const void* buf, size_t bytes) = 0;
   virtual void from_host(void* buf, const void* host, size_t bytes) = 0;
+  // to_host of memory whose last writer the host has already waited for: no wait for the compute
+  // stream, whose queued work (a forward beside the overlapped update) it would otherwise follow
+  // (Note [gradient on the device], runtime/device_gradient_store.h).
+  virtual void settled_to_host(void* host, const void* buf, size_t bytes) { to_host(host, buf, bytes); }
   virtual bool device_memory() const = 0;  // the caller's buffers are device memory
   virtual const char* name() const = 0;    // "host" or "cuda"
 };

@@ -30,14 +30,15 @@ class CudaMover final : public Mover {
   }
   void to_host(void* host, const void* buf, size_t bytes) override { copy(host, buf, bytes); }
   void from_host(void* buf, const void* host, size_t bytes) override { copy(buf, host, bytes); }
+  void settled_to_host(void* host, const void* buf, size_t bytes) override { copy(host, buf, bytes, false); }
   bool device_memory() const override { return true; }
   const char* name() const override { return "cuda"; }
 
  private:
-  void copy(void* dst, const void* src, size_t bytes) {
+  void copy(void* dst, const void* src, size_t bytes, bool after_compute = true) {
     if (bytes == 0 || dst == src) return;
     CudaDeviceGuard guard(device_);
-    side_.after_compute();
+    if (after_compute) side_.after_compute();
     ZRT_CHECK_CUDA(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, side_.get()));  // host or device, either way
     CudaStreamOrder& order = cuda_stream_order(device_);
     order.record(copied_, side_.get());

@@ -35,7 +35,7 @@ void DeviceGradientStore::in_pieces(size_t offset, const AdamWBuffers& chunk, co
   const float* device = grad_.data_ptr<float>();
   for (size_t done = 0; done < chunk.n;) {
     const size_t n = std::min(piece_elements_, chunk.n - done);
-    mover_.to_host(host, device + offset + done, n * sizeof(float));
+    mover_.settled_to_host(host, device + offset + done, n * sizeof(float));  // See Note: the host waited
     AdamWBuffers piece = chunk;
     piece.grad = host;
     piece.grad_dtype = DType::kFloat32;

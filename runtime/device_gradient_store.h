@@ -27,9 +27,15 @@ namespace zerort {
 // most piece_elements, each with its gradient copied to the host just before fn runs on it.
 // AdamW is elementwise, so the cut changes no bits. The copies go through the Mover (a memcpy on
 // a CPU model, whose device is host memory: that is how the tests run it); each ends with the
-// Mover's own host wait (Note [allowed host waits]: kStagedCopy). zero_grad() zeroes the device
-// tensor with torch's op on the caller's current stream (the Engine's compute stream: Note
-// [overlapped step]). That is the tier's cost: 4 bytes an element of device memory.
+// Mover's own host wait (Note [allowed host waits]: kStagedCopy). They do not wait for the compute
+// stream (Mover::settled_to_host): the update comes after the step's decision, whose unscale pass
+// is the gradient's last writer and which the host waited for (kStepDecision), while the compute
+// stream may by then hold the next forward (Note [overlapped step]), which the copies would
+// otherwise follow, so the CPU's AdamW would wait for the GPU's forward unit by unit. A copy is
+// synchronous: a piece of 1 Mi elements (4 MiB) is about 0.1 ms over PCIe against a few ms of
+// AdamW on the CPU. zero_grad() zeroes the device tensor with torch's op on the caller's current
+// stream (the Engine's compute stream: the overlapped update runs under it). That is the tier's
+// cost: 4 bytes an element of device memory.
 class DeviceGradientStore final : public OptimizerStateStore {
  public:
   // inner: master, m and v, made without a gradient (InMemoryStateStore's or NvmeStateOptions'

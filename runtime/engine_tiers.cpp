@@ -199,12 +199,13 @@ void Engine::keep_master(Bucket& b, DType dtype, const at::Tensor& mine, at::Ten
 
 std::unique_ptr<OptimizerStateStore> Engine::make_state_store(at::Tensor master, std::unique_ptr<NvmeStateStore> file) {
   if (options_.gradient_on_device) {  // kHost's or kNvme's (open_tier_files checked), without a gradient
+    // The pieces: a record's chunk (rounded up to the direct-I/O alignment), or kHost's chunk_elements.
+    const size_t piece = file ? file->chunk_elements() : options_.nvme.chunk_elements;
     std::unique_ptr<OptimizerStateStore> inner =
         file ? std::unique_ptr<OptimizerStateStore>(std::move(file))
              : std::make_unique<InMemoryStateStore>(std::move(master), options_.optimizer.state_dtype, false);
     at::Tensor grad = at::zeros({inner->numel()}, at::TensorOptions().dtype(at::kFloat).device(device_));
-    return std::make_unique<DeviceGradientStore>(std::move(inner), std::move(grad), *host_mover_,
-                                                 options_.nvme.chunk_elements);
+    return std::make_unique<DeviceGradientStore>(std::move(inner), std::move(grad), *host_mover_, piece);
   }
   if (file) return file;
   if (master.scalar_type() == at::kBFloat16) {  // the reduces reach its gradient through the scratch

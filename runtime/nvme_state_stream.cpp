@@ -16,7 +16,7 @@ namespace {
 // chunk's arrays narrowed to part's elements (part lies inside the chunk that starts at first).
 AdamWBuffers narrow(AdamWBuffers chunk, std::size_t first, std::size_t offset, std::size_t n) {
   const std::size_t skip = offset - first, state_bytes = dtype_size(chunk.state_dtype);
-  chunk.grad = static_cast<const float*>(chunk.grad) + skip;
+  if (chunk.grad) chunk.grad = static_cast<const float*>(chunk.grad) + skip;  // null: a DeviceGradientStore's to fill
   chunk.master += skip;
   chunk.exp_avg = static_cast<char*>(chunk.exp_avg) + skip * state_bytes;
   chunk.exp_avg_sq = static_cast<char*>(chunk.exp_avg_sq) + skip * state_bytes;

@@ -3,7 +3,9 @@
 // tier, copy) into. The ShardOptimizer
 // and the Engine reach the state only through this interface. InMemoryStateStore keeps all
 // four as tensors on the master's device; NvmeStateStore (runtime/nvme_state_store.h) keeps
-// master, m and v in a file, and the gradient in memory or (gradient_in_file) there too.
+// master, m and v in a file, and the gradient in memory or (gradient_in_file) there too. Either
+// may be made without a gradient, for a DeviceGradientStore (runtime/device_gradient_store.h) that
+// keeps it on the model's device.
 #pragma once
 
 #include <ATen/core/Tensor.h>

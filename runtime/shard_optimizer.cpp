@@ -258,7 +258,8 @@ void ShardOptimizer::set_watch_regions(std::vector<std::array<int64_t, 3>> regio
 
 void ShardOptimizer::record_nonfinite() {
   if (watch_regions_.empty()) return;
-  if (state_->device().is_cpu()) {  // a window at a time, wherever the gradient lives
+  // A window at a time where the gradient is not a device tensor (in host memory, or in a file).
+  if (!state_->gradient_in_memory() || state_->grad().device().is_cpu()) {
     constexpr int64_t kWindow = int64_t{1} << 20;
     std::vector<float> window;
     for (const auto& r : watch_regions_) {

@@ -103,6 +103,45 @@ TEST(EngineHostTierOptions, GradientOnDeviceNeedsTheStateOffMemory) {
   for (const auto& e : errors) EXPECT_NE(e.find("gradient_on_device"), std::string::npos) << e;
 }
 
+// The grid above would pass with gradient_on_device ignored: here the Engine says where the
+// gradient is, and holds no reduce scratch for it (Note [gradient on the device]).
+TEST(EngineHostTierOptions, TheGradientOnTheDeviceIsTheReducesTargetAndNeedsNoScratch) {
+  io::testing::TempDir dir;
+  for (StateTier tier : {StateTier::kHost, StateTier::kNvme}) {
+    for (bool on_device : {false, true}) {
+      EngineOptions options = default_options(2, DType::kBFloat16);
+      options.state_tier = tier;
+      options.gradient_on_device = on_device;
+      options.nvme.directory = dir.path();
+      auto errors = run_ranks(2, [&](Communicator& comm) {
+        Engine engine(init_params(), comm, options);
+        size_t numel = 0;
+        for (size_t g = 0; g < engine.num_groups(); ++g) numel += static_cast<size_t>(engine.grad(g).numel());
+        EXPECT_EQ(engine.state_tier_stats().gradient_on_device, on_device);
+        // kHost's gradient in host memory adds the reduces' scratch on the device; kNvme's on a CPU
+        // model, and any gradient on the device, none.
+        const bool scratch = tier == StateTier::kHost && !on_device;
+        EXPECT_EQ(engine.grad_shard_bytes() == numel * sizeof(float), !scratch) << engine.grad_shard_bytes();
+      });
+      for (const auto& e : errors) EXPECT_EQ(e, "");
+    }
+  }
+}
+
+TEST(EngineHostTierOptions, ABf16MasterIsRefusedOffMemoryByName) {
+  io::testing::TempDir dir;
+  for (StateTier tier : {StateTier::kHost, StateTier::kNvme}) {
+    RunConfig config;
+    config.options = default_options(2, DType::kBFloat16);
+    config.options.optimizer.master_dtype = DType::kBFloat16;
+    config.options.state_tier = tier;
+    config.options.nvme.directory = dir.path();
+    config.steps = 1;
+    auto errors = run_ranks(2, [&](Communicator& comm) { run_engine(comm, config); });
+    for (const auto& e : errors) EXPECT_NE(e.find("a bf16 master"), std::string::npos) << e;
+  }
+}
+
 TEST(EngineHostTierOptions, ParametersInHostMemoryNeedStage3WithTheStatesThere) {
   for (const auto& [stage, tier] : {std::pair{2, StateTier::kHost}, std::pair{3, StateTier::kMemory}}) {
     RunConfig config;

@@ -126,8 +126,8 @@ def test_the_bytes_are_the_exact_layouts(stage, world, numel):
         dev_grad = placement.tier_bytes(s, CAND[name])
         assert dev_grad["device"]["grad_shard"] == est["grad_shard"] and dev_grad["ram"]["grad_shard"] == 0
         assert dev_grad["device"]["working"] == on["device"]["working"]
-        assert dev_grad["ram"]["io"] == placement.tier_bytes(s, CAND[name.split()[0]])["ram"]["io"] + \
-            4 * s.nvme.chunk_numel  # the host piece the step copies it down through
+        piece = s.nvme.gradient_piece(name.startswith("nvme"))  # the host piece the step copies it down through
+        assert dev_grad["ram"]["io"] == placement.tier_bytes(s, CAND[name.split()[0]])["ram"]["io"] + 4 * piece
     nvme = placement.tier_bytes(s, CAND["nvme+grad"])  # the file holds whole chunk records
     chunk = s.nvme.aligned(s.nvme.chunk_numel)
     records = -(-est["master"] // 4 // chunk) * chunk
@@ -152,6 +152,8 @@ def test_what_zerort_does_not_build_is_passed_over():
                "optimizer": {"master_dtype": "bf16"}})
     built = placement_auto.builder(c, torch.device("cpu"))
     assert built(CAND["device"]) == "" and "bf16 master" in built(CAND["nvme"])
+    on_gpu = placement_auto.builder(c, torch.device("cuda"))  # the Engine keeps a bf16 master in memory only
+    assert all("bf16 master" in on_gpu(CAND[n]) for n in ("cpu", "cpu dev-grad", "cpu+params", "nvme dev-grad"))
     without_path = placement_auto.builder(parse({"stage": 3, "offload": "auto"}), torch.device("cpu"))
     assert without_path(CAND["nvme dev-grad"]) == "no nvme_path"
 
@@ -290,8 +292,8 @@ def test_the_config_keys():
         parse({"offload": {"placement": "fast"}})
 
 
-@pytest.mark.parametrize("stage", [2, 3])
-def test_the_memory_report_shows_a_manual_placement_per_tier(tmp_path, stage):
+@pytest.mark.parametrize("stage,grad", [(2, "file"), (3, "file"), (3, "device")])
+def test_the_memory_report_shows_a_manual_placement_per_tier(tmp_path, stage, grad):
     """A config's own tiers (placement manual) in the report: the file's bytes per kind add up to the memory
     estimator's file size, and the gradient and I/O buffers in RAM are its counters' (and the host buffer of
     the largest bucket's shard, which the allocator does not see)."""
@@ -302,8 +304,8 @@ def test_the_memory_report_shows_a_manual_placement_per_tier(tmp_path, stage):
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(37, 301), torch.nn.Tanh(), torch.nn.Linear(301, 5))
     engine = zerort.initialize(model, {"stage": stage, "reduce_bucket_numel": 5000, "offload": {"optimizer": {
-        "device": "nvme", "nvme_path": str(tmp_path), "chunk_numel": 4096, "buffer_count": 3,
-        "gradient_in_file": True}}})
+        "device": "nvme", "nvme_path": str(tmp_path), "chunk_numel": 4000, "buffer_count": 3,
+        "gradient_in_file": grad == "file", "gradient_on_device": grad == "device"}}})
     try:
         engine.backward(engine(torch.randn(4, 37)).float().pow(2).mean())
         engine.step()
@@ -313,8 +315,12 @@ def test_the_memory_report_shows_a_manual_placement_per_tier(tmp_path, stage):
         host_out = 2 * max(b[2] for g in range(impl.num_groups) for b in impl.bucket_layout(g))
     finally:
         engine.destroy()
-    assert "placement manual: nvme+grad (offload optimizer nvme, param none, gradient_in_file true)" in table
-    assert d["name"] == "nvme+grad" and not d["auto"]
+    if grad == "file":
+        assert "placement manual: nvme+grad (offload optimizer nvme, param none, gradient_in_file true)" in table
+        assert d["name"] == "nvme+grad" and not d["auto"]
+    else:  # a CPU model's device is its RAM: the nvme candidate, with the host piece of a 4096-element chunk
+        assert "gradient_on_device true" in table and d["name"] == "nvme" and d["settings"]["gradient_on_device"]
+        assert report.measured["state_pool"] == 3 * 4096 * 12 + 4 * 4096
     assert sum(d["bytes"]["nvme"].values()) == report.tier["file_estimate"]
     assert d["bytes"]["ram"]["io"] == report.measured["state_pool"] + host_out
     assert d["bytes"]["ram"]["grad_shard"] == report.measured["grad_shard"]

@@ -54,6 +54,12 @@ class NvmeTier:
         """Elements of master, m and v (each) in the RAM records, their padding included."""
         return self.ram_chunks(state_numel) * self.aligned(self.chunk_numel)
 
+    def gradient_piece(self, in_file):
+        """Elements of the host piece a gradient on the device goes down through (C++ Note [gradient on
+        the device]): the nvme tier's chunk as its store rounds it (in_file), else the 'cpu' tier's
+        chunk_numel."""
+        return self.aligned(self.chunk_numel) if in_file else self.chunk_numel
+
     def replace_fraction(self, ram_fraction):
         return dataclasses.replace(self, ram_fraction=ram_fraction)
 

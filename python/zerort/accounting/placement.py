@@ -149,7 +149,8 @@ def tier_bytes(shape, cand, cuda=True):
     largest = 4 * _largest_shard(s.groups, s.world_size, s.stage, s.reduce_bucket_numel)
     # The gradient on the device: no reduce scratch, a host piece to copy it down through (C++ Note
     # [gradient on the device]); else off memory each reduce's scratch on the device (Note [state tiers]).
-    scratch, piece = (0, 4 * s.nvme.chunk_numel) if cand.gradient_on_device else (largest, 0)
+    scratch, piece = (0, 4 * s.nvme.gradient_piece(cand.optimizer == "nvme")) if cand.gradient_on_device \
+        else (largest, 0)
     if cand.optimizer in ("none", "cpu"):
         where = dev if cand.optimizer == "none" else "ram"
         for k in ("master", "adam_m", "adam_v", "grad_shard"):

@@ -23,7 +23,7 @@ import torch
 from zerort.accounting import placement
 from zerort.accounting.memory import STATE_BYTES, count_groups, model_groups
 from zerort.accounting.nvme_tier import NvmeTier
-from zerort.config import Config, offload, replace
+from zerort.config import Config, native, offload, replace
 from zerort.errors import ConfigError
 
 GIB = 1 << 30
@@ -123,8 +123,8 @@ def builder(c, device):
     def built(cand):
         if cand.optimizer == "nvme" and not c.offload.optimizer.nvme_path:
             return "no nvme_path"
-        if cand.optimizer == "nvme" and c.optimizer.master_dtype == "bf16":  # parser's _bf16_master_rule
-            return "a bf16 master has no NVMe tier (optimizer.master_dtype)"
+        if cand.optimizer != "none" and c.optimizer.master_dtype == "bf16":  # parser's rule; the Engine's
+            return "a bf16 master stays with the model (optimizer.master_dtype)"
         try:
             offload.check_tier(settle(c, cand), device)
         except ConfigError as e:
@@ -160,17 +160,21 @@ def concrete(c, groups, device, world_size):
     cuda = device.type == "cuda"
     host = lambda tier: "none" if tier == "cpu" and not cuda else tier  # a CPU model's states are in RAM already
     o = c.offload.optimizer
-    key = (host(o.device), host(c.offload.param.device), o.gradient_in_file, o.gradient_on_device and cuda)
-    for cand in placement.candidates(c.stage, cuda):
-        if (cand.optimizer, cand.param, cand.gradient_in_file, cand.gradient_on_device) == key:
-            try:
-                budgets = measure(device, c.offload.optimizer.nvme_path)
-            except (OSError, ConfigError):  # no /proc/meminfo, a bad ZERORT_OFFLOAD_BUDGETS: no budgets to show
-                budgets = placement.Budgets(None, 0, 0)
-            cand = dataclasses.replace(cand, ram_fraction=c.offload.optimizer.ram_fraction)
-            return placement.Placement(cand, placement.tier_bytes(shape_of(groups, c, world_size), cand, cuda),
-                                       budgets)
-    return None
+    key = (host(o.device), host(c.offload.param.device), o.gradient_in_file)
+    matches = [cand for cand in placement.candidates(c.stage, cuda)
+               if (cand.optimizer, cand.param, cand.gradient_in_file) == key]
+    if not matches:
+        return None
+    # The gradient on the device as the Engine has it (off memory only); a tier without a candidate of its
+    # own for it (a CPU model's, whose device is RAM, or cpu+params) takes the key's bytes all the same.
+    on_device = o.gradient_on_device and native.state_tier(c, device) != "memory"
+    cand = next((m for m in matches if m.gradient_on_device == on_device), matches[0])
+    try:
+        budgets = measure(device, o.nvme_path)
+    except (OSError, ConfigError):  # no /proc/meminfo, a bad ZERORT_OFFLOAD_BUDGETS: no budgets to show
+        budgets = placement.Budgets(None, 0, 0)
+    cand = dataclasses.replace(cand, ram_fraction=o.ram_fraction, gradient_on_device=on_device)
+    return placement.Placement(cand, placement.tier_bytes(shape_of(groups, c, world_size), cand, cuda), budgets)
 
 
 def summary(p, auto=True):

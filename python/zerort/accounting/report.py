@@ -178,8 +178,10 @@ def _host_tier(engine):
 def _grad_piece(engine):
     """The host piece (elements) the step copies a gradient on the model's device through (C++ Note [gradient
     on the device]); 0 where the gradient is elsewhere."""
-    on_device = engine.runtime.state_tier_stats["gradient_on_device"]
-    return engine.config.offload.optimizer.chunk_numel if on_device else 0
+    tier = engine.runtime.state_tier_stats
+    o = engine.config.offload.optimizer
+    return NvmeTier(o.buffer_count, o.chunk_numel).gradient_piece(tier["tier"] == "nvme") \
+        if tier["gradient_on_device"] else 0
 
 
 def _secondary(engine):

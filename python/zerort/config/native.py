@@ -49,15 +49,21 @@ def nvme_options(c):
     return _struct(_C.NvmeStateOptions, o, aio, directory=o.nvme_path or "", chunk_elements=o.chunk_numel)
 
 
+def state_tier(c, device):
+    """The Engine's state tier for the Config c and a model on device: 'memory', 'cpu' or 'nvme' (See
+    engine_options)."""
+    o = c.offload.optimizer
+    host_tier = device.type != "cpu" or (o.overlap_step is True and c.stage > 0)
+    return {"nvme": "nvme", "cpu": "cpu" if host_tier else "memory"}.get(o.device, "memory")
+
+
 def engine_options(c, device):
     """The Config c as EngineOptions for a model on device (its materialize is the Engine's own
     argument). offload_optimizer 'cpu' is the Engine's 'cpu' tier for a model on a GPU, and
     the states' own place, memory, for a CPU model, unless overlap_step is true: then the 'cpu'
     tier, whose mover is a memcpy, so the step overlaps the next forward (Note [offload tiers]).
     gradient_on_device applies off memory only: in memory the gradient is with the model already."""
-    o = c.offload.optimizer
-    host_tier = device.type != "cpu" or (o.overlap_step is True and c.stage > 0)
-    tier = {"nvme": "nvme", "cpu": "cpu" if host_tier else "memory"}.get(o.device, "memory")
+    o, tier = c.offload.optimizer, state_tier(c, device)
     par = c.offload.param
     return _struct(_C.EngineOptions, c, optimizer=optimizer_options(c), state_tier=tier, nvme=nvme_options(c),
                    param_nvme_path=par.nvme_path if par.device == "nvme" else "",
