@@ -1,16 +1,14 @@
 // Engine, its state as callers read and load it: the optimizer state's tier, per-group views
 // of the FP32 optimizer state and gradient, ranges of it in any tier, the whole master
 // gathered, the checkpoint counters, and the working weights rebuilt from the master (the rest
-// of the Engine is engine.cpp, engine_reduce.cpp and engine_units.cpp).
+// of the Engine is engine.cpp, engine_reduce.cpp, engine_units.cpp and engine_tiers.cpp, which makes the state).
 #include <ATen/ops/empty.h>
 #include <ATen/ops/from_blob.h>
 
 #include <algorithm>
-#include <cstring>
-#include <string>
+#include <vector>
 
 #include "core/error.h"
-#include "runtime/bf16_state_store.h"
 #include "runtime/engine_parts.h"
 #include "runtime/kernel_dispatch.h"
 
