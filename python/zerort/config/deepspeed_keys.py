@@ -201,9 +201,10 @@ KEYS = [
     # ---- offload (zerort.config.offload; See Note [offload tiers]) ----
     b("zero_optimization.offload_optimizer.device", "offload.optimizer.device (at stage 0 ignored, as in DeepSpeed, "
       "and named in the banner): 'none'; 'cpu' for a CPU model (its "
-      "states are in host memory already; the log and memory report say so); 'nvme' for a CPU model at stages 1-3 "
-      "(master and Adam moments in one file per rank under nvme_path); 'cpu' and 'nvme' for a CUDA model are "
-      "refused at initialize (not built yet in this version)"),
+      "states are in host memory already; the log and memory report say so), for a CUDA model at stages 1-3 "
+      "(master, m, v and the FP32 gradient in host memory, the step on the CPU); 'nvme' at stages 1-3 (master and "
+      "Adam moments in one file per rank under nvme_path; a CUDA model's through the 'cpu' tier's copies). A CUDA "
+      "model's tiers are built and tested on CPU buffers, not yet run on a GPU"),
     b("zero_optimization.offload_optimizer.nvme_path", "offload.optimizer.nvme_path (a string or null); "
       "device 'nvme' needs it"),
     b("zero_optimization.offload_optimizer.pin_memory", "offload.optimizer.pin_memory (default true)"),
@@ -220,9 +221,9 @@ KEYS = [
     a("zero_optimization.offload_optimizer.cpuadam_cores_perc", "only with super_offload, rejected above", kind=NUM),
     b("zero_optimization.offload_param.device", "offload.param.device (below stage 3 ignored, as in DeepSpeed, and "
       "named in the banner): 'none'; "
-      "'cpu' for a CPU model (accepted, the parameters are in host memory already); 'nvme' for a CPU model with "
-      "offload_optimizer 'nvme' (each unit's low-precision shard in a file, read by its gather); a CUDA model's "
-      "are refused at initialize (not built yet in this version)"),
+      "'cpu' for a CPU model (accepted, the parameters are in host memory already), for a CUDA model with "
+      "offload_optimizer 'cpu' (each unit's low-precision shard in pinned host memory, copied in by its gather); "
+      "'nvme' with offload_optimizer 'nvme' (each unit's low-precision shard in a file, read by its gather)"),
     b("zero_optimization.offload_param.nvme_path", "offload.param.nvme_path (a string or null); device 'nvme' "
       "needs it"),
     b("zero_optimization.offload_param.pin_memory", "offload.param.pin_memory (default true)"),
