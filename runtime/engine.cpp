@@ -223,8 +223,7 @@ Engine::Engine(std::vector<at::Tensor> params, Communicator& comm, EngineOptions
   }
   if (!fp32_params.empty()) add_group(std::move(fp32_params), DType::kFloat32, "fp32 parameter", fp32_units);
   std::unique_ptr<NvmeStateStore> state_file = open_tier_files(opt_total);  // before any state exists
-  const at::ScalarType master_dtype = master_type();                        // a bf16 master: in memory only
-  // In memory, the master; in a file, each bucket's shard goes there as it is filled.
+  const at::ScalarType master_dtype = master_type();  // a bf16 master in memory only; a file's fills bucket by bucket
   at::Tensor master = state_file    ? at::Tensor()
                       : host_mover_ ? at::empty({static_cast<int64_t>(opt_total)}, f32.device(at::kCPU))
                                     : at::empty({static_cast<int64_t>(opt_total)}, f32.dtype(master_dtype));
