@@ -10,7 +10,7 @@ anything is allocated, and prints the table for a machine given by flags:
     python -m zerort.accounting.placement_auto --params 13e9 --stage 3 --gpu-gb 139 --ram-gb 120 --disk-gib 64
 
 Note [auto placement]: the candidates are the tiers zerort builds, each a whole set of offload
-settings (offload_optimizer device, gradient_in_file, offload_param device), in order of speed:
+settings (offload_optimizer device, gradient_in_file, gradient_on_device, offload_param device), in order of speed:
 every later one moves more bytes per step over a slower link to free a faster tier.
 
     device         everything on the model's device (offload none)
