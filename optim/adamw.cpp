@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <limits>
+#include <type_traits>
 
 #include "core/error.h"
 #include "optim/adamw_math.h"
@@ -150,6 +151,29 @@ const char* cpu_isa_name(CpuIsa isa) {
     case CpuIsa::kBaseline: return "x86-64 baseline";
   }
   return "unknown level";
+}
+
+namespace {
+
+// p moved on by `bytes`; nullptr stays nullptr.
+template <typename T>
+T* advanced(T* p, size_t bytes) {
+  using Byte = std::conditional_t<std::is_const_v<T>, const char, char>;
+  return p ? reinterpret_cast<T*>(reinterpret_cast<Byte*>(p) + bytes) : p;
+}
+
+}  // namespace
+
+AdamWBuffers elements_of(const AdamWBuffers& b, size_t skip, size_t n) {
+  AdamWBuffers out = b;
+  out.grad = advanced(b.grad, skip * dtype_size(b.grad_dtype));
+  out.master = advanced(b.master, skip * sizeof(float));
+  out.master_bf16 = advanced(b.master_bf16, skip * sizeof(uint16_t));
+  out.exp_avg = advanced(b.exp_avg, skip * dtype_size(b.state_dtype));
+  out.exp_avg_sq = advanced(b.exp_avg_sq, skip * dtype_size(b.state_dtype));
+  out.param = advanced(b.param, skip * dtype_size(b.param_dtype));
+  out.n = n;
+  return out;
 }
 
 void adamw_step(const AdamWBuffers& b, const AdamWStep& s) { run_adamw(b, s, adamw_cpu_isa()); }

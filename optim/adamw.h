@@ -49,6 +49,10 @@ struct AdamWBuffers {
   float grad_unscale = 1.0f;
 };
 
+// Elements [skip, skip + n) of b: every array (grad, master or master_bf16, m, v, param) advanced
+// by skip elements of its own dtype, a null one left null; the rest of b as it is.
+AdamWBuffers elements_of(const AdamWBuffers& b, size_t skip, size_t n);
+
 // Throws zerort::Error, prefixed by `who`, unless betas are in [0, 1), lr and weight_decay
 // are >= 0, and eps is a finite number > 0: eps = 0 makes the update 0 / 0 = NaN wherever a
 // gradient and its moments are 0, turning the master weight into NaN.

@@ -30,19 +30,14 @@ StateTierStats DeviceGradientStore::tier_stats() const {
 }
 
 void DeviceGradientStore::in_pieces(size_t offset, const AdamWBuffers& chunk, const ChunkFn& fn) {
-  const size_t state_bytes = dtype_size(chunk.state_dtype);
   float* host = reinterpret_cast<float*>(piece_.get());
   const float* device = grad_.data_ptr<float>();
   for (size_t done = 0; done < chunk.n;) {
     const size_t n = std::min(piece_elements_, chunk.n - done);
     mover_.settled_to_host(host, device + offset + done, n * sizeof(float));  // See Note: the host waited
-    AdamWBuffers piece = chunk;
+    AdamWBuffers piece = elements_of(chunk, done, n);
     piece.grad = host;
     piece.grad_dtype = DType::kFloat32;
-    piece.master = chunk.master + done;
-    piece.exp_avg = static_cast<char*>(chunk.exp_avg) + done * state_bytes;
-    piece.exp_avg_sq = static_cast<char*>(chunk.exp_avg_sq) + done * state_bytes;
-    piece.n = n;
     fn(offset + done, piece);
     done += n;
   }

@@ -11,21 +11,6 @@
 
 namespace zerort {
 
-namespace {
-
-// chunk's arrays narrowed to part's elements (part lies inside the chunk that starts at first).
-AdamWBuffers narrow(AdamWBuffers chunk, std::size_t first, std::size_t offset, std::size_t n) {
-  const std::size_t skip = offset - first, state_bytes = dtype_size(chunk.state_dtype);
-  if (chunk.grad) chunk.grad = static_cast<const float*>(chunk.grad) + skip;  // null: a DeviceGradientStore's to fill
-  chunk.master += skip;
-  chunk.exp_avg = static_cast<char*>(chunk.exp_avg) + skip * state_bytes;
-  chunk.exp_avg_sq = static_cast<char*>(chunk.exp_avg_sq) + skip * state_bytes;
-  chunk.n = n;
-  return chunk;
-}
-
-}  // namespace
-
 bool NvmeStateStore::read_ahead(std::size_t c, bool block) {
   const auto is_c = [c](const InFlight& f) { return f.chunk == c; };
   if (!block &&
@@ -132,7 +117,7 @@ void NvmeStateStore::stream(const std::vector<Part>& parts, const ChunkFn& fn) {
       }
       const AdamWBuffers whole = view(c, record);
       for (std::size_t k = visit_start[v]; k < visit_start[v + 1]; ++k) {
-        fn(parts[k].offset, narrow(whole, c * chunk_elements_, parts[k].offset, parts[k].n));
+        fn(parts[k].offset, elements_of(whole, parts[k].offset - c * chunk_elements_, parts[k].n));
       }
       if (!in_file) continue;  // a RAM record is stepped in place (See Note: split)
       writes_.push_back({c, computing, queue_.write(file_, chunk_offset(c), computing, chunk_stride_)});

@@ -197,7 +197,6 @@ namespace zerort {
 
 void ShardOptimizer::adamw_range(const AdamWBuffers& chunk, size_t chunk_offset, size_t lo, size_t n, void* out,
                                  DType dtype, const AdamWStep& step) {
-  const size_t state_bytes = dtype_size(chunk.state_dtype);
   const size_t end = lo + n;
   AdamWStep s = step;
   for (size_t pos = lo; pos < end;) {
@@ -214,14 +213,7 @@ void ShardOptimizer::adamw_range(const AdamWBuffers& chunk, size_t chunk_offset,
       }
     }
     s.hyper = hypers_[group];
-    const size_t skip = pos - chunk_offset;
-    AdamWBuffers b = chunk;
-    b.grad = static_cast<const char*>(chunk.grad) + skip * dtype_size(chunk.grad_dtype);
-    b.master = chunk.master ? chunk.master + skip : nullptr;
-    b.master_bf16 = chunk.master_bf16 ? chunk.master_bf16 + skip : nullptr;
-    b.exp_avg = static_cast<char*>(chunk.exp_avg) + skip * state_bytes;
-    b.exp_avg_sq = static_cast<char*>(chunk.exp_avg_sq) + skip * state_bytes;
-    b.n = stop - pos;
+    AdamWBuffers b = elements_of(chunk, pos - chunk_offset, stop - pos);
     b.param = out ? static_cast<char*>(out) + (pos - lo) * dtype_size(dtype) : nullptr;
     b.param_dtype = dtype;
     adamw_step_on(state_->device(), b, s);

@@ -345,5 +345,31 @@ TEST(AdamWHyperCheck, EpsMustBeFiniteAndPositive) {
 INSTANTIATE_TEST_SUITE_P(Counts, OptimKernels,
                          ::testing::Values(size_t{0}, size_t{1}, size_t{7}, size_t{1000}, size_t{2} * 65536 + 3));
 
+// elements_of: each array moves by its own dtype's width; a null one stays null.
+TEST(AdamWBuffersTest, ElementsOfAdvancesEachArrayByItsDtype) {
+  float grad[8], master[8], m[8], v[8];
+  uint16_t param[8];
+  AdamWBuffers b;
+  b.grad = grad;
+  b.master = master;
+  b.exp_avg = m;
+  b.exp_avg_sq = v;
+  b.param = param;
+  b.state_dtype = DType::kBFloat16;  // 2 bytes an element of m and v
+  b.n = 8;
+  const AdamWBuffers part = elements_of(b, 3, 4);
+  EXPECT_EQ(part.grad, static_cast<const void*>(grad + 3));
+  EXPECT_EQ(part.master, master + 3);
+  EXPECT_EQ(part.exp_avg, static_cast<void*>(reinterpret_cast<char*>(m) + 6));
+  EXPECT_EQ(part.exp_avg_sq, static_cast<void*>(reinterpret_cast<char*>(v) + 6));
+  EXPECT_EQ(part.param, static_cast<void*>(param + 3));
+  EXPECT_EQ(part.master_bf16, nullptr);
+  EXPECT_EQ(part.n, 4u);
+  b.grad = nullptr;
+  b.param = nullptr;
+  EXPECT_EQ(elements_of(b, 3, 4).grad, nullptr);
+  EXPECT_EQ(elements_of(b, 3, 4).param, nullptr);
+}
+
 }  // namespace
 }  // namespace zerort
