@@ -144,20 +144,28 @@ def init_each_rank(tmp_path, world, paths):
     return launch_plain(world, script, timeout=300)
 
 
+def every_output(ranks):
+    """Each rank's exit status and output: a failure shows the rank that ended first, too."""
+    return "\n".join(f"--- rank {r} (exit {p.returncode}):\n{p.output}" for r, p in enumerate(ranks))
+
+
 def test_a_missing_directory_fails_every_rank_naming_it(tmp_path):
     missing = tmp_path / "no-such-dir"
-    for rank in init_each_rank(tmp_path, 2, [missing, missing]):
-        assert rank.returncode != 0
-        assert "rank 0:" in rank.output and "rank 1:" in rank.output and str(missing) in rank.output, rank.output
+    ranks = init_each_rank(tmp_path, 2, [missing, missing])
+    for rank in ranks:
+        assert rank.returncode != 0, every_output(ranks)
+        assert "rank 0:" in rank.output and "rank 1:" in rank.output and str(missing) in rank.output, \
+            every_output(ranks)
 
 
 def test_one_rank_that_cannot_make_its_file_fails_every_rank_and_none_is_written(tmp_path):
     ok, missing = tmp_path / "ok", tmp_path / "missing"
     ok.mkdir()
-    for rank in init_each_rank(tmp_path, 2, [ok, missing]):
-        assert rank.returncode != 0
-        assert "none was written" in rank.output and "rank 1:" in rank.output, rank.output
-        assert str(missing) in rank.output and "rank 0:" not in rank.output, rank.output
+    ranks = init_each_rank(tmp_path, 2, [ok, missing])
+    for rank in ranks:
+        assert rank.returncode != 0, every_output(ranks)
+        assert "none was written" in rank.output and "rank 1:" in rank.output, every_output(ranks)
+        assert str(missing) in rank.output and "rank 0:" not in rank.output, every_output(ranks)
     assert os.listdir(ok) == []  # rank 0's file was made, then removed with its engine
 
 
