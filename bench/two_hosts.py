@@ -15,7 +15,8 @@ chosen at init by zerort.comm.probe, whose banner line is printed under the tabl
 overlap_param_gather (flat and two-hop) and with int8 between the nodes (Note [int8 blocks]),
 stage 3 with int8 weight gathers (stage3.gather_dtype), and hybrid sharding at stages 2 and 3
 (shard_size "node": Note [hybrid sharding]; the gradient shards summed across the hosts in bf16 or
-int8), and stage 3 with hpZ's secondary shards (stage3.secondary_shard_size "node": Note
+int8; the -auto-groups rows let comm.topology auto's probe choose them, shard_size "auto"), and
+stage 3 with hpZ's secondary shards (stage3.secondary_shard_size "node": Note
 [secondary shards]) alone and with int8 gathers and int8 two-hop gradients (ZeRO++'s three).
 The last column is the model state a rank holds after the last step, the largest rank's: for
 zerort its memory report's measured total (the state, its buffers, the units held), for the torch
@@ -43,6 +44,8 @@ AUTO_LINE = "zerort: comm.topology auto -> "  # rank 0's banner line for comm.to
 FLAT = {"comm": {"topology": "flat"}}
 OVERLAP = {**FLAT, "overlap_param_gather": True}
 HYBRID = {"shard_size": "node", "comm": {"topology": "flat", "inter_node_dtype": "bf16"}}  # Note [hybrid sharding]
+HYBRID_INT8 = {**HYBRID, "comm": {"topology": "flat", "inter_node_dtype": "int8"}}
+AUTO_GROUPS = {"shard_size": "auto", "comm": {"inter_node_dtype": "bf16"}}  # zerort.comm.probe: node groups or not
 INT8_GATHERS = {"gather_dtype": "int8"}  # stage 3's weight gathers as int8 blocks (Note [int8 blocks])
 HPZ = {"secondary_shard_size": "node"}  # Note [secondary shards]
 ROWS = {"ddp": ("DDP", "ddp", None), "fsdp2": ("FSDP2", "fsdp2", None),
@@ -66,9 +69,13 @@ ROWS = {"ddp": ("DDP", "ddp", None), "fsdp2": ("FSDP2", "fsdp2", None),
         "zerort3-two-hop-int8": ("zerort stage 3, two-hop, int8 between the nodes and int8 weight gathers", "zerort3",
                                  {"comm": {"topology": "two_hop", "inter_node_dtype": "int8"}, "stage3": INT8_GATHERS}),
         "zerort2-hybrid": ("zerort stage 2, hybrid (shard_size node), bf16 across", "zerort2", HYBRID),
+        "zerort2-hybrid-int8": ("zerort stage 2, hybrid (shard_size node), int8 across", "zerort2",
+                                HYBRID_INT8),
         "zerort3-hybrid": ("zerort stage 3, hybrid (shard_size node), bf16 across", "zerort3", HYBRID),
         "zerort3-hybrid-int8": ("zerort stage 3, hybrid (shard_size node), int8 across", "zerort3",
-                                {**HYBRID, "comm": {"topology": "flat", "inter_node_dtype": "int8"}}),
+                                HYBRID_INT8),
+        "zerort2-auto-groups": ("zerort stage 2, topology and shard_size auto, bf16 across", "zerort2", AUTO_GROUPS),
+        "zerort3-auto-groups": ("zerort stage 3, topology and shard_size auto, bf16 across", "zerort3", AUTO_GROUPS),
         "zerort3-hpz": ("zerort stage 3, flat, hpZ (secondary shards of a node)", "zerort3", {**FLAT, "stage3": HPZ}),
         "zerort3-zero++": ("zerort stage 3, ZeRO++'s three: int8 gathers, hpZ, two-hop int8 gradients", "zerort3",
                            {"comm": {"topology": "two_hop", "inter_node_dtype": "int8"},

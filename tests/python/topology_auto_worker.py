@@ -3,11 +3,12 @@ TOPOLOGY over gloo or mpi, trains one step, and writes what comm.topology chose 
 OUT_PREFIX.rankR.json. Pinned topologies make zerort.comm.probe.decide raise, so a probe
 they ran would fail the job.
 
-    topology_auto_worker.py OUT_PREFIX TOPOLOGY [PER_NODE]
+    topology_auto_worker.py OUT_PREFIX TOPOLOGY [PER_NODE [SHARD_SIZE INTER_NODE_DTYPE]]
 
 PER_NODE: pretend the ranks form nodes of that many consecutive ranks on this one host (the
 launcher's local rank and local world size are rewritten before zerort reads them); without
-it the launcher's own nodes (scripts/two_hosts.sh) count.
+it the launcher's own nodes (scripts/two_hosts.sh) count. SHARD_SIZE, INTER_NODE_DTYPE: the
+config's shard_size ("auto": the probe may choose node groups) and comm.inter_node_dtype.
 """
 import json
 import os
@@ -35,23 +36,28 @@ def refuse(*args, **kwargs):
     raise AssertionError("zerort.comm.probe.decide ran under a pinned comm.topology")
 
 
-def main(out, topology, per_node=None):
+def main(out, topology, per_node=None, shard_size=None, inter_dtype="fp32"):
     if per_node:
         fake_nodes(int(per_node))
     if topology != "auto":
         probe.decide = refuse
-    cfg = dict(CONFIG, stage=2, precision="bf16", comm={"topology": topology, "timeout_s": 120})
+    cfg = dict(CONFIG, stage=2, precision="bf16", comm={"topology": topology, "timeout_s": 120,
+                                                         "inter_node_dtype": inter_dtype})
+    if shard_size:
+        cfg["shard_size"] = shard_size if shard_size in ("auto", "node") else int(shard_size)
     t0 = time.perf_counter()
     engine = zerort.initialize(make_model("mlp"), cfg)
     init_s = time.perf_counter() - t0
     comm = engine.comm
     x, y = batch("mlp", 0, comm.rank, 0)
-    engine.backward(loss_fn("mlp", engine(x), y))
+    loss = loss_fn("mlp", engine(x), y)
+    engine.backward(loss)
     engine.step()
     d = comm.topology_decision
     row = {"rank": comm.rank, "backend": comm.backend, "init_s": init_s,
            "choice": d and d.topology, "probe_s": d and d.probe_s, "probe_bytes": d and d.probe_bytes,
-           "predicted_s": d and d.predicted_s, "line": d and d.line()}
+           "predicted_s": d and d.predicted_s, "line": d and d.line(), "node_groups": d and d.node_groups,
+           "layout_s": d and d.layout_s, "shard_size": engine.runtime.shard_size, "loss": float(loss)}
     with open(f"{out}.rank{comm.rank}.json", "w") as f:
         json.dump(row, f)
     print(f"TOPOLOGY WORKER OK rank {comm.rank}/{comm.size} {comm.backend}", flush=True)

@@ -13,7 +13,9 @@ secondary shards (hpZ, groups of G' ranks, C++ Note [secondary shards]): the bac
 all-gather is a ring over the G' ranks.
 
 predict_seconds turns the bytes into seconds at measured rates (LinkRates) for the flat and the
-two-hop patterns: comm.topology auto's choice (zerort.comm.probe).
+two-hop patterns: comm.topology auto's choice (zerort.comm.probe); step_seconds does the same for a
+whole step's collectives in a layout: shard_size auto's choice between the state sharded over the
+world and node groups.
 """
 import dataclasses
 
@@ -101,7 +103,7 @@ def replica_sum(numel, world_size, gpus_per_node, shard_size, wire_bytes):
     near = max(0, min(gpus_per_node, world_size) // shard_size - 1) if shard_size < gpus_per_node else 0
     far = groups - 1 - near  # the other groups' ranks of this index on other nodes
     return [{"collective": name, "moves": what, "intra_bytes": near * piece * b, "inter_bytes": far * piece * b,
-             "intra_steps": int(near > 0), "inter_steps": int(far > 0)}
+             "intra_steps": int(near > 0), "inter_steps": int(far > 0), "once_a_step": True}
             for name, what, b in (("all-to-all", "shards across groups", wire_bytes),
                                   ("all-gather", "summed shards", wire_bytes))]
 
@@ -153,3 +155,15 @@ def bucket_phases(pattern, bucket_bytes, world_size, gpus_per_node, inter_dtype=
         return [two_hop_split(bucket_bytes, world_size, gpus_per_node, element_bytes, WIRE_BYTES[inter_dtype]),
                 ring_phases(bucket_bytes, world_size, gpus_per_node)]
     raise ConfigError(f"comm.topology: no prediction for {pattern!r}; allowed: 'flat', 'two_hop'")
+
+
+def step_seconds(numel, stage, world_size, gpus_per_node, rates, calls=1, **layout):
+    """Seconds of one step's collectives over numel elements at rates, as collectives() counts
+    them (layout: its keyword arguments, e.g. shard_size and replica_bytes): each collective's
+    intra bytes / intra rate + inter bytes / inter rate, one after another, and its latency
+    steps once per call: `calls` times (the buckets of a step), once for the sum across groups."""
+    r = rates
+    return sum(c["intra_bytes"] / r.intra_bytes_per_s + c["inter_bytes"] / r.inter_bytes_per_s
+               + (1 if c.get("once_a_step") else calls) * (c["intra_steps"] * r.intra_latency_s
+                                                          + c["inter_steps"] * r.inter_latency_s)
+               for c in collectives(numel, world_size, gpus_per_node, stage, **layout))

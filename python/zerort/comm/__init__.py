@@ -34,7 +34,7 @@ def detect_launch_env():
 
 
 def init(backend="auto", timeout_s=600.0, debug=False, staged=None, topology="flat", inter_node_dtype="fp32",
-         bucket_numel=topology_mod.probe.BUCKET_NUMEL, intra_node="shm"):
+         bucket_numel=topology_mod.probe.BUCKET_NUMEL, intra_node="shm", hybrid_stage=None):
     """Creates a Communicator. debug (comm.debug): check every collective across ranks as it
     is called (one blocking round-trip each); otherwise the step's decision checks them.
     backend: 'auto', 'mpi', 'gloo', 'nccl' (CUDA tensors on cuda:LOCAL_RANK) or 'inprocess'
@@ -51,7 +51,8 @@ def init(backend="auto", timeout_s=600.0, debug=False, staged=None, topology="fl
     topology ('flat', 'two_hop' or 'auto') and inter_node_dtype ('fp32', 'bf16', 'int8' or 'fp8_e4m3'): the
     gradient reduce-scatter and the all-gather in two hops, within the node and across nodes
     (zerort.comm.topology); bucket_numel: the reduce bucket that auto's prediction assumes
-    (zerort.comm.probe, whose Decision the communicator keeps as topology_decision).
+    (zerort.comm.probe, whose Decision the communicator keeps as topology_decision); hybrid_stage:
+    the job's stage, where auto may choose node groups for it too (config shard_size "auto").
     intra_node ('shm' or 'backend'): under gloo, ranks that share one host exchange through one
     /dev/shm segment (the shm backend, C++ comm/shm/) where 'shm': every collective of a
     single-host job, and the node-local parts of two-hop and of hybrid groups; 'backend' keeps
@@ -61,10 +62,11 @@ def init(backend="auto", timeout_s=600.0, debug=False, staged=None, topology="fl
         raise ConfigError([f"comm.intra_node: got {intra_node!r}; allowed: {', '.join(INTRA_NODE)}"])
     name = _C.resolve_backend(backend)
     if staged is not None:
-        return _init_staged(name, timeout_s, debug, staged, topology, inter_node_dtype, bucket_numel, intra_node)
+        return _init_staged(name, timeout_s, debug, staged, topology, inter_node_dtype, bucket_numel, intra_node,
+                            hybrid_stage)
     flat = _init_nccl(timeout_s, debug) if name == "nccl" else _init_host(name, timeout_s, debug, intra_node)
     two_hop, decision = topology_mod.two_hop(flat, name, topology, inter_node_dtype, timeout_s, debug,
-                                             detect_launch_env(), bucket_numel)
+                                             detect_launch_env(), bucket_numel, hybrid_stage)
     comm = flat if two_hop is None else Communicator(two_hop, flat.device)
     comm.topology_decision = decision
     comm.intra_node = getattr(flat, "intra_node", intra_node)  # topology.grid_parts reads it
@@ -97,7 +99,7 @@ def _init_host(name, timeout_s, debug, intra_node="backend"):
     return shm
 
 
-def _init_staged(name, timeout_s, debug, staged, topology, inter_node_dtype, bucket_numel, intra_node):
+def _init_staged(name, timeout_s, debug, staged, topology, inter_node_dtype, bucket_numel, intra_node, hybrid_stage):
     """The host communicator of backend `name` (two-hop too, where topology asks) with every
     buffer staged through host memory once per collective (C++ Note [staging once] in
     comm/staged_communicator.h). Keeps the host one as .host, which staged_part reads."""
@@ -112,7 +114,7 @@ def _init_staged(name, timeout_s, debug, staged, topology, inter_node_dtype, buc
         device = detect_launch_env()["local_rank"] % torch.cuda.device_count()
         torch.cuda.set_device(device)
     # The staged communicator checks the calls under debug: the host one is made without.
-    host = init(name, timeout_s, False, None, topology, inter_node_dtype, bucket_numel, intra_node)
+    host = init(name, timeout_s, False, None, topology, inter_node_dtype, bucket_numel, intra_node, hybrid_stage)
     comm = Communicator(_C.make_staged_communicator(host._c, device, timeout_s, debug),
                         "cpu" if device < 0 else f"cuda:{device}")
     comm.host, comm.topology_decision, comm.intra_node = host, host.topology_decision, host.intra_node

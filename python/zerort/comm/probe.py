@@ -23,7 +23,7 @@ its prediction at the 1 MiB bucket, per byte, and its CPU seconds, per byte: the
 pattern's CPU second is a second of compute lost. The probe runs on idle cores and cannot see
 that contention otherwise: without this term it took two-hop at stage 3 where flat ran 6%
 faster (docs/BENCHMARKS.md, issue 44). Two-hop is taken only where its prediction is below
-flat's by TWO_HOP_MARGIN: on two hosts of 2 ranks at 1 Gbit/s, 300 Mbit/s and 100 Mbit/s the
+flat's by MARGIN: on two hosts of 2 ranks at 1 Gbit/s, 300 Mbit/s and 100 Mbit/s the
 probe predicted two-hop up to 17% faster while flat trained 6-25% faster at fp32 between the
 hops (two-hop's scratch, its sums between the hops and its workers share the cores with
 backward, which a probe on idle cores does not see). The margin is that model error, measured;
@@ -32,11 +32,17 @@ of 8: a quarter of flat's bytes across for the reduce-scatter). Rank 0 decides a
 its choice over the flat communicator, so every rank makes the same one, and its banner says
 what was measured (Decision.line).
 
-auto chooses between the flat and the two-hop patterns only. Hybrid sharding (shard_size) is
-never chosen for the user: it changes what each rank holds (the state sharded within a group,
-replicated across groups: more memory per rank), which a job sized for the flat layout may not
-have; a config that sets shard_size has pinned it. A pinned comm.topology (flat or two_hop)
-runs no probe.
+auto chooses between the flat and the two-hop patterns. Hybrid sharding changes what each rank
+holds (the state sharded within a node, replicated across nodes: more memory per rank), which a
+job sized for the state sharded over the world may not have, so auto considers it only where the
+config allows it with shard_size "auto" (hybrid_stage: the job's stage). Then the whole step's
+collectives are predicted at the measured rates (traffic.step_seconds: stage 3 gathers the
+parameters twice) for the state sharded over the world in the chosen pattern and for node groups
+(over the flat pattern, the shards summed across the nodes at inter_node_dtype), and node groups
+are taken where the first exceeds their prediction by MARGIN. On two hosts of 2 ranks at
+1 Gbit/s with bf16 across (docs/BENCHMARKS.md, issue 44) node groups ran stage 3 at 1.48x the
+state sharded over the world, and stage 2 at the same speed (CPU-bound there; their prediction
+was 1.4x). A pinned comm.topology (flat or two_hop) runs no probe.
 """
 import dataclasses
 import time
@@ -55,7 +61,7 @@ MIN_INTER_BYTES = 64 << 10
 PAYLOAD_BYTES = 1 << 30    # the prediction is per GiB of low-precision gradients
 BUCKET_NUMEL = 1 << 24     # the bucket predicted when comm.init is given none (config reduce_bucket_numel's default)
 PATTERNS = ("flat", "two_hop")
-TWO_HOP_MARGIN = 1.25      # two-hop is chosen where flat's prediction exceeds its own by this factor (docstring)
+MARGIN = 1.25              # two-hop or node groups: only where the default's prediction exceeds theirs by this
 
 
 @dataclasses.dataclass(frozen=True)
@@ -67,20 +73,28 @@ class Decision:
     cpu_s: dict              # pattern -> the slowest rank's CPU seconds per PAYLOAD_BYTES (in predicted_s)
     probe_s: float           # this rank's seconds in the probe, the final all-reduce and broadcast included
     probe_bytes: int         # bytes this rank's all_to_all calls sent to other ranks
+    node_groups: bool = False  # shard_size auto: the state sharded within each node (shard_size "node")
+    layout_s: dict = None    # shard_size auto: "world", "node" -> a step's collectives' seconds per GiB of gradients
 
     def line(self):
         """The banner's line (rank 0, zerort.monitoring.progress.announce)."""
         r, other = self.rates, PATTERNS[1 - PATTERNS.index(self.topology)]
-        return (f"comm.topology auto -> {self.topology} (within nodes {_rate(r.intra_bytes_per_s)}, "
+        text = (f"comm.topology auto -> {self.topology} (within nodes {_rate(r.intra_bytes_per_s)}, "
                 f"{r.intra_latency_s * 1e6:.0f} us; across {_rate(r.inter_bytes_per_s)}, "
                 f"{r.inter_latency_s * 1e6:.0f} us; predicted {self.predicted_s[self.topology]:.2f} s vs {other} "
                 f"{self.predicted_s[other]:.2f} s per GiB of gradients, CPU {self.cpu_s[self.topology]:.2f} s vs "
                 f"{self.cpu_s[other]:.2f} s of it; probe {self.probe_s:.2f} s)")
+        if self.layout_s is None:
+            return text
+        chosen, other = ("node", "world") if self.node_groups else ("world", "node")
+        return (f"{text}; shard_size auto -> {'node' if self.node_groups else 'the world'} (a step's collectives "
+                f"predicted {self.layout_s[chosen]:.2f} s vs {self.layout_s[other]:.2f} s per GiB of gradients)")
 
 
-def decide(comm, backend, parts, nodes, per_node, inter_dtype, bucket_numel):
+def decide(comm, backend, parts, nodes, per_node, inter_dtype, bucket_numel, hybrid_stage=None):
     """A collective over the flat Python Communicator comm and parts: its C++ (intra, inter) parts
-    (zerort.comm.topology.grid_parts) and the two-hop communicator over them. The Decision every
+    (zerort.comm.topology.grid_parts) and the two-hop communicator over them. hybrid_stage: the
+    job's stage where shard_size is "auto" (node groups allowed), else None. The Decision every
     rank gets."""
     t0 = time.perf_counter()
     intra, inter, hops = parts
@@ -103,16 +117,38 @@ def decide(comm, backend, parts, nodes, per_node, inter_dtype, bucket_numel):
         cpu[p] = cpu_one * PAYLOAD_BYTES / PATTERN_BYTES
         predicted[p] = (traffic.predict_seconds(p, PAYLOAD_BYTES, 2 * bucket_numel, **shape)  # bf16/fp16 grads
                         + beyond * PAYLOAD_BYTES / PATTERN_BYTES + cpu[p])
-    choice = torch.tensor([PATTERNS.index(choose(predicted))], dtype=torch.int64)
+    topology = choose(predicted)
+    layout_s = None if hybrid_stage is None else layouts(hybrid_stage, topology, bucket_numel, nodes * per_node,
+                                                         per_node, rates, inter_dtype)
+    node_groups = layout_s is not None and choose_node_groups(layout_s)
+    choice = torch.tensor([PATTERNS.index("flat" if node_groups else topology), node_groups], dtype=torch.int64)
     comm.broadcast(choice, 0)  # rank 0's choice is every rank's
-    return Decision(PATTERNS[int(choice)], rates, predicted, cpu, time.perf_counter() - t0,
-                    sum(r[1] for r in rounds))
+    return Decision(PATTERNS[int(choice[0])], rates, predicted, cpu, time.perf_counter() - t0,
+                    sum(r[1] for r in rounds), bool(choice[1]), layout_s)
+
+
+def layouts(stage, topology, bucket_numel, world_size, gpus_per_node, rates, inter_dtype):
+    """shard_size auto's two candidates, a step's collectives at rates per PAYLOAD_BYTES of bf16
+    gradients (traffic.step_seconds): "world", the state sharded over the world in the topology
+    auto chose, and "node", node groups over the flat pattern with the shards summed across the
+    nodes at inter_dtype."""
+    numel, wire = PAYLOAD_BYTES // 2, traffic.WIRE_BYTES[inter_dtype]
+    shape = dict(numel=numel, stage=stage, world_size=world_size, gpus_per_node=gpus_per_node, rates=rates,
+                 calls=numel / bucket_numel)
+    return {"world": traffic.step_seconds(**shape, inter_bytes=wire if topology == "two_hop" else None),
+            "node": traffic.step_seconds(**shape, shard_size=gpus_per_node, replica_bytes=wire)}
 
 
 def choose(predicted):
     """The pattern auto takes from the predicted seconds of each: two-hop only where flat's
-    exceed its own by TWO_HOP_MARGIN (the module's text says why)."""
-    return "two_hop" if predicted["flat"] > TWO_HOP_MARGIN * predicted["two_hop"] else "flat"
+    exceed its own by MARGIN (the module's text says why)."""
+    return "two_hop" if predicted["flat"] > MARGIN * predicted["two_hop"] else "flat"
+
+
+def choose_node_groups(layout_s):
+    """Whether shard_size auto takes node groups, from layouts()'s predictions: only where the
+    state sharded over the world is predicted slower by MARGIN (they cost memory: the module's text)."""
+    return layout_s["world"] > MARGIN * layout_s["node"]
 
 
 def _fastest(part, numel, reps):

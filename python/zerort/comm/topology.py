@@ -8,7 +8,7 @@ nccl (C++ Note [nccl parts]; the hops then run on the GPU: Note [two hops on the
     "two_hop"  within the node, then across nodes; an error where the ranks do not form nodes
     "auto"     where the ranks span more than one node with more than one rank on each, the
                pattern a bounded probe of the two parts and the traffic model predict faster
-               (zerort.comm.probe, which says why auto never picks hybrid sharding); else flat
+               (zerort.comm.probe; with shard_size "auto" it also chooses node groups); else flat
                (said once on rank 0's log when the nodes do not line up)
 
 The nodes come from the launcher: torchrun's and Open MPI's local rank and local world size.
@@ -50,10 +50,12 @@ def layout(comm, env):
     return (comm.size // per_node, per_node), None
 
 
-def two_hop(comm, backend, topology, inter_dtype, timeout_s, debug, env, bucket_numel=probe.BUCKET_NUMEL):
+def two_hop(comm, backend, topology, inter_dtype, timeout_s, debug, env, bucket_numel=probe.BUCKET_NUMEL,
+            hybrid_stage=None):
     """(the C++ two-hop communicator over the flat communicator comm, or None where the topology
     stays flat; auto's probe.Decision, or None where nothing was measured). See the module's
-    text; bucket_numel: the gradient elements per reduce bucket that auto's prediction assumes."""
+    text; bucket_numel: the gradient elements per reduce bucket that auto's prediction assumes;
+    hybrid_stage: the job's stage where shard_size "auto" lets auto choose node groups."""
     if topology not in TOPOLOGIES:
         raise ConfigError([f"comm.topology: got {topology!r}; allowed: {', '.join(TOPOLOGIES)}"])
     if inter_dtype not in INTER_DTYPES:
@@ -86,7 +88,8 @@ def two_hop(comm, backend, topology, inter_dtype, timeout_s, debug, env, bucket_
     hops = _C.make_two_hop_communicator(comm._c, intra, inter, inter_dtype, timeout_s, debug, device)
     if topology == "two_hop":
         return hops, None
-    decision = probe.decide(comm, backend, (intra, inter, hops), nodes, per_node, inter_dtype, bucket_numel)
+    decision = probe.decide(comm, backend, (intra, inter, hops), nodes, per_node, inter_dtype, bucket_numel,
+                            hybrid_stage)
     return (None if decision.topology == "flat" else hops), decision
 
 

@@ -98,7 +98,7 @@ def _parse_ours(cfg, problems):
     rl.leftover(ls)
     c.batch.gradient_accumulation_steps = r.number(cfg, "gradient_accumulation_steps",
                                                    c.batch.gradient_accumulation_steps, integer=True, low=1)
-    c.shard_size = group_size(r, cfg, "shard_size", c.shard_size)
+    c.shard_size = group_size(r, cfg, "shard_size", c.shard_size, auto=True)
     c.reduce_bucket_numel = r.number(cfg, "reduce_bucket_numel", c.reduce_bucket_numel, integer=True, low=1,
                                      high=MAX_NUMEL)
     common(r, cfg, c)
@@ -109,6 +109,8 @@ def _parse_ours(cfg, problems):
     c.monitor.tensorboard = where if rm.boolean(mon, "tensorboard", False) else None
     rm.leftover(mon)
     offload.read_ours(r, cfg, c)
+    if c.shard_size == "auto":
+        _shard_size_auto_allowed(r, c)
     # torch.autocast around the forward (DeepSpeed's torch_autocast)
     if cfg.get("autocast", "") is None:
         del cfg["autocast"]  # null: off, the default
@@ -120,23 +122,39 @@ def _parse_ours(cfg, problems):
     return c.config(), scale_keys, "precision"
 
 
-def group_size(r, d, name, default, off=()):
+def group_size(r, d, name, default, off=(), auto=False):
     """d[name]: a group of consecutive ranks, an int >= 1 or "node" (the launcher's ranks per
-    node), or one of `off` (None: no groups). Hybrid sharding's shard_size (DeepSpeed's
-    mics_shard_size, off at -1 and 0) and stage 3's secondary_shard_size (zero_hpz_partition_size,
-    off at 1): zerort.comm.topology makes the groups."""
+    node), or one of `off` (None: no groups); with auto, also "auto" (shard_size's: node groups
+    where comm.topology auto's probe predicts them faster, zerort.comm.probe). Hybrid sharding's
+    shard_size (DeepSpeed's mics_shard_size, off at -1 and 0) and stage 3's secondary_shard_size
+    (zero_hpz_partition_size, off at 1): zerort.comm.topology makes the groups."""
     present, v = r._take(d, name)
     if not present:
         return default
     if isinstance(v, int) and not isinstance(v, bool) and v in off:
         return None
     low = 2 if 1 in off else 1
-    if v == "node" or (isinstance(v, int) and not isinstance(v, bool) and low <= v <= MAX_WORLD):
+    if v == "node" or (auto and v == "auto") or (isinstance(v, int) and not isinstance(v, bool)
+                                                 and low <= v <= MAX_WORLD):
         return v
     offs = f"{' or '.join(map(str, off))} (off), " if off else ""
-    r.bad(name, v, f"{offs}an integer from {low} to {MAX_WORLD} (ranks per group), or 'node'",
+    names = "'node' or 'auto'" if auto else "'node'"
+    r.bad(name, v, f"{offs}an integer from {low} to {MAX_WORLD} (ranks per group), or {names}",
           not isinstance(v, (int, str)) or isinstance(v, bool))
     return default
+
+
+def _shard_size_auto_allowed(r, c):
+    """shard_size "auto" is comm.topology auto's probe choosing between the state sharded over
+    the world and node groups (zerort.comm.probe): a problem where that choice cannot be made."""
+    why = ("stage 0 keeps the whole state on every rank, so there is nothing to shard in groups" if c.stage == 0 else
+           f"comm.topology {c.comm.topology!r} is pinned, and the choice is the probe of comm.topology 'auto'"
+           if c.comm.topology != "auto" else
+           "hybrid sharding keeps the state in memory, and offload moves it off"
+           if c.offload.optimizer.device != "none" or c.offload.placement == "auto" else None)
+    if why:
+        r.bad("shard_size", "auto", "an integer or 'node' (hybrid sharding pinned), or no shard_size key; "
+              f"'auto' is refused here: {why}")
 
 
 def runtime_keys(r, cfg, c):

@@ -2,6 +2,8 @@
 live engine already trains the model, the model's one device, the communicator, the FP32
 master values, a meta-device model's materializer, rank 0's frozen parameters and buffers,
 and the lr schedule the engine steps."""
+from dataclasses import replace
+
 import torch
 
 from zerort import comm as comm_mod
@@ -43,7 +45,8 @@ def connect(c, device, comm):
     staged = "cuda" if cuda and backend != "nccl" else None
     if comm is None:
         comm = comm_mod.init(backend, c.comm.timeout_s, bool(c.comm.debug), staged, c.comm.topology,
-                             c.comm.inter_node_dtype, c.reduce_bucket_numel, intra_node=c.comm.intra_node)
+                             c.comm.inter_node_dtype, c.reduce_bucket_numel, intra_node=c.comm.intra_node,
+                             hybrid_stage=c.stage if c.shard_size == "auto" else None)
     if comm.device != device:
         raise ConfigError([f"comm.backend: the model is on {device} but the '{comm.backend}' "
                            f"communicator moves {comm.device} buffers; use 'nccl' (or 'auto') for CUDA "
@@ -53,6 +56,16 @@ def connect(c, device, comm):
         comm.check_each_call()  # Note [checked calls]: ranks that diverge at stage 3 differ in size
     streams.follow_current_stream(None, device)  # the Engine's constructor follows the caller's stream
     return comm
+
+
+def chosen_shard_size(c, comm):
+    """Config c with shard_size "auto" made what comm.topology auto's probe chose (zerort.comm.probe):
+    "node" for node groups, else None (the state sharded over the world, as where nothing was
+    measured: one node, one rank a node, nccl, or a communicator given without a probe)."""
+    if c.shard_size != "auto":
+        return c
+    decision = comm.topology_decision
+    return replace(c, shard_size="node" if decision is not None and decision.node_groups else None)
 
 
 def shard_groups(c, comm):
