@@ -67,11 +67,11 @@ def test_node_groups_prediction_by_hand(dtype, wire):
     # 32 buckets of 2^24. The state sharded over the world, flat: the reduce-scatter sends 1/4 of
     # 2 psi within and 2/4 across; the ring all-gather 1/2 of 2 psi within and 1/2 of psi across;
     # one step each way per call. Node groups: the group of 2 (one node) sends 1/2 of 2 psi twice,
-    # within only, one step per call; the shard (psi / 4) goes across twice (sum, then gather) at
-    # `wire` bytes, once a step.
+    # within only; the shard (psi / 4) goes across twice (sum, then gather) at `wire` bytes; one
+    # step each per call (the sum across groups runs bucket by bucket).
     psi, calls = 2 ** 29, 32
     world = 1.5 * psi / 1e9 + 1.5 * psi / 1e8 + calls * 2 * (1e-5 + 1e-4)
-    node = 2 * psi / 1e9 + 2 * psi / 4 * wire / 1e8 + calls * 2 * 1e-5 + 2 * 1e-4
+    node = 2 * psi / 1e9 + 2 * psi / 4 * wire / 1e8 + calls * 2 * (1e-5 + 1e-4)
     got = probe.layouts(2, "flat", 1 << 24, 4, 2, RATES, dtype)
     assert got == pytest.approx({"world": world, "node": node})
     assert probe.choose_node_groups(got) == (dtype == "bf16")  # 8.86 s against 6.45 (bf16) or 11.82 (fp32)
@@ -138,6 +138,22 @@ def test_shard_size_auto_is_rank_0s_choice_on_every_rank(tmp_path):
     print(f"[shard_size auto] {got[0]['line']}")
 
 
+@pytest.mark.parametrize("force", ["node", "world"])
+def test_shard_size_auto_builds_what_rank_0_decided_with_the_pinned_layout_s_bits(force, tmp_path):
+    # Rank 0's rule forced (the worker): the others follow the broadcast, the engine holds that
+    # layout, and trains to the losses of the same layout pinned by hand.
+    launch("torchrun", 4, WORKER, tmp_path / "auto", "auto", 2, "auto", "bf16", force, timeout=180)
+    got = rows(tmp_path / "auto")
+    assert force == "world" or got[0]["choice"] == "flat", got[0]  # node groups run over the flat pattern
+    # The same layout by hand: the topology auto chose, pinned, and shard_size "node" or none.
+    launch("torchrun", 4, WORKER, tmp_path / "pinned", got[0]["choice"], 2, "node" if force == "node" else "",
+           "bf16", timeout=180)
+    want = rows(tmp_path / "pinned")
+    for r, w in zip(got, want):
+        assert r["node_groups"] == (force == "node") and r["shard_size"] == (2 if force == "node" else 4), r
+        assert r["shard_size"] == w["shard_size"] and r["losses"] == w["losses"], (r, w)
+
+
 def test_shard_size_auto_without_a_probe_shards_over_the_world():
     # Nothing measured (one node, nccl, a communicator given): the state is sharded over the world.
     from zerort.config import parse
@@ -157,14 +173,23 @@ def test_shard_size_auto_without_a_probe_shards_over_the_world():
 
 @pytest.mark.parametrize("config,why", [
     ({"stage": 0}, "stage 0 keeps the whole state"),
-    ({"stage": 2, "comm": {"topology": "flat"}}, "comm.topology 'flat' is pinned"),
-    ({"stage": 2, "offload": {"optimizer": {"device": "cpu"}}}, "offload moves it off"),
+    ({"stage": 2, "comm": {"topology": "flat"}}, "pinned to 'flat'; set comm.topology to 'auto'"),
+    ({"stage": 2, "offload": {"optimizer": {"device": "cpu"}}}, "set offload.optimizer.device to 'none'"),
+    ({"stage": 2, "offload": {"placement": "auto"}}, "offload.placement to 'manual'"),
+    ({"stage": 2, "optimizer": {"master_dtype": "bf16"}}, "drop optimizer.master_dtype 'bf16'"),
+    ({"stage": 3, "stage3": {"secondary_shard_size": 2}}, "choose node groups or hpZ by hand"),
 ])
 def test_shard_size_auto_is_refused_by_name_where_no_choice_can_be_made(config, why):
     from zerort.config import parse
 
     with pytest.raises(ConfigError, match=f"shard_size: got 'auto'.*{why}"):
         parse({**config, "shard_size": "auto"})
+    parse({**config, "shard_size": "node"} if config["stage"] else config)  # the rest of the config is fine
+
+
+def test_auto_is_shard_size_s_alone():
+    from zerort.config import parse
+
     with pytest.raises(ConfigError, match="secondary_shard_size: got 'auto'"):
         parse({"stage": 3, "stage3": {"secondary_shard_size": "auto"}})
 

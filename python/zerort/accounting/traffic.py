@@ -103,7 +103,7 @@ def replica_sum(numel, world_size, gpus_per_node, shard_size, wire_bytes):
     near = max(0, min(gpus_per_node, world_size) // shard_size - 1) if shard_size < gpus_per_node else 0
     far = groups - 1 - near  # the other groups' ranks of this index on other nodes
     return [{"collective": name, "moves": what, "intra_bytes": near * piece * b, "inter_bytes": far * piece * b,
-             "intra_steps": int(near > 0), "inter_steps": int(far > 0), "once_a_step": True}
+             "intra_steps": int(near > 0), "inter_steps": int(far > 0)}
             for name, what, b in (("all-to-all", "shards across groups", wire_bytes),
                                   ("all-gather", "summed shards", wire_bytes))]
 
@@ -161,9 +161,9 @@ def step_seconds(numel, stage, world_size, gpus_per_node, rates, calls=1, **layo
     """Seconds of one step's collectives over numel elements at rates, as collectives() counts
     them (layout: its keyword arguments, e.g. shard_size and replica_bytes): each collective's
     intra bytes / intra rate + inter bytes / inter rate, one after another, and its latency
-    steps once per call: `calls` times (the buckets of a step), once for the sum across groups."""
+    steps `calls` times (the buckets of a step; hybrid sharding's sum across groups runs per
+    bucket too, C++ Note [hybrid sharding])."""
     r = rates
     return sum(c["intra_bytes"] / r.intra_bytes_per_s + c["inter_bytes"] / r.inter_bytes_per_s
-               + (1 if c.get("once_a_step") else calls) * (c["intra_steps"] * r.intra_latency_s
-                                                          + c["inter_steps"] * r.inter_latency_s)
+               + calls * (c["intra_steps"] * r.intra_latency_s + c["inter_steps"] * r.inter_latency_s)
                for c in collectives(numel, world_size, gpus_per_node, stage, **layout))

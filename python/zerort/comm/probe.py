@@ -131,7 +131,10 @@ def layouts(stage, topology, bucket_numel, world_size, gpus_per_node, rates, int
     """shard_size auto's two candidates, a step's collectives at rates per PAYLOAD_BYTES of bf16
     gradients (traffic.step_seconds): "world", the state sharded over the world in the topology
     auto chose, and "node", node groups over the flat pattern with the shards summed across the
-    nodes at inter_dtype."""
+    nodes at inter_dtype. The all-gathers are counted as hierarchical rings and at the compute
+    dtype (traffic.collectives): gloo's flat ring sends more across and stage3.gather_dtype int8
+    less, so the world's prediction is low under gloo (erring toward it, the layout of less
+    memory) and high with int8 gathers."""
     numel, wire = PAYLOAD_BYTES // 2, traffic.WIRE_BYTES[inter_dtype]
     shape = dict(numel=numel, stage=stage, world_size=world_size, gpus_per_node=gpus_per_node, rates=rates,
                  calls=numel / bucket_numel)

@@ -146,15 +146,21 @@ def group_size(r, d, name, default, off=(), auto=False):
 
 def _shard_size_auto_allowed(r, c):
     """shard_size "auto" is comm.topology auto's probe choosing between the state sharded over
-    the world and node groups (zerort.comm.probe): a problem where that choice cannot be made."""
-    why = ("stage 0 keeps the whole state on every rank, so there is nothing to shard in groups" if c.stage == 0 else
-           f"comm.topology {c.comm.topology!r} is pinned, and the choice is the probe of comm.topology 'auto'"
-           if c.comm.topology != "auto" else
-           "hybrid sharding keeps the state in memory, and offload moves it off"
-           if c.offload.optimizer.device != "none" or c.offload.placement == "auto" else None)
+    the world and node groups (zerort.comm.probe): a problem where that choice cannot be made, or
+    where node groups could not be built with the rest of the config."""
+    why = ("stage 0 keeps the whole state on every rank, so there is nothing to shard in groups; use stage 1-3"
+           if c.stage == 0 else
+           f"the choice is comm.topology 'auto''s probe, and comm.topology is pinned to {c.comm.topology!r}; set "
+           "comm.topology to 'auto'" if c.comm.topology != "auto" else
+           "hybrid sharding keeps the state in memory; set offload.optimizer.device to 'none' and offload.placement "
+           "to 'manual'" if c.offload.optimizer.device != "none" or c.offload.placement == "auto" else
+           "hybrid sharding takes an FP32 master; drop optimizer.master_dtype 'bf16'"
+           if c.optimizer.master_dtype == "bf16" else
+           "stage3.secondary_shard_size (hpZ) is a layout of its own; choose node groups or hpZ by hand"
+           if c.stage3.secondary_shard_size is not None else None)
     if why:
-        r.bad("shard_size", "auto", "an integer or 'node' (hybrid sharding pinned), or no shard_size key; "
-              f"'auto' is refused here: {why}")
+        r.bad("shard_size", "auto", "an integer that divides the world size or 'node' (hybrid sharding pinned), or "
+              f"no shard_size key; 'auto' is refused here: {why}")
 
 
 def runtime_keys(r, cfg, c):
