@@ -79,7 +79,8 @@ class Decision:
     def line(self):
         """The banner's line (rank 0, zerort.monitoring.progress.announce)."""
         r, other = self.rates, PATTERNS[1 - PATTERNS.index(self.topology)]
-        text = (f"comm.topology auto -> {self.topology} (within nodes {_rate(r.intra_bytes_per_s)}, "
+        why = " for node groups" if self.node_groups else ""  # they run over flat whatever the patterns' predictions
+        text = (f"comm.topology auto -> {self.topology}{why} (within nodes {_rate(r.intra_bytes_per_s)}, "
                 f"{r.intra_latency_s * 1e6:.0f} us; across {_rate(r.inter_bytes_per_s)}, "
                 f"{r.inter_latency_s * 1e6:.0f} us; predicted {self.predicted_s[self.topology]:.2f} s vs {other} "
                 f"{self.predicted_s[other]:.2f} s per GiB of gradients, CPU {self.cpu_s[self.topology]:.2f} s vs "
