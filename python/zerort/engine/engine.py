@@ -58,8 +58,7 @@ class Engine(StateMethods, DeepSpeedMethods):
         memory_token = phases.EngineMemory.begin_initialize(model)  # before anything is allocated
         self._declare(model, config)
         self.comm = setup.connect(config, self.device, comm)
-        self.config = setup.chosen_shard_size(config, self.comm)  # shard_size auto: the probe's choice
-        self.config = resolve_batch(self.config, self.comm.size)  # DeepSpeed's batch rule, at this world size
+        self.config = resolve_batch(setup.chosen_shard_size(config, self.comm), self.comm.size)  # DS's batch rule
         self.config, self.placement = placement_auto.resolve(self.config, model, self.device, self.comm)
         self._join_job()
         grouping = precision.group_params(model, self.config.precision, self.config.fp32_modules)
